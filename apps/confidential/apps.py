@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ConfidentialConfig(AppConfig):
+    name = "apps.confidential"
+    label = "confidential"

@@ -1,0 +1,34 @@
+"""PostgreSQL advisory locks: the cross-instance critical sections.
+
+Keys are strings ("job:scheduler.tick", "tenant:42"); they map to one 64-bit lock id by
+a stable hash so every process and every instance agrees on the id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.db import connection
+
+
+def lock_id(key: str) -> int:
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def try_xact_lock(key: str) -> bool:
+    """Take the lock for the current transaction if nobody holds it; never waits."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [lock_id(key)])
+        return bool(cursor.fetchone()[0])
+
+
+def xact_lock(key: str) -> None:
+    """Wait for the lock; it is released when the current transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock_id(key)])
+
+
+def tenant_lock_key(tenant_id: int) -> str:
+    """The per-tenant critical section: quota checks, task creation, tenant deletion."""
+    return f"tenant:{tenant_id}"

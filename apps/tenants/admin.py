@@ -1,0 +1,162 @@
+"""Operators' admin for tenancy. Every change goes through services.py, like the API."""
+
+from django import forms
+from django.contrib import admin, messages
+from django.shortcuts import redirect
+
+from apps.core.errors import Conflict
+from apps.core.principals import Principal, PrincipalKind
+from apps.tasks.choices import ACTIVE
+from apps.tasks.models import Task
+from apps.tenants import services
+from apps.tenants.api.serializers import slug_validator
+from apps.tenants.models import ApiKey, Membership, Tenant, TenantGroup
+
+
+def operator(request) -> Principal:
+    return Principal(PrincipalKind.OPERATOR, user=request.user)
+
+
+class TenantForm(forms.ModelForm):
+    slug = forms.CharField(validators=[slug_validator], max_length=40)
+
+    class Meta:
+        model = Tenant
+        fields = ["name", "slug", "max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks"]
+
+    def clean_name(self):
+        name = self.cleaned_data["name"].strip()
+        if Tenant.objects.exclude(pk=self.instance.pk).filter(name__iexact=name).exists():
+            raise forms.ValidationError("A tenant with this name already exists.")
+        return name
+
+    def clean_slug(self):
+        slug = self.cleaned_data["slug"]
+        if self.instance.pk and slug != self.instance.slug:
+            raise forms.ValidationError("The slug names the tenant's schema and cannot change.")
+        if not self.instance.pk and Tenant.objects.filter(slug=slug).exists():
+            raise forms.ValidationError("A tenant with this slug already exists.")
+        return slug
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    fields = ["user", "role", "created_at"]
+    readonly_fields = ["user", "role", "created_at"]
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    form = TenantForm
+    list_display = ["name", "slug", "schema_name", "max_gpus", "max_concurrent_tasks", "created_at"]
+    search_fields = ["name", "slug"]
+    readonly_fields = ["schema_name", "created_at"]
+    inlines = [MembershipInline]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            fields = {name: form.cleaned_data[name] for name in form.changed_data if name != "slug"}
+            services.update_tenant(obj, principal=operator(request), **fields)
+            return
+        created = services.create_tenant(name=obj.name, slug=obj.slug, principal=operator(request))
+        if any(form.cleaned_data.get(f) is not None for f in ("max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks")):
+            services.update_tenant(
+                created,
+                principal=operator(request),
+                **{f: form.cleaned_data.get(f) for f in ("max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks")},
+            )
+        obj.pk, obj.schema_name, obj.created_at = created.pk, created.schema_name, created.created_at
+        obj._state.adding, obj._state.db = False, created._state.db
+
+    def delete_view(self, request, object_id, extra_context=None):
+        tenant = self.get_object(request, object_id)
+        if tenant is not None and request.method == "POST":
+            try:
+                services.delete_tenant(tenant)
+            except Conflict as exc:
+                self.message_user(request, str(exc.detail), messages.ERROR)
+                return redirect("admin:tenants_tenant_change", tenant.pk)
+            self.message_user(request, f"Tenant '{tenant.slug}' and its schema were deleted.", messages.SUCCESS)
+            return redirect("admin:tenants_tenant_changelist")
+        if tenant is not None and Task.objects.filter(tenant=tenant, status__in=ACTIVE).exists():
+            self.message_user(request, f"Tenant '{tenant.slug}' has active tasks; stop them before deleting it.", messages.WARNING)
+        return super().delete_view(request, object_id, extra_context)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # bulk delete would skip the active-task check
+        return actions
+
+
+class MembershipForm(forms.ModelForm):
+    class Meta:
+        model = Membership
+        fields = ["user", "tenant", "role"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    form = MembershipForm
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "tenant__slug"]
+    autocomplete_fields = ["user", "tenant"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["user", "tenant"] if obj else []
+
+    def save_model(self, request, obj, form, change):
+        try:
+            if change:
+                services.change_member_role(obj, obj.role, principal=operator(request))
+            else:
+                added = services.add_member(obj.tenant, username=obj.user.username, role=obj.role, principal=operator(request))
+                obj.pk, obj._state.adding = added.membership.pk, False
+        except Conflict as exc:
+            self.message_user(request, str(exc.detail), messages.ERROR)
+
+    def delete_model(self, request, obj):
+        try:
+            services.remove_member(obj, principal=operator(request))
+        except Conflict as exc:
+            self.message_user(request, str(exc.detail), messages.ERROR)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["name", "display_prefix", "scope", "tenant", "user", "role", "expires_at", "last_used_at", "revoked_at"]
+    list_filter = ["scope", "tenant"]
+    search_fields = ["name", "display_prefix", "user__username"]
+    readonly_fields = [f.name for f in ApiKey._meta.fields if f.name != "key_hash"]
+    exclude = ["key_hash"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False  # keys are shown once: issue them through the API or the portal
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # revoke, so that the record of the key stays
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request, queryset):
+        for api_key in queryset:
+            services.revoke_key(api_key, principal=operator(request))
+        self.message_user(request, f"Revoked {queryset.count()} key(s).", messages.SUCCESS)
+
+
+@admin.register(TenantGroup)
+class TenantGroupAdmin(admin.ModelAdmin):
+    list_display = ["name", "description", "created_at"]
+    filter_horizontal = ["tenants"]
+    search_fields = ["name"]

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Lower
+from django_tenants.models import DomainMixin, TenantMixin
+
+from apps.core.scoping import ScopedQuerySet
+from apps.tenants.choices import KeyScope, Role
+
+
+class TenantQuerySet(ScopedQuerySet):
+    tenant_field = "pk"
+
+
+class Tenant(TenantMixin):
+    """A customer of the platform. Its schema holds what is confidential to it."""
+
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=40, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Quotas: None means unlimited. Enforced at task creation (tasks app).
+    max_gpus = models.PositiveIntegerField(null=True, blank=True)
+    max_gpu_memory_mb = models.PositiveBigIntegerField(null=True, blank=True)
+    max_concurrent_tasks = models.PositiveIntegerField(null=True, blank=True)
+
+    auto_create_schema = True
+    auto_drop_schema = True
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        db_table = "tenants"
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(Lower("name"), name="tenants_name_ci_unique")]
+
+    def __str__(self):
+        return self.name
+
+
+class Domain(DomainMixin):
+    """Required by django-tenants; requests are not routed by host name here."""
+
+    class Meta:
+        db_table = "tenant_domains"
+
+
+class TenantGroup(models.Model):
+    """Tenants that may share physical GPUs. Outside a common group, tenants never share."""
+
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True, default="")
+    tenants = models.ManyToManyField(Tenant, related_name="groups", blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "tenant_groups"
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class MembershipQuerySet(ScopedQuerySet):
+    tenant_field = "tenant"
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = MembershipQuerySet.as_manager()
+
+    class Meta:
+        db_table = "tenant_memberships"
+        ordering = ["tenant__name", "user__username"]
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique")]
+
+    def __str__(self):
+        return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class ApiKeyQuerySet(ScopedQuerySet):
+    tenant_field = "tenant"
+
+    def visible_to(self, principal):
+        scoped = super().visible_to(principal)
+        # Admins manage every key of their tenant; others see only their own keys.
+        if principal.is_tenant and not principal.is_tenant_admin:
+            scoped = scoped.filter(user=principal.user)
+        return scoped
+
+
+class ApiKey(models.Model):
+    """An API key. Only a SHA-256 of the key is stored: keys are 256-bit random, so a fast
+    hash is safe and lets a request find its key with one indexed lookup."""
+
+    scope = models.CharField(max_length=10, choices=KeyScope.choices)
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="api_keys")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    role = models.CharField(max_length=10, choices=Role.choices, blank=True, default="")
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True)
+    display_prefix = models.CharField(max_length=24)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        db_table = "api_keys"
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(models.Q(scope=KeyScope.TENANT, tenant__isnull=False) & ~models.Q(role=""))
+                | models.Q(scope=KeyScope.PLATFORM, tenant__isnull=True, role=""),
+                name="api_key_scope_shape",
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.display_prefix}…)"
+
+    def is_usable_at(self, now) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)

@@ -1,0 +1,21 @@
+"""The Celery app. Jobs live in each app's `jobs.py`; beat's schedule in heteroflow/beat.py.
+
+Start a worker with `celery -A celery_worker worker`, beat with `celery -A celery_worker beat`.
+"""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "heteroflow.settings")
+
+app = Celery("heteroflow")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks(related_name="jobs")
+
+
+@app.on_after_configure.connect
+def _install_beat_schedule(sender, **kwargs):
+    from heteroflow.beat import beat_schedule
+
+    sender.conf.beat_schedule = beat_schedule()

@@ -1,0 +1,27 @@
+"""Beat's schedule: the one place where periodic work and its period are declared.
+
+Each entry's key is also the job's guard key (apps.core.guard), and `every` is both
+beat's period and the guard's minimum gap, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PeriodicJob:
+    task: str
+    every: float  # seconds
+
+
+PERIODIC_JOBS: dict[str, PeriodicJob] = {
+    "core.purge_expired_sessions": PeriodicJob("core.purge_expired_sessions", every=3600.0),
+}
+
+
+def beat_schedule() -> dict[str, dict]:
+    return {
+        key: {"task": job.task, "schedule": job.every, "args": (), "options": {"expires": job.every}}
+        for key, job in PERIODIC_JOBS.items()
+    }

@@ -1,0 +1,62 @@
+"""Typed readers for environment variables.
+
+Every value the control plane reads from its environment goes through one of these
+readers, so that a bad value fails at start-up with a message that names the
+variable, its value and the accepted range (never later, in a request).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from django.core.exceptions import ImproperlyConfigured
+
+TRUE_WORDS = {"1", "true", "yes", "on"}
+FALSE_WORDS = {"0", "false", "no", "off"}
+
+
+class Env:
+    def __init__(self, environ: Mapping[str, str] | None = None):
+        self.environ = os.environ if environ is None else environ
+
+    def str(self, name: str, default: str | None = None) -> str | None:
+        value = self.environ.get(name)
+        if value is None or value.strip() == "":
+            return default
+        return value.strip()
+
+    def bool(self, name: str, default: bool) -> bool:
+        raw = self.str(name)
+        if raw is None:
+            return default
+        word = raw.lower()
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true/false)")
+
+    def int(self, name: str, default: int, *, low: int, high: int) -> int:
+        raw = self.str(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise ImproperlyConfigured(f"{name}={value} is outside {low}..{high}")
+        return value
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = (self.str(name) or default).lower()
+        if value not in choices:
+            raise ImproperlyConfigured(f"{name}={value!r} must be one of {', '.join(choices)}")
+        return value
+
+    def list(self, name: str, default: list[str]) -> list[str]:
+        raw = self.str(name)
+        if raw is None:
+            return list(default)
+        return [item.strip() for item in raw.split(",") if item.strip()]

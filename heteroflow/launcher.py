@@ -1,0 +1,251 @@
+"""`make up` and `make test`: bring the whole system up, or run the test suite, on a
+fresh machine. Starts embedded PostgreSQL/Redis when no URLs are given.
+
+    python -m heteroflow.launcher up            # web (ASGI), worker, beat, local agent
+    python -m heteroflow.launcher test [-- ARGS] # the test suite (pytest ARGS)
+    python -m heteroflow.launcher stores         # only the data stores, printing their URLs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from heteroflow.embedded import ensure_data_stores
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+STOP_GRACE_SECONDS = 15
+WEB_READY_TIMEOUT = 60
+PYTEST_NO_TESTS = 5
+
+
+def say(message: str) -> None:
+    print(f"[heteroflow] {message}", flush=True)
+
+
+def data_dir_from(environ) -> Path:
+    path = Path(environ.get("HETEROFLOW_DATA_DIR") or REPO / ".heteroflow").resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def private_file(path: Path, content: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(content)
+
+
+def agent_secret(environ, data_dir: Path) -> str:
+    """The agents' shared secret: from the environment, else one generated per data folder."""
+    if environ.get("HETEROFLOW_AGENT_SECRET"):
+        return environ["HETEROFLOW_AGENT_SECRET"]
+    path = data_dir / "agent-secret"
+    if not path.exists():
+        private_file(path, secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
+
+
+def local_agent_command(environ) -> list[str] | None:
+    """The hook for the node agent on this machine. The agent package (agent/) arrives with
+    the agent issue; until it exists nothing is started. Set HETEROFLOW_LOCAL_AGENT=false
+    to never start it."""
+    if environ.get("HETEROFLOW_LOCAL_AGENT", "true").lower() in ("0", "false", "no", "off"):
+        return None
+    if not (REPO / "agent" / "heteroflow_agent" / "__main__.py").exists():
+        return None
+    return [PYTHON, "-m", "heteroflow_agent"]
+
+
+class Supervisor:
+    def __init__(self, env: dict, log_dir: Path):
+        self.env, self.log_dir = env, log_dir
+        self.children: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, argv: list[str], env: dict | None = None) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        self.children[name] = subprocess.Popen(
+            argv, cwd=REPO, env=env or self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        say(f"started {name} (pid {self.children[name].pid}), log: {self.log_dir / f'{name}.log'}")
+
+    def first_exited(self) -> tuple[str, int] | None:
+        for name, child in self.children.items():
+            if child.poll() is not None:
+                return name, child.returncode
+        return None
+
+    def stop_all(self) -> None:
+        for child in self.children.values():
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for name, child in self.children.items():
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                say(f"{name} did not stop in {STOP_GRACE_SECONDS}s; killing it")
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+
+
+def run_step(argv: list[str], env: dict, what: str) -> None:
+    say(what)
+    result = subprocess.run(argv, cwd=REPO, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"[heteroflow] failed: {what} (exit {result.returncode})")
+
+
+def wait_for_web(url: str, child: subprocess.Popen) -> bool:
+    deadline = time.monotonic() + WEB_READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return True
+        except urllib.error.HTTPError:
+            return True  # it answered; /health may say 503 and that is still "up"
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def base_env(stores, data_dir: Path) -> dict:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=stores.database_url,
+        REDIS_URL=stores.redis_url,
+        HETEROFLOW_DATA_DIR=str(data_dir),
+        DJANGO_SETTINGS_MODULE="heteroflow.settings",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def up(args) -> int:
+    data_dir = data_dir_from(os.environ)
+    log_dir = data_dir / "logs"
+    log_dir.mkdir(exist_ok=True)
+    port = int(os.environ.get("HETEROFLOW_PORT", "3333"))
+    bind = os.environ.get("HETEROFLOW_BIND", "127.0.0.1")
+    stores = ensure_data_stores(data_dir, os.environ)
+    say("data stores: " + (", ".join(stores.embedded) + f" embedded in {data_dir}" if stores.embedded else "external (from DATABASE_URL / REDIS_URL)"))
+    env = base_env(stores, data_dir)
+    env["HETEROFLOW_AGENT_SECRET"] = agent_secret(os.environ, data_dir)
+    supervisor = Supervisor(env, log_dir)
+    stopping = {"signal": None}
+
+    def on_signal(signum, frame):
+        stopping["signal"] = signum
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    manage = [PYTHON, "manage.py"]
+    try:
+        run_step(manage + ["migrate_schemas", "--noinput", "-v", "1"], env, "applying migrations (public schema and every tenant schema)")
+        run_step(manage + ["bootstrap"], env, "bootstrapping the platform administrator")
+        supervisor.start(
+            "web",
+            [PYTHON, "-m", "uvicorn", "heteroflow.asgi:application", "--host", bind, "--port", str(port), "--lifespan", "off"],
+        )
+        supervisor.start("worker", [PYTHON, "-m", "celery", "-A", "celery_worker", "worker", "--loglevel", "INFO", "--concurrency", "2"])
+        supervisor.start(
+            "beat",
+            [PYTHON, "-m", "celery", "-A", "celery_worker", "beat", "--loglevel", "INFO", "--schedule", str(data_dir / "celerybeat-schedule")],
+        )
+        agent = local_agent_command(os.environ)
+        if agent:
+            agent_env = env | {"HETEROFLOW_SERVER_URL": f"http://127.0.0.1:{port}"}
+            supervisor.start("agent", agent, agent_env)
+        else:
+            say("local agent: not started (the agent package is not in this tree yet, or HETEROFLOW_LOCAL_AGENT=false)")
+        host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
+        base = f"http://{host}:{port}"
+        if not wait_for_web(f"{base}/health", supervisor.children["web"]):
+            say(f"the web server did not come up; see {log_dir / 'web.log'}")
+            return 1
+        print(
+            f"""
+  HeteroFlow is up.
+    portal        {base}/portal/
+    admin         {base}/admin/
+    API docs      {base}/api/docs/
+    OpenAPI       {base}/api/schema/
+    health        {base}/health
+  Logs in {log_dir}. Press Ctrl-C to stop.
+""",
+            flush=True,
+        )
+        while stopping["signal"] is None:
+            exited = supervisor.first_exited()
+            if exited:
+                name, code = exited
+                say(f"{name} exited with code {code}; stopping everything (see {log_dir / (name + '.log')})")
+                return 1
+            time.sleep(0.5)
+        say("stopping")
+        return 0
+    finally:
+        supervisor.stop_all()
+        stores.stop()
+        say("stopped")
+
+
+def run_tests(args) -> int:
+    data_dir = data_dir_from(os.environ) / "test"
+    data_dir.mkdir(exist_ok=True)
+    stores = ensure_data_stores(data_dir, os.environ)
+    if stores.embedded:
+        say(", ".join(stores.embedded) + f" embedded for the tests in {data_dir}")
+    env = base_env(stores, data_dir) | {"HETEROFLOW_ENV": "test"}
+    try:
+        result = subprocess.run([PYTHON, "-m", "pytest", *args.pytest_args], cwd=REPO, env=env)
+    finally:
+        stores.stop()
+    if result.returncode == PYTEST_NO_TESTS:
+        say("pytest collected no tests: that is a failure, not a pass")
+        return 1
+    return result.returncode
+
+
+def stores_only(args) -> int:
+    data_dir = data_dir_from(os.environ)
+    stores = ensure_data_stores(data_dir, os.environ)
+    print(f"export DATABASE_URL='{stores.database_url}'\nexport REDIS_URL='{stores.redis_url}'", flush=True)
+    say("data stores running; Ctrl-C to stop")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stores.stop()
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="heteroflow.launcher")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="start the whole system")
+    test = sub.add_parser("test", help="run the test suite")
+    test.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    sub.add_parser("stores", help="start only the data stores")
+    args = parser.parse_args(argv)
+    if args.command == "test":
+        args.pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    handler = {"up": up, "test": run_tests, "stores": stores_only}[args.command]
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

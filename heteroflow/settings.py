@@ -1,0 +1,253 @@
+"""The one settings module. Every value comes from the environment (twelve-factor);
+docs/configuration.md lists each variable with its default and range.
+
+With no DATABASE_URL / REDIS_URL the launcher (`make up`, `make test`) starts an embedded
+PostgreSQL and Redis and passes their URLs to every process it starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from heteroflow.envvars import Env
+from heteroflow.safety import DEV_AGENT_SECRET, DEV_SECRET_KEY, production_problems
+
+env = Env()
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+HETEROFLOW_ENV = env.choice("HETEROFLOW_ENV", "development", ("development", "test", "production"))
+PRODUCTION = HETEROFLOW_ENV == "production"
+
+HETEROFLOW_PORT = env.int("HETEROFLOW_PORT", 3333, low=1, high=65535)
+HETEROFLOW_DATA_DIR = Path(env.str("HETEROFLOW_DATA_DIR", str(BASE_DIR / ".heteroflow"))).resolve()
+
+SECRET_KEY = env.str("SECRET_KEY", None if PRODUCTION else DEV_SECRET_KEY)
+DEBUG = env.bool("DEBUG", HETEROFLOW_ENV == "development")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", [] if PRODUCTION else ["*"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", [])
+
+# The agents' shared infrastructure secret (X-API-Key). Outside production a fixed
+# development value keeps `make up` zero-setup; production refuses it.
+HETEROFLOW_AGENT_SECRET = env.str("HETEROFLOW_AGENT_SECRET", None if PRODUCTION else DEV_AGENT_SECRET)
+
+if PRODUCTION:
+    _problems = production_problems(
+        secret_key=SECRET_KEY,
+        debug=DEBUG,
+        allowed_hosts=ALLOWED_HOSTS,
+        agent_secret=HETEROFLOW_AGENT_SECRET,
+    )
+    if _problems:
+        raise ImproperlyConfigured(
+            "HeteroFlow refuses to start in production mode: " + "; ".join(_problems) + "."
+        )
+
+# --- applications -------------------------------------------------------------------
+# django-tenants splits the apps: SHARED_APPS live in `public` (what the cluster sees
+# across tenants), TENANT_APPS in each tenant's own schema (what is confidential to it).
+SHARED_APPS = [
+    "django_tenants",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_prometheus",
+    "apps.core",
+    "apps.tenants",
+    "apps.nodes",
+    "apps.tasks",
+    "apps.monitoring",
+    "apps.portal",
+]
+TENANT_APPS = [
+    "apps.confidential",
+]
+INSTALLED_APPS = SHARED_APPS + [app for app in TENANT_APPS if app not in SHARED_APPS]
+
+TENANT_MODEL = "tenants.Tenant"
+TENANT_DOMAIN_MODEL = "tenants.Domain"
+PUBLIC_SCHEMA_NAME = "public"
+DATABASE_ROUTERS = ("django_tenants.routers.TenantSyncRouter",)
+
+# No TenantMainMiddleware: the tenant comes from the principal, not from the host name,
+# so every request starts in `public` and switches schema explicitly when it must.
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "heteroflow.urls"
+ASGI_APPLICATION = "heteroflow.asgi.application"
+WSGI_APPLICATION = "heteroflow.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- data stores ----------------------------------------------------------------------
+DATABASE_URL = env.str("DATABASE_URL")
+if not DATABASE_URL:
+    raise ImproperlyConfigured(
+        "DATABASE_URL is not set. Start the system with `make up` (which runs an embedded "
+        "PostgreSQL when no URL is given) or set DATABASE_URL=postgresql://USER@HOST:PORT/DB."
+    )
+DB_CONNECT_TIMEOUT = env.int("HETEROFLOW_DB_CONNECT_TIMEOUT", 5, low=1, high=60)
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL,
+        conn_max_age=env.int("HETEROFLOW_DB_CONN_MAX_AGE", 60, low=0, high=3600),
+        conn_health_checks=True,
+    )
+}
+DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"
+DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT
+
+REDIS_URL = env.str("REDIS_URL")
+if not REDIS_URL:
+    raise ImproperlyConfigured(
+        "REDIS_URL is not set. Start the system with `make up` (which runs an embedded Redis "
+        "when no URL is given) or set REDIS_URL=redis://HOST:6379/0."
+    )
+
+
+def _celery_url(redis_url: str) -> str:
+    # redis-py spells a Unix socket unix://PATH; kombu spells it redis+socket://PATH.
+    if redis_url.startswith("unix://"):
+        return "redis+socket://" + redis_url.removeprefix("unix://")
+    return redis_url
+
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "hf",
+    }
+}
+
+# --- Celery ---------------------------------------------------------------------------
+CELERY_BROKER_URL = _celery_url(REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+
+# --- auth -----------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+if HETEROFLOW_ENV == "test":
+    # Hashing cost is not what the tests are about.
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+LOGIN_URL = "/portal/login/"
+LOGIN_REDIRECT_URL = "/portal/"
+LOGOUT_REDIRECT_URL = "/portal/login/"
+
+# --- i18n / static --------------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = HETEROFLOW_DATA_DIR / "static"
+# Outside production whitenoise serves straight from the app folders, so `make up`
+# needs no collectstatic step; production images run collectstatic at build time.
+WHITENOISE_USE_FINDERS = not PRODUCTION
+WHITENOISE_AUTOREFRESH = DEBUG
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- API ------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    # Bearer first: its WWW-Authenticate header is what turns "no credentials" into 401.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "apps.core.authentication.BearerKeyAuthentication",
+        "apps.core.authentication.AgentKeyAuthentication",
+        "apps.core.authentication.PrincipalSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["apps.core.permissions.IsPersonOrPersonKey"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PAGINATION_CLASS": "apps.core.pagination.Pagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "apps.core.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "HeteroFlow control plane API",
+    "DESCRIPTION": "One schedulable resource out of a mixed GPU fleet.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    # The schema and its page are public documentation; they expose no data.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+}
+
+# --- bootstrap ------------------------------------------------------------------------
+HETEROFLOW_ADMIN_USER = env.str("HETEROFLOW_ADMIN_USER", "admin")
+HETEROFLOW_ADMIN_EMAIL = env.str("HETEROFLOW_ADMIN_EMAIL", "admin@localhost")
+HETEROFLOW_ADMIN_PASSWORD = env.str("HETEROFLOW_ADMIN_PASSWORD")
+HETEROFLOW_ADMIN_API_KEY = env.str("HETEROFLOW_ADMIN_API_KEY")
+
+# --- security headers -----------------------------------------------------------------
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = PRODUCTION
+CSRF_COOKIE_SECURE = PRODUCTION
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_SSL_REDIRECT = env.bool("HETEROFLOW_SSL_REDIRECT", PRODUCTION)
+SECURE_HSTS_SECONDS = env.int(
+    "HETEROFLOW_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0, low=0, high=63_072_000
+)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("HETEROFLOW_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
+SECURE_HSTS_PRELOAD = env.bool("HETEROFLOW_HSTS_PRELOAD", PRODUCTION)
+if env.bool("HETEROFLOW_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# --- logging --------------------------------------------------------------------------
+LOG_LEVEL = env.choice("HETEROFLOW_LOG_LEVEL", "info", ("debug", "info", "warning", "error"))
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL.upper()},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
