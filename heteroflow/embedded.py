@@ -44,9 +44,11 @@ def _private_dir(path: Path) -> Path:
 
 
 def start_postgres(data_dir: Path):
+    # pgserver asks platformdirs for a runtime folder, which warns when XDG_RUNTIME_DIR
+    # is unset (as under sudo and in containers) and then falls back to /tmp: harmless.
+    warnings.filterwarnings("ignore", module="platformdirs")
     import pgserver
 
-    warnings.filterwarnings("ignore", module="platformdirs")
     _private_dir(data_dir)
     server = pgserver.get_server(data_dir / "postgres", cleanup_mode="stop")
     exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")

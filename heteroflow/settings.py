@@ -7,6 +7,7 @@ PostgreSQL and Redis and passes their URLs to every process it starts.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import dj_database_url
@@ -187,6 +188,8 @@ STATIC_ROOT = HETEROFLOW_DATA_DIR / "static"
 # needs no collectstatic step; production images run collectstatic at build time.
 WHITENOISE_USE_FINDERS = not PRODUCTION
 WHITENOISE_AUTOREFRESH = DEBUG
+# Under ASGI Django wraps whitenoise's file iterator itself and says so on every file.
+warnings.filterwarnings("ignore", message="StreamingHttpResponse must consume synchronous iterators")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- API ------------------------------------------------------------------------------

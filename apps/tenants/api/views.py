@@ -67,15 +67,17 @@ class TenantDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class MemberListView(generics.GenericAPIView):
+class MemberListView(generics.ListAPIView):
     serializer_class = s.MemberSerializer
 
-    def get(self, request, slug):
-        tenant = visible_tenant(request, slug)
-        page = self.paginate_queryset(
-            Membership.objects.visible_to(request.auth).filter(tenant=tenant).select_related("user").order_by("user__username")
+    def get_queryset(self):
+        tenant = visible_tenant(self.request, self.kwargs["slug"])
+        return (
+            Membership.objects.visible_to(self.request.auth)
+            .filter(tenant=tenant)
+            .select_related("user")
+            .order_by("user__username")
         )
-        return self.get_paginated_response(s.MemberSerializer(page, many=True).data)
 
     @extend_schema(request=s.MemberCreateSerializer, responses={201: s.MemberCreatedSerializer})
     def post(self, request, slug):
@@ -121,12 +123,12 @@ class MemberDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class AuditLogView(generics.GenericAPIView):
+class AuditLogView(generics.ListAPIView):
     """The tenant's audit log, read from the tenant's own schema."""
 
     serializer_class = s.AuditEventSerializer
 
-    def get(self, request, slug):
+    def list(self, request, slug):
         tenant = visible_tenant(request, slug)
         require_tenant_admin(request, tenant)
         with schema_context(tenant.schema_name):

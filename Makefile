@@ -1,0 +1,30 @@
+# The two commands: `make up` brings the whole system up; `make test` runs the suite.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEPS_STAMP := $(VENV)/.deps-installed
+
+.PHONY: up test install stores clean-data
+
+up: $(DEPS_STAMP)
+	$(BIN)/python -m heteroflow.launcher up
+
+test: $(DEPS_STAMP)
+	$(BIN)/python -m heteroflow.launcher test -- $(PYTEST_ARGS)
+
+install: $(DEPS_STAMP)
+
+stores: $(DEPS_STAMP)
+	$(BIN)/python -m heteroflow.launcher stores
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "HeteroFlow needs Python 3.11 or newer; set PYTHON=/path/to/python3.11")'
+	$(PYTHON) -m venv $(VENV)
+
+$(DEPS_STAMP): requirements/base.txt requirements/dev.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
+	touch $@
+
+clean-data:
+	@echo "This deletes the embedded database, Redis data and logs in $${HETEROFLOW_DATA_DIR:-.heteroflow}."
+	@read -p "Type 'yes' to continue: " answer && [ "$$answer" = yes ] && rm -rf "$${HETEROFLOW_DATA_DIR:-.heteroflow}"
