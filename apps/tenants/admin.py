@@ -11,10 +11,33 @@ from apps.tasks.models import Task
 from apps.tenants import services
 from apps.tenants.api.serializers import slug_validator
 from apps.tenants.models import ApiKey, Membership, Tenant, TenantGroup
+from apps.tenants.selectors import loses_last_admin
 
 
 def operator(request) -> Principal:
     return Principal(PrincipalKind.OPERATOR, user=request.user)
+
+
+class DeleteThroughServiceMixin:
+    """Deletes one object through its service, `delete_through_service(request, obj)`, which
+    each admin defines; a refusal (409) is shown, not swallowed."""
+
+    def delete_view(self, request, object_id, extra_context=None):
+        obj = self.get_object(request, object_id)
+        if obj is not None and request.method == "POST" and self.has_delete_permission(request, obj):
+            try:
+                self.delete_through_service(request, obj)
+            except Conflict as exc:
+                self.message_user(request, str(exc.detail), messages.ERROR)
+                return redirect(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", obj.pk)
+            self.message_user(request, f"Deleted {obj}.", messages.SUCCESS)
+            return redirect(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_changelist")
+        return super().delete_view(request, object_id, extra_context)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # a bulk delete would skip the service's checks
+        return actions
 
 
 class TenantForm(forms.ModelForm):
@@ -52,7 +75,7 @@ class MembershipInline(admin.TabularInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
     form = TenantForm
     list_display = ["name", "slug", "schema_name", "max_gpus", "max_concurrent_tasks", "created_at"]
     search_fields = ["name", "slug"]
@@ -74,24 +97,14 @@ class TenantAdmin(admin.ModelAdmin):
         obj.pk, obj.schema_name, obj.created_at = created.pk, created.schema_name, created.created_at
         obj._state.adding, obj._state.db = False, created._state.db
 
+    def delete_through_service(self, request, obj):
+        services.delete_tenant(obj)
+
     def delete_view(self, request, object_id, extra_context=None):
         tenant = self.get_object(request, object_id)
-        if tenant is not None and request.method == "POST":
-            try:
-                services.delete_tenant(tenant)
-            except Conflict as exc:
-                self.message_user(request, str(exc.detail), messages.ERROR)
-                return redirect("admin:tenants_tenant_change", tenant.pk)
-            self.message_user(request, f"Tenant '{tenant.slug}' and its schema were deleted.", messages.SUCCESS)
-            return redirect("admin:tenants_tenant_changelist")
-        if tenant is not None and Task.objects.filter(tenant=tenant, status__in=ACTIVE).exists():
+        if request.method == "GET" and tenant is not None and Task.objects.filter(tenant=tenant, status__in=ACTIVE).exists():
             self.message_user(request, f"Tenant '{tenant.slug}' has active tasks; stop them before deleting it.", messages.WARNING)
         return super().delete_view(request, object_id, extra_context)
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # bulk delete would skip the active-task check
-        return actions
 
 
 class MembershipForm(forms.ModelForm):
@@ -99,9 +112,18 @@ class MembershipForm(forms.ModelForm):
         model = Membership
         fields = ["user", "tenant", "role"]
 
+    def clean(self):
+        data = super().clean()
+        if self.instance.pk:
+            if loses_last_admin(self.instance, data.get("role")):
+                raise forms.ValidationError("This is the tenant's last admin; make someone else admin first.")
+        elif Membership.objects.filter(user=data.get("user"), tenant=data.get("tenant")).exists():
+            raise forms.ValidationError("This user is already a member of this tenant.")
+        return data
+
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
     form = MembershipForm
     list_display = ["user", "tenant", "role", "created_at"]
     list_filter = ["role", "tenant"]
@@ -112,25 +134,14 @@ class MembershipAdmin(admin.ModelAdmin):
         return ["user", "tenant"] if obj else []
 
     def save_model(self, request, obj, form, change):
-        try:
-            if change:
-                services.change_member_role(obj, obj.role, principal=operator(request))
-            else:
-                added = services.add_member(obj.tenant, username=obj.user.username, role=obj.role, principal=operator(request))
-                obj.pk, obj._state.adding = added.membership.pk, False
-        except Conflict as exc:
-            self.message_user(request, str(exc.detail), messages.ERROR)
+        if change:
+            services.change_member_role(obj, obj.role, principal=operator(request))
+        else:
+            added = services.add_member(obj.tenant, username=obj.user.username, role=obj.role, principal=operator(request))
+            obj.pk, obj._state.adding = added.membership.pk, False
 
-    def delete_model(self, request, obj):
-        try:
-            services.remove_member(obj, principal=operator(request))
-        except Conflict as exc:
-            self.message_user(request, str(exc.detail), messages.ERROR)
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
+    def delete_through_service(self, request, obj):
+        services.remove_member(obj, principal=operator(request))
 
 
 @admin.register(ApiKey)

@@ -29,3 +29,9 @@ def membership_of(user, tenant) -> Membership | None:
 
 def admin_count(tenant) -> int:
     return Membership.objects.filter(tenant=tenant, role="admin").count()
+
+
+def loses_last_admin(membership: Membership, new_role: str | None) -> bool:
+    """Whether giving `membership` the role `new_role` (None: removing it) leaves its
+    tenant without an admin."""
+    return membership.role == "admin" and new_role != "admin" and admin_count(membership.tenant) <= 1

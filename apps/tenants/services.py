@@ -20,7 +20,7 @@ from apps.tasks.models import Task
 from apps.tenants import keys
 from apps.tenants.choices import ROLE_RANK, KeyScope, Role
 from apps.tenants.models import ApiKey, Membership, Tenant, TenantGroup
-from apps.tenants.selectors import admin_count, membership_of
+from apps.tenants.selectors import loses_last_admin, membership_of
 
 User = get_user_model()
 SCHEMA_PREFIX = "t_"
@@ -106,8 +106,8 @@ def add_member(
     return MemberAdded(membership, created, generated)
 
 
-def _refuse_losing_last_admin(membership: Membership) -> None:
-    if membership.role == Role.ADMIN and admin_count(membership.tenant) <= 1:
+def _refuse_losing_last_admin(membership: Membership, new_role: str | None) -> None:
+    if loses_last_admin(membership, new_role):
         raise Conflict(
             f"'{membership.user.username}' is the last admin of '{membership.tenant.slug}'; make someone else admin first.",
             "last_admin",
@@ -117,8 +117,7 @@ def _refuse_losing_last_admin(membership: Membership) -> None:
 def change_member_role(membership: Membership, role: str, *, principal=None) -> Membership:
     with transaction.atomic():
         locks.xact_lock(locks.tenant_lock_key(membership.tenant_id))
-        if role != Role.ADMIN:
-            _refuse_losing_last_admin(membership)
+        _refuse_losing_last_admin(membership, role)
         membership.role = role
         membership.save(update_fields=["role"])
         record_audit(membership.tenant, principal, "member.role_changed", membership.user.username, role=role)
@@ -128,7 +127,7 @@ def change_member_role(membership: Membership, role: str, *, principal=None) -> 
 def remove_member(membership: Membership, *, principal=None) -> None:
     with transaction.atomic():
         locks.xact_lock(locks.tenant_lock_key(membership.tenant_id))
-        _refuse_losing_last_admin(membership)
+        _refuse_losing_last_admin(membership, None)
         tenant, user = membership.tenant, membership.user
         # A member's keys act as that member; without the membership they must die too.
         ApiKey.objects.filter(tenant=tenant, user=user, revoked_at__isnull=True).update(revoked_at=utcnow())
