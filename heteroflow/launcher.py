@@ -18,7 +18,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from heteroflow.embedded import ensure_data_stores
+from heteroflow.envvars import Env
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -32,7 +35,7 @@ def say(message: str) -> None:
 
 
 def data_dir_from(environ) -> Path:
-    path = Path(environ.get("HETEROFLOW_DATA_DIR") or REPO / ".heteroflow").resolve()
+    path = Path(Env(environ).str("HETEROFLOW_DATA_DIR", str(REPO / ".heteroflow"))).resolve()
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o700)
     return path
@@ -58,7 +61,7 @@ def local_agent_command(environ) -> list[str] | None:
     """The hook for the node agent on this machine. The agent package (agent/) arrives with
     the agent issue; until it exists nothing is started. Set HETEROFLOW_LOCAL_AGENT=false
     to never start it."""
-    if environ.get("HETEROFLOW_LOCAL_AGENT", "true").lower() in ("0", "false", "no", "off"):
+    if not Env(environ).bool("HETEROFLOW_LOCAL_AGENT", True):
         return None
     if not (REPO / "agent" / "heteroflow_agent" / "__main__.py").exists():
         return None
@@ -135,8 +138,9 @@ def up(args) -> int:
     data_dir = data_dir_from(os.environ)
     log_dir = data_dir / "logs"
     log_dir.mkdir(exist_ok=True)
-    port = int(os.environ.get("HETEROFLOW_PORT", "3333"))
-    bind = os.environ.get("HETEROFLOW_BIND", "127.0.0.1")
+    env_vars = Env()
+    port = env_vars.int("HETEROFLOW_PORT", 3333, low=1, high=65535)
+    bind = env_vars.str("HETEROFLOW_BIND", "127.0.0.1")
     stores = ensure_data_stores(data_dir, os.environ)
     say("data stores: " + (", ".join(stores.embedded) + f" embedded in {data_dir}" if stores.embedded else "external (from DATABASE_URL / REDIS_URL)"))
     env = base_env(stores, data_dir)
@@ -244,7 +248,11 @@ def main(argv=None) -> int:
     if args.command == "test":
         args.pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     handler = {"up": up, "test": run_tests, "stores": stores_only}[args.command]
-    return handler(args)
+    try:
+        return handler(args)
+    except ImproperlyConfigured as exc:
+        say(f"configuration error: {exc}")
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 DEV_SECRET_KEY = "heteroflow-insecure-development-key-do-not-use-in-production"
 DEV_AGENT_SECRET = "heteroflow-dev-agent-secret"
 MIN_AGENT_SECRET_LENGTH = 16
+MIN_SECRET_KEY_LENGTH = 50  # what Django's own deploy check asks for
 
 # Values that appear in docs, examples and old installers; anyone could guess them.
 KNOWN_DEFAULT_AGENT_SECRETS = frozenset(
@@ -30,7 +31,7 @@ KNOWN_DEFAULT_AGENT_SECRETS = frozenset(
         "your-agent-secret-here",
     }
 )
-KNOWN_DEFAULT_SECRET_KEYS = frozenset({DEV_SECRET_KEY, "changeme", "secret", "django-insecure"})
+KNOWN_DEFAULT_SECRET_KEYS = frozenset({DEV_SECRET_KEY, "changeme", "change-me", "secret", "secret-key", "django-insecure"})
 
 
 def production_problems(
@@ -47,8 +48,10 @@ def production_problems(
         )
     if not secret_key:
         problems.append("SECRET_KEY is not set")
-    elif secret_key in KNOWN_DEFAULT_SECRET_KEYS or secret_key.startswith("django-insecure"):
+    elif secret_key.lower() in KNOWN_DEFAULT_SECRET_KEYS or secret_key.startswith("django-insecure"):
         problems.append("SECRET_KEY is a well-known default value")
+    elif len(secret_key) < MIN_SECRET_KEY_LENGTH:
+        problems.append(f"SECRET_KEY is shorter than {MIN_SECRET_KEY_LENGTH} characters")
     if debug:
         problems.append("DEBUG is on")
     if not allowed_hosts:

@@ -81,6 +81,7 @@ DATABASE_ROUTERS = ("django_tenants.routers.TenantSyncRouter",)
 # No TenantMainMiddleware: the tenant comes from the principal, not from the host name,
 # so every request starts in `public` and switches schema explicitly when it must.
 MIDDLEWARE = [
+    "apps.monitoring.middleware.HealthProbeMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -1,8 +1,9 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from apps.core import errors
 from apps.monitoring import views as monitoring
 
 api_v1 = [
@@ -19,6 +20,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("admin/", admin.site.urls),
     path("portal/", include("apps.portal.urls")),
+    # API clients get the JSON 404 even when DEBUG shows HTML pages elsewhere.
+    re_path(r"^(api|v1)/", errors.not_found),
 ]
 
 handler404 = "apps.core.errors.not_found"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from datetime import timedelta
 
 import psycopg
@@ -14,8 +15,9 @@ from apps.core.clock import utcnow
 logger = logging.getLogger(__name__)
 
 DATABASE_TIMEOUT_SECONDS = 2.0
-# The scheduler's periodic job (the tasks issue adds it to beat). It counts as running
-# when it finished a tick within three of its 5 s periods.
+# The scheduler's periodic job (the tasks issue adds it to beat). Its last-run row is
+# shared by every instance, so this says whether the scheduler runs anywhere in the
+# cluster: it counts as running when a tick finished within three of its 5 s periods.
 SCHEDULER_JOB_KEY = "scheduler.tick"
 SCHEDULER_FRESH = timedelta(seconds=15)
 
@@ -24,24 +26,31 @@ def database_settings() -> dict:
     return connections["default"].settings_dict
 
 
+# Keys of Django's OPTIONS that are not libpq connection parameters.
+DJANGO_ONLY_OPTIONS = {"pool", "server_side_binding", "isolation_level", "assume_role", "connect_timeout"}
+
+
 def database_answers(timeout: float = DATABASE_TIMEOUT_SECONDS) -> bool:
-    """Open a fresh connection and run a query, all within `timeout` seconds.
+    """Open a fresh connection and run a query, giving up after about `timeout` seconds.
 
     A fresh connection (not Django's pooled one) so that a wedged pooled connection
     cannot make the probe lie, and so the time limit covers connecting as well."""
     db = database_settings()
-    params = {
-        "host": db.get("HOST") or None,
-        "port": db.get("PORT") or None,
-        "dbname": db.get("NAME"),
-        "user": db.get("USER") or None,
-        "password": db.get("PASSWORD") or None,
+    params = {key: value for key, value in (db.get("OPTIONS") or {}).items() if key not in DJANGO_ONLY_OPTIONS}
+    params.update(
+        host=db.get("HOST") or None,
+        port=db.get("PORT") or None,
+        dbname=db.get("NAME"),
+        user=db.get("USER") or None,
+        password=db.get("PASSWORD") or None,
         # libpq's connect_timeout has a floor of 2 s and whole-second resolution.
-        "connect_timeout": max(2, math.ceil(timeout)),
-        "options": f"-c statement_timeout={int(timeout * 1000)}",
-    }
+        connect_timeout=max(2, math.ceil(timeout)),
+    )
+    started = time.monotonic()
     try:
         with psycopg.connect(**{k: v for k, v in params.items() if v is not None}) as conn:
+            remaining_ms = max(100, int((timeout - (time.monotonic() - started)) * 1000))
+            conn.execute(f"SET statement_timeout = {remaining_ms}")
             conn.execute("SELECT 1").fetchone()
         return True
     except Exception as exc:  # any failure means "does not answer"

@@ -1,8 +1,9 @@
 """Unauthenticated liveness endpoints for load balancers and systemd.
 
 /health answers 503 only when this instance cannot reach its database (it can serve
-nothing); a scheduler that is not running here is "degraded" with 200, because in a
-multi-instance deployment followers legitimately do not run it. No error text leaves.
+nothing). A scheduler that is not running is "degraded" with 200: taking web instances
+out of rotation would not start it, and would only push the API traffic elsewhere.
+No error text leaves.
 """
 
 from django.http import JsonResponse

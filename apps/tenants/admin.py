@@ -87,13 +87,12 @@ class TenantAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
             fields = {name: form.cleaned_data[name] for name in form.changed_data if name != "slug"}
             services.update_tenant(obj, principal=operator(request), **fields)
             return
-        created = services.create_tenant(name=obj.name, slug=obj.slug, principal=operator(request))
-        if any(form.cleaned_data.get(f) is not None for f in ("max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks")):
-            services.update_tenant(
-                created,
-                principal=operator(request),
-                **{f: form.cleaned_data.get(f) for f in ("max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks")},
-            )
+        created = services.create_tenant(
+            name=obj.name,
+            slug=obj.slug,
+            principal=operator(request),
+            **{field: form.cleaned_data.get(field) for field in services.QUOTA_FIELDS},
+        )
         obj.pk, obj.schema_name, obj.created_at = created.pk, created.schema_name, created.created_at
         obj._state.adding, obj._state.db = False, created._state.db
 

@@ -33,13 +33,19 @@ def schema_name_for(slug: str) -> str:
 # --- tenants ---------------------------------------------------------------------------
 
 
-def create_tenant(*, name: str, slug: str, principal=None) -> Tenant:
+QUOTA_FIELDS = ("max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks")
+
+
+def create_tenant(*, name: str, slug: str, principal=None, **quotas) -> Tenant:
     """Create the tenant and its schema (migrated) in one transaction."""
+    unknown = set(quotas) - set(QUOTA_FIELDS)
+    if unknown:
+        raise TypeError(f"create_tenant() got unexpected fields: {', '.join(sorted(unknown))}")
     if Tenant.objects.filter(Q(slug=slug) | Q(name__iexact=name)).exists():
         raise Conflict(f"A tenant named '{name}' or with slug '{slug}' already exists.", "tenant_exists")
     try:
         with transaction.atomic():
-            tenant = Tenant(name=name, slug=slug, schema_name=schema_name_for(slug))
+            tenant = Tenant(name=name, slug=slug, schema_name=schema_name_for(slug), **quotas)
             tenant.save(verbosity=0)
             record_audit(tenant, principal, "tenant.created", slug, name=name)
     except IntegrityError:
@@ -175,9 +181,13 @@ def issue_tenant_key(
     membership = membership_of(owner, tenant)
     if membership is None:
         raise ValidationError({"username": [f"'{owner.username}' is not a member of '{tenant.slug}'."]})
-    role = role or membership.role
-    if ROLE_RANK[Role(role)] > ROLE_RANK[Role(membership.role)]:
-        raise ValidationError({"role": [f"'{owner.username}' is {membership.role} in '{tenant.slug}'; a key cannot be {role}."]})
+    ceiling = membership.role
+    if principal.is_tenant and ROLE_RANK[Role(principal.role)] < ROLE_RANK[Role(ceiling)]:
+        # A key limited below its owner's role must not mint a stronger one.
+        ceiling = principal.role
+    role = role or ceiling
+    if ROLE_RANK[Role(role)] > ROLE_RANK[Role(ceiling)]:
+        raise ValidationError({"role": [f"A key issued here can be at most {ceiling}, not {role}."]})
     with transaction.atomic():
         issued = _store_key(scope=KeyScope.TENANT, user=owner, name=name, tenant=tenant, role=role, expires_at=expires_at)
         record_audit(tenant, principal, "api_key.issued", issued.api_key.display_prefix, owner=owner.username, role=role)

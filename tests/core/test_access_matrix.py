@@ -189,3 +189,10 @@ def test_tenant_listing_is_scoped(world, api):
     slugs = lambda headers: [t["slug"] for t in api.get("/api/v1/tenants", **headers).json()["results"]]  # noqa: E731
     assert slugs(bearer(world.keys["beta-viewer"])) == ["beta"]
     assert slugs(bearer(world.operator_key)) == ["acme", "beta"]
+
+
+def test_unknown_api_path_is_json_even_with_debug_pages_on(world, api, settings):
+    settings.DEBUG = True
+    response = api.get("/api/v1/nothing/here", **bearer(world.operator_key))
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"

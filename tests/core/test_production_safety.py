@@ -30,6 +30,8 @@ def test_safe_values_have_no_problems():
         ({"agent_secret": "short-secret"}, "HETEROFLOW_AGENT_SECRET is shorter than 16 characters"),
         ({"secret_key": None}, "SECRET_KEY is not set"),
         ({"secret_key": "django-insecure-abc"}, "SECRET_KEY is a well-known default value"),
+        ({"secret_key": "ChangeMe"}, "SECRET_KEY is a well-known default value"),
+        ({"secret_key": "x" * 49}, "SECRET_KEY is shorter than 50 characters"),
         ({"debug": True}, "DEBUG is on"),
         ({"allowed_hosts": ["*"]}, "ALLOWED_HOSTS contains a wildcard ('*')"),
         ({"allowed_hosts": ["ok.example.com", "*.example.com"]}, "ALLOWED_HOSTS contains a wildcard ('*')"),
@@ -80,3 +82,12 @@ def test_bad_numbers_are_refused_with_the_variable_named():
     result = manage(["check"], HETEROFLOW_PORT="70000")
     assert result.returncode != 0
     assert "HETEROFLOW_PORT=70000 is outside 1..65535" in result.stderr
+
+
+def test_the_launcher_refuses_a_bad_port_with_a_message():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")} | {"HETEROFLOW_PORT": "http"}
+    result = subprocess.run(
+        [sys.executable, "-m", "heteroflow.launcher", "up"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "HETEROFLOW_PORT='http' is not a whole number" in result.stdout

@@ -86,3 +86,17 @@ def test_health_gives_up_on_a_database_that_does_not_answer(client, monkeypatch,
     assert response.status_code == 503
     # the probe's limit is 2 s; anything near a minute would mean it hung on the socket
     assert elapsed < 10, elapsed
+
+
+@pytest.mark.parametrize("path", ["/health", "/health/detail"])
+def test_probes_by_ip_over_plain_http_are_answered_in_production(client, settings, path):
+    settings.ALLOWED_HOSTS = ["hf.example.com"]
+    settings.SECURE_SSL_REDIRECT = True
+    assert client.get(path, HTTP_HOST="10.0.0.7:3333").status_code == 200
+    # everything else still gets the host check and the redirect
+    assert client.get("/api/v1/tenants", HTTP_HOST="10.0.0.7:3333").status_code == 400
+    assert client.get("/api/v1/tenants", HTTP_HOST="hf.example.com").status_code == 301
+
+
+def test_probes_accept_only_get(client):
+    assert client.post("/health").status_code == 405

@@ -162,3 +162,13 @@ def test_session_users_pick_their_tenant(world, api):
 def test_a_signed_in_user_without_a_tenant_can_do_nothing(world, api):
     api.force_login(User.objects.create_user("loner", password="x"))
     assert api.get("/api/v1/tenants").status_code == 403
+
+
+def test_a_limited_key_cannot_mint_a_stronger_one(world, api):
+    # An admin's viewer-limited key (say, for a dashboard) must not issue an admin key.
+    viewer_key = api.post("/api/v1/api-keys", {"name": "dash", "role": "viewer"}, format="json", **bearer(world.keys["acme-admin"])).json()["key"]
+    response = api.post("/api/v1/api-keys", {"name": "escalate", "role": "admin"}, format="json", **bearer(viewer_key))
+    assert response.status_code == 400
+    assert "at most viewer" in response.json()["error"]["fields"]["role"][0]
+    defaulted = api.post("/api/v1/api-keys", {"name": "same"}, format="json", **bearer(viewer_key)).json()
+    assert defaulted["role"] == "viewer"

@@ -131,3 +131,11 @@ def test_duplicate_tenant_group_is_a_conflict(world, api):
     assert api.post("/api/v1/tenant-groups", {"name": "g1"}, format="json", **headers).status_code == 201
     response = api.post("/api/v1/tenant-groups", {"name": "g1"}, format="json", **headers)
     assert response.status_code == 409
+
+
+def test_quotas_can_be_given_at_creation(world, api):
+    body = {"name": "Quota", "slug": "quota", "max_gpus": 4, "max_gpu_memory_mb": 81920, "max_concurrent_tasks": 3}
+    response = api.post("/api/v1/tenants", body, format="json", **bearer(world.operator_key))
+    assert response.status_code == 201, response.content
+    tenant = Tenant.objects.get(slug="quota")
+    assert (tenant.max_gpus, tenant.max_gpu_memory_mb, tenant.max_concurrent_tasks) == (4, 81920, 3)
