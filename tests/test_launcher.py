@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import requests
@@ -83,6 +84,23 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
             timeout=10,
         )
         assert "Site administration" in signed_in.text
+
+        # a job goes through the real broker to the real worker and lands in the database
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")}
+        env.update(
+            DATABASE_URL=f"postgresql://postgres@{quote(str(data_dir / 'postgres'), safe='')}/heteroflow",
+            REDIS_URL=f"unix://{data_dir / 'redis' / 'redis.sock'}",
+            HETEROFLOW_DATA_DIR=str(data_dir),
+        )
+        probe = (
+            "import time; from apps.core.jobs import purge_expired_sessions_job as job; "
+            "from apps.core.models import JobRun; job.delay(); deadline = time.monotonic() + 60\n"
+            "while time.monotonic() < deadline and not JobRun.objects.filter(key='core.purge_expired_sessions', runs__gte=1).exists():\n"
+            "    time.sleep(0.2)\n"
+            "print('RUNS', JobRun.objects.filter(key='core.purge_expired_sessions').values_list('runs', flat=True).first())"
+        )
+        result = subprocess.run([sys.executable, "manage.py", "shell", "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert "RUNS 1" in result.stdout, result.stdout + result.stderr
 
         headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         created = requests.post(f"{base}/api/v1/tenants", json={"name": "Lab", "slug": "lab"}, headers=headers, timeout=30)
