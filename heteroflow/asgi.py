@@ -3,4 +3,9 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "heteroflow.settings")
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from apps.nodes.api.heartbeat import HeartbeatApp  # noqa: E402  (needs Django set up)
+
+# The heartbeat route sits in front of Django; everything else is Django's.
+application = HeartbeatApp(django_application)

@@ -65,6 +65,7 @@ SHARED_APPS = [
     "apps.tenants",
     "apps.nodes",
     "apps.tasks",
+    "apps.alerts",
     "apps.monitoring",
     "apps.portal",
 ]
@@ -224,6 +225,14 @@ SPECTACULAR_SETTINGS = {
     "SERVE_AUTHENTICATION": [],
 }
 
+# --- nodes ----------------------------------------------------------------------------
+HETEROFLOW_HEARTBEAT_MAX_BYTES = env.int("HETEROFLOW_HEARTBEAT_MAX_BYTES", 262_144, low=4_096, high=8_388_608)
+HETEROFLOW_HEARTBEAT_DB_POOL_SIZE = env.int("HETEROFLOW_HEARTBEAT_DB_POOL_SIZE", 8, low=1, high=100)
+# Proxies whose X-Forwarded-For is believed when they are the TCP peer (CIDRs). Empty:
+# the node's public IP is always the TCP source address.
+HETEROFLOW_TRUSTED_PROXIES = env.list("HETEROFLOW_TRUSTED_PROXIES", [])
+METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_760)
+
 # --- bootstrap ------------------------------------------------------------------------
 HETEROFLOW_ADMIN_USER = env.str("HETEROFLOW_ADMIN_USER", "admin")
 HETEROFLOW_ADMIN_EMAIL = env.str("HETEROFLOW_ADMIN_EMAIL", "admin@localhost")
@@ -253,5 +262,5 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL.upper()},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }

@@ -8,9 +8,9 @@ import time
 from datetime import timedelta
 
 import psycopg
-from django.db import connections
 
 from apps.core.clock import utcnow
+from apps.core.db import libpq_params
 
 logger = logging.getLogger(__name__)
 
@@ -22,12 +22,8 @@ SCHEDULER_JOB_KEY = "scheduler.tick"
 SCHEDULER_FRESH = timedelta(seconds=15)
 
 
-def database_settings() -> dict:
-    return connections["default"].settings_dict
-
-
-# Keys of Django's OPTIONS that are not libpq connection parameters.
-DJANGO_ONLY_OPTIONS = {"pool", "server_side_binding", "isolation_level", "assume_role", "connect_timeout"}
+def database_params(**overrides) -> dict:
+    return libpq_params(**overrides)
 
 
 def database_answers(timeout: float = DATABASE_TIMEOUT_SECONDS) -> bool:
@@ -35,20 +31,11 @@ def database_answers(timeout: float = DATABASE_TIMEOUT_SECONDS) -> bool:
 
     A fresh connection (not Django's pooled one) so that a wedged pooled connection
     cannot make the probe lie, and so the time limit covers connecting as well."""
-    db = database_settings()
-    params = {key: value for key, value in (db.get("OPTIONS") or {}).items() if key not in DJANGO_ONLY_OPTIONS}
-    params.update(
-        host=db.get("HOST") or None,
-        port=db.get("PORT") or None,
-        dbname=db.get("NAME"),
-        user=db.get("USER") or None,
-        password=db.get("PASSWORD") or None,
-        # libpq's connect_timeout has a floor of 2 s and whole-second resolution.
-        connect_timeout=max(2, math.ceil(timeout)),
-    )
+    # libpq's connect_timeout has a floor of 2 s and whole-second resolution.
+    params = database_params(connect_timeout=max(2, math.ceil(timeout)))
     started = time.monotonic()
     try:
-        with psycopg.connect(**{k: v for k, v in params.items() if v is not None}) as conn:
+        with psycopg.connect(**params) as conn:
             remaining_ms = max(100, int((timeout - (time.monotonic() - started)) * 1000))
             conn.execute(f"SET statement_timeout = {remaining_ms}")
             conn.execute("SELECT 1").fetchone()

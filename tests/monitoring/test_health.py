@@ -28,12 +28,12 @@ def test_health_is_ok_when_the_scheduler_ticked_recently(client):
 
 
 def unreachable(monkeypatch, host, port):
-    real = probes.database_settings()
+    real = probes.database_params
 
-    def pointing_elsewhere():
-        return {**real, "HOST": host, "PORT": str(port)}
+    def pointing_elsewhere(**overrides):
+        return real(**overrides) | {"host": host, "port": str(port)}
 
-    monkeypatch.setattr(probes, "database_settings", pointing_elsewhere)
+    monkeypatch.setattr(probes, "database_params", pointing_elsewhere)
 
 
 def closed_port() -> int:

@@ -1,10 +1,19 @@
-from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.clock import utcnow
-from apps.core.permissions import IsAgent
+from apps.core.permissions import IsAgent, IsOperator
+from apps.nodes import metrics, selectors, services
+from apps.nodes.api import serializers as s
+from apps.nodes.models import Node
+from apps.tenants.choices import Role
+from apps.tenants.models import Tenant
 
 
 class AgentAuthCheckView(APIView):
@@ -17,3 +26,148 @@ class AgentAuthCheckView(APIView):
     )
     def get(self, request):
         return Response({"ok": True, "server_time": utcnow()})
+
+
+class IsOperatorOrAgentForWrites(BasePermission):
+    """Reads: people. The manual create (it can rewrite ip/status): operators and agents only."""
+
+    message = "Only platform operators and node agents can create or change nodes this way."
+
+    def has_permission(self, request, view):
+        principal = request.auth
+        if principal is None:
+            return False
+        if request.method == "POST":
+            return principal.is_operator or principal.is_agent
+        return principal.is_operator or principal.is_tenant
+
+
+def query(serializer_class, request):
+    serializer = serializer_class(data=request.query_params.dict())
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def visible_node(request, node_id) -> Node:
+    return get_object_or_404(selectors.with_gpu_used(Node.objects.visible_to(request.auth)).prefetch_related("gpus"), pk=node_id)
+
+
+class NodeListView(APIView):
+    permission_classes = [IsOperatorOrAgentForWrites]
+
+    @extend_schema(parameters=[s.NodeListQuerySerializer], responses=s.NodeSerializer(many=True))
+    def get(self, request):
+        params = query(s.NodeListQuerySerializer, request)
+        nodes = selectors.node_list(request.auth, q=params["q"], status=params["status"], gpu_type=params["gpu_type"])
+        paginator = LimitOffsetPagination()
+        paginator.default_limit, paginator.max_limit = 50, 500
+        page = paginator.paginate_queryset(nodes.order_by("name", "id"), request, view=self)
+        return paginator.get_paginated_response(s.NodeSerializer(page, many=True).data)
+
+    @extend_schema(request=s.NodeUpsertSerializer, responses={200: s.NodeSerializer, 201: s.NodeSerializer})
+    def post(self, request):
+        serializer = s.NodeUpsertSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        fields = dict(serializer.validated_data)
+        node_id = fields.pop("id")
+        node, created = services.upsert_node(node_id, fields)
+        return Response(s.NodeSerializer(visible_node_for_operator(node.pk)).data, status=201 if created else 200)
+
+
+def visible_node_for_operator(node_id):
+    return selectors.with_gpu_used(Node.objects.all()).prefetch_related("gpus").get(pk=node_id)
+
+
+class NodeDetailView(APIView):
+    @extend_schema(responses=s.NodeSerializer)
+    def get(self, request, node_id):
+        return Response(s.NodeSerializer(visible_node(request, node_id)).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("force", bool, description="Also delete the node's model registrations.")],
+        responses=inline_serializer("NodeDeleted", {"deleted": serializers.CharField(), "deleted_models": serializers.ListField(child=serializers.CharField())}),
+    )
+    def delete(self, request, node_id):
+        node = visible_node(request, node_id)
+        principal = request.auth
+        allowed = principal.is_operator or (
+            node.tenant_id is not None and principal.has_tenant_role(node.tenant, Role.ADMIN)
+        )
+        if not allowed:
+            raise PermissionDenied("Only platform operators, or a tenant's admins for its dedicated nodes, can delete nodes.")
+        force = request.query_params.get("force", "false").lower() in ("1", "true", "yes")
+        deleted = services.delete_node(node, force=force)
+        return Response({"deleted": deleted.node_id, "deleted_models": deleted.deleted_models})
+
+
+class NodeLocationView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(request=s.LocationSerializer, responses=s.NodeSerializer)
+    def put(self, request, node_id):
+        node = visible_node(request, node_id)
+        serializer = s.LocationSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.set_location(node, {k: v.strip() for k, v in serializer.validated_data.items()})
+        return Response(s.NodeSerializer(visible_node(request, node_id)).data)
+
+
+class NodeTenantView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        request=s.TenantAssignmentSerializer,
+        responses=inline_serializer("TenantAssigned", {
+            "node": s.NodeSerializer(), "mode": serializers.CharField(),
+            "other_tenant_tasks": serializers.ListField(child=serializers.IntegerField()),
+            "stopping": serializers.ListField(child=serializers.IntegerField()),
+        }),
+    )
+    def put(self, request, node_id):
+        node = visible_node(request, node_id)
+        serializer = s.TenantAssignmentSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        tenant = None
+        if data["tenant"] is not None:
+            tenant = Tenant.objects.filter(slug=data["tenant"]).first()
+            if tenant is None:
+                raise ValidationError({"tenant": [f"No tenant '{data['tenant']}'."]})
+        result = services.assign_tenant(node, tenant, expected_version=data["version"], mode=data["mode"])
+        return Response({
+            "node": s.NodeSerializer(visible_node(request, node_id)).data,
+            "mode": result.mode,
+            "other_tenant_tasks": result.other_tenant_tasks,
+            "stopping": result.stopping,
+        })
+
+
+class NodeMetricsView(APIView):
+    @extend_schema(parameters=[s.HoursSerializer], responses=inline_serializer("NodeMetricsHistory", {
+        "node_id": serializers.CharField(), "hours": serializers.IntegerField(), "bucket_seconds": serializers.IntegerField(),
+        "points": serializers.ListField(child=serializers.DictField()),
+    }))
+    def get(self, request, node_id):
+        node = visible_node(request, node_id)
+        return Response(metrics.history(node.pk, query(s.HoursSerializer, request)["hours"]))
+
+
+class NodeEnergyView(APIView):
+    @extend_schema(parameters=[s.HoursSerializer], responses=inline_serializer("NodeEnergy", {
+        "node_id": serializers.CharField(), "hours": serializers.IntegerField(),
+        "gpu_energy_kwh": serializers.FloatField(allow_null=True), "gpu_power_avg_w": serializers.FloatField(allow_null=True),
+        "gpu_power_max_w": serializers.FloatField(allow_null=True), "samples_with_power": serializers.IntegerField(),
+    }))
+    def get(self, request, node_id):
+        node = visible_node(request, node_id)
+        return Response(metrics.energy(node.pk, query(s.HoursSerializer, request)["hours"]))
+
+
+class EnvironmentSummaryView(APIView):
+    @extend_schema(responses=inline_serializer("EnvironmentSummary", {
+        "nodes": serializers.IntegerField(), "online_checkable": serializers.IntegerField(), "offline": serializers.IntegerField(),
+        "by_status": serializers.DictField(child=serializers.IntegerField()), "gpus": serializers.IntegerField(),
+        "gpus_lost": serializers.IntegerField(), "gpu_vendors": serializers.DictField(child=serializers.IntegerField()),
+    }))
+    def get(self, request):
+        return Response(selectors.environment_summary(request.auth))

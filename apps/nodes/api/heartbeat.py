@@ -1,0 +1,193 @@
+"""POST/PUT /api/v1/nodes/{id}/heartbeat, served as a thin ASGI route in front of Django.
+
+Every agent calls this every 5 s, so it skips Django's middleware stack and the ORM's
+thread hop: it checks the agent key, bounds the body, parses once with orjson,
+validates with the compiled schema, and runs `heartbeat.ingest` on a connection from an
+async psycopg pool. Everything else goes to Django unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import re
+
+import orjson
+from django.conf import settings
+from psycopg_pool import AsyncConnectionPool
+
+from apps.core.clock import utcnow
+from apps.core.db import libpq_params
+from apps.core.errors import error_body
+from apps.nodes import heartbeat
+from apps.nodes.protocol import heartbeat_errors
+
+logger = logging.getLogger(__name__)
+PATH = re.compile(r"^/api/v1/nodes/(?P<node_id>[^/]+)/heartbeat/?$")
+NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+PRUNE_EVERY_BEATS = 500
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, code: str, message: str, fields: dict | None = None, headers=()):
+        super().__init__(message)
+        self.status, self.body, self.headers = status, error_body(code, message, fields), list(headers)
+
+
+def client_address(scope, trusted_proxies) -> str | None:
+    """The TCP peer. Forwarded headers count only when the peer is a proxy the operator
+    trusts; then the right-most address that is not a trusted proxy is the client."""
+    peer = (scope.get("client") or (None, None))[0]
+    if peer is None or not trusted_proxies:
+        return peer
+    try:
+        if not any(ipaddress.ip_address(peer) in net for net in trusted_proxies):
+            return peer
+    except ValueError:
+        return peer
+    forwarded = header(scope, b"x-forwarded-for")
+    for hop in reversed([part.strip() for part in (forwarded or "").split(",") if part.strip()]):
+        try:
+            address = ipaddress.ip_address(hop)
+        except ValueError:
+            return peer
+        if not any(address in net for net in trusted_proxies):
+            return str(address)
+    return peer
+
+
+def header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+class HeartbeatApp:
+    def __init__(self, fallback):
+        self.fallback = fallback
+        self._pool: AsyncConnectionPool | None = None
+        self._pool_loop = None
+        self._beats = 0
+        self._trusted = [ipaddress.ip_network(net, strict=False) for net in settings.HETEROFLOW_TRUSTED_PROXIES]
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            match = PATH.match(scope["path"])
+            if match:
+                await self.handle(scope, receive, send, match["node_id"])
+                return
+        await self.fallback(scope, receive, send)
+
+    async def pool(self) -> AsyncConnectionPool:
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._pool_loop is not loop:
+            self._pool = AsyncConnectionPool(
+                kwargs=libpq_params(),
+                min_size=1,
+                max_size=settings.HETEROFLOW_HEARTBEAT_DB_POOL_SIZE,
+                open=False,
+                timeout=5.0,
+            )
+            await self._pool.open()
+            self._pool_loop = loop
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def handle(self, scope, receive, send, node_id: str) -> None:
+        try:
+            status, body = await self.respond(scope, receive, node_id)
+            headers = []
+        except HttpError as exc:
+            status, body, headers = exc.status, exc.body, exc.headers
+        payload = orjson.dumps(body)
+        await send({
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers],
+        })
+        await send({"type": "http.response.body", "body": payload})
+
+    async def respond(self, scope, receive, node_id: str) -> tuple[int, dict]:
+        if scope["method"] not in ("POST", "PUT"):
+            raise HttpError(405, "method_not_allowed", f"Method \"{scope['method']}\" not allowed.", headers=[(b"allow", b"POST, PUT")])
+        await self.authenticate(scope)
+        if not NODE_ID.match(node_id):
+            raise HttpError(400, "invalid", "Invalid node id.", {"node_id": ["1-128 characters: letters, digits, '.', '_', ':', '-'."]})
+        payload = orjson_or_400(await read_body(scope, receive, settings.HETEROFLOW_HEARTBEAT_MAX_BYTES))
+        if not isinstance(payload, dict):
+            raise HttpError(400, "invalid", "A heartbeat is a JSON object.")
+        if payload.get("node_id", node_id) != node_id:
+            raise HttpError(400, "invalid", "node_id in the body differs from the path.", {"node_id": ["Must match the path."]})
+        errors = heartbeat_errors(payload)
+        if errors:
+            raise HttpError(400, "invalid", "Invalid heartbeat: " + ", ".join(sorted(errors)) + ".", errors)
+        now = utcnow()
+        try:
+            pool = await self.pool()
+            async with pool.connection() as conn:
+                outcome = await heartbeat.ingest(conn, node_id, payload, client_address(scope, self._trusted), now)
+        except Exception:
+            # Never guess: a beat that could not be applied writes nothing and says so.
+            logger.exception("heartbeat of %s not applied", node_id)
+            raise HttpError(503, "unavailable", "The heartbeat could not be recorded; retry.") from None
+        self.after_beat(outcome)
+        return 200, {
+            "node_id": node_id,
+            "status": outcome.status,
+            "registered": outcome.registered,
+            "scheduled_tasks": [],
+            "server_time": now.isoformat(),
+        }
+
+    async def authenticate(self, scope) -> None:
+        offered = header(scope, b"x-api-key")
+        expected = settings.HETEROFLOW_AGENT_SECRET or ""
+        if offered is None:
+            if header(scope, b"authorization"):
+                raise HttpError(403, "permission_denied", "Heartbeats take the agent key (X-API-Key).")
+            raise HttpError(401, "not_authenticated", "Authentication credentials were not provided.",
+                            headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')])
+        if not expected or not hmac.compare_digest(offered.encode(), expected.encode()):
+            raise HttpError(401, "authentication_failed", "Invalid agent key.",
+                            headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')])
+
+    def after_beat(self, outcome) -> None:
+        from apps.nodes import jobs
+
+        if outcome.ip_changed:
+            jobs.forget_node_address(outcome.node_id)
+        self._beats += 1
+        if self._beats % PRUNE_EVERY_BEATS == 0:
+            jobs.request_metrics_prune()
+
+
+def orjson_or_400(body: bytes):
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HttpError(400, "parse_error", f"JSON parse error - {exc}") from None
+
+
+async def read_body(scope, receive, limit: int) -> bytes:
+    declared = header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HttpError(413, "payload_too_large", f"A heartbeat may be at most {limit} bytes.")
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise HttpError(400, "parse_error", "The client went away.")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(413, "payload_too_large", f"A heartbeat may be at most {limit} bytes.")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)

@@ -1,0 +1,55 @@
+from django.db import models
+
+
+class NodeStatus(models.TextChoices):
+    ONLINE = "online"
+    SUSPECT = "suspect"
+    OFFLINE = "offline"
+    DEGRADED = "degraded"
+
+
+# Statuses the scheduler may place work on; "alive" for summaries.
+SCHEDULABLE = (NodeStatus.ONLINE, NodeStatus.SUSPECT)
+ALIVE = (NodeStatus.ONLINE, NodeStatus.SUSPECT, NodeStatus.DEGRADED)
+
+
+class GpuVendor(models.TextChoices):
+    NVIDIA = "nvidia"
+    AMD = "amd"
+    MUSA = "musa", "Moore Threads MUSA"
+    HYGON = "hygon", "Hygon DCU"
+    CAMBRICON = "cambricon"
+    BIREN = "biren"
+    ASCEND = "ascend", "Huawei Ascend"
+    KUNLUN = "kunlun"
+    ILUVATAR = "iluvatar"
+    METAX = "metax"
+    ENFLAME = "enflame"
+    VIRTUAL = "virtual"
+
+
+class GpuState(models.TextChoices):
+    AVAILABLE = "available"
+    BUSY = "busy"
+    LOST = "lost"
+
+
+class LostBasis(models.TextChoices):
+    HEARTBEAT_ABSENT = "heartbeat_absent"
+    AGENT_COLLECT_FAILURE = "agent_collect_failure"
+    MIXED = "mixed"
+
+
+class ExecMode(models.TextChoices):
+    DOCKER = "docker"
+    PROCESS = "process"
+    BAREMETAL = "baremetal"
+    NONE = "none"
+
+
+# Thresholds of the node state machine (seconds since the last heartbeat).
+SUSPECT_AFTER_SECONDS = 30
+OFFLINE_AFTER_SECONDS = 60
+# Lost-GPU judgement: consecutive beats.
+LOST_AFTER_BEATS = 3
+RECOVERED_AFTER_BEATS = 2

@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import models
+from django.db.models import Q
+
+from apps.core.scoping import ScopedQuerySet
+from apps.nodes.choices import (
+    OFFLINE_AFTER_SECONDS,
+    SUSPECT_AFTER_SECONDS,
+    ExecMode,
+    GpuState,
+    LostBasis,
+    NodeStatus,
+)
+
+
+class NodeQuerySet(ScopedQuerySet):
+    def visible_to(self, principal):
+        """Shared nodes (no tenant) are visible to every tenant; dedicated nodes only to
+        their own tenant."""
+        if principal is not None and principal.is_tenant:
+            return self.filter(Q(tenant__isnull=True) | Q(tenant=principal.tenant.pk))
+        return super().visible_to(principal)
+
+
+def status_at(last_heartbeat_at: datetime | None, executable: bool, now: datetime) -> str:
+    """The node state machine: the one definition, mirrored set-wise by the health checker."""
+    if last_heartbeat_at is None or now - last_heartbeat_at >= timedelta(seconds=OFFLINE_AFTER_SECONDS):
+        return NodeStatus.OFFLINE
+    if now - last_heartbeat_at >= timedelta(seconds=SUSPECT_AFTER_SECONDS):
+        return NodeStatus.SUSPECT
+    return NodeStatus.ONLINE if executable else NodeStatus.DEGRADED
+
+
+class Node(models.Model):
+    """A GPU server with an agent. The id is the agent's own, persisted on its first start."""
+
+    id = models.CharField(primary_key=True, max_length=128)
+    name = models.CharField(max_length=200)
+    tenant = models.ForeignKey(
+        "tenants.Tenant", null=True, blank=True, on_delete=models.SET_NULL, related_name="dedicated_nodes",
+        help_text="Empty: a shared node. Set: dedicated to that tenant.",
+    )
+    status = models.CharField(max_length=10, choices=NodeStatus.choices, default=NodeStatus.ONLINE)
+    # addresses
+    ip = models.GenericIPAddressField(null=True, blank=True, help_text="Public address: the TCP source of the heartbeat.")
+    internal_ip = models.GenericIPAddressField(null=True, blank=True)
+    mac = models.CharField(max_length=17, blank=True, default="")
+    # host facts
+    hostname = models.CharField(max_length=255, blank=True, default="")
+    os = models.CharField(max_length=200, blank=True, default="")
+    cpu_cores = models.PositiveIntegerField(null=True, blank=True)
+    memory_gb = models.FloatField(null=True, blank=True)
+    is_container = models.BooleanField(default=False)
+    # executability
+    docker_available = models.BooleanField(default=False)
+    executable = models.BooleanField(default=True)
+    exec_mode = models.CharField(max_length=10, choices=ExecMode.choices, default=ExecMode.DOCKER)
+    error_message = models.TextField(blank=True, default="")
+    # the agent
+    agent_version = models.CharField(max_length=64, blank=True, default="")
+    agent_git_commit = models.CharField(max_length=64, blank=True, default="")
+    agent_build_time = models.CharField(max_length=64, blank=True, default="")
+    heartbeat_interval = models.PositiveIntegerField(default=5)
+    # latest load (null: the agent did not read it)
+    cpu_used = models.FloatField(null=True, blank=True)
+    memory_used = models.FloatField(null=True, blank=True)
+    gpu_temperature = models.FloatField(null=True, blank=True)
+    gpu_memory_used_mb = models.BigIntegerField(null=True, blank=True)
+    # GPUs, summarised for lists and filters
+    gpu_type = models.CharField(max_length=20, blank=True, default="", db_index=True)
+    gpu_model = models.CharField(max_length=200, blank=True, default="")
+    gpu_count = models.PositiveIntegerField(default=0)
+    gpu_collector_error = models.TextField(blank=True, default="")
+    # self-description
+    labels = models.JSONField(default=dict, blank=True)
+    gpu_capabilities = models.JSONField(default=dict, blank=True)
+    inference_engines = models.JSONField(default=list, blank=True)
+    inference_engine_versions = models.JSONField(default=dict, blank=True)
+    vllm_available = models.BooleanField(default=False)
+    discovered_models = models.JSONField(default=list, blank=True)
+    task_health = models.JSONField(default=list, blank=True)
+    live_task_ids = models.JSONField(default=list, blank=True)
+    # location (operators)
+    region = models.CharField(max_length=64, blank=True, default="")
+    zone = models.CharField(max_length=64, blank=True, default="")
+    rack = models.CharField(max_length=64, blank=True, default="")
+    # bookkeeping
+    structure_hash = models.CharField(max_length=32, blank=True, default="")
+    version = models.PositiveIntegerField(default=1, help_text="Optimistic concurrency for operator changes.")
+    registered_at = models.DateTimeField(auto_now_add=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = NodeQuerySet.as_manager()
+
+    class Meta:
+        db_table = "nodes"
+        ordering = ["name", "id"]
+        indexes = [
+            models.Index(fields=["status"], name="nodes_status"),
+            models.Index(fields=["last_heartbeat_at"], name="nodes_last_heartbeat"),
+            models.Index(fields=["tenant"], name="nodes_tenant"),
+        ]
+
+    def __str__(self):
+        return self.name
+
+    def status_at(self, now: datetime) -> str:
+        return status_at(self.last_heartbeat_at, self.executable, now)
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=128, blank=True, default="")
+    vendor = models.CharField(max_length=20, default="")
+    model = models.CharField(max_length=200, blank=True, default="")
+    memory_total_mb = models.BigIntegerField(null=True, blank=True)
+    compute_capability = models.CharField(max_length=20, blank=True, default="")
+    # latest readings; null = not read (never 0 for "unknown")
+    utilization = models.FloatField(null=True, blank=True)
+    memory_used_mb = models.BigIntegerField(null=True, blank=True)
+    temperature = models.FloatField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
+    metrics_available = models.JSONField(default=list, blank=True)
+    # lost-card judgement, kept in the database so it survives a restart
+    absent_streak = models.PositiveSmallIntegerField(default=0)
+    absent_basis = models.PositiveSmallIntegerField(default=0, help_text="1: absent from gpu_stats, 2: collect failure")
+    present_streak = models.PositiveSmallIntegerField(default=0)
+    lost_at = models.DateTimeField(null=True, blank=True)
+    lost_basis = models.CharField(max_length=24, choices=LostBasis.choices, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "gpus"
+        ordering = ["node_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_node_index_unique")]
+
+    def __str__(self):
+        return f"{self.node_id}/{self.index} {self.model}"
+
+    @property
+    def state(self) -> str:
+        # Busy comes from the allocation ledger (the scheduler); lost overrides both.
+        return GpuState.LOST if self.lost_at else GpuState.AVAILABLE
+
+
+class NodeMetric(models.Model):
+    """One row per heartbeat: a time series in a table partitioned by day (see migration
+    0002). Per-GPU readings are one JSON array, not one row per GPU."""
+
+    id = models.BigAutoField(primary_key=True)
+    node_id = models.CharField(max_length=128)
+    at = models.DateTimeField()
+    cpu_used = models.FloatField(null=True)
+    memory_used = models.FloatField(null=True)
+    gpus = models.JSONField(default=list)
+
+    class Meta:
+        db_table = "node_metrics"
+        managed = False

@@ -1,0 +1,144 @@
+"""State changes of nodes (other than the heartbeat's own hot path, in heartbeat.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+
+from apps.core.clock import utcnow
+from apps.core.errors import Conflict
+from apps.nodes.choices import OFFLINE_AFTER_SECONDS, SUSPECT_AFTER_SECONDS, NodeStatus
+from apps.nodes.models import Gpu, Node
+from apps.tasks.choices import ACTIVE, TaskStatus
+from apps.tasks.models import Task
+
+# The state machine of models.status_at, set-wise: one statement for the whole fleet,
+# touching only the rows whose status changes.
+REFRESH_STATUSES = f"""
+    WITH computed AS (
+        SELECT id, CASE
+            WHEN last_heartbeat_at IS NULL OR last_heartbeat_at <= %(offline)s THEN '{NodeStatus.OFFLINE}'
+            WHEN last_heartbeat_at <= %(suspect)s THEN '{NodeStatus.SUSPECT}'
+            WHEN executable THEN '{NodeStatus.ONLINE}'
+            ELSE '{NodeStatus.DEGRADED}' END AS status
+        FROM nodes
+    )
+    UPDATE nodes AS n SET status = c.status FROM computed c
+    WHERE n.id = c.id AND n.status <> c.status
+    RETURNING n.id, n.status
+"""
+
+
+def refresh_node_statuses(now: datetime | None = None) -> dict[str, list[str]]:
+    """The health checker: writes only the status column. Returns the changed node ids
+    by new status, so per-change work is linear in changes, not in nodes."""
+    now = now or utcnow()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            REFRESH_STATUSES,
+            {"offline": now - timedelta(seconds=OFFLINE_AFTER_SECONDS), "suspect": now - timedelta(seconds=SUSPECT_AFTER_SECONDS)},
+        )
+        changed: dict[str, list[str]] = {}
+        for node_id, status in cursor.fetchall():
+            changed.setdefault(status, []).append(node_id)
+    return changed
+
+
+@dataclass(frozen=True)
+class NodeDeleted:
+    node_id: str
+    deleted_models: list[str]
+
+
+def active_tasks_on(node: Node) -> list[tuple[int, str]]:
+    return list(Task.objects.filter(node=node, status__in=ACTIVE).order_by("id").values_list("id", "status"))
+
+
+def delete_node(node: Node, *, force: bool = False) -> NodeDeleted:
+    """Refused while the node has active tasks (no force: deleting it would strand them
+    in running forever, holding quota). `force` only concerns model registrations, which
+    arrive with model management; until then there are none to delete."""
+    with transaction.atomic():
+        locked = Node.objects.select_for_update().get(pk=node.pk)
+        active = active_tasks_on(locked)
+        if active:
+            listed = ", ".join(f"#{task_id} ({status})" for task_id, status in active[:50])
+            raise Conflict(f"Node '{node.pk}' has active tasks: {listed}. Stop them first; force does not apply.", "node_has_active_tasks")
+        Task.objects.filter(node=locked).update(node=None)  # history keeps the task, not the node
+        locked.delete()
+    return NodeDeleted(node.pk, deleted_models=[])
+
+
+LOCATION_FIELDS = ("region", "zone", "rack")
+
+
+def set_location(node: Node, changes: dict[str, str]) -> Node:
+    """Omitted fields are unchanged; an empty string clears. A narrow UPDATE, so it never
+    races with heartbeats over other columns."""
+    if changes:
+        Node.objects.filter(pk=node.pk).update(**changes)
+        for field, value in changes.items():
+            setattr(node, field, value)
+    return node
+
+
+@dataclass(frozen=True)
+class TenantAssigned:
+    node: Node
+    mode: str
+    other_tenant_tasks: list[int]  # active tasks of other tenants on the node
+    stopping: list[int]  # those asked to stop (evict)
+
+
+def assign_tenant(node: Node, tenant, *, expected_version: int, mode: str = "drain") -> TenantAssigned:
+    """Dedicate the node to `tenant` (or make it shared with None). Optimistic concurrency:
+    a stale `expected_version` is a conflict. Other tenants' active tasks are left to finish
+    (drain) or asked to stop (evict)."""
+    with transaction.atomic():
+        updated = Node.objects.filter(pk=node.pk, version=expected_version).update(
+            tenant=tenant, version=expected_version + 1
+        )
+        if not updated:
+            raise Conflict("The node was changed by someone else; reload it and try again.", "stale_version")
+        others = Task.objects.filter(node=node, status__in=ACTIVE)
+        if tenant is not None:
+            others = others.exclude(tenant=tenant)
+        else:
+            others = others.none()
+        other_ids = list(others.order_by("id").values_list("id", flat=True))
+        stopping: list[int] = []
+        if mode == "evict" and other_ids:
+            # The task issue's transition helper replaces this CAS with its own.
+            stoppable = (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE tasks SET status = %s, updated_at = now() WHERE id = ANY(%s) AND status = ANY(%s) RETURNING id",
+                    [TaskStatus.STOPPING, other_ids, list(stoppable)],
+                )
+                stopping = sorted(row[0] for row in cursor.fetchall())
+    node.refresh_from_db()
+    return TenantAssigned(node, mode, other_ids, stopping)
+
+
+def upsert_node(node_id: str, fields: dict) -> tuple[Node, bool]:
+    """The operators' manual create/update (POST /api/v1/nodes). Agents register by
+    heartbeat; this corrects or pre-registers a node."""
+    with transaction.atomic():
+        node, created = Node.objects.select_for_update().get_or_create(
+            pk=node_id, defaults={"name": fields.get("name") or f"agent-{node_id}", **fields}
+        )
+        if not created and fields:
+            for field, value in fields.items():
+                setattr(node, field, value)
+            node.save(update_fields=[*fields, "updated_at"])
+    return node, created
+
+
+def gpu_counts(nodes_qs) -> dict:
+    """GPU totals for summaries: lost cards are counted, but never as available or busy."""
+    gpus = Gpu.objects.filter(node__in=nodes_qs)
+    total = gpus.count()
+    lost = gpus.filter(lost_at__isnull=False).count()
+    return {"total": total, "lost": lost}

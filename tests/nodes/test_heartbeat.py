@@ -1,0 +1,218 @@
+"""Heartbeat ingestion through the real ASGI route and a real PostgreSQL. The data is
+committed (the route has its own connection pool), hence transactional tests."""
+
+from datetime import timedelta
+
+import psycopg
+import pytest
+import time_machine
+
+from apps.alerts.models import Alert
+from apps.core.clock import utcnow
+from apps.nodes import heartbeat
+from apps.nodes.models import Gpu, Node
+from tests.nodes.conftest import AGENT
+from tests.nodes.payloads import gpu_stat, heartbeat as payload
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def metric_rows(node_id):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM node_metrics WHERE node_id = %s", [node_id])
+        return cursor.fetchone()[0]
+
+
+def test_first_heartbeat_registers_the_node_with_its_gpus(agents):
+    response = agents.send("node-a", payload(), peer="198.51.100.7")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["registered"] is True and body["status"] == "online" and body["scheduled_tasks"] == []
+    node = Node.objects.get(pk="node-a")
+    assert node.name == "agent-node-a"
+    assert node.ip == "198.51.100.7"
+    assert node.mac == "3c:ec:ef:12:34:56" and node.internal_ip == "10.20.30.40"
+    assert (node.gpu_count, node.gpu_type, node.gpu_model) == (8, "nvidia", "NVIDIA H100 80GB HBM3")
+    assert node.agent_version == "2.4.1" and node.labels["heteroflow.network_zone"] == "vpc-0a1b2c3d"
+    gpus = list(node.gpus.order_by("index"))
+    assert [g.index for g in gpus] == list(range(8))
+    assert gpus[3].utilization == 40.0 and gpus[3].power_w == 313.5
+    assert metric_rows("node-a") == 1
+    assert agents.send("node-a", payload()).json()["registered"] is False
+
+
+def test_public_ip_is_the_tcp_source_never_a_forwarded_header(agents):
+    agents.send("node-b", payload(), peer="198.51.100.8", headers=AGENT | {"X-Forwarded-For": "1.2.3.4", "X-Real-IP": "1.2.3.4"})
+    assert Node.objects.get(pk="node-b").ip == "198.51.100.8"
+    agents.send("node-b", payload(), peer="198.51.100.9")
+    assert Node.objects.get(pk="node-b").ip == "198.51.100.9"  # refreshed on every beat
+
+
+def test_forwarded_header_counts_only_behind_a_trusted_proxy(settings):
+    from tests.nodes.conftest import Agents
+
+    settings.HETEROFLOW_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    agents = Agents()
+    try:
+        agents.send("node-c", payload(), peer="10.1.2.3", headers=AGENT | {"X-Forwarded-For": "9.9.9.9, 203.0.113.50, 10.9.9.9"})
+        assert Node.objects.get(pk="node-c").ip == "203.0.113.50"
+        agents.send("node-c", payload(), peer="192.0.2.1", headers=AGENT | {"X-Forwarded-For": "203.0.113.99"})
+        assert Node.objects.get(pk="node-c").ip == "192.0.2.1"
+    finally:
+        agents.close()
+
+
+def test_an_ip_change_invalidates_the_cached_backend_address(agents):
+    from django.core.cache import cache
+
+    from apps.nodes.jobs import NODE_ADDRESS_CACHE_KEY
+
+    agents.send("node-d", payload(), peer="198.51.100.20")
+    key = NODE_ADDRESS_CACHE_KEY.format(node_id="node-d")
+    cache.set(key, "198.51.100.20:8000")
+    agents.send("node-d", payload(), peer="198.51.100.20")
+    assert cache.get(key) == "198.51.100.20:8000"
+    agents.send("node-d", payload(), peer="198.51.100.21")
+    assert cache.get(key) is None
+
+
+class StatementCounter:
+    def __init__(self, monkeypatch):
+        self.statements = []
+        original = psycopg.AsyncCursor.execute
+
+        async def counting(cursor, query, params=None, **kwargs):
+            self.statements.append(str(query).split()[0].upper())
+            return await original(cursor, query, params, **kwargs)
+
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", counting)
+
+
+def test_a_steady_beat_costs_three_statements_and_touches_only_heartbeat_columns(agents, monkeypatch):
+    agents.send("node-e", payload())
+    Node.objects.filter(pk="node-e").update(name="renamed-by-operator", region="eu-west")
+    counter = StatementCounter(monkeypatch)
+    response = agents.send("node-e", payload(cpu_used=77.0))
+    assert response.status_code == 200
+    assert counter.statements == ["UPDATE", "UPDATE", "INSERT"]
+    node = Node.objects.get(pk="node-e")
+    assert node.cpu_used == 77.0
+    assert (node.name, node.region) == ("renamed-by-operator", "eu-west")
+
+
+def test_a_structural_change_takes_the_slow_path_once(agents, monkeypatch):
+    agents.send("node-f", payload())
+    counter = StatementCounter(monkeypatch)
+    agents.send("node-f", payload(agent_version="2.5.0", labels={"rack-power": "a"}))
+    assert len(counter.statements) > 3
+    node = Node.objects.get(pk="node-f")
+    assert node.agent_version == "2.5.0"
+    assert node.labels == {"heteroflow.network_zone": "vpc-0a1b2c3d", "topology": "nvlink", "rack-power": "a"}  # merged by key
+    counter.statements.clear()
+    agents.send("node-f", payload(agent_version="2.5.0", labels={"rack-power": "a"}))
+    assert counter.statements == ["UPDATE", "UPDATE", "INSERT"]
+
+
+def test_unread_metrics_are_stored_as_unknown_never_zero(agents):
+    stats = [gpu_stat(0, metrics_available=["utilization"], temperature=0.0), gpu_stat(1)]
+    del stats[1]["power_w"]
+    del stats[1]["metrics_available"]
+    agents.send("node-g", payload(gpus=0, gpu_stats=stats, gpu_capabilities={}))
+    first, second = Gpu.objects.filter(node_id="node-g").order_by("index")
+    assert first.utilization == 37.0 and first.temperature is None and first.power_w is None
+    assert first.metrics_available == ["utilization"]
+    assert second.power_w is None and second.temperature == 56.0
+    assert "power_w" not in second.metrics_available
+
+
+def test_a_failure_to_read_the_node_answers_503_and_writes_nothing(agents, monkeypatch):
+    monkeypatch.setattr(heartbeat, "FAST_NODE_UPDATE", "SELECT * FROM no_such_table WHERE %(id)s IS NOT NULL")
+    response = agents.send("node-h", payload())
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "unavailable"
+    assert not Node.objects.filter(pk="node-h").exists()
+    assert metric_rows("node-h") == 0
+
+
+def test_a_failure_after_the_read_rolls_back_the_whole_beat(agents, monkeypatch):
+    agents.send("node-i", payload(cpu_used=10.0))
+    monkeypatch.setattr(heartbeat, "METRIC_INSERT", "INSERT INTO no_such_table VALUES (%(node_id)s)")
+    assert agents.send("node-i", payload(cpu_used=99.0)).status_code == 503
+    assert Node.objects.get(pk="node-i").cpu_used == 10.0
+    assert metric_rows("node-i") == 1
+
+
+def test_a_node_coming_back_is_online_on_that_beat(agents):
+    from apps.nodes.services import refresh_node_statuses
+
+    agents.send("node-j", payload())
+    refresh_node_statuses(now=utcnow() + timedelta(minutes=5))
+    assert Node.objects.get(pk="node-j").status == "offline"
+    with time_machine.travel(utcnow() + timedelta(minutes=5)):
+        assert agents.send("node-j", payload(gpus=4)).json()["status"] == "online"
+    assert Node.objects.get(pk="node-j").status == "online"
+
+
+def test_a_node_that_cannot_execute_is_degraded(agents):
+    body = agents.send("node-k", payload(executable=False, docker_available=False, error_message="docker: daemon down")).json()
+    assert body["status"] == "degraded"
+    assert Node.objects.get(pk="node-k").error_message == "docker: daemon down"
+
+
+# --- the route's own checks ------------------------------------------------------------
+
+
+def test_without_the_agent_key_nothing_is_written(agents):
+    assert agents.send("node-x", payload(), headers={}).status_code == 401
+    wrong = agents.send("node-x", payload(), headers={"X-API-Key": "wrong"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "authentication_failed"
+    assert agents.send("node-x", payload(), headers={"Authorization": "Bearer sk-admin-x"}).status_code == 403
+    assert not Node.objects.filter(pk="node-x").exists()
+
+
+def test_put_is_the_same_as_post_and_other_methods_are_refused(agents):
+    assert agents.send("node-y", payload(), method="PUT").status_code == 200
+    assert agents.send("node-y", None, method="GET").status_code == 405
+
+
+@pytest.mark.parametrize(
+    "changes,fields",
+    [
+        ({"cpu_used": 140}, ["cpu_used"]),
+        ({"heartbeat_interval": 4}, ["heartbeat_interval"]),
+        ({"heartbeat_interval": 301}, ["heartbeat_interval"]),
+        ({"mac": "not-a-mac"}, ["mac"]),
+        ({"internal_ip": "10.0.0.999"}, ["internal_ip"]),
+        ({"colour": "red", "cpu_used": -1}, ["colour", "cpu_used"]),
+        ({"gpu_stats": [{"index": 0, "vendor": "nvidia", "utilization": 250, "bogus": 1}]}, ["gpu_stats[0].bogus", "gpu_stats[0].utilization"]),
+        ({"gpu_stats": [gpu_stat(0), gpu_stat(0)]}, ["gpu_stats"]),
+        ({"labels": {"ok": 5}}, ["labels.ok"]),
+    ],
+)
+def test_a_malformed_payload_is_refused_naming_each_field(agents, changes, fields):
+    response = agents.send("node-z", payload(**changes))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert sorted(error["fields"]) == sorted(fields)
+    assert not Node.objects.filter(pk="node-z").exists()
+
+
+def test_bad_json_bad_ids_and_a_mismatched_body_id_are_refused(agents):
+    assert agents.send("node-z", content=b"{nope", headers=AGENT | {"Content-Type": "application/json"}).json()["error"]["code"] == "parse_error"
+    assert agents.send("bad id!", payload(), path="/api/v1/nodes/bad%20id!/heartbeat").status_code == 400
+    assert agents.send("node-z", payload(node_id="other")).status_code == 400
+    assert agents.send("node-z", [1, 2]).status_code == 400
+
+
+def test_an_oversized_payload_is_413(agents, settings):
+    settings.HETEROFLOW_HEARTBEAT_MAX_BYTES = 4096
+    response = agents.send("node-big", payload(error_message="x" * 1500, os="y" * 199, hostname="z" * 255, gpus=8))
+    assert response.status_code == 413
+    assert not Node.objects.filter(pk="node-big").exists()
+
+
+def test_other_paths_go_to_django(agents):
+    response = agents.send("n", None, method="GET", path="/api/v1/nodes")
+    assert response.text == "django"
