@@ -68,11 +68,12 @@ def prune_and_prepare_partitions(now: datetime | None = None) -> dict:
     return {"created": created, "dropped": dropped}
 
 
+BUCKET_LADDER = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 86400)
+
+
 def bucket_seconds(hours: int) -> int:
-    """Bucket size so that `hours` of history gives at most MAX_POINTS points: at least
-    the 5 s beat, rounded up to a whole minute past that."""
-    raw = max(5, -(-hours * 3600 // MAX_POINTS))
-    return raw if raw < 60 else -(-raw // 60) * 60
+    """The smallest round bucket that keeps `hours` of history within MAX_POINTS points."""
+    return next(step for step in BUCKET_LADDER if hours * 3600 / step <= MAX_POINTS)
 
 
 def history(node_id: str, hours: int, now: datetime | None = None) -> dict:
@@ -122,7 +123,7 @@ def energy(node_id: str, hours: int, now: datetime | None = None) -> dict:
                 SELECT at, (SELECT sum((g->>'p')::float8) FROM jsonb_array_elements(gpus) g WHERE g ? 'p') AS watts
                 FROM node_metrics WHERE node_id = %(node)s AND at >= %(since)s AND at <= %(now)s
             ), spans AS (
-                SELECT watts, LEAST(extract(epoch FROM lead(at) OVER (ORDER BY at) - at), 15) AS seconds FROM samples
+                SELECT watts, LEAST(COALESCE(extract(epoch FROM lead(at) OVER (ORDER BY at) - at), 0), 15) AS seconds FROM samples
             )
             SELECT sum(watts * seconds) / 3600000.0, avg(watts), max(watts), count(watts) FROM spans WHERE watts IS NOT NULL
             """,

@@ -1,0 +1,190 @@
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from apps.core.clock import utcnow
+from apps.nodes.models import Gpu, Node
+from apps.tasks.choices import ACTIVE, TaskStatus
+from tests.conftest import bearer
+from tests.factories import TaskFactory
+
+pytestmark = pytest.mark.django_db
+AGENT = {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET}
+
+
+@pytest.fixture
+def fleet(world):
+    now = utcnow()
+    shared = Node.objects.create(id="shared-1", name="alpha", ip="198.51.100.1", rack="r12", zone="az1", gpu_model="H100", last_heartbeat_at=now)
+    Gpu.objects.create(node=shared, index=0, vendor="nvidia", model="NVIDIA H100")
+    Gpu.objects.create(node=shared, index=1, vendor="nvidia", model="NVIDIA H100", lost_at=now, lost_basis="heartbeat_absent")
+    acme_node = Node.objects.create(id="acme-1", name="bravo", tenant=world.tenants["acme"], status="offline")
+    Gpu.objects.create(node=acme_node, index=0, vendor="ascend", model="Ascend 910B")
+    beta_node = Node.objects.create(id="beta-1", name="charlie", tenant=world.tenants["beta"])
+    return {"shared": shared, "acme": acme_node, "beta": beta_node}
+
+
+def ids(response):
+    return [n["id"] for n in response.json()["results"]]
+
+
+def test_operators_see_all_nodes_tenants_see_shared_and_their_own(api, world, fleet):
+    assert ids(api.get("/api/v1/nodes", **bearer(world.operator_key))) == ["shared-1", "acme-1", "beta-1"]
+    assert ids(api.get("/api/v1/nodes", **bearer(world.keys["acme-viewer"]))) == ["shared-1", "acme-1"]
+    assert api.get("/api/v1/nodes/beta-1", **bearer(world.keys["acme-admin"])).status_code == 404
+    assert api.get("/api/v1/nodes/acme-1", **bearer(world.keys["acme-viewer"])).status_code == 200
+    assert api.get("/api/v1/nodes", **AGENT).status_code == 403
+    assert api.get("/api/v1/nodes").status_code == 401
+
+
+@pytest.mark.parametrize(
+    "params,expected",
+    [
+        ("q=alp", ["shared-1"]),
+        ("q=198.51.100", ["shared-1"]),
+        ("q=r12", ["shared-1"]),
+        ("q=910B", ["acme-1"]),
+        ("q=beta-1", ["beta-1"]),
+        ("status=offline", ["acme-1"]),
+        ("gpu_type=ascend", ["acme-1"]),
+        ("limit=1&offset=1", ["acme-1"]),
+    ],
+)
+def test_list_filters_and_pages_in_the_database(api, world, fleet, params, expected):
+    response = api.get(f"/api/v1/nodes?{params}", **bearer(world.operator_key))
+    assert response.status_code == 200
+    assert ids(response) == expected
+
+
+def test_list_rejects_bad_parameters(api, world, fleet):
+    for params in ("status=sleepy", "limit=0", "limit=100000", "offset=-1", "gpu_type=quantum", "colour=red"):
+        response = api.get(f"/api/v1/nodes?{params}", **bearer(world.operator_key))
+        assert response.status_code == 400, params
+
+
+def test_detail_counts_lost_gpus_and_gpu_used_from_active_tasks(api, world, fleet):
+    TaskFactory(tenant=world.tenants["acme"], node=fleet["shared"], status=TaskStatus.RUNNING, gpu_required=4)
+    TaskFactory(tenant=world.tenants["acme"], node=fleet["shared"], status=TaskStatus.COMPLETED, gpu_required=8)
+    node = api.get("/api/v1/nodes/shared-1", **bearer(world.operator_key)).json()
+    assert node["gpu_used"] == 4 and node["gpus_lost"] == 1
+    assert [g["state"] for g in node["gpus"]] == ["available", "lost"]
+
+
+@pytest.mark.parametrize(
+    "who,node,expected",
+    [
+        ("operator", "shared-1", 200),
+        ("operator", "acme-1", 200),
+        ("acme-admin", "acme-1", 200),
+        ("acme-admin", "shared-1", 403),
+        ("acme-member", "acme-1", 403),
+        ("acme-viewer", "acme-1", 403),
+        ("acme-admin", "beta-1", 404),
+        ("agent", "shared-1", 403),
+    ],
+)
+def test_delete_permissions(api, world, fleet, who, node, expected):
+    headers = AGENT if who == "agent" else bearer(world.operator_key if who == "operator" else world.keys[who])
+    response = api.delete(f"/api/v1/nodes/{node}", **headers)
+    assert response.status_code == expected, response.content
+    assert Node.objects.filter(pk=node).exists() == (expected != 200)
+
+
+@pytest.mark.parametrize("status", [s for s in ACTIVE if s != TaskStatus.PENDING])
+def test_delete_is_refused_while_tasks_are_active_even_with_force(api, world, fleet, status):
+    task = TaskFactory(tenant=world.tenants["acme"], node=fleet["shared"], status=status)
+    response = api.delete("/api/v1/nodes/shared-1?force=true", **bearer(world.operator_key))
+    assert response.status_code == 409
+    assert f"#{task.pk} ({status})" in response.json()["error"]["message"]
+    assert Node.objects.filter(pk="shared-1").exists()
+
+
+def test_delete_cascades_to_gpus_and_keeps_finished_tasks(api, world, fleet):
+    done = TaskFactory(tenant=world.tenants["acme"], node=fleet["shared"], status=TaskStatus.COMPLETED)
+    response = api.delete("/api/v1/nodes/shared-1", **bearer(world.operator_key))
+    assert response.status_code == 200 and response.json() == {"deleted": "shared-1", "deleted_models": []}
+    assert not Gpu.objects.filter(node_id="shared-1").exists()
+    done.refresh_from_db()
+    assert done.node_id is None
+
+
+def test_manual_create_is_for_agents_and_operators_only(api, world):
+    body = {"id": "manual-1", "name": "spare", "ip": "192.0.2.10", "cpu_cores": 64}
+    assert api.post("/api/v1/nodes", body, format="json", **bearer(world.keys["acme-admin"])).status_code == 403
+    created = api.post("/api/v1/nodes", body, format="json", **bearer(world.operator_key))
+    assert created.status_code == 201 and created.json()["name"] == "spare"
+    again = api.post("/api/v1/nodes", {"id": "manual-1", "cpu_cores": 96}, format="json", **AGENT)
+    assert again.status_code == 200 and again.json()["cpu_cores"] == 96 and again.json()["name"] == "spare"
+    assert api.post("/api/v1/nodes", {"id": "manual-2", "status": "online"}, format="json", **bearer(world.operator_key)).status_code == 400
+
+
+def test_location_semantics(api, world, fleet):
+    url, headers = "/api/v1/admin/nodes/shared-1/location", bearer(world.operator_key)
+    assert api.put(url, {"region": "cn-north"}, format="json", **headers).json()["zone"] == "az1"  # omitted: unchanged
+    node = api.put(url, {"zone": "", "rack": " r7 "}, format="json", **headers).json()
+    assert (node["region"], node["zone"], node["rack"]) == ("cn-north", "", "r7")  # empty string clears
+    assert api.put(url, {"rack": "x" * 65}, format="json", **headers).status_code == 400
+    assert api.put(url, {"floor": "2"}, format="json", **headers).status_code == 400
+    assert api.put(url, {"rack": "r1"}, format="json", **bearer(world.keys["acme-admin"])).status_code == 403
+
+
+def test_tenant_assignment_with_optimistic_concurrency_drain_and_evict(api, world, fleet):
+    url, headers = "/api/v1/admin/nodes/shared-1/tenant", bearer(world.operator_key)
+    beta_task = TaskFactory(tenant=world.tenants["beta"], node=fleet["shared"], status=TaskStatus.RUNNING)
+    acme_task = TaskFactory(tenant=world.tenants["acme"], node=fleet["shared"], status=TaskStatus.RUNNING)
+    drained = api.put(url, {"tenant": "acme", "version": 1}, format="json", **headers).json()
+    assert drained["node"]["tenant"] == "acme" and drained["node"]["version"] == 2
+    assert drained["other_tenant_tasks"] == [beta_task.pk] and drained["stopping"] == []
+    stale = api.put(url, {"tenant": None, "version": 1}, format="json", **headers)
+    assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_version"
+    evicted = api.put(url, {"tenant": "acme", "version": 2, "mode": "evict"}, format="json", **headers).json()
+    assert evicted["stopping"] == [beta_task.pk]
+    beta_task.refresh_from_db()
+    acme_task.refresh_from_db()
+    assert (beta_task.status, acme_task.status) == ("stopping", "running")
+    # now dedicated: beta no longer sees it
+    assert api.get("/api/v1/nodes/shared-1", **bearer(world.keys["beta-admin"])).status_code == 404
+    assert api.put(url, {"tenant": "nope", "version": 3}, format="json", **headers).status_code == 400
+
+
+def insert_metrics(node_id, samples):
+    with connection.cursor() as cursor:
+        for at, cpu, gpus in samples:
+            cursor.execute(
+                "INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus) VALUES (%s, %s, %s, %s, %s::jsonb)",
+                [node_id, at, cpu, 50.0, gpus],
+            )
+
+
+def test_metrics_history_is_bucketed_and_bounded(api, world, fleet):
+    now = utcnow()
+    insert_metrics("shared-1", [(now - timedelta(seconds=5 * i), 10.0 + i % 3, '[{"i": 0, "u": 50, "p": 300}]') for i in range(720)])
+    one_hour = api.get("/api/v1/nodes/metrics/shared-1?hours=1", **bearer(world.operator_key)).json()
+    assert one_hour["bucket_seconds"] == 10 and 350 <= len(one_hour["points"]) <= 400
+    week = api.get("/api/v1/nodes/metrics/shared-1?hours=168", **bearer(world.operator_key)).json()
+    assert week["bucket_seconds"] == 1800 and len(week["points"]) <= 400
+    point = one_hour["points"][-1]
+    assert point["gpus"][0]["utilization"] == 50 and point["gpus"][0]["temperature"] is None
+    assert api.get("/api/v1/nodes/metrics/shared-1?hours=169", **bearer(world.operator_key)).status_code == 400
+    assert api.get("/api/v1/nodes/metrics/beta-1?hours=1", **bearer(world.keys["acme-admin"])).status_code == 404
+
+
+def test_energy_is_null_without_data_and_integrated_with_it(api, world, fleet):
+    empty = api.get("/api/v1/nodes/acme-1/energy?hours=24", **bearer(world.operator_key)).json()
+    assert empty["gpu_energy_kwh"] is None and empty["samples_with_power"] == 0
+    now = utcnow()
+    insert_metrics("shared-1", [(now - timedelta(seconds=5 * i), 1.0, '[{"i": 0, "p": 400}, {"i": 1, "p": 200}]') for i in range(13)])
+    energy = api.get("/api/v1/nodes/shared-1/energy?hours=1", **bearer(world.operator_key)).json()
+    assert energy["gpu_power_avg_w"] == 600
+    assert energy["gpu_energy_kwh"] == pytest.approx(600 * 60 / 3_600_000)  # 12 spans of 5 s at 600 W
+
+
+def test_environment_summary(api, world, fleet):
+    summary = api.get("/api/v1/environment/summary", **bearer(world.operator_key)).json()
+    assert summary["nodes"] == 3 and summary["offline"] == 1 and summary["online_checkable"] == 2
+    assert summary["gpus"] == 3 and summary["gpus_lost"] == 1
+    assert summary["gpu_vendors"] == {"nvidia": 2, "ascend": 1}
+    acme = api.get("/api/v1/environment/summary", **bearer(world.keys["acme-viewer"])).json()
+    assert acme["nodes"] == 2
