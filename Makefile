@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: up test install stores clean-data
+.PHONY: up test install stores clean-data bench
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -28,3 +28,6 @@ $(DEPS_STAMP): requirements/base.txt requirements/dev.txt | $(BIN)/python
 clean-data:
 	@echo "This deletes the embedded database, Redis data and logs in $${HETEROFLOW_DATA_DIR:-.heteroflow}."
 	@read -p "Type 'yes' to continue: " answer && [ "$$answer" = yes ] && rm -rf "$${HETEROFLOW_DATA_DIR:-.heteroflow}"
+
+bench: $(DEPS_STAMP)
+	$(BIN)/python bench/heartbeats.py $(BENCH_ARGS)

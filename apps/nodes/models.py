@@ -103,6 +103,7 @@ class Node(models.Model):
             models.Index(fields=["status"], name="nodes_status"),
             models.Index(fields=["last_heartbeat_at"], name="nodes_last_heartbeat"),
             models.Index(fields=["tenant"], name="nodes_tenant"),
+            models.Index(fields=["name", "id"], name="nodes_name_id"),  # the list's order
         ]
 
     def __str__(self):

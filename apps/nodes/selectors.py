@@ -1,5 +1,4 @@
-from django.db.models import Count, Exists, IntegerField, OuterRef, Prefetch, Q, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Exists, OuterRef, Q, Sum
 
 from apps.nodes.choices import ALIVE, NodeStatus
 from apps.nodes.models import Gpu, Node
@@ -7,15 +6,14 @@ from apps.tasks.choices import ACTIVE
 from apps.tasks.models import Task
 
 
-def with_gpu_used(queryset):
-    """gpu_used is what active tasks hold, SUM(gpu_required); never what a beat claims."""
-    used = (
-        Task.objects.filter(node=OuterRef("pk"), status__in=ACTIVE)
-        .values("node")
+def gpu_used_by_node(node_ids) -> dict[str, int]:
+    """GPUs held by active tasks, for a page of nodes: one grouped query, never a
+    subquery per row (which PostgreSQL would evaluate for every row before sorting)."""
+    return dict(
+        Task.objects.filter(node_id__in=list(node_ids), status__in=ACTIVE)
+        .values_list("node_id")
         .annotate(total=Sum("gpu_required"))
-        .values("total")
     )
-    return queryset.annotate(gpu_used=Coalesce(Subquery(used, output_field=IntegerField()), 0))
 
 
 def node_list(principal, *, q: str = "", status: str = "", gpu_type: str = ""):
@@ -30,7 +28,7 @@ def node_list(principal, *, q: str = "", status: str = "", gpu_type: str = ""):
             | Q(rack__icontains=q) | Q(zone__icontains=q) | Q(region__icontains=q) | Q(gpu_model__icontains=q)
             | Exists(Gpu.objects.filter(node=OuterRef("pk"), model__icontains=q))
         )
-    return with_gpu_used(nodes).prefetch_related(Prefetch("gpus", queryset=Gpu.objects.order_by("index")))
+    return nodes
 
 
 def environment_summary(principal) -> dict:

@@ -90,13 +90,15 @@ class StatementCounter:
         monkeypatch.setattr(psycopg.AsyncCursor, "execute", counting)
 
 
-def test_a_steady_beat_costs_three_statements_and_touches_only_heartbeat_columns(agents, monkeypatch):
+def test_a_steady_beat_is_one_statement_and_touches_only_heartbeat_columns(agents, monkeypatch):
     agents.send("node-e", payload())
     Node.objects.filter(pk="node-e").update(name="renamed-by-operator", region="eu-west")
     counter = StatementCounter(monkeypatch)
     response = agents.send("node-e", payload(cpu_used=77.0))
     assert response.status_code == 200
-    assert counter.statements == ["UPDATE", "UPDATE", "INSERT"]
+    assert counter.statements == ["WITH"]  # node UPDATE + GPU UPDATE + metrics INSERT, one round trip
+    assert metric_rows("node-e") == 2
+    assert Gpu.objects.get(node_id="node-e", index=0).present_streak == 2
     node = Node.objects.get(pk="node-e")
     assert node.cpu_used == 77.0
     assert (node.name, node.region) == ("renamed-by-operator", "eu-west")
@@ -106,13 +108,13 @@ def test_a_structural_change_takes_the_slow_path_once(agents, monkeypatch):
     agents.send("node-f", payload())
     counter = StatementCounter(monkeypatch)
     agents.send("node-f", payload(agent_version="2.5.0", labels={"rack-power": "a"}))
-    assert len(counter.statements) > 3
+    assert len(counter.statements) > 1
     node = Node.objects.get(pk="node-f")
     assert node.agent_version == "2.5.0"
     assert node.labels == {"heteroflow.network_zone": "vpc-0a1b2c3d", "topology": "nvlink", "rack-power": "a"}  # merged by key
     counter.statements.clear()
     agents.send("node-f", payload(agent_version="2.5.0", labels={"rack-power": "a"}))
-    assert counter.statements == ["UPDATE", "UPDATE", "INSERT"]
+    assert counter.statements == ["WITH"]
 
 
 def test_unread_metrics_are_stored_as_unknown_never_zero(agents):
@@ -128,7 +130,8 @@ def test_unread_metrics_are_stored_as_unknown_never_zero(agents):
 
 
 def test_a_failure_to_read_the_node_answers_503_and_writes_nothing(agents, monkeypatch):
-    monkeypatch.setattr(heartbeat, "FAST_NODE_UPDATE", "SELECT * FROM no_such_table WHERE %(id)s IS NOT NULL")
+    # the beat finds no matching row, then reading the node fails: never register
+    monkeypatch.setattr(heartbeat, "NODE_FOR_UPDATE", "SELECT ip FROM no_such_table WHERE %(id)s IS NOT NULL")
     response = agents.send("node-h", payload())
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "unavailable"
@@ -138,10 +141,19 @@ def test_a_failure_to_read_the_node_answers_503_and_writes_nothing(agents, monke
 
 def test_a_failure_after_the_read_rolls_back_the_whole_beat(agents, monkeypatch):
     agents.send("node-i", payload(cpu_used=10.0))
-    monkeypatch.setattr(heartbeat, "METRIC_INSERT", "INSERT INTO no_such_table VALUES (%(node_id)s)")
-    assert agents.send("node-i", payload(cpu_used=99.0)).status_code == 503
-    assert Node.objects.get(pk="node-i").cpu_used == 10.0
+    monkeypatch.setattr(heartbeat, "GPU_UPSERT", "INSERT INTO no_such_table VALUES (%(id)s)")
+    assert agents.send("node-i", payload(cpu_used=99.0, agent_version="3.0.0")).status_code == 503
+    node = Node.objects.get(pk="node-i")
+    assert (node.cpu_used, node.agent_version) == (10.0, "2.4.1")
     assert metric_rows("node-i") == 1
+
+
+def test_an_unreachable_database_answers_503(agents, monkeypatch):
+    from apps.nodes.api import heartbeat as route
+
+    monkeypatch.setattr(route, "libpq_params", lambda **kw: {"host": "127.0.0.1", "port": "1", "dbname": "x", "connect_timeout": 2})
+    response = agents.send("node-db", payload())
+    assert response.status_code == 503
 
 
 def test_a_node_coming_back_is_online_on_that_beat(agents):

@@ -85,7 +85,7 @@ class HeartbeatApp:
         loop = asyncio.get_running_loop()
         if self._pool is None or self._pool_loop is not loop:
             self._pool = AsyncConnectionPool(
-                kwargs=libpq_params(),
+                kwargs=libpq_params(autocommit=True),
                 min_size=1,
                 max_size=settings.HETEROFLOW_HEARTBEAT_DB_POOL_SIZE,
                 open=False,

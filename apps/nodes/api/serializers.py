@@ -1,41 +1,32 @@
 from rest_framework import serializers
 
 from apps.core.serializers import StrictSerializer
-from apps.nodes.choices import ExecMode, GpuVendor, NodeStatus
+from apps.nodes.choices import ExecMode, GpuState, GpuVendor, NodeStatus
+from apps.nodes.presenters import GPU_COLUMNS, GPU_COMPUTED, NODE_COLUMNS, NODE_COMPUTED
 from apps.nodes.models import Gpu, Node
 
 
 class GpuSerializer(serializers.ModelSerializer):
-    state = serializers.CharField(read_only=True)
+    """The shape of a GPU in node answers (built by presenters.present)."""
+
+    state = serializers.ChoiceField(choices=GpuState.choices, read_only=True)
 
     class Meta:
         model = Gpu
-        fields = [
-            "index", "uuid", "vendor", "model", "memory_total_mb", "compute_capability", "state",
-            "utilization", "memory_used_mb", "temperature", "power_w", "metrics_available", "lost_at", "lost_basis",
-        ]
+        fields = GPU_COLUMNS + GPU_COMPUTED
 
 
 class NodeSerializer(serializers.ModelSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    """The shape of a node in API answers (built by presenters.present)."""
+
+    tenant = serializers.CharField(allow_null=True, read_only=True, help_text="Slug of the owning tenant; null: shared.")
     gpu_used = serializers.IntegerField(read_only=True, help_text="GPUs held by active tasks.")
+    gpus_lost = serializers.IntegerField(read_only=True)
     gpus = GpuSerializer(many=True, read_only=True)
-    gpus_lost = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
-        fields = [
-            "id", "name", "tenant", "status", "ip", "internal_ip", "mac", "hostname", "os", "cpu_cores", "memory_gb",
-            "is_container", "docker_available", "executable", "exec_mode", "error_message", "agent_version",
-            "agent_git_commit", "agent_build_time", "heartbeat_interval", "cpu_used", "memory_used", "gpu_temperature",
-            "gpu_memory_used_mb", "gpu_type", "gpu_model", "gpu_count", "gpu_used", "gpus_lost", "gpu_collector_error",
-            "labels", "gpu_capabilities", "inference_engines", "inference_engine_versions", "vllm_available",
-            "discovered_models", "task_health", "live_task_ids", "region", "zone", "rack", "version",
-            "registered_at", "last_heartbeat_at", "gpus",
-        ]
-
-    def get_gpus_lost(self, node) -> int:
-        return sum(1 for gpu in node.gpus.all() if gpu.lost_at is not None)
+        fields = NODE_COLUMNS + NODE_COMPUTED
 
 
 class NodeListQuerySerializer(StrictSerializer):

@@ -9,7 +9,7 @@ from rest_framework.views import APIView
 
 from apps.core.clock import utcnow
 from apps.core.permissions import IsAgent, IsOperator
-from apps.nodes import metrics, selectors, services
+from apps.nodes import metrics, presenters, selectors, services
 from apps.nodes.api import serializers as s
 from apps.nodes.models import Node
 from apps.tenants.choices import Role
@@ -49,7 +49,7 @@ def query(serializer_class, request):
 
 
 def visible_node(request, node_id) -> Node:
-    return get_object_or_404(selectors.with_gpu_used(Node.objects.visible_to(request.auth)).prefetch_related("gpus"), pk=node_id)
+    return get_object_or_404(Node.objects.visible_to(request.auth), pk=node_id)
 
 
 class NodeListView(APIView):
@@ -61,8 +61,8 @@ class NodeListView(APIView):
         nodes = selectors.node_list(request.auth, q=params["q"], status=params["status"], gpu_type=params["gpu_type"])
         paginator = LimitOffsetPagination()
         paginator.default_limit, paginator.max_limit = 50, 500
-        page = paginator.paginate_queryset(nodes.order_by("name", "id"), request, view=self)
-        return paginator.get_paginated_response(s.NodeSerializer(page, many=True).data)
+        page = paginator.paginate_queryset(nodes.order_by("name", "id").values_list("id", flat=True), request, view=self)
+        return paginator.get_paginated_response(presenters.present_json(page))
 
     @extend_schema(request=s.NodeUpsertSerializer, responses={200: s.NodeSerializer, 201: s.NodeSerializer})
     def post(self, request):
@@ -71,17 +71,13 @@ class NodeListView(APIView):
         fields = dict(serializer.validated_data)
         node_id = fields.pop("id")
         node, created = services.upsert_node(node_id, fields)
-        return Response(s.NodeSerializer(visible_node_for_operator(node.pk)).data, status=201 if created else 200)
-
-
-def visible_node_for_operator(node_id):
-    return selectors.with_gpu_used(Node.objects.all()).prefetch_related("gpus").get(pk=node_id)
+        return Response(presenters.present_one(node), status=201 if created else 200)
 
 
 class NodeDetailView(APIView):
     @extend_schema(responses=s.NodeSerializer)
     def get(self, request, node_id):
-        return Response(s.NodeSerializer(visible_node(request, node_id)).data)
+        return Response(presenters.present_one(visible_node(request, node_id)))
 
     @extend_schema(
         parameters=[OpenApiParameter("force", bool, description="Also delete the node's model registrations.")],
@@ -109,7 +105,7 @@ class NodeLocationView(APIView):
         serializer = s.LocationSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         services.set_location(node, {k: v.strip() for k, v in serializer.validated_data.items()})
-        return Response(s.NodeSerializer(visible_node(request, node_id)).data)
+        return Response(presenters.present_one(node))
 
 
 class NodeTenantView(APIView):
@@ -135,7 +131,7 @@ class NodeTenantView(APIView):
                 raise ValidationError({"tenant": [f"No tenant '{data['tenant']}'."]})
         result = services.assign_tenant(node, tenant, expected_version=data["version"], mode=data["mode"])
         return Response({
-            "node": s.NodeSerializer(visible_node(request, node_id)).data,
+            "node": presenters.present_one(result.node),
             "mode": result.mode,
             "other_tenant_tasks": result.other_tenant_tasks,
             "stopping": result.stopping,
