@@ -7,7 +7,6 @@ PostgreSQL and Redis and passes their URLs to every process it starts.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import dj_database_url
@@ -56,6 +55,7 @@ SHARED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "servestatic",
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
@@ -88,7 +88,7 @@ MIDDLEWARE = [
     "apps.monitoring.middleware.HealthProbeMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "servestatic.middleware.ServeStaticMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -125,15 +125,18 @@ if not DATABASE_URL:
         "PostgreSQL when no URL is given) or set DATABASE_URL=postgresql://USER@HOST:PORT/DB."
     )
 DB_CONNECT_TIMEOUT = env.int("HETEROFLOW_DB_CONNECT_TIMEOUT", 5, low=1, high=60)
-DATABASES = {
-    "default": dj_database_url.parse(
-        DATABASE_URL,
-        conn_max_age=env.int("HETEROFLOW_DB_CONN_MAX_AGE", 60, low=0, high=3600),
-        conn_health_checks=True,
-    )
-}
+# Under ASGI every request runs its sync code in a thread of its own, so per-thread
+# persistent connections are never reused: without a pool each request would connect
+# anew (~10 ms). Django's psycopg pool hands connections across threads.
+DB_POOL_SIZE = env.int("HETEROFLOW_DB_POOL_SIZE", 10, low=0, high=200)
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
 DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT
+if DB_POOL_SIZE:
+    DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DB_POOL_SIZE, "timeout": 10}
+else:
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("HETEROFLOW_DB_CONN_MAX_AGE", 60, low=0, high=3600)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 REDIS_URL = env.str("REDIS_URL")
 if not REDIS_URL:
@@ -189,12 +192,11 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = HETEROFLOW_DATA_DIR / "static"
-# Outside production whitenoise serves straight from the app folders, so `make up`
-# needs no collectstatic step; production images run collectstatic at build time.
-WHITENOISE_USE_FINDERS = not PRODUCTION
-WHITENOISE_AUTOREFRESH = DEBUG
-# Under ASGI Django wraps whitenoise's file iterator itself and says so on every file.
-warnings.filterwarnings("ignore", message="StreamingHttpResponse must consume synchronous iterators")
+# servestatic (whitenoise's maintained fork, async-native, so it adds no thread hop per
+# request under ASGI). Outside production it serves straight from the app folders, so
+# `make up` needs no collectstatic step; production images run collectstatic at build.
+SERVESTATIC_USE_FINDERS = not PRODUCTION
+SERVESTATIC_AUTOREFRESH = DEBUG
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- API ------------------------------------------------------------------------------
@@ -263,7 +265,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "level": LOG_LEVEL.upper()}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL.upper()},
     "loggers": {"django.db.backends": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }
