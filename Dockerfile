@@ -19,7 +19,7 @@ RUN pip install -r requirements/base.txt
 COPY . .
 
 # Static files are collected into STATIC_ROOT = $HETEROFLOW_DATA_DIR/static (/data/static),
-# where whitenoise serves them in production. The settings refuse to load without
+# where servestatic serves them in production. The settings refuse to load without
 # DATABASE_URL and REDIS_URL, but nothing connects at import or during collectstatic,
 # so dummy values are enough, and only for this step. Development mode avoids the
 # production refusals (no secrets exist at build time); the collected files are the same.
@@ -37,4 +37,4 @@ USER heteroflow
 
 EXPOSE 3333
 
-CMD ["uvicorn", "heteroflow.asgi:application", "--host", "0.0.0.0", "--port", "3333", "--workers", "2", "--lifespan", "off"]
+CMD ["uvicorn", "heteroflow.asgi:application", "--host", "0.0.0.0", "--port", "3333", "--workers", "2", "--lifespan", "off", "--no-proxy-headers"]

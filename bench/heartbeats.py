@@ -7,7 +7,8 @@ nodes, and 1,000 nodes going silent and coming back at once.
     .venv/bin/python bench/heartbeats.py --nodes 2000 --duration 30 --workers 2
 
 Uses DATABASE_URL / REDIS_URL when set, else starts the embedded pair in a scratch
-folder. Always works in a database of its own (heteroflow_bench), dropped at the end.
+folder. Always works in a database of its own, heteroflow_bench, which it drops and
+creates at the start and drops at the end: on a shared server, that name must be free.
 Prints figures; it asserts nothing.
 """
 
@@ -17,6 +18,7 @@ import argparse
 import asyncio
 import os
 import secrets
+import shutil
 import signal
 import socket
 import statistics
@@ -117,9 +119,11 @@ async def run_load(port: int, secret: str, nodes: int, duration: float, interval
     latencies: list[float] = []
     errors: dict[int, int] = {}
 
-    async def send(raw: bytes, record: bool):
+    async def send(raw: bytes, record: bool, due: float | None = None):
+        # Latency counts from when the beat was due, so time spent waiting for a free
+        # connection (queueing in the client) is in the figure too.
+        started = due if due is not None else time.perf_counter()
         conn = await pool.get()
-        started = time.perf_counter()
         try:
             status, _ = await conn.request(raw)
         except (OSError, asyncio.IncompleteReadError):
@@ -141,6 +145,7 @@ async def run_load(port: int, secret: str, nodes: int, duration: float, interval
     say(f"steady state: {nodes} nodes every {interval:g} s for {duration:g} s (offered {nodes / interval:.0f}/s, {size} bytes each)…")
     loop = asyncio.get_running_loop()
     t0 = loop.time() + 0.5
+    clock_offset = time.perf_counter() - loop.time()
     tasks = []
     beats = int(duration / interval * nodes)
     for k in range(beats):
@@ -150,7 +155,7 @@ async def run_load(port: int, secret: str, nodes: int, duration: float, interval
         delay = at - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(send(requests[n], record=True)))
+        tasks.append(asyncio.ensure_future(send(requests[n], record=True, due=at + clock_offset)))
     await asyncio.gather(*tasks)
     elapsed = loop.time() - t0
     return latencies, errors, elapsed
@@ -165,7 +170,8 @@ def percentile(values, q):
 
 
 def server_env(database_url: str, redis_url: str, data_dir: Path, secret: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")}
+    # The caller's tuning variables (pool sizes…) pass through; the ones below are ours.
+    env = dict(os.environ)
     env.update(
         HETEROFLOW_ENV="production",
         SECRET_KEY=secrets.token_urlsafe(50),
@@ -342,12 +348,13 @@ def main() -> int:
         port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "heteroflow.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", str(args.workers), "--lifespan", "off", "--no-access-log", "--loop", "uvloop", "--http", "httptools",
+             "--workers", str(args.workers), "--lifespan", "off", "--no-proxy-headers", "--no-access-log", "--loop", "uvloop", "--http", "httptools",
              "--log-level", "warning"],
             cwd=REPO, env=env, start_new_session=True,
         )
         wait_for(f"http://127.0.0.1:{port}/health")
-        say(f"server: uvicorn, {args.workers} workers, production settings, PostgreSQL {'(embedded)' if stores.embedded else '(DATABASE_URL)'}; machine: {os.cpu_count()} cores")
+        where = ", ".join(stores.embedded) + " embedded" if stores.embedded else "from DATABASE_URL / REDIS_URL"
+        say(f"server: uvicorn, {args.workers} workers, production settings; data stores: {where}; machine: {os.cpu_count()} cores")
 
         before = {}
         latencies, errors, elapsed = asyncio.run(run_load(
@@ -393,6 +400,7 @@ def main() -> int:
             server.wait(timeout=30)
         drop_database(admin_url)
         stores.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,18 @@ class Env:
             raise ImproperlyConfigured(f"{name}={value!r} must be one of {', '.join(choices)}")
         return value
 
+    def cidr_list(self, name: str, default: list[str]) -> list[str]:
+        """Comma-separated addresses or networks (10.0.0.0/8, 192.0.2.7, fd00::/8)."""
+        import ipaddress
+
+        values = self.list(name, default)
+        for value in values:
+            try:
+                ipaddress.ip_network(value, strict=False)
+            except ValueError:
+                raise ImproperlyConfigured(f"{name}: {value!r} is not an IP address or network") from None
+        return values
+
     def list(self, name: str, default: list[str]) -> list[str]:
         raw = self.str(name)
         if raw is None:

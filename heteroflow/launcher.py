@@ -159,7 +159,7 @@ def up(args) -> int:
         run_step(manage + ["bootstrap"], env, "bootstrapping the platform administrator")
         supervisor.start(
             "web",
-            [PYTHON, "-m", "uvicorn", "heteroflow.asgi:application", "--host", bind, "--port", str(port), "--lifespan", "off"],
+            [PYTHON, "-m", "uvicorn", "heteroflow.asgi:application", "--host", bind, "--port", str(port), "--lifespan", "off", "--no-proxy-headers"],
         )
         supervisor.start("worker", [PYTHON, "-m", "celery", "-A", "celery_worker", "worker", "--loglevel", "INFO", "--concurrency", "2"])
         supervisor.start(

@@ -234,8 +234,9 @@ SPECTACULAR_SETTINGS = {
 HETEROFLOW_HEARTBEAT_MAX_BYTES = env.int("HETEROFLOW_HEARTBEAT_MAX_BYTES", 262_144, low=4_096, high=8_388_608)
 HETEROFLOW_HEARTBEAT_DB_POOL_SIZE = env.int("HETEROFLOW_HEARTBEAT_DB_POOL_SIZE", 8, low=1, high=100)
 # Proxies whose X-Forwarded-For is believed when they are the TCP peer (CIDRs). Empty:
-# the node's public IP is always the TCP source address.
-HETEROFLOW_TRUSTED_PROXIES = env.list("HETEROFLOW_TRUSTED_PROXIES", [])
+# the node's public IP is always the TCP source address (uvicorn runs with
+# --no-proxy-headers everywhere we start it, so it does not rewrite the peer itself).
+HETEROFLOW_TRUSTED_PROXIES = env.cidr_list("HETEROFLOW_TRUSTED_PROXIES", [])
 METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_760)
 
 # --- bootstrap ------------------------------------------------------------------------

@@ -8,8 +8,7 @@ class NodeStatus(models.TextChoices):
     DEGRADED = "degraded"
 
 
-# Statuses the scheduler may place work on; "alive" for summaries.
-SCHEDULABLE = (NodeStatus.ONLINE, NodeStatus.SUSPECT)
+# "Alive" for summaries: the node answers, whether or not it can take work.
 ALIVE = (NodeStatus.ONLINE, NodeStatus.SUSPECT, NodeStatus.DEGRADED)
 
 

@@ -73,7 +73,8 @@ BUCKET_LADDER = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400,
 
 def bucket_seconds(hours: int) -> int:
     """The smallest round bucket that keeps `hours` of history within MAX_POINTS points."""
-    return next(step for step in BUCKET_LADDER if hours * 3600 / step <= MAX_POINTS)
+    # A window that does not start on a bucket boundary touches one bucket more.
+    return next(step for step in BUCKET_LADDER if hours * 3600 / step <= MAX_POINTS - 1)
 
 
 def history(node_id: str, hours: int, now: datetime | None = None) -> dict:
@@ -112,9 +113,10 @@ def history(node_id: str, hours: int, now: datetime | None = None) -> dict:
     return {"node_id": node_id, "hours": hours, "bucket_seconds": step, "points": points}
 
 
-def energy(node_id: str, hours: int, now: datetime | None = None) -> dict:
+def energy(node_id: str, hours: int, heartbeat_interval: int = 5, now: datetime | None = None) -> dict:
     """Energy from measured GPU power, integrated over the time between samples (each
-    sample counts until the next one, at most 3 beats). None when no power was measured."""
+    sample counts until the next one, at most three of the node's beats: a longer gap is
+    silence, not power). None when no power was measured."""
     now = now or utcnow()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -123,11 +125,11 @@ def energy(node_id: str, hours: int, now: datetime | None = None) -> dict:
                 SELECT at, (SELECT sum((g->>'p')::float8) FROM jsonb_array_elements(gpus) g WHERE g ? 'p') AS watts
                 FROM node_metrics WHERE node_id = %(node)s AND at >= %(since)s AND at <= %(now)s
             ), spans AS (
-                SELECT watts, LEAST(COALESCE(extract(epoch FROM lead(at) OVER (ORDER BY at) - at), 0), 15) AS seconds FROM samples
+                SELECT watts, LEAST(COALESCE(extract(epoch FROM lead(at) OVER (ORDER BY at) - at), 0), %(max_span)s) AS seconds FROM samples
             )
             SELECT sum(watts * seconds) / 3600000.0, avg(watts), max(watts), count(watts) FROM spans WHERE watts IS NOT NULL
             """,
-            {"node": node_id, "since": now - timedelta(hours=hours), "now": now},
+            {"node": node_id, "since": now - timedelta(hours=hours), "now": now, "max_span": 3 * heartbeat_interval},
         )
         kwh, avg_w, max_w, samples = cursor.fetchone()
     return {

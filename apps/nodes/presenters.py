@@ -26,6 +26,16 @@ GPU_COLUMNS = [
 ]
 GPU_COMPUTED = ["state"]
 
+TIMESTAMP_COLUMNS = {"registered_at", "last_heartbeat_at", "lost_at"}
+
+
+def _select(alias: str, column: str) -> str:
+    """A column for the JSON; timestamps in the API's one format (UTC, 'Z')."""
+    if column in TIMESTAMP_COLUMNS:
+        return f"""to_char({alias}.{column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS {column}"""
+    return f"{alias}.{column}"
+
+
 # Built with the text `json` functions (several times faster than jsonb for output).
 PAGE_JSON = f"""
 SELECT COALESCE(json_agg(page.doc ORDER BY page.ord), '[]'::json)::text
@@ -33,14 +43,14 @@ FROM (
     SELECT p.ord, row_to_json(d) AS doc
     FROM unnest(%(ids)s::text[]) WITH ORDINALITY AS p(id, ord)
     JOIN LATERAL (
-        SELECT {", ".join(f"n.{c}" for c in NODE_COLUMNS)}, t.slug AS tenant,
+        SELECT {", ".join(_select("n", c) for c in NODE_COLUMNS)}, t.slug AS tenant,
                COALESCE(u.used, 0) AS gpu_used, COALESCE(g.lost, 0) AS gpus_lost, COALESCE(g.gpus, '[]'::json) AS gpus
         FROM nodes AS n
         LEFT JOIN tenants AS t ON t.id = n.tenant_id
         LEFT JOIN LATERAL (
-            SELECT json_agg(row_to_json(x) ORDER BY x.index) AS gpus, count(*) FILTER (WHERE x.lost_at IS NOT NULL) AS lost
+            SELECT json_agg(row_to_json(x) ORDER BY x.index) AS gpus, count(*) FILTER (WHERE x.state = 'lost') AS lost
             FROM (
-                SELECT {", ".join(f"gpus.{c}" for c in GPU_COLUMNS)},
+                SELECT {", ".join(_select("gpus", c) for c in GPU_COLUMNS)},
                        CASE WHEN gpus.lost_at IS NULL THEN 'available' ELSE 'lost' END AS state
                 FROM gpus WHERE gpus.node_id = n.id
             ) AS x

@@ -7,6 +7,9 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
+from rest_framework.exceptions import NotFound
+
+from apps.alerts.services import recover_alert
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes.choices import OFFLINE_AFTER_SECONDS, SUSPECT_AFTER_SECONDS, NodeStatus
@@ -67,8 +70,24 @@ def delete_node(node: Node, *, force: bool = False) -> NodeDeleted:
             listed = ", ".join(f"#{task_id} ({status})" for task_id, status in active[:50])
             raise Conflict(f"Node '{node.pk}' has active tasks: {listed}. Stop them first; force does not apply.", "node_has_active_tasks")
         Task.objects.filter(node=locked).update(node=None)  # history keeps the task, not the node
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM node_metrics WHERE node_id = %s", [locked.pk])
         locked.delete()
     return NodeDeleted(node.pk, deleted_models=[])
+
+
+def forget_lost_gpu(node: Node, index: int) -> None:
+    """Remove a card that was taken out of the machine. Only a lost card can be removed:
+    one the agent still reports would come back on the next beat."""
+    with transaction.atomic():
+        gpu = Gpu.objects.select_for_update().filter(node=node, index=index).first()
+        if gpu is None:
+            raise NotFound(f"Node '{node.pk}' has no GPU {index}.")
+        if gpu.lost_at is None:
+            raise Conflict(f"GPU {index} of node '{node.pk}' is not lost; only lost cards can be removed.", "gpu_not_lost")
+        gpu.delete()
+        Node.objects.filter(pk=node.pk).update(gpu_count=Gpu.objects.filter(node=node).count())
+        recover_alert(f"GPU_LOST:{node.pk}:{index}")
 
 
 LOCATION_FIELDS = ("region", "zone", "rack")
@@ -124,21 +143,15 @@ def assign_tenant(node: Node, tenant, *, expected_version: int, mode: str = "dra
 
 def upsert_node(node_id: str, fields: dict) -> tuple[Node, bool]:
     """The operators' manual create/update (POST /api/v1/nodes). Agents register by
-    heartbeat; this corrects or pre-registers a node."""
+    heartbeat; this corrects or pre-registers a node. Labels merge by key, as a beat's do."""
     with transaction.atomic():
         node, created = Node.objects.select_for_update().get_or_create(
             pk=node_id, defaults={"name": fields.get("name") or f"agent-{node_id}", **fields}
         )
         if not created and fields:
+            if "labels" in fields:
+                fields = fields | {"labels": {**node.labels, **fields["labels"]}}
             for field, value in fields.items():
                 setattr(node, field, value)
             node.save(update_fields=[*fields, "updated_at"])
     return node, created
-
-
-def gpu_counts(nodes_qs) -> dict:
-    """GPU totals for summaries: lost cards are counted, but never as available or busy."""
-    gpus = Gpu.objects.filter(node__in=nodes_qs)
-    total = gpus.count()
-    lost = gpus.filter(lost_at__isnull=False).count()
-    return {"total": total, "lost": lost}

@@ -79,6 +79,13 @@ def delete_tenant(tenant: Tenant) -> None:
                 f"Tenant '{tenant.slug}' has active tasks: {listed}. Stop or cancel them first.",
                 "tenant_has_active_tasks",
             )
+        dedicated = list(tenant.dedicated_nodes.order_by("id").values_list("id", flat=True)[:20])
+        if dedicated:
+            raise Conflict(
+                f"Tenant '{tenant.slug}' has dedicated nodes: {', '.join(dedicated)}. "
+                "Make them shared or assign them elsewhere first.",
+                "tenant_has_dedicated_nodes",
+            )
         tenant.delete()
 
 

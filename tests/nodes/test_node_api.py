@@ -188,3 +188,54 @@ def test_environment_summary(api, world, fleet):
     assert summary["gpu_vendors"] == {"nvidia": 2, "ascend": 1}
     acme = api.get("/api/v1/environment/summary", **bearer(world.keys["acme-viewer"])).json()
     assert acme["nodes"] == 2
+
+
+def test_timestamps_are_utc_with_z(api, world, fleet):
+    node = api.get("/api/v1/nodes/shared-1", **bearer(world.operator_key)).json()
+    assert node["last_heartbeat_at"].endswith("Z") and node["registered_at"].endswith("Z")
+    assert node["gpus"][1]["lost_at"].endswith("Z") and node["gpus"][0]["lost_at"] is None
+
+
+def test_manual_upsert_merges_labels_checks_keys_and_normalises_the_mac(api, world):
+    headers = bearer(world.operator_key)
+    api.post("/api/v1/nodes", {"id": "m1", "labels": {"a": "1", "b": "2"}}, format="json", **headers)
+    node = api.post("/api/v1/nodes", {"id": "m1", "labels": {"b": "3"}, "mac": "AA-BB-CC-DD-EE-FF"}, format="json", **headers).json()
+    assert node["labels"] == {"a": "1", "b": "3"} and node["mac"] == "aa:bb:cc:dd:ee:ff"
+    response = api.post("/api/v1/nodes", {"id": "m1", "labels": {"bad key!": "x"}}, format="json", **headers)
+    assert response.status_code == 400 and "labels" in response.json()["error"]["fields"]
+
+
+def test_a_lost_gpu_can_be_removed_by_an_operator_and_only_when_lost(api, world, fleet):
+    from apps.alerts.models import Alert
+    from apps.alerts.services import raise_alert
+
+    raise_alert(type="GPU_LOST", severity="error", key="GPU_LOST:shared-1:1", message="lost", node_id="shared-1", gpu_index=1)
+    headers = bearer(world.operator_key)
+    assert api.delete("/api/v1/nodes/shared-1/gpus/0", **headers).status_code == 409
+    assert api.delete("/api/v1/nodes/shared-1/gpus/1", **bearer(world.keys["acme-admin"])).status_code == 403
+    assert api.delete("/api/v1/nodes/shared-1/gpus/1", **headers).status_code == 204
+    assert api.delete("/api/v1/nodes/shared-1/gpus/7", **headers).status_code == 404
+    assert list(Gpu.objects.filter(node_id="shared-1").values_list("index", flat=True)) == [0]
+    assert Node.objects.get(pk="shared-1").gpu_count == 1
+    assert Alert.objects.get(key="GPU_LOST:shared-1:1").state == "RECOVERED"
+
+
+def test_deleting_a_node_deletes_its_metrics(api, world, fleet):
+    insert_metrics("shared-1", [(utcnow(), 1.0, "[]")])
+    api.delete("/api/v1/nodes/shared-1", **bearer(world.operator_key))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM node_metrics WHERE node_id = 'shared-1'")
+        assert cursor.fetchone()[0] == 0
+
+
+def test_a_tenant_with_dedicated_nodes_cannot_be_deleted(api, world, fleet):
+    response = api.delete("/api/v1/tenants/acme", **bearer(world.operator_key))
+    assert response.status_code == 409 and response.json()["error"]["code"] == "tenant_has_dedicated_nodes"
+    assert "acme-1" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("hours", [1, 6, 24, 72, 100, 168])
+def test_any_window_has_at_most_400_points(hours):
+    from apps.nodes.metrics import bucket_seconds
+
+    assert hours * 3600 / bucket_seconds(hours) + 1 <= 400

@@ -16,6 +16,7 @@ import re
 
 import orjson
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 from psycopg_pool import AsyncConnectionPool
 
 from apps.core.clock import utcnow
@@ -56,6 +57,17 @@ def client_address(scope, trusted_proxies) -> str | None:
         if not any(address in net for net in trusted_proxies):
             return str(address)
     return peer
+
+
+def is_secure(scope) -> bool:
+    if scope.get("scheme") == "https":
+        return True
+    proxy_header = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+    if proxy_header:
+        name, value = proxy_header
+        wire_name = name.removeprefix("HTTP_").lower().replace("_", "-").encode()
+        return header(scope, wire_name) == value
+    return False
 
 
 def header(scope, name: bytes) -> str | None:
@@ -115,6 +127,14 @@ class HeartbeatApp:
         await send({"type": "http.response.body", "body": payload})
 
     async def respond(self, scope, receive, node_id: str) -> tuple[int, dict]:
+        # What Django's middleware would do for any other endpoint: the host check and
+        # the HTTPS redirect (the agent key must not travel in clear in production).
+        host = header(scope, b"host") or ""
+        if not validate_host(split_domain_port(host)[0], settings.ALLOWED_HOSTS):
+            raise HttpError(400, "bad_request", f"Invalid HTTP_HOST header: {host!r}.")
+        if settings.SECURE_SSL_REDIRECT and not is_secure(scope):
+            location = f"https://{host}{scope['path']}".encode()
+            raise HttpError(301, "https_required", "Use HTTPS.", headers=[(b"location", location)])
         if scope["method"] not in ("POST", "PUT"):
             raise HttpError(405, "method_not_allowed", f"Method \"{scope['method']}\" not allowed.", headers=[(b"allow", b"POST, PUT")])
         await self.authenticate(scope)
@@ -143,7 +163,7 @@ class HeartbeatApp:
             "status": outcome.status,
             "registered": outcome.registered,
             "scheduled_tasks": [],
-            "server_time": now.isoformat(),
+            "server_time": now.isoformat().replace("+00:00", "Z"),
         }
 
     async def authenticate(self, scope) -> None:
@@ -159,13 +179,16 @@ class HeartbeatApp:
                             headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')])
 
     def after_beat(self, outcome) -> None:
+        """Follow-ups that talk to Redis run in a thread, off the event loop: a slow or
+        absent Redis must never hold heartbeats up."""
         from apps.nodes import jobs
 
+        loop = asyncio.get_running_loop()
         if outcome.ip_changed:
-            jobs.forget_node_address(outcome.node_id)
+            loop.run_in_executor(None, jobs.forget_node_address, outcome.node_id)
         self._beats += 1
         if self._beats % PRUNE_EVERY_BEATS == 0:
-            jobs.request_metrics_prune()
+            loop.run_in_executor(None, jobs.request_metrics_prune)
 
 
 def orjson_or_400(body: bytes):

@@ -1,3 +1,5 @@
+import re
+
 from rest_framework import serializers
 
 from apps.core.serializers import StrictSerializer
@@ -29,6 +31,9 @@ class NodeSerializer(serializers.ModelSerializer):
         fields = NODE_COLUMNS + NODE_COMPUTED
 
 
+LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")  # as in the heartbeat schema
+
+
 class NodeListQuerySerializer(StrictSerializer):
     limit = serializers.IntegerField(min_value=1, max_value=500, default=50)
     offset = serializers.IntegerField(min_value=0, default=0)
@@ -47,7 +52,18 @@ class NodeUpsertSerializer(StrictSerializer):
     cpu_cores = serializers.IntegerField(min_value=1, max_value=4096, required=False, allow_null=True)
     memory_gb = serializers.FloatField(min_value=0, required=False, allow_null=True)
     exec_mode = serializers.ChoiceField(choices=ExecMode.choices, required=False)
-    labels = serializers.DictField(child=serializers.CharField(max_length=1024), required=False)
+    labels = serializers.DictField(child=serializers.CharField(max_length=1024, allow_blank=True), required=False)
+
+    def validate_mac(self, value):
+        return value.lower().replace("-", ":")
+
+    def validate_labels(self, value):
+        if len(value) > 64:
+            raise serializers.ValidationError("At most 64 labels.")
+        bad = [key for key in value if not LABEL_KEY.match(key)]
+        if bad:
+            raise serializers.ValidationError(f"Invalid label keys: {', '.join(sorted(bad))}.")
+        return value
 
 
 class LocationSerializer(StrictSerializer):

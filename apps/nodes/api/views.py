@@ -29,7 +29,8 @@ class AgentAuthCheckView(APIView):
 
 
 class IsOperatorOrAgentForWrites(BasePermission):
-    """Reads: people. The manual create (it can rewrite ip/status): operators and agents only."""
+    """Reads: people. The manual create (it can rewrite the IP the gateway forwards to):
+    operators and agents only."""
 
     message = "Only platform operators and node agents can create or change nodes this way."
 
@@ -55,7 +56,10 @@ def visible_node(request, node_id) -> Node:
 class NodeListView(APIView):
     permission_classes = [IsOperatorOrAgentForWrites]
 
-    @extend_schema(parameters=[s.NodeListQuerySerializer], responses=s.NodeSerializer(many=True))
+    @extend_schema(operation_id="v1_nodes_list", parameters=[s.NodeListQuerySerializer], responses=inline_serializer("PaginatedNodeList", {
+        "count": serializers.IntegerField(), "next": serializers.URLField(allow_null=True),
+        "previous": serializers.URLField(allow_null=True), "results": s.NodeSerializer(many=True),
+    }))
     def get(self, request):
         params = query(s.NodeListQuerySerializer, request)
         nodes = selectors.node_list(request.auth, q=params["q"], status=params["status"], gpu_type=params["gpu_type"])
@@ -80,8 +84,10 @@ class NodeDetailView(APIView):
         return Response(presenters.present_one(visible_node(request, node_id)))
 
     @extend_schema(
-        parameters=[OpenApiParameter("force", bool, description="Also delete the node's model registrations.")],
-        responses=inline_serializer("NodeDeleted", {"deleted": serializers.CharField(), "deleted_models": serializers.ListField(child=serializers.CharField())}),
+        parameters=[OpenApiParameter("force", bool, description=(
+            "Also delete the node's model registrations. There is no model registry yet, so today it deletes "
+            "nothing more; it never overrides the active-task check."))],
+        responses={200: inline_serializer("NodeDeleted", {"deleted": serializers.CharField(), "deleted_models": serializers.ListField(child=serializers.CharField())})},
     )
     def delete(self, request, node_id):
         node = visible_node(request, node_id)
@@ -94,6 +100,15 @@ class NodeDetailView(APIView):
         force = request.query_params.get("force", "false").lower() in ("1", "true", "yes")
         deleted = services.delete_node(node, force=force)
         return Response({"deleted": deleted.node_id, "deleted_models": deleted.deleted_models})
+
+
+class NodeGpuView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, node_id, index):
+        services.forget_lost_gpu(visible_node(request, node_id), index)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class NodeLocationView(APIView):
@@ -156,7 +171,7 @@ class NodeEnergyView(APIView):
     }))
     def get(self, request, node_id):
         node = visible_node(request, node_id)
-        return Response(metrics.energy(node.pk, query(s.HoursSerializer, request)["hours"]))
+        return Response(metrics.energy(node.pk, query(s.HoursSerializer, request)["hours"], node.heartbeat_interval))
 
 
 class EnvironmentSummaryView(APIView):
