@@ -228,6 +228,11 @@ SPECTACULAR_SETTINGS = {
     # The schema and its page are public documentation; they expose no data.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
+    "ENUM_NAME_OVERRIDES": {
+        "NodeStatusEnum": "apps.nodes.choices.NodeStatus",
+        "TaskStatusEnum": "apps.tasks.choices.TaskStatus",
+        "GpuStateEnum": "apps.nodes.choices.GpuState",
+    },
 }
 
 # --- nodes ----------------------------------------------------------------------------
@@ -237,6 +242,7 @@ HETEROFLOW_HEARTBEAT_DB_POOL_SIZE = env.int("HETEROFLOW_HEARTBEAT_DB_POOL_SIZE",
 # the node's public IP is always the TCP source address (uvicorn runs with
 # --no-proxy-headers everywhere we start it, so it does not rewrite the peer itself).
 HETEROFLOW_TRUSTED_PROXIES = env.cidr_list("HETEROFLOW_TRUSTED_PROXIES", [])
+HETEROFLOW_TASK_TIMEOUT_SECONDS = env.int("HETEROFLOW_TASK_TIMEOUT_SECONDS", 86_400, low=60, high=31 * 86_400)
 METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_760)
 
 # --- bootstrap ------------------------------------------------------------------------

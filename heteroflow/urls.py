@@ -9,6 +9,7 @@ from apps.monitoring import views as monitoring
 api_v1 = [
     path("", include("apps.tenants.api.urls")),
     path("", include("apps.nodes.api.urls")),
+    path("", include("apps.tasks.api.urls")),
 ]
 
 urlpatterns = [

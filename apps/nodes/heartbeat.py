@@ -76,6 +76,7 @@ class BeatOutcome:
     node_id: str
     status: str
     registered: bool = False
+    scheduled_task_ids: list[int] = field(default_factory=list)
     slow_path: bool = False
     ip_changed: bool = False
     gpu_changes: list[GpuChange] = field(default_factory=list)
@@ -160,7 +161,9 @@ WITH node AS (
 )
 SELECT EXISTS (SELECT 1 FROM node), (SELECT old_ip FROM node),
        (SELECT COALESCE(jsonb_agg(jsonb_build_array(j.index, j.is_lost, j.lost_basis)), '[]'::jsonb)
-        FROM judged AS j WHERE j.was_lost <> j.is_lost)
+        FROM judged AS j WHERE j.was_lost <> j.is_lost),
+       ARRAY(SELECT t.id FROM tasks AS t WHERE t.node_id = %(id)s AND t.status = 'scheduled'
+             ORDER BY t.priority DESC, t.created_at, t.id LIMIT 50)
 """
 
 # Collapsed so that psycopg caches its parsing of the query (it skips queries over 4 KB).
@@ -280,7 +283,7 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
     outcome = BeatOutcome(node_id=node_id, status=params["status"])
     cur = conn.cursor()
     await cur.execute(BEAT, params)
-    matched, old_ip, changes = await cur.fetchone()
+    matched, old_ip, changes, outcome.scheduled_task_ids = await cur.fetchone()
     if matched:
         outcome.ip_changed = not same_address(old_ip, peer_ip)
     else:
@@ -304,7 +307,7 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
             await cur.execute(GPU_COUNT_UPDATE, {"id": node_id})
             # The structure now matches: the beat itself is the same statement as always.
             await cur.execute(BEAT, params)
-            matched, _, changes = await cur.fetchone()
+            matched, _, changes, outcome.scheduled_task_ids = await cur.fetchone()
             if not matched:
                 raise RuntimeError(f"heartbeat of {node_id}: the node row did not match after the slow path")
     outcome.gpu_changes = [GpuChange(index, lost, basis) for index, lost, basis in changes]

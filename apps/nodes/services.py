@@ -14,7 +14,8 @@ from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes.choices import OFFLINE_AFTER_SECONDS, SUSPECT_AFTER_SECONDS, NodeStatus
 from apps.nodes.models import Gpu, Node
-from apps.tasks.choices import ACTIVE, TaskStatus
+from apps.core.cas import transition
+from apps.tasks.choices import ACTIVE, TRANSITIONS, TaskStatus
 from apps.tasks.models import Task
 
 # The state machine of models.status_at, set-wise: one statement for the whole fleet,
@@ -129,14 +130,9 @@ def assign_tenant(node: Node, tenant, *, expected_version: int, mode: str = "dra
         other_ids = list(others.order_by("id").values_list("id", flat=True))
         stopping: list[int] = []
         if mode == "evict" and other_ids:
-            # The task issue's transition helper replaces this CAS with its own.
-            stoppable = (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "UPDATE tasks SET status = %s, updated_at = now() WHERE id = ANY(%s) AND status = ANY(%s) RETURNING id",
-                    [TaskStatus.STOPPING, other_ids, list(stoppable)],
-                )
-                stopping = sorted(row[0] for row in cursor.fetchall())
+            stopping = sorted(transition(
+                Task, TRANSITIONS, other_ids, (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING), TaskStatus.STOPPING
+            ))
     node.refresh_from_db()
     return TenantAssigned(node, mode, other_ids, stopping)
 

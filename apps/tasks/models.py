@@ -1,28 +1,57 @@
-"""Tasks. The foundation holds what tenancy needs (owner and state); the task issue adds
-the workload fields, the transition table and the scheduler's columns."""
+"""Tasks: what tenants ask the cluster to run. Status moves only through
+apps.core.cas.transition with choices.TRANSITIONS."""
 
 from django.conf import settings
 from django.db import models
 
 from apps.core.scoping import ScopedQuerySet
-from apps.tasks.choices import TaskStatus
+from apps.tasks.choices import TaskKind, TaskStatus
 
 
 class TaskQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 
+    def in_queue_order(self):
+        return self.order_by("-priority", "created_at", "id")
+
 
 class Task(models.Model):
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="tasks")
     name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=10, choices=TaskKind.choices, default=TaskKind.JOB)
     status = models.CharField(max_length=20, choices=TaskStatus.choices, default=TaskStatus.PENDING)
-    node = models.ForeignKey("nodes.Node", null=True, blank=True, on_delete=models.PROTECT, related_name="tasks")
+    # what to run
+    image = models.CharField(max_length=500, blank=True, default="")
+    command = models.JSONField(default=list, blank=True, help_text="argv list")
+    env = models.JSONField(default=dict, blank=True, help_text='{"NAME": "value"} or {"NAME": {"secret": "name"}}')
+    volumes = models.JSONField(default=list, blank=True)
+    ports = models.JSONField(default=list, blank=True)
+    health_probe = models.JSONField(null=True, blank=True)
+    # what it needs
     gpu_required = models.PositiveIntegerField(default=1)
+    gpu_memory_mb = models.PositiveBigIntegerField(null=True, blank=True)
+    gpu_type = models.CharField(max_length=20, blank=True, default="")
+    cpu_request = models.FloatField(null=True, blank=True, help_text="cores")
+    memory_request_mb = models.PositiveBigIntegerField(null=True, blank=True)
+    priority = models.PositiveSmallIntegerField(default=50)
+    preemptible = models.BooleanField(default=False)
+    labels = models.JSONField(default=dict, blank=True, help_text="scheduling hints")
+    timeout_seconds = models.PositiveIntegerField(default=86_400)
+    checkpoint_path = models.CharField(max_length=1024, blank=True, default="")
+    resume_from_checkpoint = models.CharField(max_length=1024, blank=True, default="")
+    # where and how it went
+    node = models.ForeignKey("nodes.Node", null=True, blank=True, on_delete=models.PROTECT, related_name="tasks")
+    preempt_count = models.PositiveIntegerField(default=0)
+    exit_code = models.IntegerField(null=True, blank=True)
+    error_message = models.TextField(blank=True, default="")
+    schedule_reason = models.JSONField(default=dict, blank=True, help_text="why the last cycle did not place it")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
 
@@ -31,6 +60,14 @@ class Task(models.Model):
         indexes = [
             models.Index(fields=["tenant", "status"], name="tasks_tenant_status"),
             models.Index(fields=["node", "status"], name="tasks_node_status"),
+            # the queue: pending tasks by priority, then age
+            models.Index(fields=["status", "-priority", "created_at", "id"], name="tasks_queue"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_priority_0_100"),
+            models.CheckConstraint(
+                condition=~models.Q(kind=TaskKind.TRAINING, preemptible=True), name="task_training_not_preemptible"
+            ),
         ]
 
     def __str__(self):

@@ -265,3 +265,26 @@ def test_an_empty_beat_marks_nothing_lost(agents):
     for _ in range(4):
         assert agents.send("node-empty", {}).status_code == 400
     assert not Gpu.objects.filter(node_id="node-empty", lost_at__isnull=False).exists()
+
+
+def test_the_answer_lists_the_tasks_scheduled_to_the_node(agents):
+    from apps.tasks.models import Task
+    from apps.tenants import services
+
+    agents.send("node-t", payload())
+    tenant = services.create_tenant(name="Beat Tasks", slug="beat-tasks")
+    try:
+        low = Task.objects.create(tenant=tenant, name="low", status="scheduled", node_id="node-t", priority=10)
+        high = Task.objects.create(tenant=tenant, name="high", status="scheduled", node_id="node-t", priority=90)
+        Task.objects.create(tenant=tenant, name="running", status="running", node_id="node-t")
+        assert agents.send("node-t", payload()).json()["scheduled_tasks"] == [high.pk, low.pk]
+    finally:
+        Task.objects.filter(tenant=tenant).delete()
+        services.delete_tenant(tenant)
+
+
+def test_the_beat_statement_fits_psycopgs_query_cache():
+    # psycopg re-parses queries over 4 KB on every execution; the beat runs 400 times/s.
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    assert len(heartbeat.BEAT) <= MAX_CACHED_STATEMENT_LENGTH

@@ -162,7 +162,9 @@ class HeartbeatApp:
             "node_id": node_id,
             "status": outcome.status,
             "registered": outcome.registered,
-            "scheduled_tasks": [],
+            # ids of the tasks waiting for this node; the agent fetches and claims them
+            # on its task channel (GET /api/v1/tasks?node_id=&status=scheduled)
+            "scheduled_tasks": outcome.scheduled_task_ids,
             "server_time": now.isoformat().replace("+00:00", "Z"),
         }
 

@@ -1,0 +1,101 @@
+import re
+
+from rest_framework import serializers
+
+from apps.core.serializers import StrictSerializer
+from apps.tasks.choices import TaskKind, TaskStatus
+from apps.tasks.models import Task
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class EnvValueField(serializers.JSONField):
+    """A string, or {"secret": "<name of a secret of the tenant>"}."""
+
+
+class VolumeSerializer(StrictSerializer):
+    host = serializers.CharField(max_length=1024)
+    container = serializers.CharField(max_length=1024)
+    read_only = serializers.BooleanField(default=False)
+
+
+class HealthProbeSerializer(StrictSerializer):
+    type = serializers.ChoiceField(choices=[("http", "http"), ("tcp", "tcp")])
+    port = serializers.IntegerField(min_value=1, max_value=65535)
+    path = serializers.CharField(max_length=500, required=False, default="/health")
+
+
+class TaskCreateSerializer(StrictSerializer):
+    tenant = serializers.CharField(required=False, help_text="Tenant slug; operators only, defaults to yours.")
+    name = serializers.CharField(max_length=200)
+    kind = serializers.ChoiceField(choices=TaskKind.choices, default=TaskKind.JOB)
+    image = serializers.CharField(max_length=500)
+    command = serializers.ListField(child=serializers.CharField(max_length=10_000), required=False, default=list, max_length=1000)
+    env = serializers.DictField(child=EnvValueField(), required=False, default=dict)
+    volumes = VolumeSerializer(many=True, required=False, default=list)
+    ports = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=65535), required=False, default=list, max_length=16)
+    health_probe = HealthProbeSerializer(required=False, allow_null=True, default=None)
+    gpu_required = serializers.IntegerField(min_value=0, max_value=64, default=1)
+    gpu_memory_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    gpu_type = serializers.CharField(max_length=20, required=False, allow_blank=True, default="")
+    cpu_request = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
+    memory_request_mb = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
+    priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
+    preemptible = serializers.BooleanField(default=False)
+    labels = serializers.DictField(child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict)
+    timeout_seconds = serializers.IntegerField(min_value=1, max_value=31 * 86_400, required=False)
+    checkpoint_path = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
+    resume_from_checkpoint = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
+
+    def validate_env(self, env):
+        problems = []
+        for name, value in env.items():
+            if not ENV_NAME.match(name):
+                problems.append(f"{name!r} is not a valid variable name")
+            elif isinstance(value, dict):
+                if set(value) != {"secret"} or not isinstance(value["secret"], str) or not value["secret"]:
+                    problems.append(f"{name}: a reference is {{\"secret\": \"<name>\"}}")
+            elif not isinstance(value, str):
+                problems.append(f"{name}: values are strings or secret references")
+        if problems:
+            raise serializers.ValidationError(problems)
+        return env
+
+    def validate(self, attrs):
+        if attrs["kind"] == TaskKind.TRAINING and attrs["preemptible"]:
+            raise serializers.ValidationError({"preemptible": ["Training tasks cannot be preemptible."]})
+        if attrs["kind"] != TaskKind.INFERENCE and attrs.get("health_probe"):
+            raise serializers.ValidationError({"health_probe": ["Only inference tasks have a health probe."]})
+        return attrs
+
+
+class TaskSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Task
+        fields = [
+            "id", "tenant", "name", "kind", "status", "image", "command", "env", "volumes", "ports", "health_probe",
+            "gpu_required", "gpu_memory_mb", "gpu_type", "cpu_request", "memory_request_mb", "priority",
+            "preemptible", "labels", "timeout_seconds", "checkpoint_path", "resume_from_checkpoint", "node",
+            "preempt_count", "exit_code", "error_message", "schedule_reason", "created_by", "created_at",
+            "updated_at", "started_at", "finished_at",
+        ]
+
+
+class TaskListQuerySerializer(StrictSerializer):
+    status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
+    kind = serializers.ChoiceField(choices=TaskKind.choices, required=False)
+    node_id = serializers.CharField(max_length=128, required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=100, required=False)
+    page = serializers.IntegerField(min_value=1, required=False)
+    page_size = serializers.IntegerField(min_value=1, max_value=200, required=False)
+
+
+class AgentReportSerializer(StrictSerializer):
+    node_id = serializers.CharField(max_length=128)
+    from_status = serializers.ChoiceField(choices=TaskStatus.choices)
+    status = serializers.ChoiceField(choices=TaskStatus.choices)
+    exit_code = serializers.IntegerField(required=False, allow_null=True, default=None)
+    error_message = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)

@@ -1,0 +1,169 @@
+from django.db.models import Count, Sum
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import generics, serializers, status
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.confidential.models import Secret
+from apps.core.cas import IllegalTransition
+from apps.core.errors import Conflict
+from apps.tasks import services
+from apps.tasks.api import serializers as s
+from apps.tasks.choices import HOLDING, TaskStatus
+from apps.tasks.models import Task
+from apps.tenants.choices import Role
+from apps.tenants.models import Tenant
+
+AGENT_DEFAULT_LIMIT = 20
+
+
+class PeopleOrAgent(BasePermission):
+    """People everywhere here; the agent key only on its channel: GET the list (with
+    node_id and status) and PUT a task (a CAS report)."""
+
+    message = "The agent key can only fetch a node's tasks and report on them."
+
+    def has_permission(self, request, view):
+        principal = request.auth
+        if principal is None:
+            return False
+        if principal.is_agent:
+            return request.method in getattr(view, "agent_methods", ())
+        if request.method in getattr(view, "agent_only_methods", ()):
+            return False
+        return principal.is_operator or principal.is_tenant
+
+
+def agent_task(task: Task) -> dict:
+    env, missing = services.resolve_env(task)
+    data = s.TaskSerializer(task).data
+    data["env"] = env
+    if missing:
+        data["missing_secrets"] = missing
+    return data
+
+
+class TaskListView(generics.ListAPIView):
+    permission_classes = [PeopleOrAgent]
+    agent_methods = ("GET",)
+    serializer_class = s.TaskSerializer
+
+    def get_queryset(self):
+        params = self.params
+        tasks = Task.objects.visible_to(self.request.auth).select_related("tenant", "created_by")
+        for field in ("status", "kind"):
+            if field in params:
+                tasks = tasks.filter(**{field: params[field]})
+        if "node_id" in params:
+            tasks = tasks.filter(node_id=params["node_id"])
+        return tasks.in_queue_order()
+
+    @extend_schema(parameters=[s.TaskListQuerySerializer])
+    def get(self, request, *args, **kwargs):
+        serializer = s.TaskListQuerySerializer(data=request.query_params.dict())
+        serializer.is_valid(raise_exception=True)
+        self.params = serializer.validated_data
+        if request.auth.is_agent:
+            missing = [name for name in ("node_id", "status") if name not in self.params]
+            if missing:
+                raise ValidationError({name: ["The agent key must name the node and the status."] for name in missing})
+            tasks = (
+                Task.objects.filter(node_id=self.params["node_id"], status=self.params["status"])
+                .select_related("tenant", "created_by")
+                .in_queue_order()[: self.params.get("limit", AGENT_DEFAULT_LIMIT)]
+            )
+            return Response({"results": [agent_task(task) for task in tasks]})
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(request=s.TaskCreateSerializer, responses={201: s.TaskSerializer})
+    def post(self, request):
+        principal = request.auth
+        serializer = s.TaskCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        tenant = self._tenant(principal, data.pop("tenant", None))
+        if not principal.has_tenant_role(tenant, Role.MEMBER):
+            raise PermissionDenied("Viewers cannot create tasks.")
+        self._check_secrets(tenant, data["env"])
+        if "timeout_seconds" not in data:
+            from django.conf import settings
+
+            data["timeout_seconds"] = settings.HETEROFLOW_TASK_TIMEOUT_SECONDS
+        task = services.create_task(tenant=tenant, created_by=principal.user, **data)
+        return Response(s.TaskSerializer(task).data, status=status.HTTP_201_CREATED)
+
+    def _tenant(self, principal, slug):
+        if slug is None:
+            if principal.is_tenant:
+                return principal.tenant
+            raise ValidationError({"tenant": ["Required: the slug of the tenant the task runs for."]})
+        return get_object_or_404(Tenant.objects.visible_to(principal), slug=slug)
+
+    def _check_secrets(self, tenant, env):
+        from django_tenants.utils import schema_context
+
+        wanted = {value["secret"] for value in env.values() if isinstance(value, dict)}
+        if wanted:
+            with schema_context(tenant.schema_name):
+                known = set(Secret.objects.filter(name__in=wanted).values_list("name", flat=True))
+            unknown = sorted(wanted - known)
+            if unknown:
+                raise ValidationError({"env": [f"No secret named {name!r} in tenant '{tenant.slug}'." for name in unknown]})
+
+
+class TaskDetailView(APIView):
+    permission_classes = [PeopleOrAgent]
+    agent_methods = ("PUT",)
+    agent_only_methods = ("PUT",)
+
+    @extend_schema(responses=s.TaskSerializer)
+    def get(self, request, pk):
+        return Response(s.TaskSerializer(get_object_or_404(Task.objects.visible_to(request.auth), pk=pk)).data)
+
+    @extend_schema(request=s.AgentReportSerializer, responses=s.TaskSerializer)
+    def put(self, request, pk):
+        """The agent's report: a CAS from the status it saw. 409 when it lost, which is
+        also what a retried terminal report gets: nothing changes twice."""
+        serializer = s.AgentReportSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        task = get_object_or_404(Task, pk=pk, node_id=data["node_id"])
+        try:
+            won = services.agent_report(
+                task, from_status=data["from_status"], to_status=data["status"],
+                exit_code=data["exit_code"], error_message=data["error_message"],
+            )
+        except IllegalTransition as exc:
+            raise ValidationError({"status": [str(exc)]}) from None
+        task.refresh_from_db()
+        if not won:
+            raise Conflict(f"Task {task.pk} is {task.status}, not {data['from_status']}; nothing changed.", "status_changed")
+        return Response(s.TaskSerializer(task).data)
+
+
+class TaskStopView(APIView):
+    @extend_schema(request=None, responses=s.TaskSerializer)
+    def post(self, request, pk):
+        task = get_object_or_404(Task.objects.visible_to(request.auth), pk=pk)
+        if not request.auth.has_tenant_role(task.tenant, Role.MEMBER):
+            raise PermissionDenied("Viewers cannot stop tasks.")
+        return Response(s.TaskSerializer(services.stop_task(task)).data)
+
+
+class TaskStatsView(APIView):
+    @extend_schema(responses=inline_serializer("TaskStats", {
+        "total": serializers.IntegerField(), "by_status": serializers.DictField(child=serializers.IntegerField()),
+        "gpus_held": serializers.IntegerField(),
+    }))
+    def get(self, request):
+        tasks = Task.objects.visible_to(request.auth)
+        by_status = dict(tasks.order_by().values_list("status").annotate(n=Count("id")))
+        held = tasks.filter(status__in=HOLDING).aggregate(n=Sum("gpu_required"))["n"] or 0
+        return Response({
+            "total": sum(by_status.values()),
+            "by_status": {status: by_status.get(status, 0) for status in TaskStatus.values},
+            "gpus_held": held,
+        })

@@ -1,0 +1,112 @@
+"""Every state change of tasks. Status moves only through transition() (CAS)."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import Count, F, Sum
+from django.db.models.functions import Coalesce, Greatest
+
+from apps.confidential.services import read_secret
+from apps.core import locks
+from apps.core.cas import transition
+from apps.core.clock import utcnow
+from apps.core.errors import Conflict
+from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS, TaskStatus as S
+from apps.tasks.models import Task
+
+
+def quota_use(tenant) -> dict:
+    """What the tenant's active tasks hold. GPU memory counts per GPU asked for."""
+    return Task.objects.filter(tenant=tenant, status__in=ACTIVE).aggregate(
+        tasks=Count("id"),
+        gpus=Coalesce(Sum("gpu_required"), 0),
+        gpu_memory_mb=Coalesce(Sum(F("gpu_memory_mb") * Greatest(F("gpu_required"), 1)), 0),
+    )
+
+
+def quota_problems(tenant, use: dict, *, gpus: int, gpu_memory_mb: int) -> list[str]:
+    problems = []
+    if tenant.max_concurrent_tasks is not None and use["tasks"] + 1 > tenant.max_concurrent_tasks:
+        problems.append(f"{use['tasks']} of {tenant.max_concurrent_tasks} concurrent tasks in use")
+    if tenant.max_gpus is not None and use["gpus"] + gpus > tenant.max_gpus:
+        problems.append(f"{use['gpus']} of {tenant.max_gpus} GPUs in use, {gpus} more asked")
+    if tenant.max_gpu_memory_mb is not None and use["gpu_memory_mb"] + gpu_memory_mb > tenant.max_gpu_memory_mb:
+        problems.append(f"{use['gpu_memory_mb']} of {tenant.max_gpu_memory_mb} MB GPU memory in use, {gpu_memory_mb} more asked")
+    return problems
+
+
+def create_task(*, tenant, created_by=None, **fields) -> Task:
+    """Queue a task. The quota check and the insert happen under the tenant's advisory
+    lock, so two concurrent creates cannot both pass a quota with room for one."""
+    gpus = fields.get("gpu_required", 1)
+    memory = (fields.get("gpu_memory_mb") or 0) * max(gpus, 1)
+    with transaction.atomic():
+        locks.xact_lock(locks.tenant_lock_key(tenant.pk))
+        problems = quota_problems(tenant, quota_use(tenant), gpus=gpus, gpu_memory_mb=memory)
+        if problems:
+            raise Conflict(f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}.", "quota_exceeded")
+        return Task.objects.create(tenant=tenant, created_by=created_by, **fields)
+
+
+# Asking a task to stop: queued tasks are cancelled outright; tasks with a container
+# get the stop intent (stopping) and the agent reports the end.
+CANCEL_FROM = (S.PENDING, S.SCHEDULED, S.PAUSED)
+STOP_FROM = (S.STARTING, S.RUNNING, S.SLEEPING)
+
+
+def stop_task(task: Task) -> Task:
+    now = utcnow()
+    if not transition(Task, TRANSITIONS, task.pk, CANCEL_FROM, S.CANCELLED, finished_at=now):
+        if not transition(Task, TRANSITIONS, task.pk, STOP_FROM, S.STOPPING):
+            task.refresh_from_db()
+            if task.status in TERMINAL or task.status == S.STOPPING:
+                return task  # already ending: asking again is not an error
+            raise Conflict(f"Task {task.pk} is {task.status} and cannot be stopped now.", "invalid_state")
+    task.refresh_from_db()
+    return task
+
+
+# What an agent may report, from each state it may see.
+AGENT_MOVES: dict[str, frozenset[str]] = {
+    S.SCHEDULED: frozenset({S.RUNNING, S.STARTING, S.FAILED}),
+    S.STARTING: frozenset({S.RUNNING, S.FAILED}),
+    S.RUNNING: frozenset({S.COMPLETED, S.FAILED}),
+    S.STOPPING: frozenset({S.STOPPED, S.FAILED}),
+    S.DRAINING: frozenset({S.COMPLETED, S.FAILED, S.STOPPED}),
+    S.PREEMPTING: frozenset({S.PENDING}),
+    S.WAKING: frozenset({S.RUNNING, S.FAILED}),
+}
+
+
+def agent_report(task: Task, *, from_status: str, to_status: str, exit_code=None, error_message: str = "") -> bool:
+    """An agent's report, as a CAS from the status it saw. False: it lost (someone moved
+    the task first, or the same report was already applied); nothing changed."""
+    if to_status not in AGENT_MOVES.get(from_status, frozenset()):
+        from apps.core.cas import IllegalTransition
+
+        raise IllegalTransition(f"an agent cannot move a task from {from_status} to {to_status}")
+    changes: dict = {}
+    now = utcnow()
+    if to_status == S.RUNNING:
+        changes["started_at"] = now
+    if to_status in TERMINAL:
+        changes.update(finished_at=now, exit_code=exit_code, error_message=error_message[:10_000])
+    if to_status == S.PENDING:  # a preempted task's stop is confirmed: back to the queue
+        changes.update(node=None, preempt_count=F("preempt_count") + 1, preemptible=False)
+    return bool(transition(Task, TRANSITIONS, task.pk, [from_status], to_status, **changes))
+
+
+def resolve_env(task: Task) -> tuple[dict[str, str], list[str]]:
+    """The task's environment with secret references resolved from the tenant's own
+    schema, at hand-out time; values never leave that schema otherwise."""
+    resolved, missing = {}, []
+    for name, value in (task.env or {}).items():
+        if isinstance(value, dict):
+            secret = read_secret(task.tenant, value["secret"])
+            if secret is None:
+                missing.append(value["secret"])
+                continue
+            resolved[name] = secret
+        else:
+            resolved[name] = value
+    return resolved, missing
