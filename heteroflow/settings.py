@@ -66,6 +66,7 @@ SHARED_APPS = [
     "apps.nodes",
     "apps.tasks",
     "apps.alerts",
+    "apps.scheduler",
     "apps.monitoring",
     "apps.portal",
 ]
@@ -242,7 +243,7 @@ HETEROFLOW_HEARTBEAT_DB_POOL_SIZE = env.int("HETEROFLOW_HEARTBEAT_DB_POOL_SIZE",
 # the node's public IP is always the TCP source address (uvicorn runs with
 # --no-proxy-headers everywhere we start it, so it does not rewrite the peer itself).
 HETEROFLOW_TRUSTED_PROXIES = env.cidr_list("HETEROFLOW_TRUSTED_PROXIES", [])
-HETEROFLOW_TASK_TIMEOUT_SECONDS = env.int("HETEROFLOW_TASK_TIMEOUT_SECONDS", 86_400, low=60, high=31 * 86_400)
+HETEROFLOW_TASK_TIMEOUT_SECONDS = env.int("HETEROFLOW_TASK_TIMEOUT_SECONDS", 7_200, low=60, high=31 * 86_400)
 METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_760)
 
 # --- bootstrap ------------------------------------------------------------------------

@@ -36,7 +36,7 @@ class Task(models.Model):
     priority = models.PositiveSmallIntegerField(default=50)
     preemptible = models.BooleanField(default=False)
     labels = models.JSONField(default=dict, blank=True, help_text="scheduling hints")
-    timeout_seconds = models.PositiveIntegerField(default=86_400)
+    timeout_seconds = models.PositiveIntegerField(default=7_200)
     checkpoint_path = models.CharField(max_length=1024, blank=True, default="")
     resume_from_checkpoint = models.CharField(max_length=1024, blank=True, default="")
     # where and how it went
