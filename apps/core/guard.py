@@ -43,14 +43,16 @@ class GuardResult:
 
 
 def run_guarded(
-    key: str, every: timedelta, work: Callable[[], Any], *, now: datetime | None = None
+    key: str, every: timedelta, work: Callable[[], Any], *, now: datetime | None = None, respect_period: bool = True
 ) -> GuardResult:
+    """`respect_period=False` is for on-demand runs (a new task should be scheduled now):
+    still never two at once, but not held back by the period."""
     now = now or utcnow()
     with transaction.atomic():
         if not locks.try_xact_lock(f"job:{key}"):
             return GuardResult(Outcome.BUSY)
         run, _ = JobRun.objects.get_or_create(key=key)
-        if run.last_started_at and now - run.last_started_at < every * EARLY_FRACTION:
+        if respect_period and run.last_started_at and now - run.last_started_at < every * EARLY_FRACTION:
             return GuardResult(Outcome.EARLY)
         run.last_started_at = now
         run.runs += 1
@@ -69,8 +71,8 @@ def run_guarded(
         return GuardResult(Outcome.RAN, value)
 
 
-def run_periodic(key: str, work: Callable[[], Any], *, now: datetime | None = None) -> GuardResult:
+def run_periodic(key: str, work: Callable[[], Any], *, now: datetime | None = None, respect_period: bool = True) -> GuardResult:
     """Run a job declared in heteroflow/beat.py under its own guard and period."""
     from heteroflow.beat import PERIODIC_JOBS
 
-    return run_guarded(key, timedelta(seconds=PERIODIC_JOBS[key].every), work, now=now)
+    return run_guarded(key, timedelta(seconds=PERIODIC_JOBS[key].every), work, now=now, respect_period=respect_period)

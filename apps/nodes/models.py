@@ -145,8 +145,10 @@ class Gpu(models.Model):
 
     @property
     def state(self) -> str:
-        # Busy comes from the allocation ledger (the scheduler); lost overrides both.
-        return GpuState.LOST if self.lost_at else GpuState.AVAILABLE
+        """Lost overrides; busy when the scheduler's ledger has a holder on the card."""
+        if self.lost_at:
+            return GpuState.LOST
+        return GpuState.BUSY if self.node.allocations.filter(gpu_index=self.index).exists() else GpuState.AVAILABLE
 
 
 class NodeMetric(models.Model):

@@ -51,7 +51,10 @@ FROM (
             SELECT json_agg(row_to_json(x) ORDER BY x.index) AS gpus, count(*) FILTER (WHERE x.state = 'lost') AS lost
             FROM (
                 SELECT {", ".join(_select("gpus", c) for c in GPU_COLUMNS)},
-                       CASE WHEN gpus.lost_at IS NULL THEN 'available' ELSE 'lost' END AS state
+                       CASE WHEN gpus.lost_at IS NOT NULL THEN 'lost'
+                            WHEN EXISTS (SELECT 1 FROM gpu_allocations AS a
+                                         WHERE a.node_id = gpus.node_id AND a.gpu_index = gpus.index) THEN 'busy'
+                            ELSE 'available' END AS state
                 FROM gpus WHERE gpus.node_id = n.id
             ) AS x
         ) AS g ON true

@@ -45,7 +45,15 @@ def create_task(*, tenant, created_by=None, **fields) -> Task:
         problems = quota_problems(tenant, quota_use(tenant), gpus=gpus, gpu_memory_mb=memory)
         if problems:
             raise Conflict(f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}.", "quota_exceeded")
-        return Task.objects.create(tenant=tenant, created_by=created_by, **fields)
+        task = Task.objects.create(tenant=tenant, created_by=created_by, **fields)
+        transaction.on_commit(_schedule_now)
+        return task
+
+
+def _schedule_now():
+    from apps.scheduler.jobs import schedule_now
+
+    schedule_now()
 
 
 # Asking a task to stop: queued tasks are cancelled outright; tasks with a container
@@ -55,13 +63,16 @@ STOP_FROM = (S.STARTING, S.RUNNING, S.SLEEPING)
 
 
 def stop_task(task: Task) -> Task:
-    now = utcnow()
-    if not transition(Task, TRANSITIONS, task.pk, CANCEL_FROM, S.CANCELLED, finished_at=now):
-        if not transition(Task, TRANSITIONS, task.pk, STOP_FROM, S.STOPPING):
+    from apps.scheduler.services import release
+
+    with transaction.atomic():
+        if transition(Task, TRANSITIONS, task.pk, CANCEL_FROM, S.CANCELLED, finished_at=utcnow()):
+            release([task.pk])
+        elif not transition(Task, TRANSITIONS, task.pk, STOP_FROM, S.STOPPING):
             task.refresh_from_db()
-            if task.status in TERMINAL or task.status == S.STOPPING:
-                return task  # already ending: asking again is not an error
-            raise Conflict(f"Task {task.pk} is {task.status} and cannot be stopped now.", "invalid_state")
+            if task.status not in TERMINAL and task.status != S.STOPPING:
+                raise Conflict(f"Task {task.pk} is {task.status} and cannot be stopped now.", "invalid_state")
+            # already ending: asking again is not an error
     task.refresh_from_db()
     return task
 
@@ -93,7 +104,13 @@ def agent_report(task: Task, *, from_status: str, to_status: str, exit_code=None
         changes.update(finished_at=now, exit_code=exit_code, error_message=error_message[:10_000])
     if to_status == S.PENDING:  # a preempted task's stop is confirmed: back to the queue
         changes.update(node=None, preempt_count=F("preempt_count") + 1, preemptible=False)
-    return bool(transition(Task, TRANSITIONS, task.pk, [from_status], to_status, **changes))
+    from apps.scheduler.services import release
+
+    with transaction.atomic():
+        won = bool(transition(Task, TRANSITIONS, task.pk, [from_status], to_status, **changes))
+        if won and (to_status in TERMINAL or to_status == S.PENDING):
+            release([task.pk])
+    return won
 
 
 def resolve_env(task: Task) -> tuple[dict[str, str], list[str]]:

@@ -1,0 +1,49 @@
+from django.db import models
+from django.db.models import Q
+
+
+class GpuAllocation(models.Model):
+    """The GPU ledger: which task holds which card. A whole-card holder (memory_mb null)
+    is alone on its card, enforced by the database as well as by bind's re-check."""
+
+    task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="allocations")
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="allocations")
+    gpu_index = models.PositiveIntegerField()
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    memory_mb = models.PositiveBigIntegerField(null=True, blank=True, help_text="null: the whole card")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "gpu_allocations"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "gpu_index"], condition=Q(memory_mb__isnull=True), name="allocation_whole_card_once"
+            ),
+            models.UniqueConstraint(fields=["task", "node", "gpu_index"], name="allocation_task_card_once"),
+        ]
+        indexes = [models.Index(fields=["node", "gpu_index"], name="allocation_node_card")]
+
+
+class PluginConfig(models.Model):
+    """Persisted plugin settings; the scheduler reads them at the start of every cycle."""
+
+    name = models.CharField(max_length=40, primary_key=True)
+    enabled = models.BooleanField(default=True)
+    weight = models.FloatField(default=1.0)
+    extra = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "scheduler_plugins"
+
+
+class QueueCursor(models.Model):
+    """Where the last bounded batch ended, so the tail of a long queue is not starved."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    priority = models.IntegerField(null=True)
+    created_at = models.DateTimeField(null=True)
+    task_id = models.BigIntegerField(null=True)
+
+    class Meta:
+        db_table = "scheduler_queue_cursor"

@@ -1,0 +1,120 @@
+"""The scheduler's shell against the database: snapshot, bind, ledger, explain."""
+
+import pytest
+from django.db.models import Sum
+
+from apps.nodes.models import Gpu, Node
+from apps.scheduler.models import GpuAllocation, PluginConfig
+from apps.scheduler.services import run_cycle
+from apps.tasks.choices import HOLDING
+from apps.tasks.models import Task
+from apps.tasks.services import agent_report, stop_task
+from apps.tenants import services as tenant_services
+from apps.core.clock import utcnow
+from tests.conftest import bearer
+
+pytestmark = pytest.mark.django_db
+
+
+def make_node(id, gpus=8, **kw):
+    node = Node.objects.create(id=id, name=id, status=kw.pop("status", "online"), last_heartbeat_at=utcnow(), **kw)
+    Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor="nvidia", model="H100", memory_total_mb=81920) for i in range(gpus))
+    return node
+
+
+def make_task(tenant, **kw):
+    return Task.objects.create(tenant=tenant, name=kw.pop("name", "t"), image="x", **kw)
+
+
+def ledger_agrees():
+    held = Task.objects.filter(status__in=HOLDING).aggregate(n=Sum("gpu_required"))["n"] or 0
+    whole = GpuAllocation.objects.filter(memory_mb__isnull=True).count()
+    return held == whole
+
+
+def test_a_cycle_binds_in_queue_order_and_keeps_the_ledger(world):
+    acme = world.tenants["acme"]
+    make_node("n1", gpus=4)
+    low = make_task(acme, gpu_required=4, priority=10)
+    high = make_task(acme, gpu_required=4, priority=90)
+    result = run_cycle()
+    assert result.bound == [high.pk] and list(result.failed) == [low.pk]
+    high.refresh_from_db()
+    low.refresh_from_db()
+    assert (high.status, high.node_id) == ("scheduled", "n1")
+    assert low.status == "pending" and low.schedule_reason["code"] == "InsufficientResources"
+    assert low.schedule_reason["removed_by"] == {"capacity": 1}
+    assert sorted(GpuAllocation.objects.filter(task=high).values_list("gpu_index", flat=True)) == [0, 1, 2, 3]
+    assert ledger_agrees()
+
+
+def test_resources_come_back_when_a_task_ends(world):
+    acme = world.tenants["acme"]
+    make_node("n1", gpus=2)
+    first = make_task(acme, gpu_required=2)
+    second = make_task(acme, gpu_required=2)
+    run_cycle()
+    first.refresh_from_db()
+    assert agent_report(first, from_status="scheduled", to_status="running")
+    assert agent_report(first, from_status="running", to_status="completed", exit_code=0)
+    assert not GpuAllocation.objects.filter(task=first).exists()
+    assert run_cycle().bound == [second.pk]
+    assert ledger_agrees()
+
+
+def test_cancelling_a_scheduled_task_releases_its_cards(world):
+    acme = world.tenants["acme"]
+    make_node("n1", gpus=1)
+    task = make_task(acme, gpu_required=1)
+    run_cycle()
+    task.refresh_from_db()
+    stop_task(task)
+    assert not GpuAllocation.objects.exists()
+
+
+def test_the_detail_api_explains_why_a_task_waits(api, world):
+    acme = world.tenants["acme"]
+    make_node("small", gpus=1)
+    make_node("down", gpus=8, status="offline")
+    task = make_task(acme, gpu_required=4)
+    run_cycle()
+    reason = api.get(f"/api/v1/tasks/{task.pk}", **bearer(world.keys["acme-viewer"])).json()["schedule_reason"]
+    assert reason["code"] == "InsufficientResources" and reason["removed_by"] == {"capacity": 1}
+    assert reason["at"].endswith("+00:00") or reason["at"].endswith("Z")
+
+
+def test_dedicated_nodes_only_take_their_tenants_tasks(world):
+    make_node("acme-only", gpus=8, tenant=world.tenants["acme"])
+    beta_task = make_task(world.tenants["beta"], gpu_required=1)
+    result = run_cycle()
+    assert result.failed[beta_task.pk]["removed_by"] == {"tenant": 1}
+
+
+def test_binpack_configured_in_the_database_takes_effect_next_cycle(world):
+    acme = world.tenants["acme"]
+    make_node("busy", gpus=8, cpu_used=80.0, memory_used=80.0)
+    make_node("idle", gpus=8, cpu_used=5.0, memory_used=5.0)
+    spread = make_task(acme, gpu_required=1, name="spread")
+    run_cycle()
+    spread.refresh_from_db()
+    assert spread.node_id == "idle"
+    PluginConfig.objects.create(name="binpack", enabled=True)
+    packed = make_task(acme, gpu_required=1, name="packed")
+    run_cycle()
+    packed.refresh_from_db()
+    assert packed.node_id == "busy"
+
+
+def test_gpu_state_shows_busy_cards(api, world):
+    make_node("n1", gpus=2)
+    make_task(world.tenants["acme"], gpu_required=1)
+    run_cycle()
+    states = [g["state"] for g in api.get("/api/v1/nodes/n1", **bearer(world.operator_key)).json()["gpus"]]
+    assert states == ["busy", "available"]
+
+
+def test_the_tick_feeds_the_health_endpoint(client, world):
+    from apps.scheduler.jobs import tick_job
+
+    assert tick_job() == "ran"
+    assert client.get("/health/detail").json()["scheduler"] == "running"
