@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: up test install stores clean-data bench
+.PHONY: up test install stores clean-data bench bench-scheduler
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -31,3 +31,6 @@ clean-data:
 
 bench: $(DEPS_STAMP)
 	$(BIN)/python bench/heartbeats.py $(BENCH_ARGS)
+
+bench-scheduler: $(DEPS_STAMP)
+	$(BIN)/python bench/scheduler.py $(BENCH_ARGS)
