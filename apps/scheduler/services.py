@@ -1,6 +1,7 @@
 """The scheduler's shell: load a snapshot in a few queries, let the pure core decide,
-bind each decision in its own transaction (node row locked, cards re-checked, CAS
-pending → scheduled, ledger rows), and record why the others did not fit."""
+bind the cycle's decisions in one transaction (nodes locked, cards re-checked against
+the live ledger, one multi-row CAS pending → scheduled, ledger rows), and record why
+the other tasks did not fit."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 
-from apps.core.cas import transition
+from apps.core.cas import check_transition
 from apps.core.clock import utcnow
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.core import SCHEDULABLE_STATUSES, Decision, GpuSnap, NodeSnap, PluginSettings, TaskReq, place
@@ -111,34 +112,62 @@ def as_request(task: Task) -> TaskReq:
 # --- bind -------------------------------------------------------------------------------
 
 
-def bind(decision: Decision, task: Task, may_share) -> bool:
-    """One decision, all or nothing. False: the world changed since the snapshot (the
-    task was taken or cancelled, the node went away, a card got a holder); the task
-    stays pending for the next cycle."""
+BIND_CAS = """
+    UPDATE tasks AS t SET status = %s, node_id = v.node_id, schedule_reason = '{}'::jsonb, updated_at = %s
+    FROM unnest(%s::bigint[], %s::text[]) AS v(id, node_id)
+    WHERE t.id = v.id AND t.status = %s
+    RETURNING t.id
+"""
+
+
+def bind_all(decisions: list[Decision], tasks: dict[int, Task], may_share) -> tuple[list[int], list[int]]:
+    """Bind a cycle's decisions in one transaction: lock their nodes (in id order, so
+    concurrent schedulers queue rather than deadlock), drop the decisions the live ledger
+    now contradicts (a node gone, a card taken, a holder this tenant may not share with),
+    move the rest pending → scheduled in one multi-row compare-and-set, and write the
+    ledger rows of the winners. Returns (bound, lost)."""
+    if not decisions:
+        return [], []
+    check_transition(TRANSITIONS, [S.PENDING], S.SCHEDULED)
     with transaction.atomic():
-        if not Node.objects.select_for_update().filter(
-            pk=decision.node_id, status__in=SCHEDULABLE_STATUSES, executable=True
-        ).exists():
-            return False
-        holders = list(
-            GpuAllocation.objects.filter(node_id=decision.node_id, gpu_index__in=decision.gpu_indices)
-            .values_list("gpu_index", "tenant_id", "memory_mb")
+        node_ids = sorted({d.node_id for d in decisions})
+        alive = set(
+            Node.objects.select_for_update()
+            .filter(pk__in=node_ids, status__in=SCHEDULABLE_STATUSES, executable=True)
+            .order_by("pk")
+            .values_list("pk", flat=True)
         )
-        if decision.memory_mb is None and holders:
-            return False
-        if decision.memory_mb is not None:
-            if any(memory is None for _, _, memory in holders):
-                return False
-            if not all(may_share(task.tenant_id, tenant_id) for _, tenant_id, _ in holders):
-                return False
-        if not transition(Task, TRANSITIONS, task.pk, [S.PENDING], S.SCHEDULED, node_id=decision.node_id, schedule_reason={}):
-            return False
+        holders = defaultdict(list)
+        for node_id, index, tenant_id, memory in GpuAllocation.objects.filter(node_id__in=alive).values_list(
+            "node_id", "gpu_index", "tenant_id", "memory_mb"
+        ):
+            holders[(node_id, index)].append((tenant_id, memory))
+        still_valid = []
+        for decision in decisions:
+            task = tasks[decision.task_id]
+            cards = [holders[(decision.node_id, index)] for index in decision.gpu_indices]
+            if decision.node_id not in alive:
+                continue
+            if decision.memory_mb is None and any(cards):
+                continue
+            if decision.memory_mb is not None and any(
+                memory is None or not may_share(task.tenant_id, tenant_id) for card in cards for tenant_id, memory in card
+            ):
+                continue
+            still_valid.append(decision)
+        with connection.cursor() as cursor:
+            cursor.execute(BIND_CAS, [
+                S.SCHEDULED, utcnow(), [d.task_id for d in still_valid], [d.node_id for d in still_valid], S.PENDING,
+            ])
+            won = {row[0] for row in cursor.fetchall()}
         GpuAllocation.objects.bulk_create(
-            GpuAllocation(task_id=task.pk, node_id=decision.node_id, gpu_index=index, tenant_id=task.tenant_id,
-                          memory_mb=decision.memory_mb)
-            for index in decision.gpu_indices
+            GpuAllocation(task_id=d.task_id, node_id=d.node_id, gpu_index=index, tenant_id=tasks[d.task_id].tenant_id,
+                          memory_mb=d.memory_mb)
+            for d in still_valid if d.task_id in won
+            for index in d.gpu_indices
         )
-    return True
+    bound = [d.task_id for d in decisions if d.task_id in won]
+    return bound, [d.task_id for d in decisions if d.task_id not in won]
 
 
 def release(task_ids) -> int:
@@ -169,8 +198,7 @@ def run_cycle(batch_size: int = BATCH_SIZE) -> CycleResult:
     may_share = sharing_rule()
     decisions, failures = place([as_request(task) for task in batch], load_nodes(), plugin_settings(), may_share)
     tasks = {task.pk: task for task in batch}
-    for decision in decisions:
-        (result.bound if bind(decision, tasks[decision.task_id], may_share) else result.lost_races).append(decision.task_id)
+    result.bound, result.lost_races = bind_all(decisions, tasks, may_share)
     now = utcnow().isoformat()
     reasons = []
     for failure in failures:
