@@ -227,6 +227,33 @@ def pick_cards(cards: Sequence[GpuSnap], count: int) -> list[GpuSnap]:
     return sorted(cards, key=lambda gpu: (len(gpu.holders), gpu.index))[:count]
 
 
+def nodes_to_score(total: int) -> int:
+    """How many feasible nodes to score per task (as kube-scheduler's
+    percentageOfNodesToScore): all of a small fleet, 5 % of a large one, at least 100."""
+    return max(100, total * 5 // 100)
+
+
+def free_whole_cards(node: NodeSnap) -> int:
+    return sum(1 for gpu in node.gpus if not gpu.lost and not gpu.holders)
+
+
+class FleetView:
+    """Per-cycle bookkeeping that keeps each task's work small: how many nodes could
+    take N whole cards at best (a task needing more fails at once), and each node's
+    utilisation, recomputed only when a decision lands on it."""
+
+    def __init__(self, nodes: Sequence[NodeSnap]):
+        self.nodes = list(nodes)
+        self.free = {node.id: free_whole_cards(node) for node in self.nodes}
+        self.utilisation = {node.id: utilisation(node) for node in self.nodes}
+        self.max_free = max(self.free.values(), default=0)
+
+    def took(self, node: NodeSnap) -> None:
+        self.free[node.id] = free_whole_cards(node)
+        self.utilisation[node.id] = utilisation(node)
+        self.max_free = max(self.free.values(), default=0)
+
+
 def place(
     tasks: Sequence[TaskReq],
     nodes: Sequence[NodeSnap],
@@ -235,11 +262,32 @@ def place(
 ) -> tuple[list[Decision], list[Failure]]:
     decisions, failures = [], []
     plugins = active_score_plugins(settings)
+    fleet = FleetView(nodes)
+    total = len(fleet.nodes)
+    limit = nodes_to_score(total)
+    start = 0
     for task in tasks:
         removed = {"unavailable": 0, "tenant": 0, "capacity": 0, "tenant_sharing": 0, "rdma": 0}
         best: tuple[float, str, NodeSnap, list[GpuSnap]] | None = None
         need = needed_cards(task)
-        for node in nodes:
+        if need and not task.memory_only and need > fleet.max_free:
+            # No node has that many free cards: the answer needs no scan.
+            for node in fleet.nodes:
+                if node.status not in SCHEDULABLE_STATUSES or not node.executable:
+                    removed["unavailable"] += 1
+                elif node.tenant_id is not None and node.tenant_id != task.tenant_id:
+                    removed["tenant"] += 1
+                else:
+                    removed["capacity"] += 1
+            failures.append(Failure(task.id, _failure_code(removed, total), {k: v for k, v in removed.items() if v}))
+            continue
+        feasible = 0
+        examined = 0
+        for offset in range(total):
+            if feasible >= limit:
+                break
+            node = fleet.nodes[(start + offset) % total]
+            examined += 1
             if node.status not in SCHEDULABLE_STATUSES or not node.executable:
                 removed["unavailable"] += 1
                 continue
@@ -248,6 +296,9 @@ def place(
                 continue
             cards: list[GpuSnap] = []
             if need:
+                if not task.memory_only and fleet.free[node.id] < need:
+                    removed["capacity"] += 1
+                    continue
                 cards, blocked_by_sharing = eligible_cards(node, task, settings, may_share)
                 if len(cards) < need:
                     removed["tenant_sharing" if blocked_by_sharing else "capacity"] += 1
@@ -255,23 +306,37 @@ def place(
             if "rdma" in settings.enabled and not filter_rdma(node, task):
                 removed["rdma"] += 1
                 continue
-            score = sum(settings.weights.get(name, 1.0) * SCORE_PLUGINS[name](node, task) for name in plugins)
-            key = (score, node.id)
-            if best is None or (key[0] > best[0] or (key[0] == best[0] and key[1] < best[1])):
+            feasible += 1
+            score = sum(settings.weights.get(name, 1.0) * _score(name, node, task, fleet) for name in plugins)
+            if best is None or score > best[0] or (score == best[0] and node.id < best[1]):
                 best = (score, node.id, node, cards)
+        # the next task starts where this one stopped looking, so sampling rotates
+        start = (start + examined) % total if total else 0
         if best is None:
-            if removed["unavailable"] == len(nodes):
-                code = "NoSchedulableNodes"
-            elif removed["tenant_sharing"] and not removed["capacity"]:
-                code = "NoTenantEligibleGPU"
-            else:
-                code = "InsufficientResources"
-            failures.append(Failure(task.id, code, {k: v for k, v in removed.items() if v}))
+            failures.append(Failure(task.id, _failure_code(removed, total), {k: v for k, v in removed.items() if v}))
             continue
         score, _, node, cards = best
         chosen = pick_cards(cards, need)
         memory = task.gpu_memory_mb if task.memory_only else None
         for gpu in chosen:
             gpu.holders.append((task.id, task.tenant_id, memory))
+        if chosen:
+            fleet.took(node)
         decisions.append(Decision(task.id, node.id, [gpu.index for gpu in chosen], memory, score))
     return decisions, failures
+
+
+def _score(name: str, node: NodeSnap, task: TaskReq, fleet: FleetView) -> float:
+    if name == "spread":
+        return 100.0 * (1.0 - fleet.utilisation[node.id])
+    if name == "binpack":
+        return 100.0 * fleet.utilisation[node.id]
+    return SCORE_PLUGINS[name](node, task)
+
+
+def _failure_code(removed: dict, total: int) -> str:
+    if removed["unavailable"] == total:
+        return "NoSchedulableNodes"
+    if removed["tenant_sharing"] and not removed["capacity"]:
+        return "NoTenantEligibleGPU"
+    return "InsufficientResources"
