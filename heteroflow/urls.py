@@ -10,6 +10,7 @@ api_v1 = [
     path("", include("apps.tenants.api.urls")),
     path("", include("apps.nodes.api.urls")),
     path("", include("apps.tasks.api.urls")),
+    path("", include("apps.scheduler.api.urls")),
 ]
 
 urlpatterns = [

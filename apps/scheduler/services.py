@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from apps.core.cas import check_transition
+from apps.core.errors import Conflict
 from apps.core.clock import utcnow
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.core import SCHEDULABLE_STATUSES, Decision, GpuSnap, NodeSnap, PluginSettings, TaskReq, place
@@ -27,13 +28,77 @@ BATCH_SIZE = 200
 # --- configuration ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class PluginSpec:
+    name: str
+    kind: str  # "filter" or "score"
+    default_enabled: bool
+    locked: bool = False  # correctness plugins: always on
+    exclusive_with: str = ""
+
+
+# The plugins the scheduler runs today, in pipeline order. (nvlink and preempt arrive
+# with the rest of the scheduler issue; they are not listed until they run.)
+PLUGINS: dict[str, PluginSpec] = {
+    spec.name: spec
+    for spec in (
+        PluginSpec("gpu-filter", "filter", True, locked=True),
+        PluginSpec("resource-filter", "filter", True, locked=True),
+        PluginSpec("spread", "score", True, exclusive_with="binpack"),
+        PluginSpec("binpack", "score", False, exclusive_with="spread"),
+        PluginSpec("topology", "score", True),
+        PluginSpec("rdma", "score", True),
+    )
+}
+
+
+def plugin_table() -> list[dict]:
+    """The effective configuration: stored rows over defaults. The scheduler reads this
+    very function every cycle, so the API can never show a set it does not use."""
+    stored = {config.name: config for config in PluginConfig.objects.filter(name__in=PLUGINS)}
+    table = []
+    for name, spec in PLUGINS.items():
+        config = stored.get(name)
+        enabled = True if spec.locked else (config.enabled if config else spec.default_enabled)
+        table.append({
+            "name": name, "kind": spec.kind, "enabled": enabled, "locked": spec.locked,
+            "weight": config.weight if config else 1.0, "extra": config.extra if config else {},
+        })
+    return table
+
+
 def plugin_settings() -> PluginSettings:
-    configs = {config.name: config for config in PluginConfig.objects.all()}
-    binpack = configs.get("binpack")
-    layout = "binpack" if binpack is not None and binpack.enabled else "spread"
-    enabled = frozenset(name for name in ("topology", "rdma") if configs.get(name) is None or configs[name].enabled)
-    weights = {name: configs[name].weight if name in configs else 1.0 for name in ("spread", "binpack", "topology", "rdma")}
+    table = {row["name"]: row for row in plugin_table()}
+    layout = "binpack" if table["binpack"]["enabled"] else "spread"
+    enabled = frozenset(name for name in ("topology", "rdma") if table[name]["enabled"])
+    weights = {name: table[name]["weight"] for name in ("spread", "binpack", "topology", "rdma")}
     return PluginSettings(layout=layout, weights=weights, enabled=enabled)
+
+
+def set_plugin_enabled(name: str, enabled: bool) -> None:
+    """Enable or disable a plugin. The layout plugins are exclusive: enabling one
+    disables the other, and disabling one enables the other (there is always a layout)."""
+    spec = PLUGINS[name]
+    if spec.locked:
+        raise Conflict(f"'{name}' keeps the scheduler correct and cannot be disabled or enabled.", "plugin_locked")
+    with transaction.atomic():
+        PluginConfig.objects.update_or_create(name=name, defaults={"enabled": enabled})
+        if spec.exclusive_with:
+            PluginConfig.objects.update_or_create(name=spec.exclusive_with, defaults={"enabled": not enabled})
+
+
+def set_plugin_options(name: str, *, weight: float | None = None, extra: dict | None = None) -> None:
+    defaults = {}
+    if weight is not None:
+        defaults["weight"] = weight
+    if extra is not None:
+        defaults["extra"] = extra
+    if defaults:
+        row, created = PluginConfig.objects.get_or_create(name=name, defaults={"enabled": PLUGINS[name].default_enabled, **defaults})
+        if not created:
+            for field, value in defaults.items():
+                setattr(row, field, value)
+            row.save()
 
 
 def sharing_rule():
