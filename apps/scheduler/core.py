@@ -22,7 +22,9 @@ class GpuSnap:
     vendor: str
     memory_total_mb: int | None
     lost: bool = False
-    memory_used_mb: int | None = None  # live reading, for the load threshold
+    memory_used_mb: int | None = None  # live readings, for the load thresholds
+    utilization: float | None = None
+    temperature: float | None = None
     # current holders: (task id, tenant id, memory MB or None for the whole card)
     holders: list[tuple[int, int, int | None]] = field(default_factory=list)
 
@@ -83,6 +85,11 @@ class PluginSettings:
     gpu_reserve_mb: int = 500
     gpu_reserve_percent: float = 10.0
     gpu_memory_percent_max: float = 95.0
+    # load thresholds: a node or card at or above them takes no new work
+    cpu_percent_max: float = 90.0
+    memory_percent_max: float = 90.0
+    gpu_utilization_max: float = 95.0
+    gpu_temperature_max: float = 79.0
 
 
 @dataclass
@@ -127,6 +134,10 @@ def eligible_cards(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_
         if gpu.memory_total_mb and gpu.memory_used_mb is not None:
             if gpu.memory_used_mb * 100 >= gpu.memory_total_mb * settings.gpu_memory_percent_max:
                 continue
+        if gpu.utilization is not None and gpu.utilization >= settings.gpu_utilization_max:
+            continue
+        if gpu.temperature is not None and gpu.temperature >= settings.gpu_temperature_max:
+            continue
         if task.memory_only:
             if gpu.whole_taken or gpu.memory_free_mb(reserve_mb(gpu, settings)) < task.gpu_memory_mb:
                 continue
@@ -140,6 +151,13 @@ def eligible_cards(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_
                 continue
         cards.append(gpu)
     return cards, blocked_by_sharing
+
+
+def overloaded(node: NodeSnap, settings: PluginSettings) -> bool:
+    """Missing readings are not load: a node that did not report CPU is not refused for it."""
+    return (node.cpu_used is not None and node.cpu_used >= settings.cpu_percent_max) or (
+        node.memory_used is not None and node.memory_used >= settings.memory_percent_max
+    )
 
 
 def needed_cards(task: TaskReq) -> int:
@@ -267,7 +285,7 @@ def place(
     limit = nodes_to_score(total)
     start = 0
     for task in tasks:
-        removed = {"unavailable": 0, "tenant": 0, "capacity": 0, "tenant_sharing": 0, "rdma": 0}
+        removed = {"unavailable": 0, "tenant": 0, "load": 0, "capacity": 0, "tenant_sharing": 0, "rdma": 0}
         best: tuple[float, str, NodeSnap, list[GpuSnap]] | None = None
         need = needed_cards(task)
         if need and not task.memory_only and need > fleet.max_free:
@@ -277,6 +295,8 @@ def place(
                     removed["unavailable"] += 1
                 elif node.tenant_id is not None and node.tenant_id != task.tenant_id:
                     removed["tenant"] += 1
+                elif overloaded(node, settings):
+                    removed["load"] += 1
                 else:
                     removed["capacity"] += 1
             failures.append(Failure(task.id, _failure_code(removed, total), {k: v for k, v in removed.items() if v}))
@@ -293,6 +313,9 @@ def place(
                 continue
             if node.tenant_id is not None and node.tenant_id != task.tenant_id:
                 removed["tenant"] += 1
+                continue
+            if overloaded(node, settings):
+                removed["load"] += 1
                 continue
             cards: list[GpuSnap] = []
             if need:

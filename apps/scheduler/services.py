@@ -72,7 +72,16 @@ def plugin_settings() -> PluginSettings:
     layout = "binpack" if table["binpack"]["enabled"] else "spread"
     enabled = frozenset(name for name in ("topology", "rdma") if table[name]["enabled"])
     weights = {name: table[name]["weight"] for name in ("spread", "binpack", "topology", "rdma")}
-    return PluginSettings(layout=layout, weights=weights, enabled=enabled)
+    thresholds = {
+        field: float(value)
+        for field, value in table["resource-filter"]["extra"].items()
+        if field in THRESHOLD_FIELDS and isinstance(value, (int, float))
+    }
+    return PluginSettings(layout=layout, weights=weights, enabled=enabled, **thresholds)
+
+
+# Load thresholds, configurable as the resource-filter plugin's `extra`.
+THRESHOLD_FIELDS = ("cpu_percent_max", "memory_percent_max", "gpu_memory_percent_max", "gpu_utilization_max", "gpu_temperature_max")
 
 
 def set_plugin_enabled(name: str, enabled: bool) -> None:
@@ -131,10 +140,10 @@ def load_nodes() -> list[NodeSnap]:
     }
     cards: dict[tuple[str, int], GpuSnap] = {}
     for row in Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index").values(
-        "node_id", "index", "vendor", "memory_total_mb", "memory_used_mb", "lost_at"
+        "node_id", "index", "vendor", "memory_total_mb", "memory_used_mb", "utilization", "temperature", "lost_at"
     ):
         gpu = GpuSnap(row["index"], row["vendor"], row["memory_total_mb"], lost=row["lost_at"] is not None,
-                      memory_used_mb=row["memory_used_mb"])
+                      memory_used_mb=row["memory_used_mb"], utilization=row["utilization"], temperature=row["temperature"])
         nodes[row["node_id"]].gpus.append(gpu)
         cards[(row["node_id"], row["index"])] = gpu
     for node_id, index, task_id, tenant_id, memory in GpuAllocation.objects.filter(node_id__in=nodes).values_list(
@@ -185,7 +194,7 @@ BIND_CAS = """
 """
 
 
-def bind_all(decisions: list[Decision], tasks: dict[int, Task], may_share) -> tuple[list[int], list[int]]:
+def bind_all(decisions: list[Decision], tasks: dict[int, Task], may_share, settings: PluginSettings | None = None) -> tuple[list[int], list[int]]:
     """Bind a cycle's decisions in one transaction: lock their nodes (in id order, so
     concurrent schedulers queue rather than deadlock), drop the decisions the live ledger
     now contradicts (a node gone, a card taken, a holder this tenant may not share with),
@@ -196,9 +205,12 @@ def bind_all(decisions: list[Decision], tasks: dict[int, Task], may_share) -> tu
     check_transition(TRANSITIONS, [S.PENDING], S.SCHEDULED)
     with transaction.atomic():
         node_ids = sorted({d.node_id for d in decisions})
+        settings = settings or PluginSettings()
+        # the load thresholds again, on the node rows as they are now
         alive = set(
             Node.objects.select_for_update()
             .filter(pk__in=node_ids, status__in=SCHEDULABLE_STATUSES, executable=True)
+            .exclude(Q(cpu_used__gte=settings.cpu_percent_max) | Q(memory_used__gte=settings.memory_percent_max))
             .order_by("pk")
             .values_list("pk", flat=True)
         )
@@ -261,9 +273,10 @@ def run_cycle(batch_size: int = BATCH_SIZE) -> CycleResult:
         return result
     result.backlog = Task.objects.filter(status=S.PENDING).count() > len(batch)
     may_share = sharing_rule()
-    decisions, failures = place([as_request(task) for task in batch], load_nodes(), plugin_settings(), may_share)
+    settings = plugin_settings()
+    decisions, failures = place([as_request(task) for task in batch], load_nodes(), settings, may_share)
     tasks = {task.pk: task for task in batch}
-    result.bound, result.lost_races = bind_all(decisions, tasks, may_share)
+    result.bound, result.lost_races = bind_all(decisions, tasks, may_share, settings)
     now = utcnow().isoformat()
     reasons = []
     for failure in failures:

@@ -145,3 +145,29 @@ def test_cards_near_full_memory_are_skipped():
 def test_ties_break_by_node_id_and_cpu_only_tasks_need_no_cards():
     decisions, _ = place([task(gpus=0)], [node("b", n=0), node("a", n=0)], PluginSettings(), SAME_TENANT_ONLY)
     assert decisions[0].node_id == "a" and decisions[0].gpu_indices == []
+
+
+@pytest.mark.parametrize(
+    "node_kw,card_kw,placed",
+    [
+        ({}, {}, True),
+        ({"cpu_used": 90.0}, {}, False),
+        ({"memory_used": 95.0}, {}, False),
+        ({"cpu_used": 89.9, "memory_used": 89.9}, {}, True),
+        ({}, {"utilization": 95.0}, False),
+        ({}, {"temperature": 79.0}, False),
+        ({}, {"temperature": 78.9, "utilization": 94.9}, True),
+    ],
+)
+def test_load_thresholds(node_kw, card_kw, placed):
+    n = node("n", gpus=[GpuSnap(0, "nvidia", 81920, **card_kw)], **node_kw)
+    decisions, failures = place([task()], [n], PluginSettings(), SAME_TENANT_ONLY)
+    assert bool(decisions) == placed
+    if not placed and node_kw:
+        assert failures[0].removed == {"load": 1}
+
+
+def test_thresholds_are_configurable():
+    n = node("n", cpu_used=85.0)
+    _, failures = place([task()], [n], PluginSettings(cpu_percent_max=80), SAME_TENANT_ONLY)
+    assert failures[0].removed == {"load": 1}

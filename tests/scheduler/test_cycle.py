@@ -118,3 +118,18 @@ def test_the_tick_feeds_the_health_endpoint(client, world):
 
     assert tick_job() == "ran"
     assert client.get("/health/detail").json()["scheduler"] == "running"
+
+
+def test_dry_run_says_where_and_why_and_binds_nothing(api, world):
+    make_node("n1", gpus=2, region="r1")
+    make_node("n2", gpus=8, tenant=world.tenants["beta"])
+    headers = bearer(world.keys["acme-viewer"])
+    fits = api.post("/api/v1/scheduler/dry-run", {"gpu_required": 2}, format="json", **headers).json()
+    assert fits == {"placed": True, "node_id": "n1", "gpu_indices": [0, 1], "score": fits["score"], "reason": None}
+    too_big = api.post("/api/v1/scheduler/dry-run", {"gpu_required": 4}, format="json", **headers).json()
+    assert too_big["placed"] is False and too_big["reason"]["code"] == "InsufficientResources"
+    assert too_big["reason"]["removed_by"] == {"tenant": 1, "capacity": 1}
+    assert not GpuAllocation.objects.exists() and not Task.objects.exists()
+    assert api.post("/api/v1/scheduler/dry-run", {"gpu_required": 1}, format="json", **bearer(world.operator_key)).status_code == 400
+    assert api.post("/api/v1/scheduler/dry-run", {"gpu_required": 1, "tenant": "acme"}, format="json", **bearer(world.operator_key)).json()["placed"]
+    assert api.post("/api/v1/scheduler/dry-run", {"nodes": 1}, format="json", **headers).status_code == 400

@@ -57,3 +57,10 @@ def test_bad_requests(api, world, method, path, body, expected):
 def test_only_operators(api, world):
     assert api.get("/api/v1/scheduler/plugins", **bearer(world.keys["acme-admin"])).status_code == 403
     assert api.post("/api/v1/plugins/binpack?action=enable", **bearer(world.keys["acme-admin"])).status_code == 403
+
+
+def test_load_thresholds_are_the_resource_filters_extra(api, world):
+    response = api.put("/api/v1/plugins/resource-filter", {"extra": {"cpu_percent_max": 80, "gpu_temperature_max": 70}}, format="json", **bearer(world.operator_key))
+    assert response.status_code == 200
+    settings = plugin_settings()
+    assert (settings.cpu_percent_max, settings.gpu_temperature_max, settings.memory_percent_max) == (80, 70, 90)

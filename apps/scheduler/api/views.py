@@ -56,3 +56,50 @@ class PluginView(APIView):
         serializer.is_valid(raise_exception=True)
         services.set_plugin_options(known(name), **serializer.validated_data)
         return Response(services.plugin_table())
+
+
+class DryRunSerializer(StrictSerializer):
+    tenant = serializers.CharField(required=False, help_text="Tenant slug; operators only, defaults to yours.")
+    gpu_required = serializers.IntegerField(min_value=0, max_value=64, default=1)
+    gpu_memory_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    gpu_type = serializers.CharField(max_length=20, required=False, allow_blank=True, default="")
+    priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
+    labels = serializers.DictField(child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict)
+
+
+class DryRunAnswer(serializers.Serializer):
+    placed = serializers.BooleanField()
+    node_id = serializers.CharField(allow_null=True)
+    gpu_indices = serializers.ListField(child=serializers.IntegerField())
+    score = serializers.FloatField(allow_null=True)
+    reason = serializers.DictField(allow_null=True)
+
+
+class DryRunView(APIView):
+    """Where a described task would go now, and why; binds nothing."""
+
+    @extend_schema(request=DryRunSerializer, responses=DryRunAnswer)
+    def post(self, request):
+        from django.shortcuts import get_object_or_404
+
+        from apps.scheduler.core import TaskReq, place
+        from apps.tenants.models import Tenant
+
+        serializer = DryRunSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        slug = data.pop("tenant", None)
+        principal = request.auth
+        if slug is None:
+            if not principal.is_tenant:
+                raise ValidationError({"tenant": ["Required: the slug of the tenant the task would run for."]})
+            tenant = principal.tenant
+        else:
+            tenant = get_object_or_404(Tenant.objects.visible_to(principal), slug=slug)
+        request_ = TaskReq(id=0, tenant_id=tenant.pk, **data)
+        decisions, failures = place([request_], services.load_nodes(), services.plugin_settings(), services.sharing_rule())
+        if decisions:
+            decision = decisions[0]
+            return Response({"placed": True, "node_id": decision.node_id, "gpu_indices": decision.gpu_indices,
+                             "score": decision.score, "reason": None})
+        return Response({"placed": False, "node_id": None, "gpu_indices": [], "score": None, "reason": failures[0].as_reason()})
