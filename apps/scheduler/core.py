@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from apps.scheduler import nvlink
+
 NEUTRAL = 50.0
 
 
@@ -80,8 +82,8 @@ class TaskReq:
 @dataclass(frozen=True)
 class PluginSettings:
     layout: str = "spread"  # or "binpack"; the two are mutually exclusive
-    weights: dict = field(default_factory=lambda: {"spread": 1.0, "binpack": 1.0, "topology": 1.0, "rdma": 1.0})
-    enabled: frozenset = frozenset({"topology", "rdma"})
+    weights: dict = field(default_factory=lambda: {"spread": 1.0, "binpack": 1.0, "topology": 1.0, "rdma": 1.0, "nvlink": 1.0})
+    enabled: frozenset = frozenset({"topology", "rdma", "nvlink"})
     gpu_reserve_mb: int = 500
     gpu_reserve_percent: float = 10.0
     gpu_memory_percent_max: float = 95.0
@@ -265,6 +267,12 @@ class FleetView:
         self.free = {node.id: free_whole_cards(node) for node in self.nodes}
         self.utilisation = {node.id: utilisation(node) for node in self.nodes}
         self.max_free = max(self.free.values(), default=0)
+        self._topology: dict[str, nvlink.Topology | None] = {}
+
+    def topology(self, node: NodeSnap) -> nvlink.Topology | None:
+        if node.id not in self._topology:
+            self._topology[node.id] = nvlink.parse(node.labels, [gpu.index for gpu in node.gpus])
+        return self._topology[node.id]
 
     def took(self, node: NodeSnap) -> None:
         self.free[node.id] = free_whole_cards(node)
@@ -285,8 +293,8 @@ def place(
     limit = nodes_to_score(total)
     start = 0
     for task in tasks:
-        removed = {"unavailable": 0, "tenant": 0, "load": 0, "capacity": 0, "tenant_sharing": 0, "rdma": 0}
-        best: tuple[float, str, NodeSnap, list[GpuSnap]] | None = None
+        removed = {"unavailable": 0, "tenant": 0, "load": 0, "capacity": 0, "tenant_sharing": 0, "rdma": 0, "nvlink": 0}
+        best: tuple | None = None
         need = needed_cards(task)
         if need and not task.memory_only and need > fleet.max_free:
             # No node has that many free cards: the answer needs no scan.
@@ -329,17 +337,30 @@ def place(
             if "rdma" in settings.enabled and not filter_rdma(node, task):
                 removed["rdma"] += 1
                 continue
+            topology = fleet.topology(node) if need and not task.memory_only and "nvlink" in settings.enabled else None
+            free = [gpu.index for gpu in cards]
+            if str(task.labels.get("nvlink", "")).lower() == "required" and "nvlink" in settings.enabled:
+                if not nvlink.has_domain_for(fleet.topology(node), free, need):
+                    removed["nvlink"] += 1
+                    continue
             feasible += 1
+            group = nvlink.choose(topology, free, need) if topology is not None else None
             score = sum(settings.weights.get(name, 1.0) * _score(name, node, task, fleet) for name in plugins)
+            if "nvlink" in settings.enabled:
+                score += settings.weights.get("nvlink", 1.0) * nvlink.score(topology, free, group or [])
             if best is None or score > best[0] or (score == best[0] and node.id < best[1]):
-                best = (score, node.id, node, cards)
+                best = (score, node.id, node, cards, group)
         # the next task starts where this one stopped looking, so sampling rotates
         start = (start + examined) % total if total else 0
         if best is None:
             failures.append(Failure(task.id, _failure_code(removed, total), {k: v for k, v in removed.items() if v}))
             continue
-        score, _, node, cards = best
-        chosen = pick_cards(cards, need)
+        score, _, node, cards, group = best
+        if group is not None:
+            by_index = {gpu.index: gpu for gpu in cards}
+            chosen = [by_index[index] for index in group]
+        else:
+            chosen = pick_cards(cards, need)
         memory = task.gpu_memory_mb if task.memory_only else None
         for gpu in chosen:
             gpu.holders.append((task.id, task.tenant_id, memory))

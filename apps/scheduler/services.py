@@ -37,8 +37,8 @@ class PluginSpec:
     exclusive_with: str = ""
 
 
-# The plugins the scheduler runs today, in pipeline order. (nvlink and preempt arrive
-# with the rest of the scheduler issue; they are not listed until they run.)
+# The plugins the scheduler runs today, in pipeline order. (preempt arrives with the
+# rest of the scheduler issue; it is not listed until it runs.)
 PLUGINS: dict[str, PluginSpec] = {
     spec.name: spec
     for spec in (
@@ -48,6 +48,7 @@ PLUGINS: dict[str, PluginSpec] = {
         PluginSpec("binpack", "score", False, exclusive_with="spread"),
         PluginSpec("topology", "score", True),
         PluginSpec("rdma", "score", True),
+        PluginSpec("nvlink", "score", True),
     )
 }
 
@@ -70,8 +71,8 @@ def plugin_table() -> list[dict]:
 def plugin_settings() -> PluginSettings:
     table = {row["name"]: row for row in plugin_table()}
     layout = "binpack" if table["binpack"]["enabled"] else "spread"
-    enabled = frozenset(name for name in ("topology", "rdma") if table[name]["enabled"])
-    weights = {name: table[name]["weight"] for name in ("spread", "binpack", "topology", "rdma")}
+    enabled = frozenset(name for name in ("topology", "rdma", "nvlink") if table[name]["enabled"])
+    weights = {name: table[name]["weight"] for name in ("spread", "binpack", "topology", "rdma", "nvlink")}
     thresholds = {
         field: float(value)
         for field, value in table["resource-filter"]["extra"].items()

@@ -12,7 +12,7 @@ def rows(response):
 
 def test_the_list_is_what_the_scheduler_uses(api, world):
     table = rows(api.get("/api/v1/scheduler/plugins", **bearer(world.operator_key)))
-    assert list(table) == ["gpu-filter", "resource-filter", "spread", "binpack", "topology", "rdma"]
+    assert list(table) == ["gpu-filter", "resource-filter", "spread", "binpack", "topology", "rdma", "nvlink"]
     assert table["spread"]["enabled"] and not table["binpack"]["enabled"]
     assert table["gpu-filter"]["locked"] and table["resource-filter"]["locked"]
     assert plugin_settings().layout == "spread"
