@@ -1,19 +1,7 @@
-from django.db.models import Count, Exists, OuterRef, Q, Sum
+from django.db.models import Count, Exists, OuterRef, Q
 
 from apps.nodes.choices import ALIVE, NodeStatus
 from apps.nodes.models import Gpu, Node
-from apps.tasks.choices import ACTIVE
-from apps.tasks.models import Task
-
-
-def gpu_used_by_node(node_ids) -> dict[str, int]:
-    """GPUs held by active tasks, for a page of nodes: one grouped query, never a
-    subquery per row (which PostgreSQL would evaluate for every row before sorting)."""
-    return dict(
-        Task.objects.filter(node_id__in=list(node_ids), status__in=ACTIVE)
-        .values_list("node_id")
-        .annotate(total=Sum("gpu_required"))
-    )
 
 
 def node_list(principal, *, q: str = "", status: str = "", gpu_type: str = ""):

@@ -177,12 +177,17 @@ def utilisation(node: NodeSnap) -> float:
     return sum(parts) / len(parts) if parts else 0.0
 
 
+def layout_score(layout: str, used: float) -> float:
+    """spread prefers the emptier node, binpack the fuller one."""
+    return 100.0 * (used if layout == "binpack" else 1.0 - used)
+
+
 def score_spread(node: NodeSnap, task: TaskReq) -> float:
-    return 100.0 * (1.0 - utilisation(node))
+    return layout_score("spread", utilisation(node))
 
 
 def score_binpack(node: NodeSnap, task: TaskReq) -> float:
-    return 100.0 * utilisation(node)
+    return layout_score("binpack", utilisation(node))
 
 
 def score_topology(node: NodeSnap, task: TaskReq) -> float:
@@ -371,10 +376,8 @@ def place(
 
 
 def _score(name: str, node: NodeSnap, task: TaskReq, fleet: FleetView) -> float:
-    if name == "spread":
-        return 100.0 * (1.0 - fleet.utilisation[node.id])
-    if name == "binpack":
-        return 100.0 * fleet.utilisation[node.id]
+    if name in ("spread", "binpack"):
+        return layout_score(name, fleet.utilisation[node.id])  # cached per cycle
     return SCORE_PLUGINS[name](node, task)
 
 
