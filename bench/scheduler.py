@@ -38,6 +38,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--tasks", type=int, default=4000)
+    parser.add_argument("--profile", action="store_true", help="also print a cProfile of the first cycle (top 25 by own time)")
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="hf-bench-sched-"))
@@ -66,11 +67,11 @@ def main() -> int:
 
         django.setup()
         from django.core.management import call_command
-        from django.db import connection
+        from django.db import connection, transaction
 
         call_command("migrate_schemas", interactive=False, verbosity=0)
-        from apps.core.clock import utcnow
         from apps.scheduler import core, services
+        from apps.scheduler.models import QueueCursor
         from apps.tasks.models import Task
         from apps.tenants.services import create_tenant
 
@@ -109,10 +110,13 @@ def main() -> int:
             Task(tenant=tenants[i % 3], name=f"b{i}", image="x", priority=(i * 7) % 101, **shapes[i % len(shapes)])
             for i in range(args.tasks)
         )
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")  # as autovacuum would have by then: plans for the real row counts
         print(f"{args.nodes} nodes × 8 GPUs, {args.tasks} pending tasks in {len(shapes)} shapes; machine: {os.cpu_count()} cores", flush=True)
 
         # the in-memory decision alone: one 200-task batch on a fresh snapshot, five times
-        batch = [services.as_request(t) for t in Task.objects.filter(status="pending").in_queue_order()[:200]]
+        batch = services.next_batch()
+        QueueCursor.objects.all().delete()  # the measured run below starts at the head of the queue
         decide_times = []
         for _ in range(5):
             snapshot = services.load_nodes()
@@ -123,11 +127,32 @@ def main() -> int:
         cycles, total_bound, cycle_times, queries = 0, 0, [], []
         started_all = time.perf_counter()
         idle = 0
+        phases: list[dict] = []
+        all_bound: list[int] = []
         counter = {"n": 0}
 
         def count(execute, sql, params, many, context):
             counter["n"] += 1
             return execute(sql, params, many, context)
+
+        if os.environ.get("BENCH_SNAPSHOT_SQL"):
+            with connection.cursor() as cursor:
+                for _ in range(3):
+                    started = time.perf_counter()
+                    cursor.execute(services.GPUS_SQL, [["online", "suspect"]])
+                    cursor.fetchall()
+                    middle = time.perf_counter()
+                    services.load_nodes()
+                    print(f"  GPUS_SQL {1000 * (middle - started):.0f} ms; load_nodes {1000 * (time.perf_counter() - middle):.0f} ms")
+        if args.profile:
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            with transaction.atomic():  # rolled back: the measured run below starts from the same queue
+                profiler.runcall(services.run_cycle)
+                transaction.set_rollback(True)
+            pstats.Stats(profiler).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "tottime")).print_stats(25)
 
         while idle < 2:
             counter["n"] = 0
@@ -137,13 +162,22 @@ def main() -> int:
                 cycle_times.append(time.perf_counter() - started)
             queries.append(counter["n"])
             cycles += 1
+            if result.bound:
+                phases.append(result.phases)
             total_bound += len(result.bound)
+            all_bound.append(len(result.bound))
             idle = idle + 1 if not result.bound else 0
         elapsed = time.perf_counter() - started_all
+        binding = [t for t, p in zip(cycle_times, all_bound) if p]
         full = cycle_times
-        print(f"  cycles                {cycles} ({total_bound} binds in {elapsed:.1f} s = {total_bound / elapsed:.0f} binds/s)")
+        print(f"  cycles                {cycles} ({total_bound} binds in {elapsed:.1f} s = {total_bound / elapsed:.0f} binds/s, "
+              f"counting the cycles that found nothing more to place)")
+        print(f"  sustained             {total_bound / sum(binding):.0f} binds/s over the {len(binding)} cycles that bound")
         print(f"  time per 200-task cycle  p50 {percentile(full, 0.5) * 1000:.0f} ms, max {max(full) * 1000:.0f} ms")
         print(f"  queries per cycle     p50 {percentile(queries, 0.5):.0f}, max {max(queries)} (the binds of a cycle are one transaction)")
+        if phases:
+            split = ", ".join(f"{name} {percentile([p.get(name, 0) for p in phases], 0.5) * 1000:.0f}" for name in phases[0])
+            print(f"  where a binding cycle's time goes (p50, ms)  {split}")
         best = min(decide_times)
         print(f"  in-memory decisions for 200 tasks on {args.nodes} nodes  {best * 1000:.0f} ms ({best / len(batch) * 1000:.2f} ms per task; worst of 5 runs {max(decide_times) * 1000:.0f} ms)")
         return 0
@@ -151,8 +185,9 @@ def main() -> int:
         from django.db import connections
 
         connections.close_all()
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        if not os.environ.get("BENCH_KEEP_DB"):  # kept: for EXPLAIN ANALYZE by hand (only with DATABASE_URL)
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
         stores.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -18,7 +18,7 @@ from apps.scheduler import nvlink
 NEUTRAL = 50.0
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuSnap:
     index: int
     vendor: str
@@ -39,7 +39,7 @@ class GpuSnap:
         return total - reserve_mb - sum(memory or 0 for _, _, memory in self.holders)
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeSnap:
     id: str
     status: str
@@ -72,6 +72,7 @@ class TaskReq:
     gpu_type: str = ""
     priority: int = 50
     labels: dict = field(default_factory=dict)
+    kind: str = "job"
 
     @property
     def memory_only(self) -> bool:
@@ -123,36 +124,31 @@ def reserve_mb(gpu: GpuSnap, settings: PluginSettings) -> int:
     return max(settings.gpu_reserve_mb, int(total * settings.gpu_reserve_percent / 100))
 
 
-def eligible_cards(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> tuple[list[GpuSnap], bool]:
-    """The node's cards the task could take, and whether tenant sharing was what ruled
-    some out. Whole-card tasks need free cards; memory-only tasks need room on one card
-    whose every holder may share with the task's tenant."""
+def card_under_load(gpu: GpuSnap, settings: PluginSettings) -> bool:
+    """A card below the memory, utilisation and temperature thresholds (a reading the
+    agent did not send is not load)."""
+    if gpu.memory_total_mb and gpu.memory_used_mb is not None:
+        if gpu.memory_used_mb * 100 >= gpu.memory_total_mb * settings.gpu_memory_percent_max:
+            return False
+    if gpu.utilization is not None and gpu.utilization >= settings.gpu_utilization_max:
+        return False
+    return gpu.temperature is None or gpu.temperature < settings.gpu_temperature_max
+
+
+def vendor_matches(gpu: GpuSnap, vendor: str) -> bool:
+    return not vendor or gpu.vendor.lower() == vendor
+
+
+def shareable_cards(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> list[GpuSnap]:
+    """For a memory-only task: the cards with room for it whose every holder may share
+    with the task's tenant."""
     vendor = task.gpu_type.lower()
-    blocked_by_sharing = False
-    cards = []
-    for gpu in node.usable_gpus():
-        if vendor and gpu.vendor.lower() != vendor:
-            continue
-        if gpu.memory_total_mb and gpu.memory_used_mb is not None:
-            if gpu.memory_used_mb * 100 >= gpu.memory_total_mb * settings.gpu_memory_percent_max:
-                continue
-        if gpu.utilization is not None and gpu.utilization >= settings.gpu_utilization_max:
-            continue
-        if gpu.temperature is not None and gpu.temperature >= settings.gpu_temperature_max:
-            continue
-        if task.memory_only:
-            if gpu.whole_taken or gpu.memory_free_mb(reserve_mb(gpu, settings)) < task.gpu_memory_mb:
-                continue
-            if not all(may_share(task.tenant_id, holder_tenant) for _, holder_tenant, _ in gpu.holders):
-                blocked_by_sharing = True
-                continue
-        else:
-            if gpu.holders:
-                continue
-            if task.gpu_memory_mb and (gpu.memory_total_mb or 0) < task.gpu_memory_mb:
-                continue
-        cards.append(gpu)
-    return cards, blocked_by_sharing
+    return [
+        gpu for gpu in node.usable_gpus()
+        if vendor_matches(gpu, vendor) and card_under_load(gpu, settings) and not gpu.whole_taken
+        and gpu.memory_free_mb(reserve_mb(gpu, settings)) >= task.gpu_memory_mb
+        and all(may_share(task.tenant_id, holder_tenant) for _, holder_tenant, _ in gpu.holders)
+    ]
 
 
 def overloaded(node: NodeSnap, settings: PluginSettings) -> bool:
@@ -182,14 +178,6 @@ def layout_score(layout: str, used: float) -> float:
     return 100.0 * (used if layout == "binpack" else 1.0 - used)
 
 
-def score_spread(node: NodeSnap, task: TaskReq) -> float:
-    return layout_score("spread", utilisation(node))
-
-
-def score_binpack(node: NodeSnap, task: TaskReq) -> float:
-    return layout_score("binpack", utilisation(node))
-
-
 def score_topology(node: NodeSnap, task: TaskReq) -> float:
     """Base 50; the task's preferred region +5, zone +15, rack +10 (stacking, max 80).
     A node with no location data, or a task with no preference, stays neutral."""
@@ -210,7 +198,7 @@ def rdma_state(node: NodeSnap) -> bool | None:
     return None
 
 
-def score_rdma(node: NodeSnap, task: TaskReq) -> float:
+def score_rdma(node: NodeSnap) -> float:
     """No label: 50. rdma=true: 70, plus speed/10 (at most +30). Explicitly without: 40."""
     state = rdma_state(node)
     if state is None:
@@ -222,26 +210,6 @@ def score_rdma(node: NodeSnap, task: TaskReq) -> float:
     except (TypeError, ValueError):
         speed_bonus = 0.0
     return NEUTRAL + 20 + max(speed_bonus, 0.0)
-
-
-def filter_rdma(node: NodeSnap, task: TaskReq) -> bool:
-    """`rdma: required` removes nodes that say they have none; unknown nodes pass."""
-    if str(task.labels.get("rdma", "")).lower() != "required":
-        return True
-    return rdma_state(node) is not False
-
-
-SCORE_PLUGINS: dict[str, Callable[[NodeSnap, TaskReq], float]] = {
-    "spread": score_spread,
-    "binpack": score_binpack,
-    "topology": score_topology,
-    "rdma": score_rdma,
-}
-FILTER_PLUGINS: dict[str, Callable[[NodeSnap, TaskReq], bool]] = {"rdma": filter_rdma}
-
-
-def active_score_plugins(settings: PluginSettings) -> list[str]:
-    return [settings.layout] + sorted(name for name in settings.enabled if name in SCORE_PLUGINS and name not in ("spread", "binpack"))
 
 
 # --- one cycle --------------------------------------------------------------------------
@@ -263,26 +231,79 @@ def free_whole_cards(node: NodeSnap) -> int:
 
 
 class FleetView:
-    """Per-cycle bookkeeping that keeps each task's work small: how many nodes could
-    take N whole cards at best (a task needing more fails at once), and each node's
-    utilisation, recomputed only when a decision lands on it."""
+    """Per-cycle bookkeeping that keeps each task's work small. Everything about a node
+    that does not depend on the task is computed once per cycle (availability, load,
+    the task-independent part of its score, its free cards per vendor) and recomputed
+    only for the node a decision lands on; a task needing more whole cards than any
+    node has free fails without a scan."""
 
-    def __init__(self, nodes: Sequence[NodeSnap]):
+    def __init__(self, nodes: Sequence[NodeSnap], settings: PluginSettings):
         self.nodes = list(nodes)
-        self.free = {node.id: free_whole_cards(node) for node in self.nodes}
-        self.utilisation = {node.id: utilisation(node) for node in self.nodes}
-        self.max_free = max(self.free.values(), default=0)
-        self._topology: dict[str, nvlink.Topology | None] = {}
+        self.settings = settings
+        self.available = [node.status in SCHEDULABLE_STATUSES and node.executable for node in self.nodes]
+        self.overloaded = [overloaded(node, settings) for node in self.nodes]
+        self.rdma = [rdma_state(node) for node in self.nodes]
+        self.free = [0] * len(self.nodes)
+        self.base_score = [0.0] * len(self.nodes)
+        self._open_cards: list[dict[str, list[GpuSnap]]] = [{} for _ in self.nodes]
+        self._room: list[dict[tuple, int]] = [{} for _ in self.nodes]
+        self._topology: dict[int, nvlink.Topology | None] = {}
+        for position in range(len(self.nodes)):
+            self._refresh(position)
+        self.max_free = max(self.free, default=0)
 
-    def topology(self, node: NodeSnap) -> nvlink.Topology | None:
-        if node.id not in self._topology:
-            self._topology[node.id] = nvlink.parse(node.labels, [gpu.index for gpu in node.gpus])
-        return self._topology[node.id]
+    def _refresh(self, position: int) -> None:
+        node = self.nodes[position]
+        weights = self.settings.weights
+        self.free[position] = free_whole_cards(node)
+        layout = self.settings.layout
+        score = weights.get(layout, 1.0) * layout_score(layout, utilisation(node))
+        if "rdma" in self.settings.enabled:
+            score += weights.get("rdma", 1.0) * score_rdma(node)
+        self.base_score[position] = score
+        self._open_cards[position] = {}
+        self._room[position] = {}
 
-    def took(self, node: NodeSnap) -> None:
-        self.free[node.id] = free_whole_cards(node)
-        self.utilisation[node.id] = utilisation(node)
-        self.max_free = max(self.free.values(), default=0)
+    def open_cards(self, position: int, vendor: str) -> list[GpuSnap]:
+        """The node's free whole cards of this vendor ("" any) below the load thresholds."""
+        cache = self._open_cards[position]
+        cards = cache.get(vendor)
+        if cards is None:
+            cards = cache[vendor] = [
+                gpu for gpu in self.nodes[position].gpus
+                if not gpu.lost and not gpu.holders and vendor_matches(gpu, vendor) and card_under_load(gpu, self.settings)
+            ]
+        return cards
+
+    def room_mb(self, position: int, vendor: str, tenant_id: int | None, may_share) -> int:
+        """The most memory one card of this vendor could still give a memory-only task
+        of this tenant (None: whoever holds the cards). Cached per node, so a task's
+        feasibility check is a lookup; its cards are picked only on the winning node."""
+        cache = self._room[position]
+        key = (vendor, tenant_id)
+        room = cache.get(key)
+        if room is None:
+            room = cache[key] = max(
+                (
+                    gpu.memory_free_mb(reserve_mb(gpu, self.settings))
+                    for gpu in self.nodes[position].gpus
+                    if not gpu.lost and not gpu.whole_taken and vendor_matches(gpu, vendor)
+                    and card_under_load(gpu, self.settings)
+                    and (tenant_id is None or all(may_share(tenant_id, holder) for _, holder, _ in gpu.holders))
+                ),
+                default=0,
+            )
+        return room
+
+    def topology(self, position: int) -> nvlink.Topology | None:
+        if position not in self._topology:
+            node = self.nodes[position]
+            self._topology[position] = nvlink.parse(node.labels, [gpu.index for gpu in node.gpus])
+        return self._topology[position]
+
+    def took(self, position: int) -> None:
+        self._refresh(position)
+        self.max_free = max(self.free, default=0)
 
 
 def place(
@@ -292,23 +313,36 @@ def place(
     may_share: Callable[[int, int], bool],
 ) -> tuple[list[Decision], list[Failure]]:
     decisions, failures = [], []
-    plugins = active_score_plugins(settings)
-    fleet = FleetView(nodes)
+    fleet = FleetView(nodes, settings)
     total = len(fleet.nodes)
     limit = nodes_to_score(total)
+    weights = settings.weights
+    nvlink_on = "nvlink" in settings.enabled
+    topology_on = "topology" in settings.enabled
+    rdma_on = "rdma" in settings.enabled
     start = 0
     for task in tasks:
         removed = {"unavailable": 0, "tenant": 0, "load": 0, "capacity": 0, "tenant_sharing": 0, "rdma": 0, "nvlink": 0}
         best: tuple | None = None
         need = needed_cards(task)
-        if need and not task.memory_only and need > fleet.max_free:
+        memory_only = task.memory_only
+        whole = bool(need) and not memory_only
+        vendor = task.gpu_type.lower()
+        rdma_required = rdma_on and str(task.labels.get("rdma", "")).lower() == "required"
+        nvlink_required = nvlink_on and str(task.labels.get("nvlink", "")).lower() == "required"
+        located = topology_on and any(task.labels.get(level) for level in ("region", "zone", "rack"))
+        # the task-dependent parts of the score that are the same on every node
+        constant = 0.0
+        if topology_on and not located:
+            constant += weights.get("topology", 1.0) * NEUTRAL
+        if whole and need > fleet.max_free:
             # No node has that many free cards: the answer needs no scan.
-            for node in fleet.nodes:
-                if node.status not in SCHEDULABLE_STATUSES or not node.executable:
+            for position in range(total):
+                if not fleet.available[position]:
                     removed["unavailable"] += 1
-                elif node.tenant_id is not None and node.tenant_id != task.tenant_id:
+                elif fleet.nodes[position].tenant_id not in (None, task.tenant_id):
                     removed["tenant"] += 1
-                elif overloaded(node, settings):
+                elif fleet.overloaded[position]:
                     removed["load"] += 1
                 else:
                     removed["capacity"] += 1
@@ -319,66 +353,72 @@ def place(
         for offset in range(total):
             if feasible >= limit:
                 break
-            node = fleet.nodes[(start + offset) % total]
+            position = (start + offset) % total
+            node = fleet.nodes[position]
             examined += 1
-            if node.status not in SCHEDULABLE_STATUSES or not node.executable:
+            if not fleet.available[position]:
                 removed["unavailable"] += 1
                 continue
             if node.tenant_id is not None and node.tenant_id != task.tenant_id:
                 removed["tenant"] += 1
                 continue
-            if overloaded(node, settings):
+            if fleet.overloaded[position]:
                 removed["load"] += 1
                 continue
             cards: list[GpuSnap] = []
-            if need:
-                if not task.memory_only and fleet.free[node.id] < need:
+            if whole:
+                if fleet.free[position] < need:
                     removed["capacity"] += 1
                     continue
-                cards, blocked_by_sharing = eligible_cards(node, task, settings, may_share)
+                cards = fleet.open_cards(position, vendor)
+                if task.gpu_memory_mb:
+                    cards = [gpu for gpu in cards if (gpu.memory_total_mb or 0) >= task.gpu_memory_mb]
                 if len(cards) < need:
-                    removed["tenant_sharing" if blocked_by_sharing else "capacity"] += 1
+                    removed["capacity"] += 1
                     continue
-            if "rdma" in settings.enabled and not filter_rdma(node, task):
+            elif need:
+                if fleet.room_mb(position, vendor, task.tenant_id, may_share) < task.gpu_memory_mb:
+                    sharing = fleet.room_mb(position, vendor, None, may_share) >= task.gpu_memory_mb
+                    removed["tenant_sharing" if sharing else "capacity"] += 1
+                    continue
+            if rdma_required and fleet.rdma[position] is False:
                 removed["rdma"] += 1
                 continue
-            topology = fleet.topology(node) if need and not task.memory_only and "nvlink" in settings.enabled else None
-            free = [gpu.index for gpu in cards]
-            if str(task.labels.get("nvlink", "")).lower() == "required" and "nvlink" in settings.enabled:
-                if not nvlink.has_domain_for(fleet.topology(node), free, need):
-                    removed["nvlink"] += 1
-                    continue
+            topology = fleet.topology(position) if whole and nvlink_on else None
+            free = [gpu.index for gpu in cards] if topology is not None or nvlink_required else None
+            if nvlink_required and not nvlink.has_domain_for(fleet.topology(position), free, need):
+                removed["nvlink"] += 1
+                continue
             feasible += 1
             group = nvlink.choose(topology, free, need) if topology is not None else None
-            score = sum(settings.weights.get(name, 1.0) * _score(name, node, task, fleet) for name in plugins)
-            if "nvlink" in settings.enabled:
-                score += settings.weights.get("nvlink", 1.0) * nvlink.score(topology, free, group or [])
+            score = fleet.base_score[position] + constant
+            if located:
+                score += weights.get("topology", 1.0) * score_topology(node, task)
+            if nvlink_on:
+                score += weights.get("nvlink", 1.0) * (nvlink.score(topology, free, group) if topology is not None else NEUTRAL)
             if best is None or score > best[0] or (score == best[0] and node.id < best[1]):
-                best = (score, node.id, node, cards, group)
+                best = (score, node.id, position, cards, group)
         # the next task starts where this one stopped looking, so sampling rotates
         start = (start + examined) % total if total else 0
         if best is None:
             failures.append(Failure(task.id, _failure_code(removed, total), {k: v for k, v in removed.items() if v}))
             continue
-        score, _, node, cards, group = best
+        score, _, position, cards, group = best
+        node = fleet.nodes[position]
         if group is not None:
             by_index = {gpu.index: gpu for gpu in cards}
             chosen = [by_index[index] for index in group]
+        elif memory_only:
+            chosen = pick_cards(shareable_cards(node, task, settings, may_share), 1)
         else:
             chosen = pick_cards(cards, need)
-        memory = task.gpu_memory_mb if task.memory_only else None
+        memory = task.gpu_memory_mb if memory_only else None
         for gpu in chosen:
             gpu.holders.append((task.id, task.tenant_id, memory))
         if chosen:
-            fleet.took(node)
+            fleet.took(position)
         decisions.append(Decision(task.id, node.id, [gpu.index for gpu in chosen], memory, score))
     return decisions, failures
-
-
-def _score(name: str, node: NodeSnap, task: TaskReq, fleet: FleetView) -> float:
-    if name in ("spread", "binpack"):
-        return layout_score(name, fleet.utilisation[node.id])  # cached per cycle
-    return SCORE_PLUGINS[name](node, task)
 
 
 def _failure_code(removed: dict, total: int) -> str:

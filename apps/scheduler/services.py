@@ -5,9 +5,13 @@ the other tasks did not fit."""
 
 from __future__ import annotations
 
+import time
+
+import orjson
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import combinations
+from operator import attrgetter
 
 from django.db import connection, transaction
 from django.db.models import Q
@@ -15,9 +19,9 @@ from django.db.models import Q
 from apps.core.cas import check_transition
 from apps.core.errors import Conflict
 from apps.core.clock import utcnow
-from apps.nodes.models import Gpu, Node
+from apps.nodes.models import Node
 from apps.scheduler.core import SCHEDULABLE_STATUSES, Decision, GpuSnap, NodeSnap, PluginSettings, TaskReq, place
-from apps.scheduler.models import GpuAllocation, PluginConfig, QueueCursor
+from apps.scheduler.models import GpuAllocation, PluginConfig
 from apps.tasks.choices import TRANSITIONS, TaskStatus as S
 from apps.tasks.models import Task
 from apps.tenants.models import TenantGroup
@@ -74,9 +78,9 @@ def plugin_settings() -> PluginSettings:
     enabled = frozenset(name for name in ("topology", "rdma", "nvlink") if table[name]["enabled"])
     weights = {name: table[name]["weight"] for name in ("spread", "binpack", "topology", "rdma", "nvlink")}
     thresholds = {
-        field: float(value)
-        for field, value in table["resource-filter"]["extra"].items()
-        if field in THRESHOLD_FIELDS and isinstance(value, (int, float))
+        option: float(value)
+        for option, value in table["resource-filter"]["extra"].items()
+        if option in THRESHOLD_FIELDS and isinstance(value, (int, float))
     }
     return PluginSettings(layout=layout, weights=weights, enabled=enabled, **thresholds)
 
@@ -106,8 +110,8 @@ def set_plugin_options(name: str, *, weight: float | None = None, extra: dict | 
     if defaults:
         row, created = PluginConfig.objects.get_or_create(name=name, defaults={"enabled": PLUGINS[name].default_enabled, **defaults})
         if not created:
-            for field, value in defaults.items():
-                setattr(row, field, value)
+            for option, value in defaults.items():
+                setattr(row, option, value)
             row.save()
 
 
@@ -128,60 +132,84 @@ def sharing_rule():
 # --- the snapshot -----------------------------------------------------------------------
 
 
+NODES_SQL = """
+    SELECT id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used
+    FROM nodes WHERE status = ANY(%s) AND executable
+"""
+GPUS_SQL = """
+    SELECT g.node_id, g.index, g.vendor, g.memory_total_mb, g.memory_used_mb, g.utilization, g.temperature,
+           g.lost_at IS NOT NULL
+    FROM gpus g JOIN nodes n ON n.id = g.node_id
+    WHERE n.status = ANY(%s) AND n.executable
+"""
+# the ledger is bounded by the number of cards: read it whole
+HOLDERS_SQL = "SELECT node_id, gpu_index, task_id, tenant_id, memory_mb FROM gpu_allocations"
+
+
 def load_nodes() -> list[NodeSnap]:
-    nodes = {
-        row["id"]: NodeSnap(
-            id=row["id"], status=row["status"], executable=row["executable"], tenant_id=row["tenant_id"],
-            labels=row["labels"] or {}, region=row["region"], zone=row["zone"], rack=row["rack"],
-            cpu_used=row["cpu_used"], memory_used=row["memory_used"],
-        )
-        for row in Node.objects.filter(status__in=SCHEDULABLE_STATUSES, executable=True).values(
-            "id", "status", "executable", "tenant_id", "labels", "region", "zone", "rack", "cpu_used", "memory_used"
-        )
-    }
-    cards: dict[tuple[str, int], GpuSnap] = {}
-    for row in Gpu.objects.filter(node_id__in=nodes).order_by("node_id", "index").values(
-        "node_id", "index", "vendor", "memory_total_mb", "memory_used_mb", "utilization", "temperature", "lost_at"
-    ):
-        gpu = GpuSnap(row["index"], row["vendor"], row["memory_total_mb"], lost=row["lost_at"] is not None,
-                      memory_used_mb=row["memory_used_mb"], utilization=row["utilization"], temperature=row["temperature"])
-        nodes[row["node_id"]].gpus.append(gpu)
-        cards[(row["node_id"], row["index"])] = gpu
-    for node_id, index, task_id, tenant_id, memory in GpuAllocation.objects.filter(node_id__in=nodes).values_list(
-        "node_id", "gpu_index", "task_id", "tenant_id", "memory_mb"
-    ):
-        card = cards.get((node_id, index))
-        if card is not None:
-            card.holders.append((task_id, tenant_id, memory))
+    """The schedulable part of the fleet, in three queries (raw rows: at thousands of
+    nodes, building model instances would cost more than the decisions; Django's
+    cursor hands jsonb over as text)."""
+    statuses = sorted(SCHEDULABLE_STATUSES)
+    with connection.cursor() as cursor:
+        cursor.execute(NODES_SQL, [statuses])
+        nodes = {
+            node_id: NodeSnap(node_id, status, executable, tenant_id, orjson.loads(labels) if labels else {}, region, zone, rack,
+                              cpu_used, memory_used, [])
+            for node_id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used in cursor.fetchall()
+        }
+        cursor.execute(GPUS_SQL, [statuses])
+        cards = {}
+        for node_id, index, vendor, total, used, utilization, temperature, lost in cursor.fetchall():
+            node = nodes.get(node_id)
+            if node is None:  # became schedulable between the two queries
+                continue
+            card = cards[(node_id, index)] = GpuSnap(index, vendor, total, lost, used, utilization, temperature, [])
+            node.gpus.append(card)
+        cursor.execute(HOLDERS_SQL)
+        for node_id, index, task_id, tenant_id, memory in cursor.fetchall():
+            card = cards.get((node_id, index))
+            if card is not None:
+                card.holders.append((task_id, tenant_id, memory))
+    for node in nodes.values():
+        node.gpus.sort(key=attrgetter("index"))
     return list(nodes.values())
 
 
-def next_batch(size: int = BATCH_SIZE) -> list[Task]:
+QUEUE_SQL = """
+    SELECT id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at
+    FROM tasks WHERE status = 'pending' {after}
+    ORDER BY priority DESC, created_at, id LIMIT %s
+"""
+AFTER_CURSOR = "AND (priority < %s OR (priority = %s AND (created_at, id) > (%s, %s)))"
+MOVE_CURSOR = """
+    INSERT INTO scheduler_queue_cursor (id, priority, created_at, task_id) VALUES (1, %s, %s, %s)
+    ON CONFLICT (id) DO UPDATE SET priority = EXCLUDED.priority, created_at = EXCLUDED.created_at, task_id = EXCLUDED.task_id
+"""
+
+
+def next_batch(size: int = BATCH_SIZE) -> list[TaskReq]:
     """The next `size` pending tasks in queue order after the cursor, wrapping around."""
-    pending = Task.objects.filter(status=S.PENDING).in_queue_order()
-    cursor = QueueCursor.objects.filter(pk=1).first()
-    batch: list[Task] = []
-    if cursor and cursor.task_id is not None:
-        after = (
-            Q(priority__lt=cursor.priority)
-            | Q(priority=cursor.priority, created_at__gt=cursor.created_at)
-            | Q(priority=cursor.priority, created_at=cursor.created_at, id__gt=cursor.task_id)
-        )
-        batch = list(pending.filter(after)[:size])
-    if len(batch) < size:
-        seen = {task.pk for task in batch}
-        batch += [task for task in pending[: size - len(batch)] if task.pk not in seen]
-    if batch:
-        last = batch[-1]
-        QueueCursor.objects.update_or_create(pk=1, defaults={"priority": last.priority, "created_at": last.created_at, "task_id": last.pk})
-    return batch
-
-
-def as_request(task: Task) -> TaskReq:
-    return TaskReq(
-        id=task.pk, tenant_id=task.tenant_id, gpu_required=task.gpu_required, gpu_memory_mb=task.gpu_memory_mb,
-        gpu_type=task.gpu_type, priority=task.priority, labels=task.labels or {},
-    )
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT priority, created_at, task_id FROM scheduler_queue_cursor WHERE id = 1")
+        mark = cursor.fetchone()
+        rows = []
+        if mark and mark[2] is not None:
+            priority, created_at, task_id = mark
+            cursor.execute(QUEUE_SQL.format(after=AFTER_CURSOR), [priority, priority, created_at, task_id, size])
+            rows = cursor.fetchall()
+        if len(rows) < size:
+            seen = {row[0] for row in rows}
+            cursor.execute(QUEUE_SQL.format(after=""), [size - len(rows)])
+            rows += [row for row in cursor.fetchall() if row[0] not in seen]
+        if rows:
+            last = rows[-1]
+            cursor.execute(MOVE_CURSOR, [last[5], last[8], last[0]])
+    return [
+        TaskReq(id=task_id, tenant_id=tenant_id, gpu_required=gpu_required, gpu_memory_mb=gpu_memory_mb, gpu_type=gpu_type,
+                priority=priority, labels=orjson.loads(labels) if labels else {}, kind=kind)
+        for task_id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, _ in rows
+    ]
 
 
 # --- bind -------------------------------------------------------------------------------
@@ -195,7 +223,14 @@ BIND_CAS = """
 """
 
 
-def bind_all(decisions: list[Decision], tasks: dict[int, Task], may_share, settings: PluginSettings | None = None) -> tuple[list[int], list[int]]:
+ALLOCATE = """
+    INSERT INTO gpu_allocations (task_id, node_id, gpu_index, tenant_id, memory_mb, created_at)
+    SELECT v.task_id, v.node_id, v.gpu_index, v.tenant_id, v.memory_mb, %s
+    FROM unnest(%s::bigint[], %s::text[], %s::int[], %s::bigint[], %s::bigint[]) AS v(task_id, node_id, gpu_index, tenant_id, memory_mb)
+"""
+
+
+def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, settings: PluginSettings | None = None) -> tuple[list[int], list[int]]:
     """Bind a cycle's decisions in one transaction: lock their nodes (in id order, so
     concurrent schedulers queue rather than deadlock), drop the decisions the live ledger
     now contradicts (a node gone, a card taken, a holder this tenant may not share with),
@@ -238,12 +273,12 @@ def bind_all(decisions: list[Decision], tasks: dict[int, Task], may_share, setti
                 S.SCHEDULED, utcnow(), [d.task_id for d in still_valid], [d.node_id for d in still_valid], S.PENDING,
             ])
             won = {row[0] for row in cursor.fetchall()}
-        GpuAllocation.objects.bulk_create(
-            GpuAllocation(task_id=d.task_id, node_id=d.node_id, gpu_index=index, tenant_id=tasks[d.task_id].tenant_id,
-                          memory_mb=d.memory_mb)
-            for d in still_valid if d.task_id in won
-            for index in d.gpu_indices
-        )
+            cards = [(d, index) for d in still_valid if d.task_id in won for index in d.gpu_indices]
+            if cards:
+                cursor.execute(ALLOCATE, [
+                    utcnow(), [d.task_id for d, _ in cards], [d.node_id for d, _ in cards], [index for _, index in cards],
+                    [tasks[d.task_id].tenant_id for d, _ in cards], [d.memory_mb for d, _ in cards],
+                ])
     bound = [d.task_id for d in decisions if d.task_id in won]
     return bound, [d.task_id for d in decisions if d.task_id not in won]
 
@@ -264,10 +299,21 @@ class CycleResult:
     lost_races: list[int] = field(default_factory=list)
     failed: dict[int, dict] = field(default_factory=dict)
     backlog: bool = False
+    # seconds spent in each phase, for the benchmark and the cycle metrics
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+# why the last cycle did not place them (only still-pending tasks: a racer may have bound one)
+EXPLAIN = """
+    UPDATE tasks AS t SET schedule_reason = v.reason
+    FROM unnest(%s::bigint[], %s::jsonb[]) AS v(id, reason)
+    WHERE t.id = v.id AND t.status = 'pending'
+"""
 
 
 def run_cycle(batch_size: int = BATCH_SIZE) -> CycleResult:
     result = CycleResult()
+    clock = PhaseClock(result.phases)
     batch = next_batch(batch_size)
     result.considered = len(batch)
     if not batch:
@@ -275,15 +321,30 @@ def run_cycle(batch_size: int = BATCH_SIZE) -> CycleResult:
     result.backlog = Task.objects.filter(status=S.PENDING).count() > len(batch)
     may_share = sharing_rule()
     settings = plugin_settings()
-    decisions, failures = place([as_request(task) for task in batch], load_nodes(), settings, may_share)
-    tasks = {task.pk: task for task in batch}
+    clock.lap("queue")
+    nodes = load_nodes()
+    clock.lap("snapshot")
+    decisions, failures = place(batch, nodes, settings, may_share)
+    clock.lap("decide")
+    tasks = {task.id: task for task in batch}
     result.bound, result.lost_races = bind_all(decisions, tasks, may_share, settings)
+    clock.lap("bind")
     now = utcnow().isoformat()
-    reasons = []
     for failure in failures:
-        task = tasks[failure.task_id]
-        task.schedule_reason = failure.as_reason() | {"at": now}
-        result.failed[task.pk] = task.schedule_reason
-        reasons.append(task)
-    Task.objects.bulk_update(reasons, ["schedule_reason"])
+        result.failed[failure.task_id] = failure.as_reason() | {"at": now}
+    if result.failed:
+        with connection.cursor() as cursor:
+            cursor.execute(EXPLAIN, [list(result.failed), [orjson.dumps(reason).decode() for reason in result.failed.values()]])
+    clock.lap("explain")
     return result
+
+
+class PhaseClock:
+    def __init__(self, into: dict[str, float]):
+        self.into = into
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.into[phase] = now - self.last
+        self.last = now

@@ -8,7 +8,6 @@ import psycopg
 import pytest
 import time_machine
 
-from apps.alerts.models import Alert
 from apps.core.clock import utcnow
 from apps.nodes import heartbeat
 from apps.nodes.models import Gpu, Node

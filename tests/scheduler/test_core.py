@@ -7,11 +7,11 @@ from apps.scheduler.core import (
     NodeSnap,
     PluginSettings,
     TaskReq,
+    layout_score,
     place,
-    score_binpack,
     score_rdma,
-    score_spread,
     score_topology,
+    utilisation,
 )
 
 
@@ -52,7 +52,7 @@ def test_topology_scores(node_kw, task_kw, expected):
      ({"rdma": "false"}, 40), ({"rdma": "true", "rdma-speed": "fast"}, 70)],
 )
 def test_rdma_scores(labels, expected):
-    assert score_rdma(node("n", labels=labels), task()) == expected
+    assert score_rdma(node("n", labels=labels)) == expected
 
 
 def test_rdma_required_filters_only_nodes_that_say_no():
@@ -66,8 +66,8 @@ def test_rdma_required_filters_only_nodes_that_say_no():
 def test_spread_prefers_the_emptier_node_and_binpack_the_fuller():
     busy = node("busy", cpu_used=80.0, memory_used=80.0)
     idle = node("idle", cpu_used=10.0, memory_used=10.0)
-    assert score_spread(idle, task()) > score_spread(busy, task())
-    assert score_binpack(busy, task()) > score_binpack(idle, task())
+    assert layout_score("spread", utilisation(idle)) > layout_score("spread", utilisation(busy))
+    assert layout_score("binpack", utilisation(busy)) > layout_score("binpack", utilisation(idle))
     spread, _ = place([task()], [busy, idle], PluginSettings(layout="spread"), SAME_TENANT_ONLY)
     binpack, _ = place([task()], [node("busy", cpu_used=80.0, memory_used=80.0), node("idle", cpu_used=10.0, memory_used=10.0)],
                        PluginSettings(layout="binpack"), SAME_TENANT_ONLY)

@@ -9,7 +9,6 @@ from apps.scheduler.services import run_cycle
 from apps.tasks.choices import HOLDING
 from apps.tasks.models import Task
 from apps.tasks.services import agent_report, stop_task
-from apps.tenants import services as tenant_services
 from apps.core.clock import utcnow
 from tests.conftest import bearer
 
