@@ -93,6 +93,7 @@ class PluginSettings:
     memory_percent_max: float = 90.0
     gpu_utilization_max: float = 95.0
     gpu_temperature_max: float = 79.0
+    preempt_stage: str = "running"  # disabled | scheduled | running (see VICTIM_STATUSES)
 
 
 @dataclass
@@ -427,3 +428,135 @@ def _failure_code(removed: dict, total: int) -> str:
     if removed["tenant_sharing"] and not removed["capacity"]:
         return "NoTenantEligibleGPU"
     return "InsufficientResources"
+
+
+# --- preemption -------------------------------------------------------------------------
+
+PREEMPT_STAGES = ("disabled", "scheduled", "running")
+# The statuses a victim may be in, per preempt_stage: "running" (the default) takes only
+# running tasks; "scheduled" also tasks bound but not yet started.
+VICTIM_STATUSES = {"disabled": frozenset(), "scheduled": frozenset({"scheduled", "starting", "running"}), "running": frozenset({"running"})}
+PREEMPTIBLE_KINDS = frozenset({"job"})  # training and inference are never victims
+FREEING = "preempting"
+
+
+@dataclass(frozen=True, slots=True)
+class Occupant:
+    """A task that holds cards on a node, as preemption planning sees it."""
+
+    id: int
+    node_id: str
+    status: str
+    kind: str
+    preemptible: bool
+    priority: int
+    created_at: float  # a timestamp: later is newer
+
+
+@dataclass
+class PreemptionPlan:
+    task_id: int
+    node_id: str
+    victims: list[int]  # empty: what is already being freed there is enough; wait
+
+
+def may_preempt(task: TaskReq, occupant: Occupant, stage: str) -> bool:
+    return (
+        occupant.kind in PREEMPTIBLE_KINDS
+        and occupant.preemptible
+        and occupant.priority < task.priority
+        and occupant.status in VICTIM_STATUSES[stage]
+    )
+
+
+def _without(node: NodeSnap, gone: set[int]) -> NodeSnap:
+    """The node as it would be once the tasks `gone` gave their cards back."""
+    gpus = [
+        GpuSnap(gpu.index, gpu.vendor, gpu.memory_total_mb, gpu.lost, gpu.memory_used_mb, gpu.utilization, gpu.temperature,
+                [holder for holder in gpu.holders if holder[0] not in gone])
+        for gpu in node.gpus
+    ]
+    return NodeSnap(node.id, node.status, node.executable, node.tenant_id, node.labels, node.region, node.zone, node.rack,
+                    node.cpu_used, node.memory_used, gpus)
+
+
+def fits(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> bool:
+    """Whether the task's cards could be found on this node as it is (capacity only:
+    the node-level filters are the caller's)."""
+    need = needed_cards(task)
+    if not need:
+        return True
+    if task.memory_only:
+        return bool(shareable_cards(node, task, settings, may_share))
+    vendor = task.gpu_type.lower()
+    free = [
+        gpu.index for gpu in node.gpus
+        if not gpu.lost and not gpu.holders and vendor_matches(gpu, vendor) and card_under_load(gpu, settings)
+        and (gpu.memory_total_mb or 0) >= (task.gpu_memory_mb or 0)
+    ]
+    if len(free) < need:
+        return False
+    if "nvlink" in settings.enabled and str(task.labels.get("nvlink", "")).lower() == "required":
+        return nvlink.has_domain_for(nvlink.parse(node.labels, [gpu.index for gpu in node.gpus]), free, need)
+    return True
+
+
+def occupants_by_node(occupants: Sequence[Occupant]) -> dict[str, list[Occupant]]:
+    by_node: dict[str, list[Occupant]] = {}
+    for occupant in occupants:
+        by_node.setdefault(occupant.node_id, []).append(occupant)
+    return by_node
+
+
+def plan_preemption(
+    task: TaskReq,
+    nodes: Sequence[NodeSnap],
+    by_node: dict[str, list[Occupant]],
+    settings: PluginSettings,
+    may_share: Callable[[int, int], bool],
+    taken: set[int] = frozenset(),
+) -> PreemptionPlan | None:
+    """After a failed placement: the node where evicting the fewest lower-priority
+    preemptible tasks makes room. Per node, victims are taken in the order priority
+    ascending, newest first, id, and only the shortest prefix that makes the task fit;
+    across nodes the fewest victims win, then the smaller priority sum, then node id.
+    Cards already being freed (tasks in preempting, or victims chosen this cycle for a
+    task ahead in the queue: `taken`) count first and cost nothing: if they are enough,
+    the plan has no victims and the task waits for them. None: evicting every candidate
+    would not be enough anywhere, so nobody is evicted."""
+    if task.kind == "training" or settings.preempt_stage not in VICTIM_STATUSES or settings.preempt_stage == "disabled":
+        return None
+    rdma_required = "rdma" in settings.enabled and str(task.labels.get("rdma", "")).lower() == "required"
+    best: tuple | None = None
+    for node in nodes:
+        here = by_node.get(node.id)
+        if not here:
+            continue
+        freeing = {o.id for o in here if o.status == FREEING or o.id in taken}
+        candidates = sorted(
+            (o for o in here if o.id not in freeing and may_preempt(task, o, settings.preempt_stage)),
+            key=lambda o: (o.priority, -o.created_at, o.id),
+        )
+        if not freeing and not candidates:
+            continue
+        if node.status not in SCHEDULABLE_STATUSES or not node.executable or overloaded(node, settings):
+            continue
+        if node.tenant_id is not None and node.tenant_id != task.tenant_id:
+            continue
+        if rdma_required and rdma_state(node) is False:
+            continue
+        gone = set(freeing)
+        chosen: list[Occupant] = []
+        found = fits(_without(node, gone), task, settings, may_share)
+        for occupant in candidates:
+            if found or (best is not None and len(chosen) >= best[0][0]):
+                break  # enough, or already more victims than a plan elsewhere
+            chosen.append(occupant)
+            gone.add(occupant.id)
+            found = fits(_without(node, gone), task, settings, may_share)
+        if not found:
+            continue
+        rank = (len(chosen), sum(o.priority for o in chosen), node.id)
+        if best is None or rank < best[0]:
+            best = (rank, PreemptionPlan(task.id, node.id, [o.id for o in chosen]))
+    return best[1] if best else None

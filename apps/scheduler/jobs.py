@@ -28,3 +28,10 @@ def schedule_now() -> None:
         tick_job.apply_async(kwargs={"immediate": True})
     except Exception:  # the broker is down: the 5 s tick still comes
         logger.warning("could not queue an immediate scheduler cycle")
+
+
+@shared_task(name="scheduler.preemption_watchdog")
+def preemption_watchdog_job() -> str:
+    from apps.scheduler.services import force_overdue_preemptions
+
+    return run_periodic("scheduler.preemption_watchdog", force_overdue_preemptions).outcome

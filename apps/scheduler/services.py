@@ -6,23 +6,39 @@ the other tasks did not fit."""
 from __future__ import annotations
 
 import time
-
-import orjson
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import timedelta
 from itertools import combinations
 from operator import attrgetter
 
+import orjson
 from django.db import connection, transaction
 from django.db.models import Q
+from rest_framework.exceptions import ValidationError
 
-from apps.core.cas import check_transition
+from apps.core.cas import check_transition, transition
 from apps.core.errors import Conflict
 from apps.core.clock import utcnow
 from apps.nodes.models import Node
-from apps.scheduler.core import SCHEDULABLE_STATUSES, Decision, GpuSnap, NodeSnap, PluginSettings, TaskReq, place
+from apps.scheduler.core import (
+    PREEMPT_STAGES,
+    SCHEDULABLE_STATUSES,
+    VICTIM_STATUSES,
+    Decision,
+    Failure,
+    GpuSnap,
+    NodeSnap,
+    Occupant,
+    PluginSettings,
+    PreemptionPlan,
+    TaskReq,
+    occupants_by_node,
+    place,
+    plan_preemption,
+)
 from apps.scheduler.models import GpuAllocation, PluginConfig
-from apps.tasks.choices import TRANSITIONS, TaskStatus as S
+from apps.tasks.choices import HOLDING, TRANSITIONS, TaskKind, TaskStatus as S
 from apps.tasks.models import Task
 from apps.tenants.models import TenantGroup
 
@@ -35,14 +51,15 @@ BATCH_SIZE = 200
 @dataclass(frozen=True)
 class PluginSpec:
     name: str
-    kind: str  # "filter" or "score"
+    kind: str  # "filter", "score" or "postfilter" (after a failed placement)
     default_enabled: bool
     locked: bool = False  # correctness plugins: always on
     exclusive_with: str = ""
+    default_weight: float = 1.0
+    default_extra: dict = field(default_factory=dict)
 
 
-# The plugins the scheduler runs today, in pipeline order. (preempt arrives with the
-# rest of the scheduler issue; it is not listed until it runs.)
+# The plugins the scheduler runs, in pipeline order.
 PLUGINS: dict[str, PluginSpec] = {
     spec.name: spec
     for spec in (
@@ -53,6 +70,7 @@ PLUGINS: dict[str, PluginSpec] = {
         PluginSpec("topology", "score", True),
         PluginSpec("rdma", "score", True),
         PluginSpec("nvlink", "score", True),
+        PluginSpec("preempt", "postfilter", True, default_weight=0.0, default_extra={"preempt_stage": "running"}),
     )
 }
 
@@ -67,7 +85,8 @@ def plugin_table() -> list[dict]:
         enabled = True if spec.locked else (config.enabled if config else spec.default_enabled)
         table.append({
             "name": name, "kind": spec.kind, "enabled": enabled, "locked": spec.locked,
-            "weight": config.weight if config else 1.0, "extra": config.extra if config else {},
+            "weight": config.weight if config else spec.default_weight,
+            "extra": spec.default_extra | (config.extra if config else {}),
         })
     return table
 
@@ -82,7 +101,9 @@ def plugin_settings() -> PluginSettings:
         for option, value in table["resource-filter"]["extra"].items()
         if option in THRESHOLD_FIELDS and isinstance(value, (int, float))
     }
-    return PluginSettings(layout=layout, weights=weights, enabled=enabled, **thresholds)
+    preempt = table["preempt"]
+    stage = preempt["extra"].get("preempt_stage", "running") if preempt["enabled"] else "disabled"
+    return PluginSettings(layout=layout, weights=weights, enabled=enabled, preempt_stage=stage, **thresholds)
 
 
 # Load thresholds, configurable as the resource-filter plugin's `extra`.
@@ -101,12 +122,48 @@ def set_plugin_enabled(name: str, enabled: bool) -> None:
             PluginConfig.objects.update_or_create(name=spec.exclusive_with, defaults={"enabled": not enabled})
 
 
+# What each plugin's `extra` may hold: name -> check of the value (an error message or "")
+def _percent(value) -> str:
+    return "" if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 100 else "a number from 0 to 100"
+
+
+def _temperature(value) -> str:
+    return "" if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 150 else "degrees Celsius, 0 to 150"
+
+
+EXTRA_OPTIONS: dict[str, dict] = {
+    "resource-filter": {
+        "cpu_percent_max": _percent, "memory_percent_max": _percent, "gpu_memory_percent_max": _percent,
+        "gpu_utilization_max": _percent, "gpu_temperature_max": _temperature,
+    },
+    "preempt": {"preempt_stage": lambda value: "" if value in PREEMPT_STAGES else f"one of {', '.join(PREEMPT_STAGES)}"},
+}
+
+
+def checked_extra(name: str, extra: dict) -> dict:
+    """`extra` checked against what the plugin reads; a key set to null goes back to
+    its default. Anything unknown or out of range is refused with nothing written."""
+    options = EXTRA_OPTIONS.get(name, {})
+    problems = {}
+    for key, value in extra.items():
+        if key not in options:
+            problems[key] = [f"'{name}' has no option '{key}'" + (f"; it has {', '.join(options)}." if options else ".")]
+        elif value is not None and (problem := options[key](value)):
+            problems[key] = [f"Must be {problem}."]
+    if problems:
+        raise ValidationError({"extra": problems})
+    return extra
+
+
 def set_plugin_options(name: str, *, weight: float | None = None, extra: dict | None = None) -> None:
+    """Change a plugin's weight and `extra` (merged over what is stored)."""
     defaults = {}
     if weight is not None:
         defaults["weight"] = weight
     if extra is not None:
-        defaults["extra"] = extra
+        checked_extra(name, extra)
+        stored = PluginConfig.objects.filter(name=name).values_list("extra", flat=True).first() or {}
+        defaults["extra"] = {key: value for key, value in (stored | extra).items() if value is not None}
     if defaults:
         row, created = PluginConfig.objects.get_or_create(name=name, defaults={"enabled": PLUGINS[name].default_enabled, **defaults})
         if not created:
@@ -205,6 +262,8 @@ def next_batch(size: int = BATCH_SIZE) -> list[TaskReq]:
         if rows:
             last = rows[-1]
             cursor.execute(MOVE_CURSOR, [last[5], last[8], last[0]])
+    # decided in queue order even when the batch wrapped around the cursor
+    rows.sort(key=lambda row: (-row[5], row[8], row[0]))
     return [
         TaskReq(id=task_id, tenant_id=tenant_id, gpu_required=gpu_required, gpu_memory_mb=gpu_memory_mb, gpu_type=gpu_type,
                 priority=priority, labels=orjson.loads(labels) if labels else {}, kind=kind)
@@ -216,11 +275,42 @@ def next_batch(size: int = BATCH_SIZE) -> list[TaskReq]:
 
 
 BIND_CAS = """
-    UPDATE tasks AS t SET status = %s, node_id = v.node_id, schedule_reason = '{}'::jsonb, updated_at = %s
-    FROM unnest(%s::bigint[], %s::text[]) AS v(id, node_id)
+    UPDATE tasks AS t SET status = %s, node_id = v.node_id, host_port = v.host_port, schedule_reason = '{}'::jsonb,
+        updated_at = %s
+    FROM unnest(%s::bigint[], %s::text[], %s::int[]) AS v(id, node_id, host_port)
     WHERE t.id = v.id AND t.status = %s
     RETURNING t.id
 """
+
+# Inference services are published on a host port of their node.
+INFERENCE_PORTS = range(8000, 9000)
+PORTS_IN_USE = """
+    SELECT node_id, host_port FROM tasks
+    WHERE node_id = ANY(%s) AND host_port IS NOT NULL AND status = ANY(%s)
+"""
+
+
+def assign_host_ports(decisions: list[Decision], tasks: dict[int, TaskReq], node_ids) -> dict[int, int | None]:
+    """A free port of INFERENCE_PORTS on its node for each inference decision (None for
+    the others); a decision whose node has no port left is not in the answer. The
+    caller holds the nodes' row locks, so no other binder hands out the same port (and
+    a unique index backs that up)."""
+    wanted = [d for d in decisions if tasks[d.task_id].kind == TaskKind.INFERENCE]
+    ports: dict[int, int | None] = {d.task_id: None for d in decisions if tasks[d.task_id].kind != TaskKind.INFERENCE}
+    if not wanted:
+        return ports
+    used: dict[str, set[int]] = defaultdict(set)
+    with connection.cursor() as cursor:
+        cursor.execute(PORTS_IN_USE, [sorted(node_ids), list(HOLDING)])
+        for node_id, port in cursor.fetchall():
+            used[node_id].add(port)
+    for decision in wanted:
+        taken = used[decision.node_id]
+        port = next((p for p in INFERENCE_PORTS if p not in taken), None)
+        if port is not None:
+            taken.add(port)
+            ports[decision.task_id] = port
+    return ports
 
 
 ALLOCATE = """
@@ -268,9 +358,12 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
             ):
                 continue
             still_valid.append(decision)
+        ports = assign_host_ports(still_valid, tasks, alive)
+        still_valid = [d for d in still_valid if d.task_id in ports]
         with connection.cursor() as cursor:
             cursor.execute(BIND_CAS, [
-                S.SCHEDULED, utcnow(), [d.task_id for d in still_valid], [d.node_id for d in still_valid], S.PENDING,
+                S.SCHEDULED, utcnow(), [d.task_id for d in still_valid], [d.node_id for d in still_valid],
+                [ports[d.task_id] for d in still_valid], S.PENDING,
             ])
             won = {row[0] for row in cursor.fetchall()}
             cards = [(d, index) for d in still_valid if d.task_id in won for index in d.gpu_indices]
@@ -299,8 +392,89 @@ class CycleResult:
     lost_races: list[int] = field(default_factory=list)
     failed: dict[int, dict] = field(default_factory=dict)
     backlog: bool = False
+    preemptions: dict[int, PreemptionPlan] = field(default_factory=dict)
     # seconds spent in each phase, for the benchmark and the cycle metrics
     phases: dict[str, float] = field(default_factory=dict)
+
+
+# --- preemption -------------------------------------------------------------------------
+
+# Placement failures that may be answered by preemption (a tenant-sharing failure is not:
+# evicting another tenant's task to share its card would defeat the sharing rule).
+PREEMPTION_TRIGGERS = ("InsufficientResources", "NoSchedulableNodes")
+OCCUPANTS_SQL = """
+    SELECT t.id, t.node_id, t.status, t.kind, t.preemptible, t.priority, extract(epoch FROM t.created_at)
+    FROM tasks t
+    WHERE t.node_id IS NOT NULL
+      AND (t.status = 'preempting' OR (t.kind = 'job' AND t.preemptible AND t.status = ANY(%s)))
+      AND EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.task_id = t.id)
+"""
+
+
+def load_occupants(stage: str) -> list[Occupant]:
+    """The tasks that could give cards back: possible victims for this stage, and the
+    tasks already being preempted."""
+    with connection.cursor() as cursor:
+        cursor.execute(OCCUPANTS_SQL, [sorted(VICTIM_STATUSES[stage])])
+        return [Occupant(id, node_id, status, kind, preemptible, priority, float(created))
+                for id, node_id, status, kind, preemptible, priority, created in cursor.fetchall()]
+
+
+def preempt_for(failures: list[Failure], tasks: dict[int, TaskReq], nodes: list[NodeSnap], settings: PluginSettings,
+                may_share) -> dict[int, PreemptionPlan]:
+    """The preempt plugin, after placement: for each task that did not fit (in queue
+    order), plan the minimal eviction, then move every planned victim running →
+    preempting in one CAS. Nothing is released here: the cards stay counted until the
+    agent confirms the stop (or the watchdog forces it)."""
+    hopeful = [f for f in failures if f.code in PREEMPTION_TRIGGERS and tasks[f.task_id].kind != TaskKind.TRAINING]
+    if not hopeful or settings.preempt_stage not in VICTIM_STATUSES or settings.preempt_stage == "disabled":
+        return {}
+    by_node = occupants_by_node(load_occupants(settings.preempt_stage))
+    if not by_node:
+        return {}
+    plans: dict[int, PreemptionPlan] = {}
+    taken: set[int] = set()
+    for failure in hopeful:
+        plan = plan_preemption(tasks[failure.task_id], nodes, by_node, settings, may_share, taken)
+        if plan is not None:
+            plans[plan.task_id] = plan
+            taken.update(plan.victims)
+    if taken:
+        won = set(transition(Task, TRANSITIONS, sorted(taken), sorted(VICTIM_STATUSES[settings.preempt_stage]), S.PREEMPTING))
+        for plan in plans.values():
+            plan.victims = [victim for victim in plan.victims if victim in won]
+    return plans
+
+
+PREEMPTION_GRACE = timedelta(seconds=60)
+
+
+def force_overdue_preemptions(now=None) -> list[int]:
+    """The watchdog (every 30 s): a task preempting for more than 60 s without the
+    agent's confirmation is moved back to the queue through the same CAS, and its cards
+    are released; a late confirmation then loses and changes nothing. Each forced task
+    raises PREEMPTION_TIMEOUT."""
+    from apps.alerts.choices import AlertType, Severity
+    from apps.alerts.services import raise_alert
+    from apps.tasks.services import requeue_preempted
+
+    cutoff = (now or utcnow()) - PREEMPTION_GRACE
+    overdue = {
+        pk: (node_id, tenant_id)
+        for pk, node_id, tenant_id in Task.objects.filter(status=S.PREEMPTING, updated_at__lt=cutoff).values_list(
+            "pk", "node_id", "tenant_id"
+        )
+    }
+    forced = requeue_preempted(sorted(overdue))
+    for pk in forced:
+        node_id, tenant_id = overdue[pk]
+        raise_alert(
+            type=AlertType.PREEMPTION_TIMEOUT, severity=Severity.WARNING, key=f"preemption-timeout:task:{pk}",
+            message=f"Task {pk} was not confirmed stopped on node {node_id} within 60 s of its preemption; "
+                    f"its cards were released and it was requeued.",
+            node_id=node_id or "", tenant_id=tenant_id, details={"task_id": pk},
+        )
+    return forced
 
 
 # why the last cycle did not place them (only still-pending tasks: a racer may have bound one)
@@ -329,9 +503,17 @@ def run_cycle(batch_size: int = BATCH_SIZE) -> CycleResult:
     tasks = {task.id: task for task in batch}
     result.bound, result.lost_races = bind_all(decisions, tasks, may_share, settings)
     clock.lap("bind")
+    result.preemptions = preempt_for(failures, tasks, nodes, settings, may_share)
+    clock.lap("preempt")
     now = utcnow().isoformat()
     for failure in failures:
-        result.failed[failure.task_id] = failure.as_reason() | {"at": now}
+        reason = failure.as_reason() | {"at": now}
+        plan = result.preemptions.get(failure.task_id)
+        if plan is not None:
+            # the preemptor waits: next cycle binds against the real ledger
+            reason |= {"code": "PreemptionPending", "cause": failure.code,
+                       "preemption": {"node_id": plan.node_id, "victims": plan.victims}}
+        result.failed[failure.task_id] = reason
     if result.failed:
         with connection.cursor() as cursor:
             cursor.execute(EXPLAIN, [list(result.failed), [orjson.dumps(reason).decode() for reason in result.failed.values()]])

@@ -35,8 +35,9 @@ HOLDING = tuple(status for status in ACTIVE if status != S.PENDING)
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.PENDING: frozenset({S.SCHEDULED, S.CANCELLED, S.FAILED}),
     # requeue (node lost, bind rolled back), agent claim, user stop/cancel, failures
-    S.SCHEDULED: frozenset({S.STARTING, S.RUNNING, S.PENDING, S.STOPPING, S.CANCELLED, S.FAILED}),
-    S.STARTING: frozenset({S.RUNNING, S.PENDING, S.STOPPING, S.FAILED}),
+    # (preempting from scheduled/starting: only with preempt_stage "scheduled")
+    S.SCHEDULED: frozenset({S.STARTING, S.RUNNING, S.PENDING, S.STOPPING, S.CANCELLED, S.FAILED, S.PREEMPTING}),
+    S.STARTING: frozenset({S.RUNNING, S.PENDING, S.STOPPING, S.FAILED, S.PREEMPTING}),
     S.RUNNING: frozenset({
         S.COMPLETED, S.FAILED, S.STOPPING, S.DRAINING, S.PREEMPTING, S.PENDING, S.SLEEPING, S.PAUSED,
     }),

@@ -5,7 +5,7 @@ from django.conf import settings
 from django.db import models
 
 from apps.core.scoping import ScopedQuerySet
-from apps.tasks.choices import TaskKind, TaskStatus
+from apps.tasks.choices import HOLDING, TaskKind, TaskStatus
 
 
 class TaskQuerySet(ScopedQuerySet):
@@ -41,6 +41,9 @@ class Task(models.Model):
     resume_from_checkpoint = models.CharField(max_length=1024, blank=True, default="")
     # where and how it went
     node = models.ForeignKey("nodes.Node", null=True, blank=True, on_delete=models.PROTECT, related_name="tasks")
+    host_port = models.PositiveIntegerField(
+        null=True, blank=True, help_text="inference: the node's port (8000-8999) the service is published on"
+    )
     preempt_count = models.PositiveIntegerField(default=0)
     exit_code = models.IntegerField(null=True, blank=True)
     error_message = models.TextField(blank=True, default="")
@@ -65,6 +68,11 @@ class Task(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_priority_0_100"),
+            # a host port serves one task at a time on a node (kept for history once ended)
+            models.UniqueConstraint(
+                fields=["node", "host_port"], condition=models.Q(status__in=HOLDING, host_port__isnull=False),
+                name="task_host_port_once_per_node",
+            ),
             models.CheckConstraint(
                 condition=~models.Q(kind=TaskKind.TRAINING, preemptible=True), name="task_training_not_preemptible"
             ),

@@ -103,13 +103,30 @@ def agent_report(task: Task, *, from_status: str, to_status: str, exit_code=None
     if to_status in TERMINAL:
         changes.update(finished_at=now, exit_code=exit_code, error_message=error_message[:10_000])
     if to_status == S.PENDING:  # a preempted task's stop is confirmed: back to the queue
-        changes.update(node=None, preempt_count=F("preempt_count") + 1, preemptible=False)
+        return bool(requeue_preempted([task.pk]))
     from apps.scheduler.services import release
 
     with transaction.atomic():
         won = bool(transition(Task, TRANSITIONS, task.pk, [from_status], to_status, **changes))
-        if won and (to_status in TERMINAL or to_status == S.PENDING):
+        if won and to_status in TERMINAL:
             release([task.pk])
+    return won
+
+
+def requeue_preempted(task_ids) -> list[int]:
+    """preempting → pending, once the stop is confirmed (by the agent, or forced by the
+    watchdog): only now are the cards given back. The task returns to the queue off
+    its node, with preempt_count + 1 and preemptible=false so that it is not preempted
+    again and again. Of a late confirmation and the watchdog, one CAS wins; the other
+    changes nothing."""
+    from apps.scheduler.services import release
+
+    with transaction.atomic():
+        won = transition(
+            Task, TRANSITIONS, list(task_ids), [S.PREEMPTING], S.PENDING,
+            node=None, host_port=None, preempt_count=F("preempt_count") + 1, preemptible=False,
+        )
+        release(won)
     return won
 
 

@@ -79,7 +79,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "id", "tenant", "name", "kind", "status", "image", "command", "env", "volumes", "ports", "health_probe",
             "gpu_required", "gpu_memory_mb", "gpu_type", "cpu_request", "memory_request_mb", "priority",
             "preemptible", "labels", "timeout_seconds", "checkpoint_path", "resume_from_checkpoint", "node",
-            "preempt_count", "exit_code", "error_message", "schedule_reason", "created_by", "created_at",
+            "host_port", "preempt_count", "exit_code", "error_message", "schedule_reason", "created_by", "created_at",
             "updated_at", "started_at", "finished_at",
         ]
 

@@ -1,4 +1,4 @@
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
@@ -41,6 +41,8 @@ def agent_task(task: Task) -> dict:
     env, missing = services.resolve_env(task)
     data = s.TaskSerializer(task).data
     data["env"] = env
+    # the cards it holds, for the vendor's visibility variable (NVIDIA_VISIBLE_DEVICES, …)
+    data["gpu_indices"] = sorted(task.allocations.values_list("gpu_index", flat=True))
     if missing:
         data["missing_secrets"] = missing
     return data
@@ -130,7 +132,9 @@ class TaskDetailView(APIView):
         serializer = s.AgentReportSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        task = get_object_or_404(Task, pk=pk, node_id=data["node_id"])
+        # a task sent back to the queue (preemption confirmed, or forced) has left its
+        # node: the retried confirmation must still learn that it lost (409), not 404
+        task = get_object_or_404(Task.objects.filter(Q(node_id=data["node_id"]) | Q(node__isnull=True)), pk=pk)
         try:
             won = services.agent_report(
                 task, from_status=data["from_status"], to_status=data["status"],
