@@ -49,6 +49,18 @@ class Env:
             raise ImproperlyConfigured(f"{name}={value} is outside {low}..{high}")
         return value
 
+    def float(self, name: str, default: float, *, low: float, high: float) -> float:
+        raw = self.str(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+        if not low <= value <= high:  # also refuses nan
+            raise ImproperlyConfigured(f"{name}={value} is outside {low}..{high}")
+        return value
+
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
         value = (self.str(name) or default).lower()
         if value not in choices:

@@ -245,6 +245,12 @@ HETEROFLOW_HEARTBEAT_DB_POOL_SIZE = env.int("HETEROFLOW_HEARTBEAT_DB_POOL_SIZE",
 HETEROFLOW_TRUSTED_PROXIES = env.cidr_list("HETEROFLOW_TRUSTED_PROXIES", [])
 HETEROFLOW_TASK_TIMEOUT_SECONDS = env.int("HETEROFLOW_TASK_TIMEOUT_SECONDS", 7_200, low=60, high=31 * 86_400)
 METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_760)
+# How long one scheduler process reuses the GPU rows it read (their live readings are
+# refreshed by heartbeats every 5 s anyway); node rows and the GPU ledger are read fresh
+# every cycle, and bind re-checks the chosen cards. 0: read everything every cycle.
+HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS = env.float(
+    "HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS", 0.0 if HETEROFLOW_ENV == "test" else 5.0, low=0.0, high=60.0
+)
 
 # --- bootstrap ------------------------------------------------------------------------
 HETEROFLOW_ADMIN_USER = env.str("HETEROFLOW_ADMIN_USER", "admin")

@@ -231,27 +231,38 @@ def free_whole_cards(node: NodeSnap) -> int:
     return sum(1 for gpu in node.gpus if not gpu.lost and not gpu.holders)
 
 
+_UNKNOWN = object()
+
+
 class FleetView:
     """Per-cycle bookkeeping that keeps each task's work small. Everything about a node
     that does not depend on the task is computed once per cycle (availability, load,
-    the task-independent part of its score, its free cards per vendor) and recomputed
-    only for the node a decision lands on; a task needing more whole cards than any
-    node has free fails without a scan."""
+    the task-independent part of its score; on first use its open cards and the cards
+    with room left) and recomputed only for the node a decision lands on; a task
+    needing more whole cards than any node has free fails without a scan."""
 
     def __init__(self, nodes: Sequence[NodeSnap], settings: PluginSettings):
         self.nodes = list(nodes)
         self.settings = settings
+        count = len(self.nodes)
         self.available = [node.status in SCHEDULABLE_STATUSES and node.executable for node in self.nodes]
         self.overloaded = [overloaded(node, settings) for node in self.nodes]
         self.rdma = [rdma_state(node) for node in self.nodes]
-        self.free = [0] * len(self.nodes)
-        self.base_score = [0.0] * len(self.nodes)
-        self._open_cards: list[dict[str, list[GpuSnap]]] = [{} for _ in self.nodes]
+        # the one vendor of a node's cards (lower case), or None when they are mixed
+        self.vendor = [_single_vendor(node) for node in self.nodes]
+        self.free = [0] * count
+        self.base_score = [0.0] * count
+        self._open: list[list[GpuSnap] | None] = [None] * count
+        self._partial: list[list[GpuSnap] | None] = [None] * count
         self._room: list[dict[tuple, int]] = [{} for _ in self.nodes]
-        self._topology: dict[int, nvlink.Topology | None] = {}
-        for position in range(len(self.nodes)):
+        self._topology: list = [_UNKNOWN if nvlink.TOPOLOGY_LABEL in node.labels else None for node in self.nodes]
+        for position in range(count):
             self._refresh(position)
-        self.max_free = max(self.free, default=0)
+        # how many nodes have each number of free cards: max_free without a scan
+        self.free_histogram = [0] * (max((len(node.gpus) for node in self.nodes), default=0) + 1)
+        for free in self.free:
+            self.free_histogram[free] += 1
+        self.max_free = self._max_free()
 
     def _refresh(self, position: int) -> None:
         node = self.nodes[position]
@@ -262,19 +273,26 @@ class FleetView:
         if "rdma" in self.settings.enabled:
             score += weights.get("rdma", 1.0) * score_rdma(node)
         self.base_score[position] = score
-        self._open_cards[position] = {}
+        self._open[position] = None
+        self._partial[position] = None
         self._room[position] = {}
+
+    def _max_free(self) -> int:
+        return next((free for free in range(len(self.free_histogram) - 1, -1, -1) if self.free_histogram[free]), 0)
 
     def open_cards(self, position: int, vendor: str) -> list[GpuSnap]:
         """The node's free whole cards of this vendor ("" any) below the load thresholds."""
-        cache = self._open_cards[position]
-        cards = cache.get(vendor)
+        cards = self._open[position]
         if cards is None:
-            cards = cache[vendor] = [
-                gpu for gpu in self.nodes[position].gpus
-                if not gpu.lost and not gpu.holders and vendor_matches(gpu, vendor) and card_under_load(gpu, self.settings)
+            settings = self.settings
+            cards = self._open[position] = [
+                gpu for gpu in self.nodes[position].gpus if not gpu.lost and not gpu.holders and card_under_load(gpu, settings)
             ]
-        return cards
+        if not vendor or vendor == self.vendor[position]:
+            return cards
+        if self.vendor[position] is not None:
+            return []
+        return [gpu for gpu in cards if gpu.vendor.lower() == vendor]
 
     def room_mb(self, position: int, vendor: str, tenant_id: int | None, may_share) -> int:
         """The most memory one card of this vendor could still give a memory-only task
@@ -284,12 +302,17 @@ class FleetView:
         key = (vendor, tenant_id)
         room = cache.get(key)
         if room is None:
+            partial = self._partial[position]
+            if partial is None:
+                partial = self._partial[position] = [
+                    gpu for gpu in self.nodes[position].gpus
+                    if not gpu.lost and not gpu.whole_taken and card_under_load(gpu, self.settings)
+                ]
             room = cache[key] = max(
                 (
                     gpu.memory_free_mb(reserve_mb(gpu, self.settings))
-                    for gpu in self.nodes[position].gpus
-                    if not gpu.lost and not gpu.whole_taken and vendor_matches(gpu, vendor)
-                    and card_under_load(gpu, self.settings)
+                    for gpu in partial
+                    if vendor_matches(gpu, vendor)
                     and (tenant_id is None or all(may_share(tenant_id, holder) for _, holder, _ in gpu.holders))
                 ),
                 default=0,
@@ -297,14 +320,22 @@ class FleetView:
         return room
 
     def topology(self, position: int) -> nvlink.Topology | None:
-        if position not in self._topology:
+        topology = self._topology[position]
+        if topology is _UNKNOWN:
             node = self.nodes[position]
-            self._topology[position] = nvlink.parse(node.labels, [gpu.index for gpu in node.gpus])
-        return self._topology[position]
+            topology = self._topology[position] = nvlink.parse(node.labels, [gpu.index for gpu in node.gpus])
+        return topology
 
     def took(self, position: int) -> None:
+        self.free_histogram[self.free[position]] -= 1
         self._refresh(position)
-        self.max_free = max(self.free, default=0)
+        self.free_histogram[self.free[position]] += 1
+        self.max_free = self._max_free()
+
+
+def _single_vendor(node: NodeSnap) -> str | None:
+    vendors = {gpu.vendor.lower() for gpu in node.gpus}
+    return vendors.pop() if len(vendors) == 1 else (None if vendors else "")
 
 
 def place(

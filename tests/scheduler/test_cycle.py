@@ -132,3 +132,57 @@ def test_dry_run_says_where_and_why_and_binds_nothing(api, world):
     assert api.post("/api/v1/scheduler/dry-run", {"gpu_required": 1}, format="json", **bearer(world.operator_key)).status_code == 400
     assert api.post("/api/v1/scheduler/dry-run", {"gpu_required": 1, "tenant": "acme"}, format="json", **bearer(world.operator_key)).json()["placed"]
     assert api.post("/api/v1/scheduler/dry-run", {"nodes": 1}, format="json", **headers).status_code == 400
+
+
+# --- GPU rows reused between cycles (HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS) ------------
+
+
+@pytest.fixture
+def reuse_gpu_rows(settings):
+    from apps.scheduler import services
+
+    settings.HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS = 60
+    services._gpu_rows = None
+    yield
+    services._gpu_rows = None
+
+
+def test_reused_gpu_rows_take_their_holders_from_the_ledger_every_cycle(world, reuse_gpu_rows):
+    acme = world.tenants["acme"]
+    make_node("n1", gpus=1)
+    first = make_task(acme, gpu_required=1, name="first")
+    assert run_cycle().bound == [first.pk]
+    second = make_task(acme, gpu_required=1, name="second")
+    assert run_cycle().bound == []  # the reused card is held, as the ledger says
+    first.refresh_from_db()
+    stop_task(first)  # scheduled → cancelled: the card is free in the ledger
+    assert run_cycle().bound == [second.pk]
+    assert ledger_agrees()
+
+
+def test_a_card_lost_since_the_rows_were_read_is_not_bound(world, reuse_gpu_rows):
+    acme = world.tenants["acme"]
+    make_node("n1", gpus=1)
+    warm_up = make_task(acme, gpu_required=1, name="warm-up")
+    run_cycle()  # reads (and keeps) the GPU rows
+    warm_up.refresh_from_db()
+    stop_task(warm_up)
+    Gpu.objects.filter(node_id="n1", index=0).update(lost_at=utcnow())
+    late = make_task(acme, gpu_required=1, name="late")
+    result = run_cycle()
+    assert result.bound == [] and result.lost_races == [late.pk]  # decided on the old rows, refused at bind
+    late.refresh_from_db()
+    assert late.status == "pending" and not GpuAllocation.objects.exists()
+
+
+def test_a_new_node_makes_the_rows_be_read_again(world, reuse_gpu_rows):
+    acme = world.tenants["acme"]
+    make_node("n1", gpus=1)
+    run_cycle()
+    make_task(acme, gpu_required=1, name="fills-n1")
+    run_cycle()
+    make_node("n2", gpus=1)
+    late = make_task(acme, gpu_required=1, name="late")
+    assert run_cycle().bound == [late.pk]
+    late.refresh_from_db()
+    assert late.node_id == "n2"
