@@ -1,13 +1,16 @@
 """Scheduler benchmark: N nodes × 8 GPUs and M pending tasks of mixed shapes in a real
 PostgreSQL; cycles run (as the 5 s tick would, back to back) until the queue stops
-moving. Prints binds per second, time per 200-task cycle, queries per cycle, and the
-in-memory decision time for a 200-task batch.
+moving. Prints binds per second, time per 200-task cycle (and where it goes: queue,
+snapshot, decide, bind, preempt, explain), queries per cycle, and the in-memory decision
+time per task (p50/p99) and per 200-task batch.
 
-    .venv/bin/python bench/scheduler.py --nodes 1000 --tasks 4000
-    make bench-scheduler
+    make bench-scheduler        (1,000 and 5,000 nodes, 3,000 tasks)
+    .venv/bin/python bench/scheduler.py --nodes 1000 --tasks 4000 [--profile]
 
 Uses DATABASE_URL when set, else an embedded PostgreSQL in a scratch folder; works in
-its own database heteroflow_bench_sched (dropped before and after). Asserts nothing.
+its own database heteroflow_bench_sched (dropped before and after; BENCH_KEEP_DB=1 keeps
+it for EXPLAIN by hand). --profile prints a cProfile of one cycle, sorted by
+BENCH_PROFILE_SORT (default tottime). Asserts nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,10 +40,17 @@ def percentile(values, q):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--tasks", type=int, default=4000)
+    parser.add_argument("--nodes", default="1000,5000", help="fleet sizes, comma-separated (one run each)")
+    parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of the first cycle (top 25 by own time)")
     args = parser.parse_args()
+    sizes = [int(size) for size in str(args.nodes).split(",") if size.strip()]
+    if len(sizes) > 1:  # one process per fleet size, each with a fresh database
+        extra = ["--profile"] if args.profile else []
+        return max(
+            subprocess.call([sys.executable, __file__, "--nodes", str(size), "--tasks", str(args.tasks), *extra]) for size in sizes
+        )
+    args.nodes = sizes[0]
 
     scratch = Path(tempfile.mkdtemp(prefix="hf-bench-sched-"))
     stores = ensure_data_stores(scratch, os.environ)
@@ -117,12 +128,14 @@ def main() -> int:
         # the in-memory decision alone: one 200-task batch on a fresh snapshot, five times
         batch = services.next_batch()
         QueueCursor.objects.all().delete()  # the measured run below starts at the head of the queue
-        decide_times = []
+        decide_times, per_task = [], []
         for _ in range(5):
             snapshot = services.load_nodes()
+            marks: list[float] = []
             started = time.perf_counter()
-            core.place(batch, snapshot, services.plugin_settings(), lambda a, b: a == b)
+            core.place(batch, snapshot, services.plugin_settings(), lambda a, b: a == b, mark=lambda: marks.append(time.perf_counter()))
             decide_times.append(time.perf_counter() - started)
+            per_task += [later - earlier for earlier, later in zip(marks, marks[1:])]
 
         cycles, total_bound, cycle_times, queries = 0, 0, [], []
         started_all = time.perf_counter()
@@ -135,15 +148,6 @@ def main() -> int:
             counter["n"] += 1
             return execute(sql, params, many, context)
 
-        if os.environ.get("BENCH_SNAPSHOT_SQL"):
-            with connection.cursor() as cursor:
-                for _ in range(3):
-                    started = time.perf_counter()
-                    cursor.execute(services.GPUS_SQL, [["online", "suspect"]])
-                    cursor.fetchall()
-                    middle = time.perf_counter()
-                    services.load_nodes()
-                    print(f"  GPUS_SQL {1000 * (middle - started):.0f} ms; load_nodes {1000 * (time.perf_counter() - middle):.0f} ms")
         if args.profile:
             import cProfile
             import pstats
@@ -178,6 +182,8 @@ def main() -> int:
         if phases:
             split = ", ".join(f"{name} {percentile([p.get(name, 0) for p in phases], 0.5) * 1000:.0f}" for name in phases[0])
             print(f"  where a binding cycle's time goes (p50, ms)  {split}")
+        print(f"  decision time per task  p50 {percentile(per_task, 0.5) * 1000:.2f} ms, p99 {percentile(per_task, 0.99) * 1000:.2f} ms"
+              f" (in memory, {len(per_task)} decisions)")
         best = min(decide_times)
         print(f"  in-memory decisions for 200 tasks on {args.nodes} nodes  {best * 1000:.0f} ms ({best / len(batch) * 1000:.2f} ms per task; worst of 5 runs {max(decide_times) * 1000:.0f} ms)")
         return 0

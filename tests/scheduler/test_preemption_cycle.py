@@ -8,7 +8,6 @@ import pytest
 from django.conf import settings
 
 from apps.alerts.models import Alert
-from apps.core.clock import utcnow
 from apps.scheduler import services
 from apps.scheduler.jobs import preemption_watchdog_job
 from apps.scheduler.models import GpuAllocation
