@@ -330,6 +330,25 @@ print(gone[0], gone[1], back[0], back[1])
     return float(gone_s), int(gone_n), float(back_s), int(back_n)
 
 
+def run_heartbeats(args, port: int, secret: str, database_url: str, env: dict) -> None:
+    before = {}
+    latencies, errors, elapsed = asyncio.run(run_load(
+        port, secret, args.nodes, args.duration, args.interval, args.connections,
+        between=lambda: before.update(table_counters(database_url)),
+    ))
+    after = table_counters(database_url)
+    done = len(latencies)
+    say("\n== heartbeats ==")
+    say(f"  heartbeats           {done} in {elapsed:.1f} s = {done / elapsed:.0f}/s (offered {args.nodes / args.interval:.0f}/s)")
+    say(f"  latency              p50 {percentile(latencies, 0.5) * 1000:.1f} ms, p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
+    say(f"  errors               {sum(errors.values())} {errors or ''}")
+    commits = after["commits"] - before["commits"]
+    say(f"  per heartbeat        {commits / done:.2f} commits, {(after['nodes'] - before['nodes']) / done:.2f} node rows, "
+        f"{(after['gpus'] - before['gpus']) / done:.2f} GPU rows, {(after['node_metrics'] - before['node_metrics']) / done:.2f} metric rows")
+    statements = statements_per_steady_beat(env)
+    say(f"  statements per steady-state beat: {len(statements)} ({' + '.join(statements)}: node UPDATE + GPU UPDATE + metrics INSERT as one statement)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=2000)
@@ -338,6 +357,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--skip-list", action="store_true", help="skip the node-list and health-check parts")
+    parser.add_argument("--list-only", action="store_true", help="only the node-list and health-check parts")
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="hf-bench-"))
@@ -362,23 +382,8 @@ def main() -> int:
         where = ", ".join(stores.embedded) + " embedded" if stores.embedded else "from DATABASE_URL / REDIS_URL"
         say(f"server: uvicorn, {args.workers} workers, production settings; data stores: {where}; machine: {os.cpu_count()} cores")
 
-        before = {}
-        latencies, errors, elapsed = asyncio.run(run_load(
-            port, secret, args.nodes, args.duration, args.interval, args.connections,
-            between=lambda: before.update(table_counters(database_url)),
-        ))
-        after = table_counters(database_url)
-        done = len(latencies)
-        say("\n== heartbeats ==")
-        say(f"  heartbeats           {done} in {elapsed:.1f} s = {done / elapsed:.0f}/s (offered {args.nodes / args.interval:.0f}/s)")
-        say(f"  latency              p50 {percentile(latencies, 0.5) * 1000:.1f} ms, p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
-        say(f"  errors               {sum(errors.values())} {errors or ''}")
-        commits = after["commits"] - before["commits"]
-        say(f"  per heartbeat        {commits / done:.2f} commits, {(after['nodes'] - before['nodes']) / done:.2f} node rows, "
-            f"{(after['gpus'] - before['gpus']) / done:.2f} GPU rows, {(after['node_metrics'] - before['node_metrics']) / done:.2f} metric rows")
-        statements = statements_per_steady_beat(env)
-        say(f"  statements per steady-state beat: {len(statements)} ({' + '.join(statements)}: node UPDATE + GPU UPDATE + metrics INSERT as one statement)")
-
+        if not args.list_only:
+            run_heartbeats(args, port, secret, database_url, env)
         if not args.skip_list:
             key = subprocess.run(
                 [sys.executable, "-c", "import django; django.setup(); from django.contrib.auth import get_user_model; "

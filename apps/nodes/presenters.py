@@ -37,11 +37,12 @@ def _select(alias: str, column: str) -> str:
 
 
 # Built with the text `json` functions (several times faster than jsonb for output).
+# {source} is a relation of (id, ord): the nodes to show, in order.
 PAGE_JSON = f"""
 SELECT COALESCE(json_agg(page.doc ORDER BY page.ord), '[]'::json)::text
 FROM (
     SELECT p.ord, row_to_json(d) AS doc
-    FROM unnest(%(ids)s::text[]) WITH ORDINALITY AS p(id, ord)
+    FROM {{source}} AS p(id, ord)
     JOIN LATERAL (
         SELECT {", ".join(_select("n", c) for c in NODE_COLUMNS)}, t.slug AS tenant,
                COALESCE(u.used, 0) AS gpu_used, COALESCE(g.lost, 0) AS gpus_lost, COALESCE(g.gpus, '[]'::json) AS gpus
@@ -59,23 +60,37 @@ FROM (
             ) AS x
         ) AS g ON true
         LEFT JOIN LATERAL (
-            SELECT sum(tasks.gpu_required) AS used FROM tasks WHERE tasks.node_id = n.id AND tasks.status = ANY(%(active)s)
+            SELECT sum(tasks.gpu_required) AS used FROM tasks WHERE tasks.node_id = n.id AND tasks.status = ANY(%s)
         ) AS u ON true
         WHERE n.id = p.id
     ) AS d ON true
 ) AS page
 """
+BY_IDS = PAGE_JSON.format(source="unnest(%s::text[]) WITH ORDINALITY")
+# One round trip for a list page: how many match, and the page itself.
+LIST_PAGE = """
+SELECT (SELECT count(*) FROM ({matching}) AS everything),
+       ({page})
+"""
 
 
 def _page_text(node_ids) -> str:
     with connection.cursor() as cursor:
-        cursor.execute(PAGE_JSON, {"ids": list(node_ids), "active": list(ACTIVE)})
+        cursor.execute(BY_IDS, [list(node_ids), list(ACTIVE)])
         return cursor.fetchone()[0]
 
 
-def present_json(node_ids) -> orjson.Fragment:
-    """The page, in the order of `node_ids`, as ready-made JSON."""
-    return orjson.Fragment(_page_text(node_ids))
+def present_page(nodes, order: tuple[str, ...], *, limit: int, offset: int) -> tuple[int, orjson.Fragment]:
+    """`nodes`: a queryset of the nodes that match. Returns how many match and the JSON
+    of the page [offset, offset + limit) in `order`, in one statement (the page's ids
+    come from the ordering index, not from sorting every match)."""
+    matching, matching_params = nodes.order_by().values("id").query.sql_with_params()
+    ordered, ordered_params = nodes.order_by(*order).values("id")[offset:offset + limit].query.sql_with_params()
+    page = PAGE_JSON.format(source=f"(SELECT q.id, row_number() OVER () FROM ({ordered}) AS q)")
+    with connection.cursor() as cursor:
+        cursor.execute(LIST_PAGE.format(matching=matching, page=page), [*matching_params, *ordered_params, list(ACTIVE)])
+        count, text = cursor.fetchone()
+    return count, orjson.Fragment(text)
 
 
 def present_one(node) -> dict:

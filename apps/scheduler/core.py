@@ -52,6 +52,7 @@ class NodeSnap:
     cpu_used: float | None = None
     memory_used: float | None = None
     gpus: list[GpuSnap] = field(default_factory=list)
+    ports_free: int | None = None  # host ports left for inference services; None: not limited
 
     def usable_gpus(self) -> list[GpuSnap]:
         return [gpu for gpu in self.gpus if not gpu.lost]
@@ -359,8 +360,9 @@ def place(
     for task in tasks:
         if mark:
             mark()
-        removed = {"unavailable": 0, "tenant": 0, "load": 0, "capacity": 0, "tenant_sharing": 0, "rdma": 0, "nvlink": 0}
+        removed = {"unavailable": 0, "tenant": 0, "load": 0, "capacity": 0, "tenant_sharing": 0, "rdma": 0, "nvlink": 0, "ports": 0}
         best: tuple | None = None
+        needs_port = task.kind == "inference"
         need = needed_cards(task)
         memory_only = task.memory_only
         whole = bool(need) and not memory_only
@@ -401,6 +403,9 @@ def place(
                 continue
             if fleet.overloaded[position]:
                 removed["load"] += 1
+                continue
+            if needs_port and node.ports_free is not None and node.ports_free <= 0:
+                removed["ports"] += 1
                 continue
             cards: list[GpuSnap] = []
             if whole:
@@ -450,6 +455,8 @@ def place(
         else:
             chosen = pick_cards(cards, need)
         memory = task.gpu_memory_mb if memory_only else None
+        if needs_port and node.ports_free is not None:
+            node.ports_free -= 1
         for gpu in chosen:
             gpu.holders.append((task.id, task.tenant_id, memory))
         if chosen:
@@ -583,6 +590,8 @@ def plan_preemption(
             continue
         if rdma_required and rdma_state(node) is False:
             continue
+        if task.kind == "inference" and node.ports_free is not None and node.ports_free <= 0:
+            continue  # evicting jobs frees no host port
         gone = set(freeing)
         chosen: list[Occupant] = []
         found = fits(_without(node, gone), task, settings, may_share)

@@ -201,15 +201,18 @@ GPUS_SQL = """
     FROM gpus g JOIN nodes n ON n.id = g.node_id
     WHERE n.status = ANY(%s) AND n.executable
 """
+PORTS_USED = "SELECT node_id, count(*) FROM tasks WHERE host_port IS NOT NULL AND status = ANY(%s) GROUP BY node_id"
 # the ledger is bounded by the number of cards: read it whole
 HOLDERS_SQL = "SELECT node_id, gpu_index, task_id, tenant_id, memory_mb FROM gpu_allocations"
 
 
 @dataclass
 class GpuRows:
-    """The GPU rows one process read, by node, and when."""
+    """The GPU rows one process read, by node, and when (`nodes`: every node that was
+    schedulable then, with cards or without)."""
 
     by_node: dict[str, list[GpuSnap]]
+    nodes: frozenset[str]
     read_at: float
 
 
@@ -227,11 +230,12 @@ def read_gpu_rows(cursor, statuses) -> dict[str, list[GpuSnap]]:
 
 
 def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
-    """The schedulable part of the fleet, in three queries (raw rows: at thousands of
-    nodes, building model instances would cost more than the decisions; Django's
-    cursor hands jsonb over as text). With `reuse_seconds`, the GPU rows read by this
-    process that recently are reused when every node is known (the node rows and the
-    ledger are always fresh): at 5,000 nodes they are 40,000 objects to build."""
+    """The schedulable part of the fleet, in four queries: nodes, GPU rows, host ports in
+    use, the ledger (raw rows: at thousands of nodes, building model instances would
+    cost more than the decisions; Django's cursor hands jsonb over as text). With
+    `reuse_seconds`, the GPU rows this process read that recently are reused when every
+    node is known (node rows, ports and the ledger are always fresh): at 5,000 nodes
+    they are 40,000 objects to build."""
     global _gpu_rows
     statuses = sorted(SCHEDULABLE_STATUSES)
     with connection.cursor() as cursor:
@@ -242,11 +246,9 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
             for node_id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used in cursor.fetchall()
         }
         rows = _gpu_rows
-        fresh = (
-            rows is not None and time.monotonic() - rows.read_at < reuse_seconds and all(node_id in rows.by_node for node_id in nodes)
-        )
+        fresh = rows is not None and time.monotonic() - rows.read_at < reuse_seconds and rows.nodes.issuperset(nodes)
         if not fresh:
-            rows = GpuRows(read_gpu_rows(cursor, statuses), time.monotonic())
+            rows = GpuRows(read_gpu_rows(cursor, statuses), frozenset(nodes), time.monotonic())
             if reuse_seconds:
                 _gpu_rows = rows
         for node_id, node in nodes.items():
@@ -254,6 +256,13 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
             for card in node.gpus:
                 if card.holders:
                     card.holders = []  # a reused row's holders are last cycle's: the ledger below is the truth
+        cursor.execute(PORTS_USED, [list(HOLDING)])
+        for node_id, used in cursor.fetchall():
+            if node_id in nodes:
+                nodes[node_id].ports_free = len(INFERENCE_PORTS) - used
+        for node in nodes.values():
+            if node.ports_free is None:
+                node.ports_free = len(INFERENCE_PORTS)
         cursor.execute(HOLDERS_SQL)
         for node_id, index, task_id, tenant_id, memory in cursor.fetchall():
             node = nodes.get(node_id)

@@ -58,6 +58,16 @@ def test_list_filters_and_pages_in_the_database(api, world, fleet, params, expec
     assert ids(response) == expected
 
 
+def test_a_page_says_how_many_match_and_links_its_neighbours(api, world, fleet):
+    page = api.get("/api/v1/nodes?limit=1&offset=1", **bearer(world.operator_key)).json()
+    assert page["count"] == 3 and [n["id"] for n in page["results"]] == ["acme-1"]
+    assert "offset=2" in page["next"] and "limit=1" in page["next"] and page["previous"].endswith("limit=1")
+    filtered = api.get("/api/v1/nodes?status=offline&limit=5", **bearer(world.operator_key)).json()
+    assert (filtered["count"], filtered["next"], filtered["previous"]) == (1, None, None)
+    beyond = api.get("/api/v1/nodes?offset=10", **bearer(world.keys["acme-viewer"])).json()
+    assert (beyond["count"], beyond["results"]) == (2, [])
+
+
 def test_list_rejects_bad_parameters(api, world, fleet):
     for params in ("status=sleepy", "limit=0", "limit=100000", "offset=-1", "gpu_type=quantum", "colour=red"):
         response = api.get(f"/api/v1/nodes?{params}", **bearer(world.operator_key))

@@ -171,3 +171,14 @@ def test_thresholds_are_configurable():
     n = node("n", cpu_used=85.0)
     _, failures = place([task()], [n], PluginSettings(cpu_percent_max=80), SAME_TENANT_ONLY)
     assert failures[0].removed == {"load": 1}
+
+
+def test_inference_needs_a_free_host_port_and_takes_one():
+    full, roomy = node("full", ports_free=0), node("roomy", ports_free=1)
+    first, second = task(id=1, kind="inference"), task(id=2, kind="inference")
+    decisions, failures = place([first, second], [full, roomy], PluginSettings(), SAME_TENANT_ONLY)
+    assert [(d.task_id, d.node_id) for d in decisions] == [(1, "roomy")]
+    assert failures[0].task_id == 2 and failures[0].removed == {"ports": 2}
+    # jobs do not need one
+    decisions, _ = place([task(id=3)], [full], PluginSettings(), SAME_TENANT_ONLY)
+    assert decisions[0].node_id == "full"

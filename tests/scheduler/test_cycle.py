@@ -186,3 +186,16 @@ def test_a_new_node_makes_the_rows_be_read_again(world, reuse_gpu_rows):
     assert run_cycle().bound == [late.pk]
     late.refresh_from_db()
     assert late.node_id == "n2"
+
+
+def test_nodes_without_cards_do_not_defeat_the_reuse(world, reuse_gpu_rows):
+    from apps.scheduler import services
+
+    make_node("n1", gpus=2)
+    make_node("cpu-only", gpus=0)
+    make_task(world.tenants["acme"], gpu_required=1, name="a")
+    run_cycle()
+    first_read = services._gpu_rows
+    make_task(world.tenants["acme"], gpu_required=1, name="b")
+    run_cycle()
+    assert services._gpu_rows is first_read

@@ -148,7 +148,10 @@ def test_a_node_with_no_port_left_takes_no_more_inference(world, monkeypatch):
     make_task(world.tenants["acme"], name="svc1", kind="inference", gpu_required=1)
     run_cycle()
     late = make_task(world.tenants["acme"], name="svc2", kind="inference", gpu_required=1)
-    assert run_cycle().bound == []
+    result = run_cycle()
+    assert result.bound == [] and result.failed[late.pk]["removed_by"] == {"ports": 1}  # explained, not a lost race
     late.refresh_from_db()
     assert late.status == "pending" and late.host_port is None
+    job = make_task(world.tenants["acme"], name="job", gpu_required=1)
+    assert run_cycle().bound == [job.pk]  # other work still lands there
     assert ledger_agrees()

@@ -65,8 +65,9 @@ class NodeListView(APIView):
         nodes = selectors.node_list(request.auth, q=params["q"], status=params["status"], gpu_type=params["gpu_type"])
         paginator = LimitOffsetPagination()
         paginator.default_limit, paginator.max_limit = 50, 500
-        page = paginator.paginate_queryset(nodes.order_by("name", "id").values_list("id", flat=True), request, view=self)
-        return paginator.get_paginated_response(presenters.present_json(page))
+        paginator.request, paginator.limit, paginator.offset = request, paginator.get_limit(request), paginator.get_offset(request)
+        paginator.count, page = presenters.present_page(nodes, ("name", "id"), limit=paginator.limit, offset=paginator.offset)
+        return paginator.get_paginated_response(page)
 
     @extend_schema(request=s.NodeUpsertSerializer, responses={200: s.NodeSerializer, 201: s.NodeSerializer})
     def post(self, request):
