@@ -1,0 +1,1 @@
+"""HeteroFlow node agent. A separate package: it never imports the server."""

@@ -1,0 +1,1 @@
+"""Agent tests: no Django, no database. They import only heteroflow_agent."""
