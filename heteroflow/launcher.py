@@ -58,12 +58,9 @@ def agent_secret(environ, data_dir: Path) -> str:
 
 
 def local_agent_command(environ) -> list[str] | None:
-    """The hook for the node agent on this machine. The agent package (agent/) arrives with
-    the agent issue; until it exists nothing is started. Set HETEROFLOW_LOCAL_AGENT=false
-    to never start it."""
+    """The node agent of this machine (the agent/ package, installed editable). Set
+    HETEROFLOW_LOCAL_AGENT=false to not start it."""
     if not Env(environ).bool("HETEROFLOW_LOCAL_AGENT", True):
-        return None
-    if not (REPO / "agent" / "heteroflow_agent" / "__main__.py").exists():
         return None
     return [PYTHON, "-m", "heteroflow_agent"]
 
@@ -168,10 +165,11 @@ def up(args) -> int:
         )
         agent = local_agent_command(os.environ)
         if agent:
-            agent_env = env | {"HETEROFLOW_SERVER_URL": f"http://127.0.0.1:{port}"}
+            # the node agent of this machine: its node id is kept in the data folder
+            agent_env = env | {"HETEROFLOW_SERVER_URL": f"http://127.0.0.1:{port}", "HETEROFLOW_AGENT_DATA_DIR": str(data_dir / "agent")}
             supervisor.start("agent", agent, agent_env)
         else:
-            say("local agent: not started (the agent package is not in this tree yet, or HETEROFLOW_LOCAL_AGENT=false)")
+            say("local agent: not started (HETEROFLOW_LOCAL_AGENT=false)")
         host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
         base = f"http://{host}:{port}"
         if not wait_for_web(f"{base}/health", supervisor.children["web"]):

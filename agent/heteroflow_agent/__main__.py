@@ -1,0 +1,5 @@
+import sys
+
+from heteroflow_agent.main import main
+
+sys.exit(main())

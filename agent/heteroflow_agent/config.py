@@ -1,0 +1,191 @@
+"""The agent's configuration: a JSON file, then environment variables over it, checked
+as a whole. Every problem is reported at once and the agent does not start with a
+configuration it would only half obey.
+
+The node id is the node's identity on the control plane: when none is configured, one
+is made on first start and kept in the data directory, so a restart (or an upgrade)
+comes back as the same node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+DEFAULT_CONFIG_FILE = Path("/etc/heteroflow-agent/agent-config.json")
+DEFAULT_DATA_DIR = Path("/var/lib/heteroflow-agent")
+DEFAULT_MODEL_DIRS = ("/data/heteroflow/model-cache",)
+ALWAYS_SCANNED_MODEL_DIR = "/data/models"
+NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+
+# environment variable -> config key (the first one set wins)
+ENVIRONMENT = {
+    "server_url": ("HETEROFLOW_SERVER_URL",),
+    # the local agent started by `make up` gets the control plane's own secret
+    "api_key": ("HETEROFLOW_AGENT_KEY", "HETEROFLOW_AGENT_SECRET"),
+    "heartbeat_interval": ("HETEROFLOW_HEARTBEAT_INTERVAL",),
+    "node_id": ("HETEROFLOW_NODE_ID",),
+    "data_dir": ("HETEROFLOW_AGENT_DATA_DIR",),
+    "allow_process_runtime": ("HETEROFLOW_ALLOW_PROCESS_RUNTIME",),
+    "model_scan_dirs": ("HETEROFLOW_MODEL_SCAN_DIRS",),  # comma-separated
+    "log_level": ("HETEROFLOW_AGENT_LOG_LEVEL",),
+}
+KNOWN_KEYS = set(ENVIRONMENT) | {"labels", "connect_timeout", "read_timeout", "tool_timeout"}
+
+
+class ConfigError(ValueError):
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    server_url: str
+    api_key: str
+    node_id: str
+    data_dir: Path
+    heartbeat_interval: int = 5
+    allow_process_runtime: bool = False
+    model_scan_dirs: tuple[str, ...] = DEFAULT_MODEL_DIRS
+    labels: dict = field(default_factory=dict)
+    connect_timeout: float = 5.0
+    read_timeout: float = 15.0
+    tool_timeout: float = 10.0
+    log_level: str = "info"
+
+    @property
+    def scanned_model_dirs(self) -> tuple[str, ...]:
+        """`model_scan_dirs` replaces the defaults, but /data/models is always scanned."""
+        dirs = list(self.model_scan_dirs)
+        if ALWAYS_SCANNED_MODEL_DIR not in dirs:
+            dirs.append(ALWAYS_SCANNED_MODEL_DIR)
+        return tuple(dirs)
+
+
+def load(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> AgentConfig:
+    """The configuration from `path` (or HETEROFLOW_AGENT_CONFIG, or the default file if it
+    exists) with the environment over it. Raises ConfigError naming every problem."""
+    environ = os.environ if environ is None else environ
+    problems: list[str] = []
+    raw: dict = {}
+    explicit = path or environ.get("HETEROFLOW_AGENT_CONFIG")
+    file = Path(explicit) if explicit else DEFAULT_CONFIG_FILE
+    if explicit or file.exists():
+        try:
+            raw = json.loads(file.read_text())
+            if not isinstance(raw, dict):
+                raise ValueError("the file must hold a JSON object")
+        except (OSError, ValueError) as exc:
+            raise ConfigError([f"{file}: {exc}"]) from None
+        problems += [f"{file}: unknown key '{key}'" for key in sorted(set(raw) - KNOWN_KEYS)]
+    for key, names in ENVIRONMENT.items():
+        for name in names:
+            if environ.get(name, "") != "":
+                raw[key] = environ[name]
+                break
+
+    server_url = str(raw.get("server_url") or "").rstrip("/")
+    parts = urlsplit(server_url)
+    if not server_url:
+        problems.append("server_url is required (the control plane, e.g. http://10.0.0.5:3333)")
+    elif parts.scheme not in ("http", "https") or not parts.netloc:
+        problems.append(f"server_url {server_url!r} must be an http:// or https:// URL")
+    api_key = str(raw.get("api_key") or "")
+    if not api_key:
+        problems.append("api_key is required (the control plane's agent key)")
+
+    interval = _number(raw, "heartbeat_interval", 5, int, 5, 300, problems)
+    connect_timeout = _number(raw, "connect_timeout", 5.0, float, 0.5, 60, problems)
+    read_timeout = _number(raw, "read_timeout", 15.0, float, 1, 300, problems)
+    tool_timeout = _number(raw, "tool_timeout", 10.0, float, 1, 120, problems)
+    allow_process = _boolean(raw, "allow_process_runtime", False, problems)
+    log_level = str(raw.get("log_level") or "info").lower()
+    if log_level not in ("debug", "info", "warning", "error"):
+        problems.append(f"log_level {log_level!r} must be debug, info, warning or error")
+
+    dirs = raw.get("model_scan_dirs", DEFAULT_MODEL_DIRS)
+    if isinstance(dirs, str):
+        dirs = [part.strip() for part in dirs.split(",") if part.strip()]
+    if not isinstance(dirs, (list, tuple)) or not all(isinstance(d, str) and d.startswith("/") for d in dirs):
+        problems.append("model_scan_dirs must be a list of absolute paths")
+        dirs = DEFAULT_MODEL_DIRS
+
+    labels = raw.get("labels", {})
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and LABEL_KEY.match(k) and isinstance(v, str) and len(v) <= 4096 for k, v in labels.items()
+    ):
+        problems.append("labels must map names (letters, digits, . _ / -) to strings")
+        labels = {}
+
+    data_dir = Path(str(raw.get("data_dir") or DEFAULT_DATA_DIR))
+    node_id = str(raw.get("node_id") or "")
+    if node_id and not NODE_ID.match(node_id):
+        problems.append(f"node_id {node_id!r}: 1-128 letters, digits, '.', '_', ':' or '-'")
+    if problems:
+        raise ConfigError(problems)
+    if not node_id:
+        node_id = persistent_node_id(data_dir)
+    return AgentConfig(
+        server_url=server_url, api_key=api_key, node_id=node_id, data_dir=data_dir, heartbeat_interval=interval,
+        allow_process_runtime=allow_process, model_scan_dirs=tuple(dirs), labels=dict(labels),
+        connect_timeout=connect_timeout, read_timeout=read_timeout, tool_timeout=tool_timeout, log_level=log_level,
+    )
+
+
+def persistent_node_id(data_dir: Path) -> str:
+    """The id kept in `data_dir/node-id`, made on first start: the host name (cleaned)
+    and a random suffix, so two machines with the same name stay two nodes."""
+    path = data_dir / "node-id"
+    try:
+        kept = path.read_text().strip()
+        if NODE_ID.match(kept):
+            return kept
+    except OSError:
+        pass
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).strip("-._")[:100] or "node"
+    node_id = f"{host}-{uuid.uuid4().hex[:8]}"
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(node_id + "\n")
+        temporary.replace(path)
+    except OSError as exc:
+        raise ConfigError([f"cannot keep the node id in {path}: {exc} (set data_dir or node_id)"]) from None
+    return node_id
+
+
+def _number(raw, key, default, kind, low, high, problems):
+    value = raw.get(key, default)
+    try:
+        number = kind(value)
+        if isinstance(value, bool) or (kind is int and float(value) != number):
+            raise ValueError
+    except (TypeError, ValueError):
+        problems.append(f"{key} {value!r} is not a {'whole number' if kind is int else 'number'}")
+        return default
+    if not low <= number <= high:
+        problems.append(f"{key} {number} is outside {low}..{high}")
+        return default
+    return number
+
+
+def _boolean(raw, key, default, problems):
+    value = raw.get(key, default)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    problems.append(f"{key} {value!r} is not true or false")
+    return default

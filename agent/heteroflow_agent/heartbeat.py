@@ -1,0 +1,124 @@
+"""The heartbeat: everything the control plane knows about this node, sent every
+interval. The first beat registers the node (implicit registration on the server). A
+beat that fails is logged and dropped: the next interval sends a fresh one, so beats
+never pile up behind a slow or absent server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from heteroflow_agent import collect, inventory
+from heteroflow_agent.client import AuthError, ServerClient, ServerError
+from heteroflow_agent.config import AgentConfig
+from heteroflow_agent.version import Version, current
+
+logger = logging.getLogger("heteroflow_agent.heartbeat")
+
+ENGINES_EVERY = 20  # beats between inference-engine probes
+MODELS_EVERY = 12  # beats between model-directory scans
+
+
+@dataclass
+class TaskReport:
+    """What the executor knows about the tasks it runs. None: no executor is running, so
+    the node says nothing about task liveness (absent is unknown, [] would mean "none")."""
+
+    live_task_ids: list[int] | None = None
+    task_health: list[dict] = field(default_factory=list)
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        config: AgentConfig,
+        client: ServerClient,
+        *,
+        detect_gpus: Callable[[], object],
+        engine: collect.ContainerEngine | None = None,
+        tasks: Callable[[], TaskReport] = TaskReport,
+        version: Version | None = None,
+    ):
+        self.config, self.client = config, client
+        self.detect_gpus = detect_gpus
+        self.engine = engine or collect.ContainerEngine()
+        self.tasks = tasks
+        self.version = version or current()
+        self.facts = collect.host_facts()
+        self.load = collect.LoadSampler()
+        self.is_container = collect.in_container()
+        self.beats = 0
+        self.engines: tuple[list[str], dict[str, str]] = ([], {})
+        self.models: list[dict] = []
+        self.registered = False
+
+    def payload(self) -> dict:
+        """One beat's body. Probes that are slow or rarely change run every few beats."""
+        engine = self.engine.state()
+        if engine.available and self.beats % ENGINES_EVERY == 0:
+            self.engines = inventory.engines_from_tags(self.engine.image_tags())
+        if self.beats % MODELS_EVERY == 0:
+            self.models = inventory.scan_models(self.config.scanned_model_dirs)
+        exec_mode = "docker" if engine.available else ("process" if self.config.allow_process_runtime else "none")
+        ip, mac = collect.primary_address()
+        gpus = self.detect_gpus()
+        body = {
+            "node_id": self.config.node_id,
+            **self.facts,
+            **self.load.sample(),
+            "docker_available": engine.available,
+            "executable": exec_mode != "none",
+            "exec_mode": exec_mode,
+            "error_message": "" if exec_mode != "none" else engine.error,
+            "is_container": self.is_container,
+            "agent_version": self.version.version,
+            "agent_git_commit": self.version.git_commit,
+            "agent_build_time": self.version.build_time,
+            "heartbeat_interval": self.config.heartbeat_interval,
+            "gpu_stats": gpus.gpus,
+            "gpu_collect_failures": gpus.collect_failures,
+            "gpu_collector_error": gpus.collector_error,
+            "gpu_capabilities": gpus.capabilities,
+            "labels": {**self.config.labels, **gpus.labels},
+            "inference_engines": self.engines[0],
+            "inference_engine_versions": self.engines[1],
+            "vllm_available": "vllm" in self.engines[0],
+            "discovered_models": self.models,
+        }
+        if ip:
+            body["internal_ip"] = ip
+        if mac:
+            body["mac"] = mac
+        temperatures = [gpu["temperature"] for gpu in gpus.gpus if "temperature" in gpu]
+        if temperatures:
+            body["gpu_temperature"] = max(temperatures)
+        used = [gpu["memory_used_mb"] for gpu in gpus.gpus if "memory_used_mb" in gpu]
+        if used:
+            body["gpu_memory_used_mb"] = sum(used)
+        report = self.tasks()
+        if report.live_task_ids is not None:
+            body["live_task_ids"] = report.live_task_ids
+            body["task_health"] = report.task_health
+        return body
+
+    def beat(self) -> dict | None:
+        """Send one beat. The server's answer, or None when it did not get through."""
+        body = self.payload()
+        self.beats += 1
+        try:
+            response = self.client.request("POST", f"/api/v1/nodes/{self.config.node_id}/heartbeat", json=body)
+        except AuthError:
+            return None  # logged once by the client
+        except ServerError as exc:
+            logger.warning("heartbeat not delivered (%s); the next one follows in %d s", exc, self.config.heartbeat_interval)
+            return None
+        if response.status_code != 200:
+            logger.error("heartbeat refused: HTTP %d %s", response.status_code, response.text[:500])
+            return None
+        answer = response.json()
+        if answer.get("registered") or not self.registered:
+            logger.info("node %s is %s on %s", self.config.node_id, answer.get("status"), self.config.server_url)
+        self.registered = True
+        return answer

@@ -1,0 +1,80 @@
+import json
+
+import pytest
+
+from heteroflow_agent.config import ALWAYS_SCANNED_MODEL_DIR, ConfigError, load
+
+
+def write(tmp_path, **values):
+    path = tmp_path / "agent-config.json"
+    path.write_text(json.dumps(values))
+    return path
+
+
+BASE = {"server_url": "http://10.0.0.5:3333", "api_key": "k" * 24}
+
+
+def test_a_file_with_the_environment_over_it(tmp_path):
+    path = write(tmp_path, **BASE, heartbeat_interval=10, data_dir=str(tmp_path / "data"), labels={"rack": "r1"})
+    cfg = load(path, {"HETEROFLOW_HEARTBEAT_INTERVAL": "30", "HETEROFLOW_SERVER_URL": "https://cp.example:3333/"})
+    assert (cfg.server_url, cfg.heartbeat_interval, cfg.labels) == ("https://cp.example:3333", 30, {"rack": "r1"})
+    assert cfg.api_key == "k" * 24
+
+
+def test_the_environment_alone_is_enough_and_the_local_agent_key_is_the_server_secret(tmp_path):
+    cfg = load(None, {"HETEROFLOW_SERVER_URL": "http://127.0.0.1:3333", "HETEROFLOW_AGENT_SECRET": "s" * 20,
+                      "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path)})
+    assert cfg.api_key == "s" * 20 and cfg.heartbeat_interval == 5
+
+
+def test_the_node_id_is_made_once_and_kept_across_restarts(tmp_path):
+    env = {"HETEROFLOW_SERVER_URL": "http://h:1", "HETEROFLOW_AGENT_KEY": "k", "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path)}
+    first = load(None, env).node_id
+    assert load(None, env).node_id == first
+    assert (tmp_path / "node-id").read_text().strip() == first
+    assert load(None, env | {"HETEROFLOW_NODE_ID": "gpu-07"}).node_id == "gpu-07"
+
+
+@pytest.mark.parametrize(
+    "values,problem",
+    [
+        ({"heartbeat_interval": 4}, "heartbeat_interval 4 is outside 5..300"),
+        ({"heartbeat_interval": 301}, "outside 5..300"),
+        ({"heartbeat_interval": "often"}, "is not a whole number"),
+        ({"heartbeat_interval": 7.5}, "is not a whole number"),
+        ({"server_url": "10.0.0.5:3333"}, "must be an http:// or https:// URL"),
+        ({"server_url": ""}, "server_url is required"),
+        ({"api_key": ""}, "api_key is required"),
+        ({"node_id": "no spaces please"}, "node_id"),
+        ({"colour": "red"}, "unknown key 'colour'"),
+        ({"allow_process_runtime": "perhaps"}, "is not true or false"),
+        ({"model_scan_dirs": ["relative/path"]}, "absolute paths"),
+        ({"labels": {"bad key!": "x"}}, "labels"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_problem(tmp_path, values, problem):
+    path = write(tmp_path, **(BASE | {"data_dir": str(tmp_path)} | values))
+    with pytest.raises(ConfigError) as caught:
+        load(path, {})
+    assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load(write(tmp_path, heartbeat_interval=1), {})
+    assert len(caught.value.problems) == 3  # no server_url, no api_key, interval
+
+
+def test_an_unreadable_file_is_one_clear_problem(tmp_path):
+    path = tmp_path / "agent-config.json"
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="agent-config.json"):
+        load(path, {})
+
+
+def test_model_scan_dirs_replace_the_defaults_but_data_models_is_always_scanned(tmp_path):
+    cfg = load(write(tmp_path, **BASE, data_dir=str(tmp_path), model_scan_dirs=["/srv/models"]), {})
+    assert cfg.scanned_model_dirs == ("/srv/models", ALWAYS_SCANNED_MODEL_DIR)
+    cfg = load(None, {"HETEROFLOW_SERVER_URL": "http://h:1", "HETEROFLOW_AGENT_KEY": "k", "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path),
+                      "HETEROFLOW_MODEL_SCAN_DIRS": "/a,/b"})
+    assert cfg.scanned_model_dirs == ("/a", "/b", ALWAYS_SCANNED_MODEL_DIR)

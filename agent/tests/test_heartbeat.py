@@ -1,0 +1,146 @@
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from heteroflow_agent.client import ServerClient
+from heteroflow_agent.collect import EngineState
+from heteroflow_agent.config import AgentConfig
+from heteroflow_agent.heartbeat import ENGINES_EVERY, MODELS_EVERY, Heartbeat, TaskReport
+from heteroflow_agent.main import run
+from heteroflow_agent.version import Version
+
+
+@dataclass
+class Detection:
+    gpus: list = field(default_factory=list)
+    collect_failures: list = field(default_factory=list)
+    collector_error: str = ""
+    capabilities: dict = field(default_factory=dict)
+    labels: dict = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, available=False, tags=()):
+        self.available, self.tags, self.listed = available, list(tags), 0
+
+    def state(self):
+        return EngineState(True) if self.available else EngineState(False, "no container engine: socket missing")
+
+    def image_tags(self):
+        self.listed += 1
+        return self.tags
+
+
+def make(server_url, tmp_path, *, detection=None, engine=None, tasks=TaskReport, **cfg):
+    config = AgentConfig(server_url=server_url, api_key="k", node_id="gpu-07", data_dir=Path(tmp_path),
+                         model_scan_dirs=(str(tmp_path),), **cfg)
+    client = ServerClient(server_url, "k", attempts=2, sleep=lambda s: None)
+    return Heartbeat(config, client, detect_gpus=lambda: detection or Detection(), engine=engine or Engine(),
+                     tasks=tasks, version=Version("1.2.3", "abc1234-dirty", "2026-11-29T10:00:00Z"))
+
+
+CARDS = [
+    {"index": 0, "vendor": "nvidia", "temperature": 61.0, "memory_used_mb": 1000, "metrics_available": ["temperature", "memory_used_mb"]},
+    {"index": 1, "vendor": "nvidia", "temperature": 70.0, "metrics_available": ["temperature"]},
+]
+
+
+def test_the_payload_says_what_was_read_and_leaves_out_what_was_not(tmp_path):
+    beat = make("http://unused", tmp_path, detection=Detection(gpus=CARDS, labels={"heteroflow.io/gpu-topology": "{}"}),
+                labels={"rack": "r1"})
+    body = beat.payload()
+    assert (body["node_id"], body["agent_version"], body["agent_git_commit"], body["agent_build_time"]) == (
+        "gpu-07", "1.2.3", "abc1234-dirty", "2026-11-29T10:00:00Z")
+    assert body["gpu_temperature"] == 70.0 and body["gpu_memory_used_mb"] == 1000  # only the card that reported it
+    assert body["labels"] == {"rack": "r1", "heteroflow.io/gpu-topology": "{}"}
+    assert body["heartbeat_interval"] == 5 and body["cpu_cores"] >= 1 and body["memory_gb"] > 0
+    assert "live_task_ids" not in body  # no executor: unknown, not "no tasks"
+    quiet = make("http://unused", tmp_path).payload()
+    assert "gpu_temperature" not in quiet and "gpu_memory_used_mb" not in quiet
+
+
+@pytest.mark.parametrize(
+    "available,allow_process,expected",
+    [(True, False, ("docker", True, "")), (False, True, ("process", True, "")),
+     (False, False, ("none", False, "no container engine: socket missing"))],
+)
+def test_executability_follows_the_engine_and_the_operators_choice(tmp_path, available, allow_process, expected):
+    body = make("http://unused", tmp_path, engine=Engine(available), allow_process_runtime=allow_process).payload()
+    assert (body["exec_mode"], body["executable"], body["error_message"]) == expected
+    assert body["docker_available"] is available
+
+
+def test_engines_and_models_are_probed_at_start_and_every_few_beats(tmp_path):
+    engine = Engine(True, ["vllm/vllm-openai:v0.9.2"])
+    beat = make("http://unused", tmp_path, engine=engine)
+    first = beat.payload()
+    assert first["inference_engines"] == ["vllm"] and first["vllm_available"] is True
+    (tmp_path / "m.gguf").write_bytes(b"")
+    for _ in range(MODELS_EVERY):  # beat() counts; payload() alone does not
+        beat.beats += 1
+        body = beat.payload()
+    assert [m["name"] for m in body["discovered_models"]] == ["m"]
+    beat.beats = ENGINES_EVERY
+    beat.payload()
+    assert engine.listed == 2
+
+
+def test_a_beat_posts_to_the_node_and_returns_the_answer(server, tmp_path):
+    answer = {"node_id": "gpu-07", "status": "online", "registered": True, "scheduled_tasks": [], "server_time": "t"}
+    server.answer("/api/v1/nodes/gpu-07/heartbeat", (503, {}), (200, answer))
+    beat = make(server.url, tmp_path, tasks=lambda: TaskReport(live_task_ids=[3], task_health=[{"task_id": 3, "healthy": True}]))
+    assert beat.beat() == answer
+    sent = server.requests[-1]
+    assert sent["method"] == "POST" and sent["json"]["node_id"] == "gpu-07" and sent["json"]["live_task_ids"] == [3]
+    assert len(server.requests) == 2  # the 503 was retried
+
+
+def test_an_undelivered_beat_is_dropped_not_queued(server, tmp_path):
+    server.answer("/api/v1/nodes/gpu-07/heartbeat", (503, {}), (503, {}), (200, {"status": "online"}))
+    beat = make(server.url, tmp_path)
+    assert beat.beat() is None  # two attempts spent
+    assert beat.beat() == {"status": "online"}  # the next interval sends one fresh beat
+    assert len(server.requests) == 3
+
+
+def test_a_refused_beat_is_reported(server, tmp_path, caplog):
+    server.answer("/api/v1/nodes/gpu-07/heartbeat", (400, {"error": {"code": "invalid"}}))
+    assert make(server.url, tmp_path).beat() is None
+    assert "heartbeat refused: HTTP 400" in caplog.text
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+
+class Stop:
+    """Stops after `beats` waits; records how long each wait was."""
+
+    def __init__(self, clock, beats):
+        self.clock, self.left, self.waits = clock, beats, []
+
+    def is_set(self):
+        return self.left <= 0
+
+    def wait(self, seconds):
+        self.waits.append(round(seconds, 3))
+        self.clock.now += seconds
+        self.left -= 1
+
+
+def test_a_slow_beat_skips_the_missed_slots_instead_of_bursting():
+    clock = FakeClock()
+    durations = iter([1.0, 12.0, 1.0])
+
+    class Slow:
+        config = AgentConfig(server_url="http://x", api_key="k", node_id="n", data_dir=Path("/tmp"), heartbeat_interval=5)
+
+        def beat(self):
+            clock.now += next(durations)
+
+    stop = Stop(clock, 3)
+    run(Slow(), stop, clock=lambda: clock.now)
+    # on time: wait out the rest of 5 s; overran by 7 s: wait a full interval, no catch-up burst
+    assert stop.waits == [4.0, 5.0, 4.0]
