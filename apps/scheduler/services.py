@@ -16,7 +16,7 @@ from operator import attrgetter
 import orjson
 from django.conf import settings as django_settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from rest_framework.exceptions import ValidationError
 
 from apps.core.cas import check_transition, transition
@@ -386,8 +386,14 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
             .order_by("pk")
             .values_list("pk", flat=True)
         )
-        # the cards as they are now (the snapshot's GPU rows may be a few seconds old)
-        usable = set(Gpu.objects.filter(node_id__in=alive, lost_at__isnull=True).values_list("node_id", "index"))
+        # the cards as they are now (the snapshot's GPU rows may be a few seconds old):
+        # present, not lost, and under the card thresholds (a missing reading is no load)
+        usable = set(
+            Gpu.objects.filter(node_id__in=alive, lost_at__isnull=True)
+            .exclude(Q(utilization__gte=settings.gpu_utilization_max) | Q(temperature__gte=settings.gpu_temperature_max))
+            .exclude(memory_total_mb__gt=0, memory_used_mb__gte=F("memory_total_mb") * settings.gpu_memory_percent_max / 100)
+            .values_list("node_id", "index")
+        )
         holders = defaultdict(list)
         for node_id, index, tenant_id, memory in GpuAllocation.objects.filter(node_id__in=alive).values_list(
             "node_id", "gpu_index", "tenant_id", "memory_mb"

@@ -199,3 +199,20 @@ def test_nodes_without_cards_do_not_defeat_the_reuse(world, reuse_gpu_rows):
     make_task(world.tenants["acme"], gpu_required=1, name="b")
     run_cycle()
     assert services._gpu_rows is first_read
+
+
+def test_bind_rechecks_the_card_thresholds_on_the_live_rows(world, reuse_gpu_rows):
+    acme = world.tenants["acme"]
+    make_node("n1", gpus=1)
+    warm_up = make_task(acme, gpu_required=1, name="warm-up")
+    run_cycle()  # reads (and keeps) the GPU rows: the card is cool
+    warm_up.refresh_from_db()
+    stop_task(warm_up)
+    Gpu.objects.filter(node_id="n1").update(temperature=85.0)  # hot since the rows were read
+    late = make_task(acme, gpu_required=1, name="late")
+    result = run_cycle()
+    assert result.bound == [] and result.lost_races == [late.pk]
+    Gpu.objects.filter(node_id="n1").update(temperature=60.0, memory_used_mb=81000)  # 98.9 % of 81920
+    assert run_cycle().bound == []
+    Gpu.objects.filter(node_id="n1").update(memory_used_mb=1000)
+    assert run_cycle().bound == [late.pk]
