@@ -38,25 +38,19 @@ class Env:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true/false)")
 
     def int(self, name: str, default: int, *, low: int, high: int) -> int:
-        raw = self.str(name)
-        if raw is None:
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number") from None
-        if not low <= value <= high:
-            raise ImproperlyConfigured(f"{name}={value} is outside {low}..{high}")
-        return value
+        return self._number(name, default, low, high, int, "a whole number")
 
     def float(self, name: str, default: float, *, low: float, high: float) -> float:
+        return self._number(name, default, low, high, float, "a number")
+
+    def _number(self, name, default, low, high, parse, kind: str):
         raw = self.str(name)
         if raw is None:
             return default
         try:
-            value = float(raw)
+            value = parse(raw)
         except ValueError:
-            raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+            raise ImproperlyConfigured(f"{name}={raw!r} is not {kind}") from None
         if not low <= value <= high:  # also refuses nan
             raise ImproperlyConfigured(f"{name}={value} is outside {low}..{high}")
         return value
