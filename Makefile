@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: up test install stores clean-data bench bench-scheduler
+.PHONY: up test install stores clean-data bench bench-scheduler bench-agent
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -34,3 +34,6 @@ bench: $(DEPS_STAMP)
 
 bench-scheduler: $(DEPS_STAMP)
 	$(BIN)/python bench/scheduler.py $(BENCH_ARGS)
+
+bench-agent: $(DEPS_STAMP)
+	$(BIN)/python bench/agent_resources.py $(BENCH_ARGS)

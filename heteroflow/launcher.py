@@ -154,6 +154,10 @@ def up(args) -> int:
     try:
         run_step(manage + ["migrate_schemas", "--noinput", "-v", "1"], env, "applying migrations (public schema and every tenant schema)")
         run_step(manage + ["bootstrap"], env, "bootstrapping the platform administrator")
+        # what `curl …/api/v1/agent/install.sh | sudo bash` serves to new nodes; without it
+        # (no network on a first start, say) only those endpoints answer 404
+        if subprocess.run(manage + ["build_agent_dist"], cwd=REPO, env=env).returncode != 0:
+            say("the agent installer has nothing to serve yet (see the message above); the rest starts anyway")
         supervisor.start(
             "web",
             [PYTHON, "-m", "uvicorn", "heteroflow.asgi:application", "--host", bind, "--port", str(port), "--lifespan", "off", "--no-proxy-headers"],

@@ -251,6 +251,22 @@ METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_
 HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS = env.float(
     "HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS", 0.0 if HETEROFLOW_ENV == "test" else 5.0, low=0.0, high=60.0
 )
+# Agent installation (docs/agent-install.md). `manage.py build_agent_dist` puts the agent
+# wheel and its dependency wheels for each architecture here, and the install endpoints
+# serve them from here. HETEROFLOW_PUBLIC_URL is the URL nodes reach this control plane
+# at (e.g. https://hf.example.com); empty: the URL the install script was fetched from.
+HETEROFLOW_AGENT_DIST_DIR = Path(env.str("HETEROFLOW_AGENT_DIST_DIR", str(HETEROFLOW_DATA_DIR / "agent-dist"))).resolve()
+HETEROFLOW_PUBLIC_URL = (env.str("HETEROFLOW_PUBLIC_URL", "") or "").rstrip("/")
+if HETEROFLOW_PUBLIC_URL:
+    from urllib.parse import urlsplit as _urlsplit
+
+    _public = _urlsplit(HETEROFLOW_PUBLIC_URL)
+    if _public.scheme not in ("http", "https") or not _public.netloc or _public.query or _public.fragment or any(
+        c in HETEROFLOW_PUBLIC_URL for c in "'\"\\ `$"
+    ):
+        raise ImproperlyConfigured(
+            f"HETEROFLOW_PUBLIC_URL={HETEROFLOW_PUBLIC_URL!r} is not an http(s) URL like https://hf.example.com"
+        )
 
 # --- bootstrap ------------------------------------------------------------------------
 HETEROFLOW_ADMIN_USER = env.str("HETEROFLOW_ADMIN_USER", "admin")

@@ -8,6 +8,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -28,7 +29,9 @@ def free_port() -> int:
 
 def start(data_dir: Path, port: int) -> tuple[subprocess.Popen, list[str]]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL") and not k.startswith("HETEROFLOW_")}
-    env.update(HETEROFLOW_DATA_DIR=str(data_dir), HETEROFLOW_PORT=str(port), HETEROFLOW_ADMIN_API_KEY=ADMIN_KEY)
+    env.update(HETEROFLOW_DATA_DIR=str(data_dir), HETEROFLOW_PORT=str(port), HETEROFLOW_ADMIN_API_KEY=ADMIN_KEY,
+               # the agent installer's downloads, kept between runs on this machine
+               HETEROFLOW_AGENT_DIST_DIR=str(Path(tempfile.gettempdir()) / "heteroflow-e2e-agent-dist"))
     process = subprocess.Popen(
         [sys.executable, "-m", "heteroflow.launcher", "up"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -50,6 +53,16 @@ def stop(process: subprocess.Popen) -> list[str]:
     rest, _ = process.communicate(timeout=60)
     assert process.returncode == 0, rest
     return rest.splitlines()
+
+
+def wait_for(check, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail("timed out")
 
 
 def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
@@ -103,6 +116,13 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
         assert "RUNS 1" in result.stdout, result.stdout + result.stderr
 
         headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        # the local agent registered this machine as a node, under the id it keeps
+        node_id = wait_for(lambda: (data_dir / "agent" / "node-id").exists() and (data_dir / "agent" / "node-id").read_text().strip())
+        nodes = wait_for(lambda: requests.get(f"{base}/api/v1/nodes", headers=headers, timeout=10).json()["results"])
+        assert [n["id"] for n in nodes] == [node_id] and nodes[0]["gpus"]
+        # and the installer serves the agent to other machines
+        assert requests.get(f"{base}/api/v1/agent/install.sh", timeout=10).text.startswith("#!")
+
         created = requests.post(f"{base}/api/v1/tenants", json={"name": "Lab", "slug": "lab"}, headers=headers, timeout=30)
         assert created.status_code == 201, created.text
     finally:
@@ -115,5 +135,8 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
         assert "with password:" not in text  # shown once, never again
         tenants = requests.get(f"{base}/api/v1/tenants", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
         assert [t["slug"] for t in tenants.json()["results"]] == ["lab"]
+        # the same machine comes back as the same node
+        nodes = requests.get(f"{base}/api/v1/nodes", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10).json()
+        assert [n["id"] for n in nodes["results"]] == [node_id]
     finally:
         stop(again)

@@ -10,7 +10,6 @@ import logging
 import platform
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
 
@@ -67,19 +66,6 @@ def primary_address() -> tuple[str, str]:
         if ip and not ip.startswith("127."):
             return ip, mac if mac and mac != "00:00:00:00:00:00" else ""
     return "", ""
-
-
-def in_container(root: str = "/") -> bool:
-    """Whether this agent itself runs inside a container (then slicing can only be
-    accounted in software)."""
-    base = Path(root)
-    if (base / ".dockerenv").exists() or (base / "run/.containerenv").exists():
-        return True
-    try:
-        cgroup = (base / "proc/1/cgroup").read_text()
-    except OSError:
-        return False
-    return any(marker in cgroup for marker in ("docker", "kubepods", "containerd", "libpod"))
 
 
 @dataclass

@@ -48,7 +48,6 @@ class Heartbeat:
         self.version = version or current()
         self.facts = collect.host_facts()
         self.load = collect.LoadSampler()
-        self.is_container = collect.in_container()
         self.beats = 0
         self.engines: tuple[list[str], dict[str, str]] = ([], {})
         self.models: list[dict] = []
@@ -72,7 +71,7 @@ class Heartbeat:
             "executable": exec_mode != "none",
             "exec_mode": exec_mode,
             "error_message": "" if exec_mode != "none" else engine.error,
-            "is_container": self.is_container,
+            "is_container": gpus.is_container,  # detected once, with the slicing capabilities
             "agent_version": self.version.version,
             "agent_git_commit": self.version.git_commit,
             "agent_build_time": self.version.build_time,

@@ -18,6 +18,7 @@ class Detection:
     collector_error: str = ""
     capabilities: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)
+    is_container: bool = False
 
 
 class Engine:

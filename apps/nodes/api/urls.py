@@ -1,9 +1,16 @@
 from django.urls import path
 
+from apps.nodes.api import install_views
 from apps.nodes.api import views
 
 urlpatterns = [
     path("agent/auth-check", views.AgentAuthCheckView.as_view(), name="agent-auth-check"),
+    # Agent installation (docs/agent-install.md): scripts and wheels served to the nodes.
+    path("agent/install.sh", install_views.install_script, name="agent-install-script"),
+    path("agent/update-agent-quick.sh", install_views.update_quick_script, name="agent-update-quick-script"),
+    path("agent/update-agent-force.sh", install_views.update_force_script, name="agent-update-force-script"),
+    path("agent/dist/<str:arch>/", install_views.dist_index, name="agent-dist-index"),
+    path("agent/dist/<str:arch>/<str:filename>", install_views.dist_file, name="agent-dist-file"),
     path("nodes", views.NodeListView.as_view(), name="node-list"),
     path("nodes/metrics/<str:node_id>", views.NodeMetricsView.as_view(), name="node-metrics"),
     path("nodes/<str:node_id>", views.NodeDetailView.as_view(), name="node-detail"),

@@ -1,0 +1,17 @@
+"""MetaX (沐曦): the mx-smi card table, matched by position in the spec's matrix."""
+
+from __future__ import annotations
+
+from typing import List
+
+from .base import VendorTool
+from .model import Card
+from .smi_table import parse_two_row_table
+
+
+class MetaxTool(VendorTool):
+    vendor = "metax"
+    tools = ("mx-smi",)
+
+    def parse(self, text: str) -> List[Card]:
+        return parse_two_row_table(text)

@@ -1,0 +1,85 @@
+"""What a vendor reader hands the detector, and what the detector hands the heartbeat.
+
+A reader only parses: it says which cards the tool printed and what it could read for
+each. Deciding what a missing card means (a lost card, or nothing we can tell) is the
+detector's job, from the capability matrix, so the rule lives in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+# Order of the schema's `metric_name` enum: the order metrics_available is written in.
+METRICS = ("utilization", "memory_used_mb", "temperature", "power_w")
+
+
+@dataclass
+class Card:
+    """One card as a tool printed it. None means "not read this round", never 0."""
+
+    key: str  # the tool's own identity for the card: UUID, "npu-chip", card number
+    index: Optional[int] = None  # the tool's own index, when it prints one
+    uuid: str = ""
+    model: str = ""
+    memory_total_mb: Optional[int] = None
+    memory_used_mb: Optional[int] = None
+    utilization: Optional[float] = None
+    temperature: Optional[float] = None
+    power_w: Optional[float] = None
+    compute_capability: str = ""
+    error: str = ""  # the tool itself said this card failed ("[GPU is lost]")
+
+    def read_anything(self) -> bool:
+        """Whether anything at all was read for this card (a bare heading is no card)."""
+        values = (self.utilization, self.temperature, self.power_w, self.memory_total_mb, self.memory_used_mb)
+        return bool(self.model or self.uuid) or any(v is not None for v in values)
+
+
+@dataclass
+class Reading:
+    """One run of a vendor tool (or one NVML pass)."""
+
+    cards: List[Card] = field(default_factory=list)
+    error: str = ""  # the tool failed as a whole: missing, hung, garbage, nothing printed
+    no_devices: bool = False  # the tool ran and said plainly that there is no card
+    mig: Dict[str, bool] = field(default_factory=dict)  # uuid -> MIG mode currently Enabled
+    source: str = ""  # the tool path (or "nvml") the reading came from
+
+
+@dataclass
+class Detection:
+    """The GPU part of one heartbeat.
+
+    `collector_error` non-empty means the collection failed as a whole: `gpus` is then
+    empty and must not be read as "every card is gone" (the server distrusts the whole
+    beat instead of counting cards absent).
+    """
+
+    vendor: str
+    gpus: List[dict] = field(default_factory=list)
+    collect_failures: List[dict] = field(default_factory=list)
+    collector_error: str = ""
+    capabilities: Dict[str, dict] = field(default_factory=dict)
+    labels: Dict[str, str] = field(default_factory=dict)
+    virtual: bool = False
+    is_container: bool = False
+    tool: str = ""  # what produced the reading: a tool path, "nvml", or "" (virtual)
+    failure_attribution: str = "none"  # from the capability matrix: full / partial / none
+
+    @property
+    def collection_failed(self) -> bool:
+        return bool(self.collector_error)
+
+    def heartbeat_fields(self) -> dict:
+        """The heartbeat keys this detection fills, shaped as the schema wants them."""
+        fields = {
+            "gpu_stats": [dict(g) for g in self.gpus],
+            "gpu_collect_failures": [dict(f) for f in self.collect_failures],
+            "gpu_capabilities": {k: dict(v) for k, v in self.capabilities.items()},
+            "labels": dict(self.labels),
+            "is_container": self.is_container,
+        }
+        if self.collector_error:
+            fields["gpu_collector_error"] = self.collector_error
+        return fields

@@ -1,0 +1,327 @@
+"""NVIDIA: NVML when the library loads, nvidia-smi otherwise (and always for topology).
+
+nvidia-smi is the tested path: one CSV query per beat for the metrics, `nvidia-smi -q`
+for the MIG mode (only when slicing is reported, so not in containers), `nvidia-smi
+topo -m` once for NVLink and NUMA. NVML is kept thin on purpose: it saves the process
+start-ups on real GPU servers, but nothing here can exercise it against a real
+library, so it does the same few reads and leaves every decision to the detector.
+
+NVIDIA is the one vendor with full per-card failure attribution: cards are keyed by
+UUID, and a known card missing from the query is asked about on its own (`-i UUID`) so
+its own error is reported against it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from typing import Dict, List, Optional, Sequence, Union
+
+from .base import Runner, VendorTool, reading_from
+from .model import Card, Reading
+from .parsing import CARD_ERROR, integer, number, strip_ansi, to_mib, sectioned_records, lookup
+
+NVML = "nvml"  # the "path" of the NVML source
+QUERY_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "memory.total",
+    "memory.used",
+    "utilization.gpu",
+    "temperature.gpu",
+    "power.draw",
+    "compute_cap",
+)
+TOPOLOGY_LABEL = "heteroflow.io/gpu-topology"
+LABEL_MAX = 4096
+_CC = re.compile(r"^\d+\.\d+$")
+
+
+def _missing(cell: str) -> bool:
+    cell = cell.strip()
+    return not cell or cell.startswith("[") or cell.upper() in ("N/A", "NA", "-")
+
+
+def query_argv(path: str, fields: Sequence[str], *extra: str) -> List[str]:
+    return [path, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits", *extra]
+
+
+def parse_query_csv(text: str, fields: Sequence[str]) -> List[Card]:
+    """Rows of `--query-gpu=... --format=csv,noheader,nounits` (nvidia-smi and ixsmi).
+
+    A row whose cell count does not match the query is not a card row (an error line,
+    garbage) and is skipped.
+    """
+    cards: List[Card] = []
+    for cells in csv.reader((text or "").splitlines(), skipinitialspace=True):
+        cells = [c.strip() for c in cells]
+        if len(cells) != len(fields):
+            continue
+        row = dict(zip(fields, cells))
+        index = integer(row.get("index"))
+        if index is None or not row["index"].strip().isdigit():
+            continue
+        uuid = row.get("uuid", "")
+        uuid = "" if _missing(uuid) else uuid
+        card = Card(key=uuid or f"#{index}", index=index, uuid=uuid)
+        name = row.get("name", "")
+        card.model = "" if _missing(name) else name
+        card.memory_total_mb = to_mib(row.get("memory.total"), "MiB")
+        card.memory_used_mb = to_mib(row.get("memory.used"), "MiB")
+        card.utilization = number(row.get("utilization.gpu"))
+        card.temperature = number(row.get("temperature.gpu"))
+        card.power_w = number(row.get("power.draw"))
+        cc = row.get("compute_cap", "")
+        card.compute_capability = cc if _CC.match(cc) else ""
+        errors = [c for c in cells if CARD_ERROR.search(c)]
+        if errors:
+            card.error = errors[0]
+        cards.append(card)
+    return cards
+
+
+_GPU_BLOCK = re.compile(r"^GPU\s+[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s*$")
+
+
+def parse_mig_modes(text: str) -> Dict[str, bool]:
+    """UUID -> whether `nvidia-smi -q` says MIG mode is currently Enabled.
+
+    Only "Enabled" counts: "Disabled", "N/A" (a card without MIG) and a pending change
+    are all false, because a slice must not be offered on the strength of a mode the
+    card is not in yet.
+    """
+    modes: Dict[str, bool] = {}
+    for _, record in sectioned_records(text, _GPU_BLOCK):
+        uuid = lookup(record, r"^gpu uuid$")
+        if not uuid:
+            continue
+        current = lookup(record, r"^mig mode/current$") or ""
+        modes[uuid.strip()] = current.strip().lower() == "enabled"
+    return modes
+
+
+def parse_topology(text: str) -> Optional[dict]:
+    """`nvidia-smi topo -m` as {"nvlink": [[a, b], ...], "numa": {"a": node}}, or None.
+
+    Cells are read by whitespace rather than by tab position: the matrix cells are
+    single tokens, and nvidia-smi's tabs do not line up the trailing columns the same
+    way across versions (empty cells, doubled tabs, underline escapes in the header).
+    """
+    devices: Optional[List[str]] = None
+    has_numa = False
+    pairs = set()
+    numa: Dict[str, int] = {}
+    gpus = set()
+    for raw in strip_ansi(text).splitlines():
+        tokens = raw.split()
+        if not tokens:
+            continue
+        if devices is None:
+            # the header names the columns; only it says "Affinity"
+            if "GPU0" not in tokens or "Affinity" not in tokens:
+                continue
+            devices = []
+            for token in tokens:
+                if token == "CPU":
+                    break
+                devices.append(token)
+            has_numa = "NUMA Affinity" in " ".join(tokens)
+            continue
+        if tokens[0].startswith("Legend"):
+            break
+        label = re.fullmatch(r"GPU(\d+)", tokens[0])
+        if not label:
+            continue
+        row = int(label.group(1))
+        gpus.add(row)
+        cells = tokens[1:]
+        for device, cell in zip(devices, cells):
+            col = re.fullmatch(r"GPU(\d+)", device)
+            if col and re.fullmatch(r"NV\d+", cell) and int(col.group(1)) != row:
+                a, b = sorted((row, int(col.group(1))))
+                pairs.add((a, b))
+        if has_numa and len(cells) > len(devices) + 1:
+            node = cells[len(devices) + 1]
+            if node.isdigit():
+                numa[str(row)] = int(node)
+    if not gpus:
+        return None
+    return {"nvlink": [list(p) for p in sorted(pairs)], "numa": numa}
+
+
+def _spanning(pairs: List[List[int]]) -> List[List[int]]:
+    """Fewer pairs joining the same cards: the server only unions them into domains."""
+    parent: Dict[int, int] = {}
+
+    def find(x: int) -> int:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    kept = []
+    for a, b in pairs:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+            kept.append([a, b])
+    return kept
+
+
+def topology_label(topology: dict) -> str:
+    """Compact JSON for the label; past the schema's 4096 characters (a big NVSwitch
+    mesh) the pairs are cut to a spanning set, which yields the same domains."""
+    value = json.dumps(topology, separators=(",", ":"))
+    if len(value) > LABEL_MAX:
+        value = json.dumps({"nvlink": _spanning(topology["nvlink"]), "numa": topology["numa"]}, separators=(",", ":"))
+    return value if len(value) <= LABEL_MAX else ""
+
+
+class _Nvml:
+    """The thin NVML reader: the same reads as the CSV query, nothing more."""
+
+    def __init__(self, module):
+        self.m = module
+
+    @classmethod
+    def load(cls):
+        try:
+            import pynvml  # from nvidia-ml-py; loads libnvidia-ml only on nvmlInit
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+        except Exception:  # no library, no driver: nvidia-smi decides
+            return None
+        return cls(pynvml)
+
+    def _card(self, handle, index: int) -> Card:
+        m = self.m
+        uuid = _text(m.nvmlDeviceGetUUID(handle))
+        card = Card(key=uuid, index=index, uuid=uuid)
+        lost = []
+
+        def get(call):
+            try:
+                return call()
+            except Exception as exc:
+                if "lost" in str(exc).lower() or type(exc).__name__.endswith("GpuIsLost"):
+                    lost.append(str(exc) or "GPU is lost")
+                return None
+
+        card.model = _text(get(lambda: m.nvmlDeviceGetName(handle)) or "")
+        memory = get(lambda: m.nvmlDeviceGetMemoryInfo(handle))
+        if memory is not None:
+            card.memory_total_mb = int(memory.total) // (1024 * 1024)
+            card.memory_used_mb = int(memory.used) // (1024 * 1024)
+        rates = get(lambda: m.nvmlDeviceGetUtilizationRates(handle))
+        card.utilization = float(rates.gpu) if rates is not None else None
+        temp = get(lambda: m.nvmlDeviceGetTemperature(handle, m.NVML_TEMPERATURE_GPU))
+        card.temperature = float(temp) if temp is not None else None
+        milliwatts = get(lambda: m.nvmlDeviceGetPowerUsage(handle))
+        card.power_w = milliwatts / 1000.0 if milliwatts is not None else None
+        cc = get(lambda: m.nvmlDeviceGetCudaComputeCapability(handle))
+        card.compute_capability = f"{cc[0]}.{cc[1]}" if cc else ""
+        if lost:
+            card.error = lost[0]
+        return card
+
+    def read(self, slicing: bool) -> Reading:
+        m = self.m
+        try:
+            count = m.nvmlDeviceGetCount()
+        except Exception as exc:
+            return Reading(error=f"NVML: {exc}", source=NVML)
+        reading = Reading(source=NVML)
+        for index in range(count):
+            try:
+                handle = m.nvmlDeviceGetHandleByIndex(index)
+                card = self._card(handle, index)
+            except Exception:
+                continue  # unreadable here; the UUID check asks about it by UUID
+            reading.cards.append(card)
+            if slicing:
+                try:
+                    current, _pending = m.nvmlDeviceGetMigMode(handle)
+                    reading.mig[card.uuid] = current == m.NVML_DEVICE_MIG_ENABLE
+                except Exception:
+                    reading.mig[card.uuid] = False
+        if not reading.cards:
+            reading.error = f"NVML reported {count} devices and none could be read"
+            reading.no_devices = count == 0
+        return reading
+
+    def probe(self, uuid: str) -> Union[Card, str]:
+        try:
+            handle = self.m.nvmlDeviceGetHandleByUUID(uuid)
+            return self._card(handle, -1)
+        except Exception as exc:
+            return f"NVML: {exc}"
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class NvidiaTool(VendorTool):
+    vendor = "nvidia"
+    tools = ("nvidia-smi",)
+
+    def __init__(self, nvml: bool = False):
+        self._want_nvml = nvml
+        self._nvml: Optional[_Nvml] = None
+        self._fields = QUERY_FIELDS
+
+    def locate(self, root: str) -> Optional[str]:
+        path = super().locate(root)
+        if self._want_nvml and self._nvml is None:
+            self._nvml = _Nvml.load()
+        if self._nvml is not None and path is None:
+            return NVML
+        return path
+
+    def read(self, path: str, run: Runner, *, slicing: bool = False) -> Reading:
+        if self._nvml is not None:
+            reading = self._nvml.read(slicing)
+            if not reading.error or path == NVML:
+                return reading
+        if path == NVML:
+            return Reading(error="NVML is not loaded", source=NVML)
+        result = run(query_argv(path, self._fields))
+        if not result.ok and "compute_cap" in self._fields and "not a valid field" in result.stdout + result.stderr:
+            # drivers before compute_cap existed reject the whole query; ask without it
+            self._fields = tuple(f for f in self._fields if f != "compute_cap")
+            result = run(query_argv(path, self._fields))
+        reading = reading_from(result, lambda text: parse_query_csv(text, self._fields))
+        if slicing and reading.cards:
+            details = run([path, "-q"])
+            if not (details.timed_out or details.error):
+                reading.mig = parse_mig_modes(details.stdout)
+        return reading
+
+    def probe(self, path: str, run: Runner, card: str) -> Union[Card, str]:
+        if self._nvml is not None:
+            answer = self._nvml.probe(card)
+            if isinstance(answer, Card) or path == NVML:
+                return answer
+        result = run(query_argv(path, self._fields, "-i", card))
+        if result.timed_out or result.error:
+            return result.describe()
+        for found in parse_query_csv(result.stdout, self._fields):
+            if found.uuid == card:
+                return found
+        return result.describe() if not result.ok else "nvidia-smi did not report this card"
+
+    def topology(self, path: str, run: Runner) -> Optional[str]:
+        if path == NVML:
+            return None
+        result = run([path, "topo", "-m"])
+        if result.timed_out or result.error or not result.stdout.strip():
+            return None
+        topology = parse_topology(result.stdout)
+        if topology is None:
+            return None
+        return topology_label(topology) or None

@@ -1,0 +1,81 @@
+"""Slicing capability bits: what the server may offer on each card.
+
+The rule is "report less rather than claim too much": MIG only when nvidia-smi (or
+NVML) says the mode is Enabled now, MPS only while the control daemon is alive now, so
+a daemon that dies is dropped on the next beat. A node inside a container does no
+hardware slicing at all and offers software accounting only.
+
+Tiers, from the spec (1-9, smaller is stronger): 1 MIG (hardware isolation), 2 MPS
+(shared with limits), 9 software accounting only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, Iterable, Tuple
+
+TIER_MIG = 1
+TIER_MPS = 2
+TIER_SOFTWARE = 9
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+_CONTAINER_CGROUP = re.compile(r"docker|kubepods|containerd|libpod|podman|lxc|garden", re.IGNORECASE)
+
+
+def is_container(root: str = "/") -> bool:
+    """Whether this agent runs inside a container (Docker, Podman, Kubernetes, LXC)."""
+    for marker in (".dockerenv", "run/.containerenv"):
+        if os.path.exists(os.path.join(root, marker)):
+            return True
+    try:
+        with open(os.path.join(root, "proc/1/cgroup"), encoding="utf-8", errors="replace") as fh:
+            return bool(_CONTAINER_CGROUP.search(fh.read()))
+    except OSError:
+        return False
+
+
+def mps_daemon_alive(root: str = "/") -> bool:
+    """Whether an MPS control daemon is running now, read from /proc.
+
+    The kernel cuts a process name to 15 characters, which makes the control daemon
+    and the MPS server both "nvidia-cuda-mps"; argv[0] tells them apart. A zombie has an
+    empty command line and does not count.
+    """
+    proc = os.path.join(root, "proc")
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            with open(os.path.join(proc, pid, "comm"), encoding="utf-8", errors="replace") as fh:
+                comm = fh.read().strip()
+            if not comm.startswith("nvidia-cuda-mps"):
+                continue
+            with open(os.path.join(proc, pid, "cmdline"), "rb") as fh:
+                argv0 = fh.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+        except OSError:
+            continue  # gone between listdir and open
+        if os.path.basename(argv0) == MPS_CONTROL:
+            return True
+    return False
+
+
+def capabilities(
+    cards: Iterable[Tuple[int, str]],
+    *,
+    nvidia: bool,
+    mig: Dict[str, bool],
+    mps_alive: bool,
+    container: bool,
+) -> Dict[str, dict]:
+    """gpu_capabilities for (index, uuid) cards, keyed by the index as a string."""
+    hardware = nvidia and not container
+    result: Dict[str, dict] = {}
+    for index, uuid in cards:
+        mig_capable = hardware and bool(uuid) and mig.get(uuid, False)
+        mps_capable = hardware and mps_alive
+        tier = TIER_MIG if mig_capable else TIER_MPS if mps_capable else TIER_SOFTWARE
+        result[str(index)] = {"mig_capable": mig_capable, "mps_capable": mps_capable, "best_tier": tier}
+    return result

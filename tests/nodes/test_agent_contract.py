@@ -1,0 +1,62 @@
+"""The agent and the server agree on the heartbeat: what the real agent builds (its
+real GPU detection over a stand-in nvidia-smi reporting eight A100s) goes through the
+server's real heartbeat route and lands as the node the agent described."""
+
+from pathlib import Path
+
+import pytest
+
+from apps.nodes.models import Node
+from heteroflow_agent.client import ServerClient
+from heteroflow_agent.collect import ContainerEngine
+from heteroflow_agent.config import AgentConfig
+from heteroflow_agent.detect import Detector
+from heteroflow_agent.heartbeat import Heartbeat
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the heartbeat route writes on its own connection
+FIXTURES = Path(__file__).resolve().parents[2] / "agent" / "tests" / "fixtures" / "nvidia"
+STAND_IN = """#!/bin/sh
+case "$*" in
+  *--query-gpu*) cat "{fixtures}/query_8x_a100.csv" ;;
+  *topo*) cat "{fixtures}/topo_8x_nvswitch.txt" ;;
+  *-q*) cat "{fixtures}/q_8x_a100.txt" ;;
+  *) exit 64 ;;
+esac
+"""
+
+
+@pytest.fixture
+def eight_a100s(tmp_path):
+    tools = tmp_path / "root" / "usr" / "bin"
+    tools.mkdir(parents=True)
+    tool = tools / "nvidia-smi"
+    tool.write_text(STAND_IN.format(fixtures=FIXTURES))
+    tool.chmod(0o755)
+    return str(tmp_path / "root")
+
+
+class NoEngine(ContainerEngine):
+    def state(self):
+        from heteroflow_agent.collect import EngineState
+
+        return EngineState(False, "no container engine here")
+
+
+def test_what_the_agent_sends_is_what_the_server_records(agents, eight_a100s, tmp_path):
+    config = AgentConfig(server_url="http://testserver", api_key="unused", node_id="gpu-07", data_dir=tmp_path,
+                         allow_process_runtime=True, model_scan_dirs=(str(tmp_path),), labels={"rack": "r7"})
+    beat = Heartbeat(config, ServerClient("http://testserver", "unused"), detect_gpus=Detector(eight_a100s, 5.0).detect,
+                     engine=NoEngine())
+    body = beat.payload()
+    response = agents.send("gpu-07", body)
+    assert response.status_code == 200, response.text
+    assert response.json()["registered"] is True
+    node = Node.objects.get(pk="gpu-07")
+    assert (node.exec_mode, node.executable, node.gpu_type, node.gpu_count) == ("process", True, "nvidia", 8)
+    assert node.labels["rack"] == "r7" and "heteroflow.io/gpu-topology" in node.labels
+    gpus = list(node.gpus.order_by("index"))
+    assert [g.index for g in gpus] == list(range(8))
+    assert all(g.model.startswith("NVIDIA A100") and g.memory_total_mb for g in gpus)
+    assert node.agent_version == "dev" and node.hostname == body["hostname"]
+    # a second, steady beat is accepted too
+    assert agents.send("gpu-07", beat.payload()).status_code == 200
