@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import psutil
 import pytest
 import requests
 from django.conf import settings
@@ -95,6 +96,8 @@ def test_the_agent_registers_its_node_keeps_it_online_and_its_silence_is_noticed
         assert node.status == "online" and node.agent_version == "dev" and node.agent_git_commit == "unknown"
         assert node.executable and node.exec_mode in ("docker", "process")
         assert node.gpus.count() >= 1  # a virtual card on a machine without GPUs
+        # it only calls out: no listening socket of any kind
+        assert not [c for c in psutil.Process(agent.pid).net_connections(kind="all") if c.status == psutil.CONN_LISTEN]
         first_beat = node.last_heartbeat_at
         wait_until(lambda: Node.objects.get(pk=node.pk).last_heartbeat_at > first_beat, 15, "a second heartbeat")
     finally:
