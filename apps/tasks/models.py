@@ -47,6 +47,7 @@ class Task(models.Model):
     preempt_count = models.PositiveIntegerField(default=0)
     exit_code = models.IntegerField(null=True, blank=True)
     error_message = models.TextField(blank=True, default="")
+    log_tail = models.TextField(blank=True, default="", help_text="the last lines of output, from the agent's final report")
     schedule_reason = models.JSONField(default=dict, blank=True, help_text="why the last cycle did not place it")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -89,7 +89,7 @@ AGENT_MOVES: dict[str, frozenset[str]] = {
 }
 
 
-def agent_report(task: Task, *, from_status: str, to_status: str, exit_code=None, error_message: str = "") -> bool:
+def agent_report(task: Task, *, from_status: str, to_status: str, exit_code=None, error_message: str = "", log_tail: str = "") -> bool:
     """An agent's report, as a CAS from the status it saw. False: it lost (someone moved
     the task first, or the same report was already applied); nothing changed."""
     if to_status not in AGENT_MOVES.get(from_status, frozenset()):
@@ -101,7 +101,7 @@ def agent_report(task: Task, *, from_status: str, to_status: str, exit_code=None
     if to_status == S.RUNNING:
         changes["started_at"] = now
     if to_status in TERMINAL:
-        changes.update(finished_at=now, exit_code=exit_code, error_message=error_message[:10_000])
+        changes.update(finished_at=now, exit_code=exit_code, error_message=error_message[:10_000], log_tail=log_tail)
     if to_status == S.PENDING:  # a preempted task's stop is confirmed: back to the queue
         return bool(requeue_preempted([task.pk]))
     from apps.scheduler.services import release

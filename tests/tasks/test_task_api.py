@@ -148,3 +148,22 @@ def test_a_preempted_task_confirmed_returns_to_the_queue_once(api, world, node):
     completed = {"node_id": "n1", "from_status": "preempting", "status": "completed"}
     task2 = Task.objects.create(tenant=world.tenants["acme"], name="t2", status="preempting", node=node)
     assert api.put(f"/api/v1/tasks/{task2.pk}", completed, format="json", **AGENT).status_code == 400
+
+
+def test_the_agent_reads_one_of_its_tasks_and_a_task_elsewhere_is_404(api, world, node):
+    task = Task.objects.create(tenant=world.tenants["acme"], name="t", status="running", node=node)
+    assert api.get(f"/api/v1/tasks/{task.pk}?node_id=n1", **AGENT).json()["status"] == "running"
+    assert api.get(f"/api/v1/tasks/{task.pk}?node_id=n2", **AGENT).status_code == 404  # not ours: stop it
+    assert api.get(f"/api/v1/tasks/{task.pk}", **AGENT).status_code == 400  # which node is asking?
+
+
+def test_the_final_report_keeps_the_log_tail_for_the_tasks_readers(api, world, node):
+    task = Task.objects.create(tenant=world.tenants["acme"], name="t", status="running", node=node)
+    tail = "step 99 loss 0.01\n" * 50 + "done\n"
+    report = {"node_id": "n1", "from_status": "running", "status": "failed", "exit_code": 3, "log_tail": tail}
+    assert api.put(f"/api/v1/tasks/{task.pk}", report, format="json", **AGENT).status_code == 200
+    logs = api.get(f"/api/v1/tasks/{task.pk}/logs", **bearer(world.keys["acme-viewer"])).json()
+    assert logs == {"task_id": task.pk, "status": "failed", "log_tail": tail}
+    assert api.get(f"/api/v1/tasks/{task.pk}/logs", **bearer(world.keys["beta-viewer"])).status_code == 404
+    too_long = report | {"log_tail": "x" * (64 * 1024 + 1)}
+    assert api.put(f"/api/v1/tasks/{task.pk}", too_long, format="json", **AGENT).status_code == 400

@@ -93,9 +93,20 @@ class TaskListQuerySerializer(StrictSerializer):
     page_size = serializers.IntegerField(min_value=1, max_value=200, required=False)
 
 
+LOG_TAIL_MAX_CHARS = 64 * 1024
+
+
 class AgentReportSerializer(StrictSerializer):
     node_id = serializers.CharField(max_length=128)
     from_status = serializers.ChoiceField(choices=TaskStatus.choices)
     status = serializers.ChoiceField(choices=TaskStatus.choices)
     exit_code = serializers.IntegerField(required=False, allow_null=True, default=None)
     error_message = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
+    log_tail = serializers.CharField(required=False, allow_blank=True, default="", max_length=LOG_TAIL_MAX_CHARS,
+                                     trim_whitespace=False, help_text="the last lines of output, with a terminal report")
+
+
+class TaskLogsSerializer(serializers.Serializer):
+    task_id = serializers.IntegerField()
+    status = serializers.CharField()
+    log_tail = serializers.CharField(help_text="the last lines of output, as the agent reported them at the end")

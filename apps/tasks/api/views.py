@@ -1,6 +1,6 @@
 from django.db.models import Count, Q, Sum
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.permissions import BasePermission
@@ -118,11 +118,20 @@ class TaskListView(generics.ListAPIView):
 
 class TaskDetailView(APIView):
     permission_classes = [PeopleOrAgent]
-    agent_methods = ("PUT",)
+    agent_methods = ("GET", "PUT")
     agent_only_methods = ("PUT",)
 
-    @extend_schema(responses=s.TaskSerializer)
+    @extend_schema(
+        parameters=[OpenApiParameter("node_id", str, description="The agent key only, required: the node asking. "
+                                     "A task not (or no longer) on that node is 404, which tells the agent to stop it.")],
+        responses=s.TaskSerializer,
+    )
     def get(self, request, pk):
+        if request.auth.is_agent:
+            node_id = request.query_params.get("node_id")
+            if not node_id:
+                raise ValidationError({"node_id": ["The agent key must name the node."]})
+            return Response(agent_task(get_object_or_404(Task, pk=pk, node_id=node_id)))
         return Response(s.TaskSerializer(get_object_or_404(Task.objects.visible_to(request.auth), pk=pk)).data)
 
     @extend_schema(request=s.AgentReportSerializer, responses=s.TaskSerializer)
@@ -138,7 +147,7 @@ class TaskDetailView(APIView):
         try:
             won = services.agent_report(
                 task, from_status=data["from_status"], to_status=data["status"],
-                exit_code=data["exit_code"], error_message=data["error_message"],
+                exit_code=data["exit_code"], error_message=data["error_message"], log_tail=data["log_tail"],
             )
         except IllegalTransition as exc:
             raise ValidationError({"status": [str(exc)]}) from None
@@ -171,3 +180,12 @@ class TaskStatsView(APIView):
             "by_status": {status: by_status.get(status, 0) for status in TaskStatus.values},
             "gpus_held": held,
         })
+
+
+class TaskLogsView(APIView):
+    """The log tail the agent sent with the task's final report."""
+
+    @extend_schema(responses=s.TaskLogsSerializer)
+    def get(self, request, pk):
+        task = get_object_or_404(Task.objects.visible_to(request.auth), pk=pk)
+        return Response({"task_id": task.pk, "status": task.status, "log_tail": task.log_tail})
