@@ -170,7 +170,12 @@ def up(args) -> int:
         agent = local_agent_command(os.environ)
         if agent:
             # the node agent of this machine: its node id is kept in the data folder
-            agent_env = env | {"HETEROFLOW_SERVER_URL": f"http://127.0.0.1:{port}", "HETEROFLOW_AGENT_DATA_DIR": str(data_dir / "agent")}
+            agent_env = env | {
+                "HETEROFLOW_SERVER_URL": f"http://127.0.0.1:{port}", "HETEROFLOW_AGENT_DATA_DIR": str(data_dir / "agent"),
+                "HETEROFLOW_AGENT_CONFIG": "-",  # never an installed agent's /etc/heteroflow-agent config
+                # a newcomer's first task runs even without a container engine
+                "HETEROFLOW_ALLOW_PROCESS_RUNTIME": os.environ.get("HETEROFLOW_ALLOW_PROCESS_RUNTIME", "true"),
+            }
             supervisor.start("agent", agent, agent_env)
         else:
             say("local agent: not started (HETEROFLOW_LOCAL_AGENT=false)")

@@ -24,6 +24,7 @@ DEFAULT_DATA_DIR = Path("/var/lib/heteroflow-agent")
 DEFAULT_MODEL_DIRS = ("/data/heteroflow/model-cache",)
 ALWAYS_SCANNED_MODEL_DIR = "/data/models"
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+MAX_LABELS = 48
 LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 
 # environment variable -> config key (the first one set wins)
@@ -79,7 +80,9 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     raw: dict = {}
     explicit = path or environ.get("HETEROFLOW_AGENT_CONFIG")
     file = Path(explicit) if explicit else DEFAULT_CONFIG_FILE
-    if explicit or file.exists():
+    if explicit == "-":
+        pass  # no file at all: `make up`'s agent must not pick up an installed agent's config
+    elif explicit or file.exists():
         try:
             raw = json.loads(file.read_text())
             if not isinstance(raw, dict):
@@ -120,6 +123,9 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         dirs = DEFAULT_MODEL_DIRS
 
     labels = raw.get("labels", {})
+    if isinstance(labels, dict) and len(labels) > MAX_LABELS:
+        problems.append(f"at most {MAX_LABELS} labels (the heartbeat carries 64, some are the agent's own)")
+        labels = {}
     if not isinstance(labels, dict) or not all(
         isinstance(k, str) and LABEL_KEY.match(k) and isinstance(v, str) and len(v) <= 4096 for k, v in labels.items()
     ):

@@ -40,11 +40,13 @@ class Heartbeat:
         engine: collect.ContainerEngine | None = None,
         tasks: Callable[[], TaskReport] = TaskReport,
         version: Version | None = None,
+        on_scheduled: Callable[[list[int]], None] | None = None,
     ):
         self.config, self.client = config, client
         self.detect_gpus = detect_gpus
         self.engine = engine or collect.ContainerEngine()
         self.tasks = tasks
+        self.on_scheduled = on_scheduled  # the answer lists tasks waiting for this node
         self.version = version or current()
         self.facts = collect.host_facts()
         self.load = collect.LoadSampler()
@@ -120,4 +122,6 @@ class Heartbeat:
         if answer.get("registered") or not self.registered:
             logger.info("node %s is %s on %s", self.config.node_id, answer.get("status"), self.config.server_url)
         self.registered = True
+        if answer.get("scheduled_tasks") and self.on_scheduled:
+            self.on_scheduled(answer["scheduled_tasks"])
         return answer

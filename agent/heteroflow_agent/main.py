@@ -14,13 +14,35 @@ import time
 
 from heteroflow_agent import config as agent_config
 from heteroflow_agent.client import ServerClient
-from heteroflow_agent.heartbeat import Heartbeat
+from heteroflow_agent.collect import ContainerEngine
+from heteroflow_agent.executor import Executor, Reconciler
+from heteroflow_agent.heartbeat import Heartbeat, TaskReport
 from heteroflow_agent.version import current
 
 logger = logging.getLogger("heteroflow_agent")
 
 
-def build_heartbeat(cfg: agent_config.AgentConfig) -> Heartbeat:
+TASK_POLL_SECONDS = 5.0
+RECONCILE_SECONDS = 60.0
+
+
+def choose_runtime(cfg: agent_config.AgentConfig, engine: ContainerEngine):
+    """docker when a container engine answers, else the process runtime when the
+    operator allowed it, else none (the node reports itself not executable)."""
+    state = engine.state()
+    if state.available:
+        from heteroflow_agent.runtime.docker import DockerRuntime
+
+        return DockerRuntime()
+    if cfg.allow_process_runtime:
+        from heteroflow_agent.runtime.process import ProcessRuntime
+
+        return ProcessRuntime(cfg.data_dir / "process-tasks")
+    logger.warning("no container engine (%s) and the process runtime is not allowed: this node will run no tasks", state.error)
+    return None
+
+
+def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
     from heteroflow_agent.detect import Detector
 
     version = current()
@@ -29,7 +51,40 @@ def build_heartbeat(cfg: agent_config.AgentConfig) -> Heartbeat:
         user_agent=f"heteroflow-agent/{version.version}",
     )
     detector = Detector(timeout=cfg.tool_timeout)
-    return Heartbeat(cfg, client, detect_gpus=detector.detect, version=version)
+    engine = ContainerEngine()
+    runtime = choose_runtime(cfg, engine)
+    executor = None
+    if runtime is not None:
+        executor = Executor(cfg.node_id, client, runtime, vendor=detector.detect().vendor)
+    heartbeat = Heartbeat(cfg, client, detect_gpus=detector.detect, engine=engine, version=version,
+                          tasks=executor.report if executor else TaskReport,
+                          on_scheduled=(lambda ids: executor.wake.set()) if executor else None)
+    return heartbeat, executor
+
+
+def run_executor(executor: Executor, stop: threading.Event, poll_seconds: float = TASK_POLL_SECONDS,
+                 reconcile_seconds: float = RECONCILE_SECONDS) -> None:
+    reconciler = Reconciler(executor)
+    next_reconcile = time.monotonic()  # at start: adopt what an earlier agent left
+    while not stop.is_set():
+        if time.monotonic() >= next_reconcile:
+            try:
+                done = reconciler.run_once()
+                if any(done.values()):
+                    logger.info("reconcile: %s", {k: v for k, v in done.items() if v})
+            except Exception:
+                logger.exception("reconcile failed")
+            next_reconcile = time.monotonic() + reconcile_seconds
+        try:
+            executor.poll()
+        except Exception:
+            logger.exception("task poll failed")
+        # the next poll in 5 s, or at once when a heartbeat answer says tasks are waiting
+        deadline = time.monotonic() + poll_seconds
+        while not stop.is_set() and not executor.wake.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                break
+        executor.wake.clear()
 
 
 def run(heartbeat: Heartbeat, stop: threading.Event, clock=time.monotonic) -> int:
@@ -67,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=cfg.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    heartbeat = build_heartbeat(cfg)
+    heartbeat, executor = build(cfg)
     if args.print_payload:
         print(json.dumps(heartbeat.payload(), indent=2, sort_keys=True))
         return 0
@@ -84,9 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     if version.dirty:
         logger.warning("this agent was built from a tree with uncommitted changes (%s)", version.git_commit)
+    worker = None
+    if executor is not None:
+        logger.info("runtime: %s", executor.runtime.kind)
+        worker = threading.Thread(target=run_executor, args=(executor, stop), name="executor", daemon=True)
+        worker.start()
     try:
         return run(heartbeat, stop)
     finally:
+        # the heartbeat loop has returned; stop taking and watching tasks (they keep
+        # running: the next agent process adopts them)
+        if worker is not None:
+            worker.join(timeout=30)
+            executor.close()
         heartbeat.client.close()
         logger.info("heteroflow-agent stopped")
 

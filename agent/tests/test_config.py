@@ -78,3 +78,18 @@ def test_model_scan_dirs_replace_the_defaults_but_data_models_is_always_scanned(
     cfg = load(None, {"HETEROFLOW_SERVER_URL": "http://h:1", "HETEROFLOW_AGENT_KEY": "k", "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path),
                       "HETEROFLOW_MODEL_SCAN_DIRS": "/a,/b"})
     assert cfg.scanned_model_dirs == ("/a", "/b", ALWAYS_SCANNED_MODEL_DIR)
+
+
+def test_dash_means_no_file_even_when_the_default_exists(tmp_path, monkeypatch):
+    from heteroflow_agent import config
+
+    installed = write(tmp_path, **BASE, node_id="installed-node")
+    monkeypatch.setattr(config, "DEFAULT_CONFIG_FILE", installed)
+    env = {"HETEROFLOW_SERVER_URL": "http://127.0.0.1:3333", "HETEROFLOW_AGENT_KEY": "k", "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path / "d")}
+    assert load(None, env).node_id == "installed-node"
+    assert load(None, env | {"HETEROFLOW_AGENT_CONFIG": "-"}).node_id != "installed-node"
+
+
+def test_too_many_labels_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="at most 48 labels"):
+        load(write(tmp_path, **BASE, data_dir=str(tmp_path), labels={f"l{i}": "x" for i in range(49)}), {})

@@ -297,6 +297,9 @@ WorkingDirectory=$DATA_DIR
 Restart=always
 RestartSec=5
 KillSignal=SIGTERM
+# only the agent: tasks run by the process runtime live in the agent's cgroup and must
+# outlive a restart or an upgrade of the agent (the next agent adopts them)
+KillMode=process
 TimeoutStopSec=30
 LimitNOFILE=65536
 

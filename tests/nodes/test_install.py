@@ -287,6 +287,7 @@ def test_full_install_then_quick_and_force_updates(live_server, tmp_path, real_d
     assert "/usr/lib/wsl/lib" in path_line.split("=", 2)[2].split(":")
     assert f"ExecStart={venv}/bin/heteroflow-agent" in unit.splitlines()
     assert "Restart=always" in unit.splitlines()
+    assert "KillMode=process" in unit.splitlines()  # tasks outlive an agent restart
     assert f"Environment=HETEROFLOW_AGENT_CONFIG={config_path}" in unit.splitlines()
     assert "WantedBy=multi-user.target" in unit
 

@@ -146,7 +146,10 @@ def run_tool(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> ToolResul
             for pipe in (proc.stdout, proc.stderr):
                 if pipe:
                     pipe.close()
-            proc.wait(timeout=2)
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass  # stuck in the kernel (a wedged driver): unkillable; report the timeout anyway
             out, err = b"", b""
         return ToolResult(argv, proc.returncode, _text(out), _text(err), timed_out=True, timeout=timeout)
     return ToolResult(argv, proc.returncode, _text(out), _text(err), timeout=timeout)

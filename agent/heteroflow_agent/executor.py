@@ -1,0 +1,453 @@
+"""The executor: takes the tasks the scheduler sent to this node and runs them to the end.
+
+Every poll (5 s) it asks for the node's scheduled tasks and claims each with a
+compare-and-set `scheduled → running` (a 409 means another claim won: leave it). A
+worker then prepares the task (volumes checked against the allow- and deny-lists, env
+entries without a value dropped, the GPU visibility variables set by the agent alone),
+makes the image present, starts `task-{id}` and watches it: the timeout watchdog (exit
+code 124), the server's stop intent (polled every 5 s; three 404s in a row mean the
+task was deleted), health probes for inference. The outcome is reported as a CAS with
+the exit code and a log tail, retried for up to a minute; an outcome that still did not
+get through is kept (with its container) and re-reported later, and the container is
+removed only once the server has it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.request
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from heteroflow_agent.client import AuthError, ServerClient, ServerError
+from heteroflow_agent.heartbeat import TaskReport
+from heteroflow_agent.runtime import Runtime, RuntimeError_, TaskSpec, Volume
+
+logger = logging.getLogger("heteroflow_agent.executor")
+
+POLL_LIMIT = 20
+STOP_POLL_SECONDS = 5.0
+GONE_AFTER_404S = 3
+TIMEOUT_EXIT_CODE = 124
+MAX_UNDELIVERED = 256
+STOP_GRACE_SECONDS = 10.0
+
+# The variable each vendor's runtime reads to pick the cards a process may use. The
+# agent owns them: a task's own value is replaced by the allocation.
+VISIBILITY_VARIABLES: dict[str, tuple[str, ...]] = {
+    "nvidia": ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+    "amd": ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+    "hygon": ("HIP_VISIBLE_DEVICES",),
+    "ascend": ("ASCEND_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"),
+    "cambricon": ("MLU_VISIBLE_DEVICES",),
+    "kunlun": ("XPU_VISIBLE_DEVICES",),
+    "iluvatar": ("CUDA_VISIBLE_DEVICES",),
+    "musa": ("MUSA_VISIBLE_DEVICES",),
+    "metax": ("CUDA_VISIBLE_DEVICES", "MACA_VISIBLE_DEVICES"),
+    "enflame": ("TOPS_VISIBLE_DEVICES",),
+    "biren": ("BIREN_VISIBLE_DEVICES",),
+}
+ALL_VISIBILITY_VARIABLES = frozenset(name for names in VISIBILITY_VARIABLES.values() for name in names)
+
+DEFAULT_VOLUME_ALLOW = ("/data", "/mnt", "/models", "/srv")
+DEFAULT_VOLUME_DENY = (
+    "/etc", "/proc", "/sys", "/dev", "/boot", "/root", "/run", "/var/run", "/var/lib/docker",
+    "/var/lib/containers", "/var/lib/heteroflow-agent",
+)
+
+
+def worker_count(cpus: int | None = None) -> int:
+    return min(max(cpus or os.cpu_count() or 2, 2), 16)
+
+
+def visibility_env(vendor: str, gpu_indices: list[int]) -> dict[str, str]:
+    """The visibility variables for the task's cards; with no cards, none are visible."""
+    value = ",".join(str(index) for index in sorted(gpu_indices))
+    env = {name: value for name in VISIBILITY_VARIABLES.get(vendor, ())}
+    if not gpu_indices and "NVIDIA_VISIBLE_DEVICES" in env:
+        env["NVIDIA_VISIBLE_DEVICES"] = "void"  # the NVIDIA container runtime's word for "none"
+    return env
+
+
+def checked_volumes(volumes: list[dict], allow: tuple[str, ...], deny: tuple[str, ...]) -> tuple[Volume, ...]:
+    """Host paths resolved (no symlink escapes), under an allowed prefix and under no
+    denied one. Raises RuntimeError_ naming the first bad one."""
+    checked = []
+    for volume in volumes:
+        host = os.path.realpath(str(volume.get("host", "")))
+        container = str(volume.get("container", ""))
+        if not container.startswith("/"):
+            raise RuntimeError_(f"volume {volume!r}: the container path must be absolute")
+        if not any(_under(host, prefix) for prefix in allow):
+            raise RuntimeError_(f"volume {volume.get('host')!r} is outside the allowed host paths ({', '.join(allow)})")
+        if any(_under(host, prefix) for prefix in deny):
+            raise RuntimeError_(f"volume {volume.get('host')!r} is under a denied host path")
+        checked.append(Volume(host, container, bool(volume.get("read_only"))))
+    return tuple(checked)
+
+
+def _under(path: str, prefix: str) -> bool:
+    prefix = prefix.rstrip("/") or "/"
+    return path == prefix or path.startswith(prefix + "/") or prefix == "/"
+
+
+@dataclass
+class Outcome:
+    task_id: int
+    from_status: str
+    status: str
+    exit_code: int | None
+    error_message: str = ""
+    log_tail: str = ""
+
+
+class Executor:
+    def __init__(
+        self,
+        node_id: str,
+        client: ServerClient,
+        runtime: Runtime,
+        *,
+        vendor: str = "",
+        report_client: ServerClient | None = None,
+        workers: int | None = None,
+        volume_allow: tuple[str, ...] = DEFAULT_VOLUME_ALLOW,
+        volume_deny: tuple[str, ...] = DEFAULT_VOLUME_DENY,
+        watch_interval: float = 1.0,
+        stop_poll_seconds: float = STOP_POLL_SECONDS,
+    ):
+        self.node_id, self.client, self.runtime = node_id, client, runtime
+        self.vendor = vendor
+        # reports: 6 attempts, 1 s doubling to 10 s (about a minute in all)
+        self.report_client = report_client or ServerClient(
+            client.base_url, client.session.headers["X-API-Key"], attempts=6, backoff=1.0, backoff_cap=10.0,
+        )
+        self.pool = ThreadPoolExecutor(max_workers=workers or worker_count(), thread_name_prefix="task")
+        self.volume_allow, self.volume_deny = volume_allow, volume_deny
+        self.watch_interval, self.stop_poll_seconds = watch_interval, stop_poll_seconds
+        self.active: dict[int, threading.Event] = {}  # task id -> "stop watching" (agent shutdown)
+        self.health: dict[int, dict] = {}
+        self.undelivered: OrderedDict[int, Outcome] = OrderedDict()
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        self.wake = threading.Event()  # set by the heartbeat when tasks wait for this node
+
+    # --- the poll -----------------------------------------------------------------------
+
+    def poll(self) -> list[int]:
+        """Fetch the node's scheduled tasks and claim them. Returns the ids claimed."""
+        try:
+            response = self.client.request(
+                "GET", "/api/v1/tasks", params={"node_id": self.node_id, "status": "scheduled", "limit": POLL_LIMIT}
+            )
+        except ServerError as exc:
+            logger.warning("could not fetch tasks: %s", exc)
+            return []
+        if response.status_code != 200:
+            logger.error("fetching tasks refused: HTTP %d %s", response.status_code, response.text[:300])
+            return []
+        claimed = []
+        for task in response.json().get("results", []):
+            with self.lock:
+                if task["id"] in self.active or self.closing.is_set():
+                    continue
+            if self._claim(task):
+                claimed.append(task["id"])
+                self._launch(task)
+        return claimed
+
+    def _claim(self, task: dict) -> bool:
+        try:
+            response = self.client.request(
+                "PUT", f"/api/v1/tasks/{task['id']}",
+                json={"node_id": self.node_id, "from_status": "scheduled", "status": "running"},
+            )
+        except ServerError as exc:
+            logger.warning("could not claim task %s: %s", task["id"], exc)
+            return False
+        if response.status_code == 409:
+            return False  # another claim won, or it was cancelled meanwhile
+        if response.status_code != 200:
+            logger.error("claiming task %s refused: HTTP %d %s", task["id"], response.status_code, response.text[:300])
+            return False
+        return True
+
+    def _launch(self, task: dict) -> None:
+        stop = threading.Event()
+        with self.lock:
+            self.active[task["id"]] = stop
+        self.pool.submit(self._run_guarded, task, stop)
+
+    def _launch_watch(self, task: dict, started_at: float | None) -> None:
+        """Watch a task that is already running (adopted), then report it. Its timeout
+        counts from when it really started."""
+        began = time.monotonic() - max(0.0, time.time() - started_at) if started_at else time.monotonic()
+        stop = threading.Event()
+        with self.lock:
+            self.active[task["id"]] = stop
+
+        def watch_and_report():
+            try:
+                outcome = self.watch(task, stop, began)
+                if outcome is not None:
+                    self.deliver(outcome)
+            except Exception:
+                logger.exception("task %s: watching the adopted task failed", task["id"])
+            finally:
+                with self.lock:
+                    self.active.pop(task["id"], None)
+
+        self.pool.submit(watch_and_report)
+
+    # --- one task -----------------------------------------------------------------------
+
+    def _run_guarded(self, task: dict, stop: threading.Event) -> None:
+        try:
+            outcome = self.run(task, stop)
+            if outcome is not None:
+                self.deliver(outcome)
+        except Exception:
+            logger.exception("task %s: the worker failed", task["id"])
+        finally:
+            with self.lock:
+                self.active.pop(task["id"], None)
+                self.health.pop(task["id"], None)
+
+    def spec_for(self, task: dict) -> TaskSpec:
+        env = {name: str(value) for name, value in (task.get("env") or {}).items() if name and isinstance(value, str)}
+        for name in ALL_VISIBILITY_VARIABLES & env.keys():
+            del env[name]  # the agent's to set
+        env.update(visibility_env(self.vendor, task.get("gpu_indices") or []))
+        if task.get("host_port"):
+            env["HETEROFLOW_PORT"] = str(task["host_port"])
+        many_cards = len(task.get("gpu_indices") or []) > 1
+        return TaskSpec(
+            task_id=task["id"], image=task.get("image") or "", command=list(task.get("command") or []), env=env,
+            volumes=checked_volumes(task.get("volumes") or [], self.volume_allow, self.volume_deny),
+            labels={"heteroflow.task-name": str(task.get("name", ""))[:200], "heteroflow.tenant": str(task.get("tenant", ""))},
+            host_port=task.get("host_port"),
+            ipc_host=many_cards and task.get("kind") in ("training", "inference"),
+        )
+
+    def run(self, task: dict, stop: threading.Event) -> Outcome | None:
+        """Start the task and watch it to its end. The outcome to report, or None when
+        there is nothing to report (the task was deleted, or the agent is stopping)."""
+        task_id = task["id"]
+        try:
+            spec = self.spec_for(task)
+            if self.runtime.kind == "docker":
+                self.runtime.ensure_image(spec.image)
+            self.runtime.start(spec)
+        except RuntimeError_ as exc:
+            return Outcome(task_id, "running", "failed", None, f"could not start: {exc}")
+        logger.info("task %s started (%s)", task_id, self.runtime.kind)
+        return self.watch(task, stop, time.monotonic())
+
+    def watch(self, task: dict, stop: threading.Event, started: float) -> Outcome | None:
+        task_id = task["id"]
+        deadline = started + (task.get("timeout_seconds") or 7200)
+        next_poll = time.monotonic() + self.stop_poll_seconds
+        gone = 0
+        probe = task.get("health_probe") if task.get("kind") == "inference" else None
+        while not stop.is_set():
+            state = self.runtime.state(task_id)
+            if state is None:
+                return Outcome(task_id, "running", "failed", None, "the task's container disappeared")
+            if not state.running:
+                code = state.exit_code
+                status = "completed" if code == 0 else "failed"
+                message = "" if code == 0 else (f"exited with code {code}" if code is not None else "ended, exit code unknown")
+                return Outcome(task_id, "running", status, code, message, self.runtime.logs_tail(task_id))
+            now = time.monotonic()
+            if now >= deadline:
+                self.runtime.stop(task_id, STOP_GRACE_SECONDS)
+                limit = task.get("timeout_seconds") or 7200
+                return Outcome(task_id, "running", "failed", TIMEOUT_EXIT_CODE, f"timed out after {limit} s",
+                               self.runtime.logs_tail(task_id))
+            if now >= next_poll:
+                next_poll = now + self.stop_poll_seconds
+                intent = self._server_status(task_id)
+                if intent == 404:
+                    gone += 1
+                    if gone >= GONE_AFTER_404S:
+                        logger.info("task %s is gone from the server: stopping it", task_id)
+                        self.runtime.stop(task_id, STOP_GRACE_SECONDS)
+                        self.runtime.remove(task_id)
+                        return None
+                else:
+                    gone = 0
+                if intent in ("stopping", "preempting"):
+                    self.runtime.stop(task_id, STOP_GRACE_SECONDS)
+                    final = self.runtime.state(task_id)
+                    code = final.exit_code if final else None
+                    to = "stopped" if intent == "stopping" else "pending"
+                    return Outcome(task_id, intent, to, code, "", self.runtime.logs_tail(task_id))
+                if probe:
+                    self.health[task_id] = {"task_id": task_id, "healthy": probe_ok(probe)}
+            stop.wait(self.watch_interval)
+        return None  # the agent is stopping: the task keeps running, the next agent adopts it
+
+    def _server_status(self, task_id: int) -> str | int | None:
+        try:
+            response = self.client.request("GET", f"/api/v1/tasks/{task_id}", params={"node_id": self.node_id})
+        except ServerError:
+            return None  # cannot tell: keep running
+        if response.status_code == 404:
+            return 404
+        if response.status_code != 200:
+            return None
+        return response.json().get("status")
+
+    # --- reports --------------------------------------------------------------------------
+
+    def deliver(self, outcome: Outcome) -> bool:
+        """Report the outcome (CAS). Delivered (or moot): the container is removed. Not
+        delivered: it is kept, and so is the outcome, for a later attempt."""
+        body = {"node_id": self.node_id, "from_status": outcome.from_status, "status": outcome.status,
+                "exit_code": outcome.exit_code, "error_message": outcome.error_message[:10_000],
+                "log_tail": outcome.log_tail[-64 * 1024:]}
+        try:
+            response = self.report_client.request("PUT", f"/api/v1/tasks/{outcome.task_id}", json=body)
+        except (ServerError, AuthError) as exc:
+            logger.warning("task %s: outcome not delivered (%s); kept for a later attempt", outcome.task_id, exc)
+            self._keep(outcome)
+            return False
+        if response.status_code == 409:
+            # the server moved first (a retry of a report it already has, or a stop/preempt
+            # decided meanwhile): its answer is the truth, nothing more to say for this state
+            logger.info("task %s: the server already moved on (409)", outcome.task_id)
+        elif response.status_code not in (200, 404):
+            logger.error("task %s: report refused: HTTP %d %s", outcome.task_id, response.status_code, response.text[:300])
+        with self.lock:
+            self.undelivered.pop(outcome.task_id, None)
+        try:
+            self.runtime.remove(outcome.task_id)
+        except RuntimeError_ as exc:
+            logger.warning("task %s: could not remove it: %s", outcome.task_id, exc)
+        logger.info("task %s: %s (exit code %s) reported", outcome.task_id, outcome.status, outcome.exit_code)
+        return True
+
+    def _keep(self, outcome: Outcome) -> None:
+        with self.lock:
+            self.undelivered[outcome.task_id] = outcome
+            self.undelivered.move_to_end(outcome.task_id)
+            while len(self.undelivered) > MAX_UNDELIVERED:
+                dropped, _ = self.undelivered.popitem(last=False)
+                logger.error("task %s: more than %d outcomes undelivered; the oldest is given up", dropped, MAX_UNDELIVERED)
+
+    def redeliver(self) -> int:
+        """Try the kept outcomes again (reconcile). Returns how many got through."""
+        with self.lock:
+            pending = list(self.undelivered.values())
+        return sum(1 for outcome in pending if self.deliver(outcome))
+
+    # --- for the heartbeat and shutdown ----------------------------------------------------
+
+    def report(self) -> TaskReport:
+        try:
+            live = sorted(task_id for task_id, state in self.runtime.tasks().items() if state.running)
+        except Exception as exc:  # an engine hiccup must not stop the beat
+            logger.debug("listing tasks failed: %s", exc)
+            return TaskReport()
+        with self.lock:
+            health = [dict(entry) for entry in self.health.values()]
+        return TaskReport(live_task_ids=live, task_health=health)
+
+    def close(self) -> None:
+        """Stop watching (the tasks keep running; the next agent process adopts them)."""
+        self.closing.set()
+        with self.lock:
+            for stop in self.active.values():
+                stop.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def probe_ok(probe: dict, timeout: float = 2.0) -> bool:
+    """An inference task's health probe against its port on this host."""
+    port = int(probe.get("port", 0))
+    try:
+        if probe.get("type") == "tcp":
+            with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+                return True
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{probe.get('path') or '/health'}", timeout=timeout) as answer:
+            return 200 <= answer.status < 400
+    except OSError:
+        return False
+
+
+def state_dir(data_dir: Path) -> Path:
+    return data_dir / "tasks"
+
+
+ZOMBIE_MIN_AGE_SECONDS = 60.0
+TERMINAL = frozenset({"completed", "failed", "cancelled", "stopped"})
+
+
+class Reconciler:
+    """Every 60 s: re-report kept outcomes, adopt tasks this agent is not watching (left
+    by an earlier agent process), and remove zombies. A task is a zombie only when the
+    server says it is terminal, deleted (404) or assigned elsewhere, and only once its
+    container is older than a minute; anything else, a lookup error included, is left
+    alone."""
+
+    def __init__(self, executor: Executor, clock=time.time):
+        self.executor, self.clock = executor, clock
+
+    def run_once(self) -> dict[str, list[int]]:
+        executor = self.executor
+        done = {"redelivered": [], "adopted": [], "reported": [], "removed": []}
+        before = set(executor.undelivered)
+        executor.redeliver()
+        done["redelivered"] = sorted(before - set(executor.undelivered))
+        try:
+            held = executor.runtime.tasks()
+        except Exception as exc:
+            logger.warning("reconcile: cannot list the runtime's tasks: %s", exc)
+            return done
+        for task_id, state in sorted(held.items()):
+            with executor.lock:
+                if task_id in executor.active or task_id in executor.undelivered:
+                    continue
+            task = self._lookup(task_id)
+            if task is None:
+                continue  # cannot tell: leave it
+            if task == 404 or task.get("status") in TERMINAL:
+                if self.clock() - (state.started_at or self.clock()) >= ZOMBIE_MIN_AGE_SECONDS:
+                    executor.runtime.stop(task_id, STOP_GRACE_SECONDS)
+                    executor.runtime.remove(task_id)
+                    done["removed"].append(task_id)
+                continue
+            if task.get("status") == "running":
+                if state.running:
+                    executor._launch_watch(task, state.started_at)
+                    done["adopted"].append(task_id)
+                else:  # it ended while no agent was watching: report it now
+                    code = state.exit_code
+                    outcome = Outcome(task_id, "running", "completed" if code == 0 else "failed", code,
+                                      "" if code == 0 else f"exited with code {code} while the agent was away",
+                                      executor.runtime.logs_tail(task_id))
+                    executor.deliver(outcome)
+                    done["reported"].append(task_id)
+            elif task.get("status") in ("stopping", "preempting"):
+                executor._launch_watch(task, state.started_at)  # the watch stops it and confirms
+                done["adopted"].append(task_id)
+        return done
+
+    def _lookup(self, task_id: int):
+        try:
+            response = self.executor.client.request(
+                "GET", f"/api/v1/tasks/{task_id}", params={"node_id": self.executor.node_id}
+            )
+        except ServerError:
+            return None
+        if response.status_code == 404:
+            return 404  # deleted, or assigned to another node
+        if response.status_code != 200:
+            return None
+        return response.json()

@@ -1,0 +1,100 @@
+"""The Runtime interface: how the executor starts, watches and stops a task, whatever
+runs it. Two implementations: `docker` (any Docker-compatible engine, through the docker
+SDK) and `process` (a child process group, for machines without a container engine,
+enabled by the node's operator).
+
+Every task is named `task-{id}` in its runtime, and a runtime can list the tasks it
+holds, also those started by a previous agent process, so that a restarted agent adopts
+them instead of losing them.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+LOG_TAIL_LINES = 200
+
+
+def task_name(task_id: int) -> str:
+    return f"task-{task_id}"
+
+
+class RuntimeError_(RuntimeError):
+    """A runtime could not do what was asked; the message says why, for the task's report."""
+
+
+@dataclass(frozen=True)
+class Volume:
+    host: str
+    container: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a runtime needs to start one task. The executor has already checked
+    volumes, dropped bad env entries and set the GPU visibility variables."""
+
+    task_id: int
+    image: str  # ignored by the process runtime
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    volumes: tuple[Volume, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    host_port: int | None = None
+    ipc_host: bool = False
+    shm_size_mb: int | None = None
+
+    @property
+    def name(self) -> str:
+        return task_name(self.task_id)
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """What the runtime knows about a task it holds."""
+
+    task_id: int
+    running: bool
+    exit_code: int | None = None  # None while running (or when the runtime cannot tell)
+    started_at: float | None = None  # seconds since the epoch
+    finished_at: float | None = None
+
+
+class Runtime(abc.ABC):
+    kind: str  # "docker" or "process": what the node reports as exec_mode
+
+    @abc.abstractmethod
+    def available(self) -> tuple[bool, str]:
+        """(usable now, why not)."""
+
+    @abc.abstractmethod
+    def ensure_image(self, image: str, credentials: dict | None = None) -> None:
+        """Make the image present (no-op for the process runtime). Raises RuntimeError_."""
+
+    @abc.abstractmethod
+    def start(self, spec: TaskSpec) -> None:
+        """Start the task under spec.name. Raises RuntimeError_ (nothing left running)."""
+
+    @abc.abstractmethod
+    def state(self, task_id: int) -> TaskState | None:
+        """The task's state, or None when this runtime holds no such task."""
+
+    @abc.abstractmethod
+    def stop(self, task_id: int, grace_seconds: float = 10.0) -> None:
+        """Ask it to stop (SIGTERM), kill it after the grace period. Idempotent."""
+
+    @abc.abstractmethod
+    def logs_tail(self, task_id: int, lines: int = LOG_TAIL_LINES) -> str:
+        """The last lines of its output (stdout and stderr), "" when there is none."""
+
+    @abc.abstractmethod
+    def remove(self, task_id: int) -> None:
+        """Forget the task and free what it used (after its outcome was delivered)."""
+
+    @abc.abstractmethod
+    def tasks(self) -> dict[int, TaskState]:
+        """Every task this runtime holds, running or finished, by task id, including
+        those started by an earlier agent process."""

@@ -1,0 +1,65 @@
+"""The executor's rules that need no runtime: volumes, env, GPU visibility, pool size."""
+
+import pytest
+
+from heteroflow_agent.client import ServerClient
+from heteroflow_agent.executor import Executor, checked_volumes, visibility_env, worker_count
+from heteroflow_agent.runtime import RuntimeError_, Volume
+
+
+@pytest.mark.parametrize("cpus,expected", [(1, 2), (2, 2), (8, 8), (64, 16)])
+def test_the_pool_follows_the_cpus_clamped_2_to_16(cpus, expected):
+    assert worker_count(cpus) == expected
+
+
+def test_volumes_must_be_under_an_allowed_path_and_no_denied_one(tmp_path):
+    allowed = tmp_path / "data"
+    (allowed / "set").mkdir(parents=True)
+    (allowed / "secret").mkdir()
+    allow, deny = (str(allowed),), (str(allowed / "secret"),)
+    assert checked_volumes([{"host": str(allowed / "set"), "container": "/in", "read_only": True}], allow, deny) == (
+        Volume(str(allowed / "set"), "/in", True),)
+    for bad, problem in [
+        ({"host": str(tmp_path / "elsewhere"), "container": "/in"}, "outside the allowed"),
+        ({"host": str(allowed / "secret"), "container": "/in"}, "denied"),
+        ({"host": str(allowed / "set" / ".." / ".." / "etc"), "container": "/in"}, "outside the allowed"),
+        ({"host": str(allowed / "set"), "container": "relative"}, "must be absolute"),
+    ]:
+        with pytest.raises(RuntimeError_, match=problem):
+            checked_volumes([bad], allow, deny)
+
+
+def test_a_symlink_cannot_lead_out_of_the_allowed_paths(tmp_path):
+    allowed = tmp_path / "data"
+    allowed.mkdir()
+    (allowed / "escape").symlink_to("/etc")
+    with pytest.raises(RuntimeError_, match="outside the allowed"):
+        checked_volumes([{"host": str(allowed / "escape"), "container": "/in"}], (str(allowed),), ())
+
+
+@pytest.mark.parametrize(
+    "vendor,cards,expected",
+    [
+        ("nvidia", [3, 1], {"NVIDIA_VISIBLE_DEVICES": "1,3", "CUDA_VISIBLE_DEVICES": "1,3"}),
+        ("nvidia", [], {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}),
+        ("ascend", [0], {"ASCEND_VISIBLE_DEVICES": "0", "ASCEND_RT_VISIBLE_DEVICES": "0"}),
+        ("hygon", [2], {"HIP_VISIBLE_DEVICES": "2"}),
+        ("virtual", [0], {}),
+    ],
+)
+def test_gpu_visibility_comes_from_the_allocation(vendor, cards, expected):
+    assert visibility_env(vendor, cards) == expected
+
+
+def test_the_agent_owns_the_visibility_variables_and_drops_env_without_a_value():
+    executor = Executor("n1", ServerClient("http://x", "k"), runtime=None, vendor="nvidia", workers=2)
+    spec = executor.spec_for({
+        "id": 7, "name": "train", "tenant": "acme", "kind": "training", "image": "img", "command": ["python", "t.py"],
+        "env": {"A": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "NVIDIA_VISIBLE_DEVICES": "all", "BARE": None},
+        "gpu_indices": [4, 5], "volumes": [], "host_port": None,
+    })
+    assert spec.env == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "4,5", "CUDA_VISIBLE_DEVICES": "4,5"}
+    assert spec.ipc_host and spec.name == "task-7" and spec.labels["heteroflow.tenant"] == "acme"
+    single = executor.spec_for({"id": 8, "kind": "inference", "gpu_indices": [0], "host_port": 8001})
+    assert not single.ipc_host and single.env["HETEROFLOW_PORT"] == "8001"
+    executor.pool.shutdown()

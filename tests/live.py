@@ -1,0 +1,86 @@
+"""Live processes for end-to-end tests: the control plane under uvicorn on the test
+database, and real agent processes pointed at it. Modules using these need
+`django_db(transaction=True)`: the server processes see only committed rows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import requests
+from django.conf import settings
+from django.db import connection
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def start_control_plane() -> tuple[subprocess.Popen, str]:
+    """uvicorn serving heteroflow.asgi on this test run's database."""
+    port = free_port()
+    test_database = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path="/" + connection.settings_dict["NAME"]))
+    env = os.environ | {"DATABASE_URL": test_database, "HETEROFLOW_ENV": "test"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "heteroflow.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--lifespan", "off", "--no-proxy-headers", "--log-level", "warning"],
+        cwd=REPO, env=env, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return requests.get(f"{url}/health", timeout=1).status_code in (200, 503)
+        except requests.RequestException:
+            return False
+
+    wait_until(up, 60, "the control plane")
+    return server, url
+
+
+def stop_process(process: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 30) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, sig)
+        process.wait(timeout=timeout)
+
+
+def start_agent(url: str, data_dir: Path, **extra) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")} | {
+        "HETEROFLOW_SERVER_URL": url,
+        "HETEROFLOW_AGENT_KEY": settings.HETEROFLOW_AGENT_SECRET,
+        "HETEROFLOW_AGENT_DATA_DIR": str(data_dir),
+        "HETEROFLOW_HEARTBEAT_INTERVAL": "5",
+        "HETEROFLOW_MODEL_SCAN_DIRS": str(data_dir / "models"),
+        # no container engine on the test machines unless DOCKER_HOST says so: the
+        # operator allows plain processes
+        "HETEROFLOW_ALLOW_PROCESS_RUNTIME": "true",
+        **extra,
+    }
+    return subprocess.Popen([sys.executable, "-m", "heteroflow_agent"], cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def agent_output(agent: subprocess.Popen, timeout: float = 30) -> str:
+    stop_process(agent, timeout=timeout)
+    return agent.stdout.read() if agent.stdout else ""
