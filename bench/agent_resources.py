@@ -1,6 +1,7 @@
 """The node agent's own footprint: the real `heteroflow-agent` process beating every
 interval to a stand-in control plane, with a stand-in `nvidia-smi` that reports eight
-A100s (the recorded outputs of agent/tests/fixtures/nvidia), for N minutes. Samples
+A100s (the recorded outputs of agent/tests/fixtures/nvidia) and the executor polling
+an empty task channel (process runtime), for N minutes. Samples
 the agent's resident memory and CPU time (its own, not the tool's children) and prints
 them. Target: under 60 MB RSS and under 1 % of one core at 5 s with 8 GPUs.
 
@@ -46,6 +47,7 @@ class ControlPlane:
 
     def __init__(self):
         self.beats = 0
+        self.polls = 0
         self.gpus_seen = 0
         owner = self
 
@@ -55,6 +57,15 @@ class ControlPlane:
                 owner.beats += 1
                 owner.gpus_seen = len(body.get("gpu_stats", []))
                 data = json.dumps({"status": "online", "registered": owner.beats == 1, "scheduled_tasks": []}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # the task channel: nothing scheduled here
+                owner.polls += 1
+                data = b'{"results": []}'
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -91,6 +102,8 @@ def main() -> int:
         "HETEROFLOW_HEARTBEAT_INTERVAL": str(args.interval),
         "HETEROFLOW_MODEL_SCAN_DIRS": str(scratch / "models"),
         "HETEROFLOW_AGENT_LOG_LEVEL": "warning",
+        # a node that runs tasks: the executor polls its task channel every 5 s too
+        "HETEROFLOW_ALLOW_PROCESS_RUNTIME": "true",
     }
     agent = subprocess.Popen([sys.executable, "-m", "heteroflow_agent"], cwd=scratch, env=env, start_new_session=True)
     process = psutil.Process(agent.pid)
@@ -118,7 +131,7 @@ def main() -> int:
     wall = warm[-1][0] - warm[0][0]
     cpu = warm[-1][1] - warm[0][1]
     rss = sorted(s[2] for s in samples)
-    print(f"  heartbeats received   {plane.beats} (last one listed {plane.gpus_seen} GPUs)")
+    print(f"  heartbeats received   {plane.beats} (last one listed {plane.gpus_seen} GPUs); task polls {plane.polls}")
     print(f"  resident memory       p50 {rss[len(rss) // 2] / 2**20:.1f} MB, max {rss[-1] / 2**20:.1f} MB")
     print(f"  CPU                   {100 * cpu / wall if wall else float('nan'):.2f} % of one core "
           f"({cpu:.2f} s over {wall:.0f} s after the first 30 s)")
