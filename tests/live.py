@@ -65,8 +65,13 @@ def stop_process(process: subprocess.Popen, sig=signal.SIGTERM, timeout: float =
         process.wait(timeout=timeout)
 
 
-def start_agent(url: str, data_dir: Path, **extra) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")} | {
+def start_agent(url: str, data_dir: Path, *, container_engine: bool = False, **extra) -> subprocess.Popen:
+    """An agent process. Without `container_engine` it never sees DOCKER_HOST, so it runs
+    tasks with the process runtime even where the test engine is up."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")}
+    if not container_engine:
+        inherited.pop("DOCKER_HOST", None)
+    env = inherited | {
         "HETEROFLOW_SERVER_URL": url,
         "HETEROFLOW_AGENT_KEY": settings.HETEROFLOW_AGENT_SECRET,
         "HETEROFLOW_AGENT_DATA_DIR": str(data_dir),

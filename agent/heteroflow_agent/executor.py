@@ -37,6 +37,7 @@ GONE_AFTER_404S = 3
 TIMEOUT_EXIT_CODE = 124
 MAX_UNDELIVERED = 256
 STOP_GRACE_SECONDS = 10.0
+SETTLE_READS = 6  # 3 s for an ended task's exit code to appear
 
 # The variable each vendor's runtime reads to pick the cards a process may use. The
 # agent owns them: a task's own value is replaced by the allocation.
@@ -254,11 +255,23 @@ class Executor:
         deadline = started + (task.get("timeout_seconds") or 7200)
         next_poll = time.monotonic() + self.stop_poll_seconds
         gone = 0
+        unsettled = 0
         probe = task.get("health_probe") if task.get("kind") == "inference" else None
         while not stop.is_set():
-            state = self.runtime.state(task_id)
+            try:
+                state = self.runtime.state(task_id)
+            except RuntimeError_ as exc:  # the engine did not answer: cannot tell, keep watching
+                logger.warning("task %s: cannot read its state: %s", task_id, exc)
+                stop.wait(self.watch_interval * 5)
+                continue
             if state is None:
                 return Outcome(task_id, "running", "failed", None, "the task's container disappeared")
+            if not state.running and state.exit_code is None and unsettled < SETTLE_READS:
+                # just ended: an engine may not have recorded the exit code yet (Podman
+                # shows "stopped" before "exited")
+                unsettled += 1
+                stop.wait(0.5)
+                continue
             if not state.running:
                 code = state.exit_code
                 status = "completed" if code == 0 else "failed"
@@ -266,7 +279,7 @@ class Executor:
                 return Outcome(task_id, "running", status, code, message, self.runtime.logs_tail(task_id))
             now = time.monotonic()
             if now >= deadline:
-                self.runtime.stop(task_id, STOP_GRACE_SECONDS)
+                self._stop(task_id)
                 limit = task.get("timeout_seconds") or 7200
                 return Outcome(task_id, "running", "failed", TIMEOUT_EXIT_CODE, f"timed out after {limit} s",
                                self.runtime.logs_tail(task_id))
@@ -277,14 +290,20 @@ class Executor:
                     gone += 1
                     if gone >= GONE_AFTER_404S:
                         logger.info("task %s is gone from the server: stopping it", task_id)
-                        self.runtime.stop(task_id, STOP_GRACE_SECONDS)
-                        self.runtime.remove(task_id)
+                        self._stop(task_id)
+                        try:
+                            self.runtime.remove(task_id)
+                        except RuntimeError_ as exc:
+                            logger.warning("task %s: could not remove it: %s", task_id, exc)
                         return None
                 else:
                     gone = 0
                 if intent in ("stopping", "preempting"):
-                    self.runtime.stop(task_id, STOP_GRACE_SECONDS)
-                    final = self.runtime.state(task_id)
+                    self._stop(task_id)
+                    try:
+                        final = self.runtime.state(task_id)
+                    except RuntimeError_:
+                        final = None
                     code = final.exit_code if final else None
                     to = "stopped" if intent == "stopping" else "pending"
                     return Outcome(task_id, intent, to, code, "", self.runtime.logs_tail(task_id))
@@ -292,6 +311,12 @@ class Executor:
                     self.health[task_id] = {"task_id": task_id, "healthy": probe_ok(probe)}
             stop.wait(self.watch_interval)
         return None  # the agent is stopping: the task keeps running, the next agent adopts it
+
+    def _stop(self, task_id: int) -> None:
+        try:
+            self.runtime.stop(task_id, STOP_GRACE_SECONDS)
+        except RuntimeError_ as exc:
+            logger.warning("task %s: could not stop it: %s", task_id, exc)
 
     def _server_status(self, task_id: int) -> str | int | None:
         try:

@@ -1,9 +1,13 @@
 """Tasks end to end: the control plane under uvicorn, a real agent process, a real
 runtime (the process runtime here; the same executor drives the docker runtime). A task
 queued through the services is placed by a scheduler cycle, claimed by the agent, run,
-and reported with its exit code and log tail."""
+and reported with its exit code and log tail. Every test runs with the process runtime
+and with the docker runtime against the real engine .ci/run starts (Podman's Docker
+API; skipped, saying why, where there is none)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -17,13 +21,34 @@ from tests.live import agent_output, start_agent, start_control_plane, stop_proc
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    """A control plane, one agent (process runtime) registered as an online node, a tenant."""
-    server, url = start_control_plane()
-    parts = {"url": url, "agent": start_agent(url, tmp_path / "agent"), "data_dir": tmp_path / "agent"}
+def engine_answers() -> str:
+    """Why the docker runtime cannot be tested here ("" when it can)."""
+    if not os.environ.get("DOCKER_HOST"):
+        return "DOCKER_HOST is not set (.ci/run starts a Podman engine: scripts/container-engine.sh)"
     try:
-        wait_until(lambda: Node.objects.filter(status="online").exists(), 40, "the node to come online")
+        import docker
+
+        docker.from_env(timeout=5).ping()
+    except Exception as exc:
+        return f"the container engine at {os.environ['DOCKER_HOST']} does not answer: {exc}"
+    return ""
+
+
+@pytest.fixture(params=["process", "docker"])
+def cluster(request, tmp_path):
+    """A control plane, one agent registered as an online node running tasks with the
+    given runtime, a tenant."""
+    runtime = request.param
+    if runtime == "docker" and (why := engine_answers()):
+        pytest.skip(why)
+    server, url = start_control_plane()
+    engine = runtime == "docker"
+    parts = {"url": url, "agent": start_agent(url, tmp_path / "agent", container_engine=engine),
+             "data_dir": tmp_path / "agent", "engine": engine,
+             "image": os.environ.get("HETEROFLOW_TEST_IMAGE", "localhost/heteroflow-test:busybox") if engine else ""}
+    try:
+        node = wait_until(lambda: Node.objects.filter(status="online").first(), 40, "the node to come online")
+        assert node.exec_mode == runtime
         parts["tenant"] = create_tenant(name="Lab", slug="lab")
         set_plugin_options("resource-filter", extra={"cpu_percent_max": 100, "memory_percent_max": 100})
         yield parts
@@ -32,8 +57,9 @@ def cluster(tmp_path):
         stop_process(server)
 
 
-def submit(tenant, command, **fields) -> Task:
-    task = create_task(tenant=tenant, name=fields.pop("name", "t"), image="", command=command, gpu_required=0, **fields)
+def submit(cluster, command, **fields) -> Task:
+    task = create_task(tenant=cluster["tenant"], name=fields.pop("name", "t"), image=cluster["image"], command=command,
+                       gpu_required=0, **fields)
     # the test machine is busy running the suite: the node's CPU reading may be over the
     # 90 % threshold for a beat or two, and then the task waits, as it would in production
     wait_until(lambda: task.pk in run_cycle().bound, 30, f"task {task.pk} to be placed")
@@ -50,25 +76,25 @@ def finished(task: Task, timeout: float = 40) -> Task:
 
 
 def test_a_task_runs_and_reports_its_exit_code_and_log_tail(cluster):
-    task = submit(cluster["tenant"], ["sh", "-c", "echo hello from $HOSTNAME_SAFE; echo line2; exit 0"],
+    task = submit(cluster, ["sh", "-c", "echo hello from $HOSTNAME_SAFE; echo line2; exit 0"],
                   env={"HOSTNAME_SAFE": "the-task"})
     wait_until(lambda: Task.objects.get(pk=task.pk).started_at, 15, "the claim")
     task = finished(task)
-    assert (task.status, task.exit_code) == ("completed", 0)
+    assert (task.status, task.exit_code) == ("completed", 0), task.error_message
     assert "hello from the-task" in task.log_tail and "line2" in task.log_tail
     print(f"\nsubmission to running: {(task.started_at - task.created_at).total_seconds():.2f} s")
 
-    failing = finished(submit(cluster["tenant"], ["sh", "-c", "echo broken >&2; exit 3"], name="failing"))
+    failing = finished(submit(cluster, ["sh", "-c", "echo broken >&2; exit 3"], name="failing"))
     assert (failing.status, failing.exit_code) == ("failed", 3) and "broken" in failing.log_tail
 
 
 def test_the_timeout_watchdog_reports_124(cluster):
-    task = finished(submit(cluster["tenant"], ["sleep", "60"], timeout_seconds=2))
+    task = finished(submit(cluster, ["sleep", "60"], timeout_seconds=2))
     assert (task.status, task.exit_code) == ("failed", 124) and "timed out" in task.error_message
 
 
 def test_a_stop_request_stops_the_task(cluster):
-    task = submit(cluster["tenant"], ["sleep", "300"])
+    task = submit(cluster, ["sleep", "300"])
     wait_until(lambda: Task.objects.get(pk=task.pk).status == "running", 15, "the claim")
     stop_task(Task.objects.get(pk=task.pk))
     task = finished(task, timeout=40)
@@ -76,12 +102,12 @@ def test_a_stop_request_stops_the_task(cluster):
 
 
 def test_a_restarted_agent_adopts_the_running_task_and_reports_it(cluster, tmp_path):
-    task = submit(cluster["tenant"], ["sh", "-c", "sleep 6; echo survived; exit 0"])
+    task = submit(cluster, ["sh", "-c", "sleep 6; echo survived; exit 0"])
     wait_until(lambda: Task.objects.get(pk=task.pk).status == "running", 15, "the claim")
     output = agent_output(cluster["agent"])  # SIGTERM: the agent goes, the task stays
     assert "stopped" in output
     task.refresh_from_db()
     assert task.status == "running"
-    cluster["agent"] = start_agent(cluster["url"], cluster["data_dir"])  # same data dir: same node
+    cluster["agent"] = start_agent(cluster["url"], cluster["data_dir"], container_engine=cluster["engine"])  # same node
     task = finished(task, timeout=40)
     assert (task.status, task.exit_code) == ("completed", 0) and "survived" in task.log_tail
