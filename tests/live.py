@@ -37,9 +37,10 @@ def wait_until(check, timeout: float, what: str):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def start_control_plane() -> tuple[subprocess.Popen, str]:
-    """uvicorn serving heteroflow.asgi on this test run's database."""
-    port = free_port()
+def start_control_plane(port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """uvicorn serving heteroflow.asgi on this test run's database (on `port`, to bring
+    a stopped one back where its agents look for it)."""
+    port = port or free_port()
     test_database = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path="/" + connection.settings_dict["NAME"]))
     env = os.environ | {"DATABASE_URL": test_database, "HETEROFLOW_ENV": "test"}
     server = subprocess.Popen(

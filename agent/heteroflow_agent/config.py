@@ -38,6 +38,8 @@ ENVIRONMENT = {
     "allow_process_runtime": ("HETEROFLOW_ALLOW_PROCESS_RUNTIME",),
     "model_scan_dirs": ("HETEROFLOW_MODEL_SCAN_DIRS",),  # comma-separated
     "log_level": ("HETEROFLOW_AGENT_LOG_LEVEL",),
+    "reconcile_interval": ("HETEROFLOW_RECONCILE_SECONDS",),
+    "report_attempts": ("HETEROFLOW_REPORT_ATTEMPTS",),
 }
 KNOWN_KEYS = set(ENVIRONMENT) | {"labels", "connect_timeout", "read_timeout", "tool_timeout"}
 
@@ -62,6 +64,8 @@ class AgentConfig:
     read_timeout: float = 15.0
     tool_timeout: float = 10.0
     log_level: str = "info"
+    reconcile_interval: int = 60
+    report_attempts: int = 6  # a task's final report: 1 s back-off doubling to 10 s between them
 
     @property
     def scanned_model_dirs(self) -> tuple[str, ...]:
@@ -110,6 +114,8 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     connect_timeout = _number(raw, "connect_timeout", 5.0, float, 0.5, 60, problems)
     read_timeout = _number(raw, "read_timeout", 15.0, float, 1, 300, problems)
     tool_timeout = _number(raw, "tool_timeout", 10.0, float, 1, 120, problems)
+    reconcile_interval = _number(raw, "reconcile_interval", 60, int, 5, 3600, problems)
+    report_attempts = _number(raw, "report_attempts", 6, int, 1, 20, problems)
     allow_process = _boolean(raw, "allow_process_runtime", False, problems)
     log_level = str(raw.get("log_level") or "info").lower()
     if log_level not in ("debug", "info", "warning", "error"):
@@ -144,6 +150,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         server_url=server_url, api_key=api_key, node_id=node_id, data_dir=data_dir, heartbeat_interval=interval,
         allow_process_runtime=allow_process, model_scan_dirs=tuple(dirs), labels=dict(labels),
         connect_timeout=connect_timeout, read_timeout=read_timeout, tool_timeout=tool_timeout, log_level=log_level,
+        reconcile_interval=reconcile_interval, report_attempts=report_attempts,
     )
 
 

@@ -37,6 +37,7 @@ GONE_AFTER_404S = 3
 TIMEOUT_EXIT_CODE = 124
 MAX_UNDELIVERED = 256
 STOP_GRACE_SECONDS = 10.0
+TERMINAL = frozenset({"completed", "failed", "cancelled", "stopped"})
 SETTLE_READS = 6  # 3 s for an ended task's exit code to appear
 
 # The variable each vendor's runtime reads to pick the cards a process may use. The
@@ -298,6 +299,15 @@ class Executor:
                         return None
                 else:
                     gone = 0
+                if intent in TERMINAL:
+                    # the server ended it (a lost node's task failed, say): ours is a zombie
+                    logger.info("task %s is %s on the server: stopping it", task_id, intent)
+                    self._stop(task_id)
+                    try:
+                        self.runtime.remove(task_id)
+                    except RuntimeError_ as exc:
+                        logger.warning("task %s: could not remove it: %s", task_id, exc)
+                    return None
                 if intent in ("stopping", "preempting"):
                     self._stop(task_id)
                     try:
@@ -411,7 +421,6 @@ def state_dir(data_dir: Path) -> Path:
 
 
 ZOMBIE_MIN_AGE_SECONDS = 60.0
-TERMINAL = frozenset({"completed", "failed", "cancelled", "stopped"})
 
 
 class Reconciler:

@@ -55,7 +55,11 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
     runtime = choose_runtime(cfg, engine)
     executor = None
     if runtime is not None:
-        executor = Executor(cfg.node_id, client, runtime, vendor=detector.detect().vendor)
+        reports = ServerClient(
+            cfg.server_url, cfg.api_key, connect_timeout=cfg.connect_timeout, read_timeout=cfg.read_timeout,
+            attempts=cfg.report_attempts, backoff=1.0, backoff_cap=10.0, user_agent=f"heteroflow-agent/{version.version}",
+        )
+        executor = Executor(cfg.node_id, client, runtime, vendor=detector.detect().vendor, report_client=reports)
     heartbeat = Heartbeat(cfg, client, detect_gpus=detector.detect, engine=engine, version=version,
                           tasks=executor.report if executor else TaskReport,
                           on_scheduled=(lambda ids: executor.wake.set()) if executor else None)
@@ -142,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     worker = None
     if executor is not None:
         logger.info("runtime: %s", executor.runtime.kind)
-        worker = threading.Thread(target=run_executor, args=(executor, stop), name="executor", daemon=True)
+        worker = threading.Thread(target=run_executor, args=(executor, stop), name="executor", daemon=True,
+                                  kwargs={"reconcile_seconds": cfg.reconcile_interval})
         worker.start()
     try:
         return run(heartbeat, stop)

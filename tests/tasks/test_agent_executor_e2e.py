@@ -8,6 +8,7 @@ API; skipped, saying why, where there is none)."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -19,6 +20,8 @@ from apps.tenants.services import create_tenant
 from tests.live import agent_output, start_agent, start_control_plane, stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+# reconcile every 5 s (not 60) and give a report 2 attempts (not 6), to keep the tests short
+QUICK = {"HETEROFLOW_RECONCILE_SECONDS": "5", "HETEROFLOW_REPORT_ATTEMPTS": "2"}
 
 
 def engine_answers() -> str:
@@ -43,7 +46,8 @@ def cluster(request, tmp_path):
         pytest.skip(why)
     server, url = start_control_plane()
     engine = runtime == "docker"
-    parts = {"url": url, "agent": start_agent(url, tmp_path / "agent", container_engine=engine),
+    parts = {"url": url, "server": server,
+             "agent": start_agent(url, tmp_path / "agent", container_engine=engine, **QUICK),
              "data_dir": tmp_path / "agent", "engine": engine,
              "image": os.environ.get("HETEROFLOW_TEST_IMAGE", "localhost/heteroflow-test:busybox") if engine else ""}
     try:
@@ -53,8 +57,8 @@ def cluster(request, tmp_path):
         set_plugin_options("resource-filter", extra={"cpu_percent_max": 100, "memory_percent_max": 100})
         yield parts
     finally:
-        stop_process(parts["agent"])  # the one running now (a test may restart it)
-        stop_process(server)
+        stop_process(parts["agent"])  # the ones running now (a test may restart them)
+        stop_process(parts["server"])
 
 
 def submit(cluster, command, **fields) -> Task:
@@ -108,6 +112,20 @@ def test_a_restarted_agent_adopts_the_running_task_and_reports_it(cluster, tmp_p
     assert "stopped" in output
     task.refresh_from_db()
     assert task.status == "running"
-    cluster["agent"] = start_agent(cluster["url"], cluster["data_dir"], container_engine=cluster["engine"])  # same node
+    cluster["agent"] = start_agent(cluster["url"], cluster["data_dir"], container_engine=cluster["engine"],
+                                   **QUICK)  # same data dir: same node
     task = finished(task, timeout=40)
     assert (task.status, task.exit_code) == ("completed", 0) and "survived" in task.log_tail
+
+
+def test_an_outcome_reported_while_the_control_plane_is_down_arrives_once_it_is_back(cluster):
+    task = submit(cluster, ["sh", "-c", "sleep 3; echo outlived the outage; exit 0"])
+    wait_until(lambda: Task.objects.get(pk=task.pk).status == "running", 15, "the claim")
+    stop_process(cluster["server"])  # the task ends, its report cannot get through
+    time.sleep(8)  # the report's own retries (2 here: about 1 s) are spent: the outcome is kept
+    task.refresh_from_db()
+    assert task.status == "running"
+    port = int(cluster["url"].rsplit(":", 1)[1])
+    cluster["server"], _ = start_control_plane(port)
+    task = finished(task, timeout=30)  # re-reported by the reconciler (every 5 s here)
+    assert (task.status, task.exit_code) == ("completed", 0) and "outlived the outage" in task.log_tail

@@ -1,0 +1,101 @@
+"""The reconciler with a real process runtime and a scripted control plane: adopt what
+an earlier agent left, report what ended meanwhile, remove zombies only when the server
+says so and only once they are a minute old, and leave everything alone when it cannot
+tell."""
+
+import time
+
+import pytest
+
+from heteroflow_agent.client import ServerClient
+from heteroflow_agent.executor import Executor, Outcome, Reconciler
+from heteroflow_agent.runtime import TaskSpec
+from heteroflow_agent.runtime.process import ProcessRuntime
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    made = ProcessRuntime(tmp_path / "tasks")
+    yield made
+    for task_id, state in made.tasks().items():
+        made.stop(task_id, 1)
+        made.remove(task_id)
+
+
+def executor_for(server, runtime):
+    client = ServerClient(server.url, "k", attempts=1, sleep=lambda s: None)
+    return Executor("n1", client, runtime, report_client=client, workers=2, watch_interval=0.1, stop_poll_seconds=0.2)
+
+
+def wait_for(check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def start(runtime, task_id, command):
+    runtime.start(TaskSpec(task_id=task_id, image="", command=command))
+
+
+def test_zombies_go_only_when_the_server_says_so_and_they_are_old(server, runtime):
+    for task_id in (1, 2, 3, 4):
+        start(runtime, task_id, ["sleep", "300"])
+    server.answer("/api/v1/tasks/1", (200, {"id": 1, "status": "completed"}))  # terminal
+    server.answer("/api/v1/tasks/2", (404, {}))  # deleted, or on another node
+    server.answer("/api/v1/tasks/3", (503, {}))  # cannot tell
+    server.answer("/api/v1/tasks/4", (200, {"id": 4, "status": "completed"}))
+    executor = executor_for(server, runtime)
+    young = Reconciler(executor, clock=time.time).run_once()
+    assert young["removed"] == []  # younger than a minute: left alone
+    server.answer("/api/v1/tasks/1", (200, {"id": 1, "status": "completed"}))
+    server.answer("/api/v1/tasks/2", (404, {}))
+    server.answer("/api/v1/tasks/3", (503, {}))
+    server.answer("/api/v1/tasks/4", (200, {"id": 4, "status": "completed"}))
+    old = Reconciler(executor, clock=lambda: time.time() + 61).run_once()
+    assert sorted(old["removed"]) == [1, 2, 4]
+    assert set(runtime.tasks()) == {3} and runtime.state(3).running
+    executor.close()
+
+
+def test_a_task_left_running_is_adopted_and_reported_when_it_ends(server, runtime):
+    start(runtime, 7, ["sh", "-c", "sleep 1; echo adopted; exit 0"])
+    task = {"id": 7, "status": "running", "kind": "job", "timeout_seconds": 60}
+    server.answer("/api/v1/tasks/7", *[(200, task)] * 20)
+    server.answer("/api/v1/tasks/7", (200, task))
+    executor = executor_for(server, runtime)
+    done = Reconciler(executor).run_once()
+    assert done["adopted"] == [7]
+    assert wait_for(lambda: any(r["method"] == "PUT" for r in server.requests))
+    report = next(r["json"] for r in server.requests if r["method"] == "PUT")
+    assert (report["from_status"], report["status"], report["exit_code"]) == ("running", "completed", 0)
+    assert "adopted" in report["log_tail"]
+    assert wait_for(lambda: 7 not in runtime.tasks())  # removed once delivered
+    executor.close()
+
+
+def test_a_task_that_ended_while_no_agent_watched_is_reported(server, runtime):
+    start(runtime, 8, ["sh", "-c", "exit 5"])
+    assert wait_for(lambda: not runtime.state(8).running)
+    server.answer("/api/v1/tasks/8", (200, {"id": 8, "status": "running"}))
+    server.answer("/api/v1/tasks/8", (200, {}))  # the PUT
+    executor = executor_for(server, runtime)
+    assert Reconciler(executor).run_once()["reported"] == [8]
+    report = next(r["json"] for r in server.requests if r["method"] == "PUT")
+    assert (report["status"], report["exit_code"]) == ("failed", 5)
+    executor.close()
+
+
+def test_an_undelivered_outcome_is_kept_with_its_task_and_sent_again(server, runtime):
+    start(runtime, 9, ["true"])
+    assert wait_for(lambda: not runtime.state(9).running)
+    executor = executor_for(server, runtime)
+    server.answer("/api/v1/tasks/9", (503, {}))
+    assert not executor.deliver(Outcome(9, "running", "completed", 0, "", "done"))
+    assert 9 in executor.undelivered and 9 in runtime.tasks()  # kept, container too
+    server.answer("/api/v1/tasks/9", (200, {}))
+    assert Reconciler(executor).run_once()["redelivered"] == [9]
+    assert 9 not in executor.undelivered and 9 not in runtime.tasks()
+    executor.close()
