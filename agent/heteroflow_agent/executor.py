@@ -184,7 +184,7 @@ class Executor:
         stop = threading.Event()
         with self.lock:
             self.active[task["id"]] = stop
-        self.pool.submit(self._run_guarded, task, stop)
+        self.pool.submit(self._work, task["id"], lambda: self.run(task, stop))
 
     def _launch_watch(self, task: dict, started_at: float | None) -> None:
         """Watch a task that is already running (adopted), then report it. Its timeout
@@ -193,33 +193,22 @@ class Executor:
         stop = threading.Event()
         with self.lock:
             self.active[task["id"]] = stop
-
-        def watch_and_report():
-            try:
-                outcome = self.watch(task, stop, began)
-                if outcome is not None:
-                    self.deliver(outcome)
-            except Exception:
-                logger.exception("task %s: watching the adopted task failed", task["id"])
-            finally:
-                with self.lock:
-                    self.active.pop(task["id"], None)
-
-        self.pool.submit(watch_and_report)
+        self.pool.submit(self._work, task["id"], lambda: self.watch(task, stop, began))
 
     # --- one task -----------------------------------------------------------------------
 
-    def _run_guarded(self, task: dict, stop: threading.Event) -> None:
+    def _work(self, task_id: int, to_the_end) -> None:
+        """A worker: run or watch the task to its end, then deliver the outcome."""
         try:
-            outcome = self.run(task, stop)
+            outcome = to_the_end()
             if outcome is not None:
                 self.deliver(outcome)
         except Exception:
-            logger.exception("task %s: the worker failed", task["id"])
+            logger.exception("task %s: the worker failed", task_id)
         finally:
             with self.lock:
-                self.active.pop(task["id"], None)
-                self.health.pop(task["id"], None)
+                self.active.pop(task_id, None)
+                self.health.pop(task_id, None)
 
     def spec_for(self, task: dict) -> TaskSpec:
         env = {name: str(value) for name, value in (task.get("env") or {}).items() if name and isinstance(value, str)}
