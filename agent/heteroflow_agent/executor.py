@@ -139,6 +139,7 @@ class Executor:
         self.lock = threading.Lock()
         self.closing = threading.Event()
         self.wake = threading.Event()  # set by the heartbeat when tasks wait for this node
+        self.sweep = threading.Event()  # set after each heartbeat that got through: look for zombies
 
     # --- the poll -----------------------------------------------------------------------
 
@@ -423,16 +424,28 @@ class Reconciler:
         self.executor, self.clock = executor, clock
 
     def run_once(self) -> dict[str, list[int]]:
+        """The full pass (every 60 s): kept outcomes, then every task nobody watches."""
         executor = self.executor
         done = {"redelivered": [], "adopted": [], "reported": [], "removed": []}
         before = set(executor.undelivered)
         executor.redeliver()
         done["redelivered"] = sorted(before - set(executor.undelivered))
+        self._unwatched(done, adopt=True)
+        return done
+
+    def sweep_zombies(self) -> list[int]:
+        """The light pass (after each heartbeat that got through): zombies only."""
+        done = {"redelivered": [], "adopted": [], "reported": [], "removed": []}
+        self._unwatched(done, adopt=False)
+        return done["removed"]
+
+    def _unwatched(self, done: dict[str, list[int]], *, adopt: bool) -> None:
+        executor = self.executor
         try:
             held = executor.runtime.tasks()
         except Exception as exc:
             logger.warning("reconcile: cannot list the runtime's tasks: %s", exc)
-            return done
+            return
         for task_id, state in sorted(held.items()):
             with executor.lock:
                 if task_id in executor.active or task_id in executor.undelivered:
@@ -442,9 +455,14 @@ class Reconciler:
                 continue  # cannot tell: leave it
             if task == 404 or task.get("status") in TERMINAL:
                 if self.clock() - (state.started_at or self.clock()) >= ZOMBIE_MIN_AGE_SECONDS:
-                    executor.runtime.stop(task_id, STOP_GRACE_SECONDS)
-                    executor.runtime.remove(task_id)
-                    done["removed"].append(task_id)
+                    try:
+                        executor.runtime.stop(task_id, STOP_GRACE_SECONDS)
+                        executor.runtime.remove(task_id)
+                        done["removed"].append(task_id)
+                    except RuntimeError_ as exc:
+                        logger.warning("zombie task %s not removed: %s", task_id, exc)
+                continue
+            if not adopt:
                 continue
             if task.get("status") == "running":
                 if state.running:
@@ -460,7 +478,6 @@ class Reconciler:
             elif task.get("status") in ("stopping", "preempting"):
                 executor._launch_watch(task, state.started_at)  # the watch stops it and confirms
                 done["adopted"].append(task_id)
-        return done
 
     def _lookup(self, task_id: int):
         try:

@@ -41,12 +41,14 @@ class Heartbeat:
         tasks: Callable[[], TaskReport] = TaskReport,
         version: Version | None = None,
         on_scheduled: Callable[[list[int]], None] | None = None,
+        on_delivered: Callable[[], None] | None = None,
     ):
         self.config, self.client = config, client
         self.detect_gpus = detect_gpus
         self.engine = engine or collect.ContainerEngine()
         self.tasks = tasks
         self.on_scheduled = on_scheduled  # the answer lists tasks waiting for this node
+        self.on_delivered = on_delivered  # any beat that got through
         self.version = version or current()
         self.facts = collect.host_facts()
         self.load = collect.LoadSampler()
@@ -124,4 +126,6 @@ class Heartbeat:
         self.registered = True
         if answer.get("scheduled_tasks") and self.on_scheduled:
             self.on_scheduled(answer["scheduled_tasks"])
+        if self.on_delivered:
+            self.on_delivered()
         return answer

@@ -62,7 +62,8 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
         executor = Executor(cfg.node_id, client, runtime, vendor=detector.detect().vendor, report_client=reports)
     heartbeat = Heartbeat(cfg, client, detect_gpus=detector.detect, engine=engine, version=version,
                           tasks=executor.report if executor else TaskReport,
-                          on_scheduled=(lambda ids: executor.wake.set()) if executor else None)
+                          on_scheduled=(lambda ids: executor.wake.set()) if executor else None,
+                          on_delivered=executor.sweep.set if executor else None)
     return heartbeat, executor
 
 
@@ -71,6 +72,14 @@ def run_executor(executor: Executor, stop: threading.Event, poll_seconds: float 
     reconciler = Reconciler(executor)
     next_reconcile = time.monotonic()  # at start: adopt what an earlier agent left
     while not stop.is_set():
+        if executor.sweep.is_set() and time.monotonic() < next_reconcile:
+            executor.sweep.clear()
+            try:
+                removed = reconciler.sweep_zombies()
+                if removed:
+                    logger.info("zombies removed: %s", removed)
+            except Exception:
+                logger.exception("zombie sweep failed")
         if time.monotonic() >= next_reconcile:
             try:
                 done = reconciler.run_once()

@@ -99,3 +99,14 @@ def test_an_undelivered_outcome_is_kept_with_its_task_and_sent_again(server, run
     assert Reconciler(executor).run_once()["redelivered"] == [9]
     assert 9 not in executor.undelivered and 9 not in runtime.tasks()
     executor.close()
+
+
+def test_the_light_sweep_removes_zombies_and_adopts_nothing(server, runtime):
+    start(runtime, 11, ["sleep", "300"])
+    start(runtime, 12, ["sleep", "300"])
+    server.answer("/api/v1/tasks/11", (200, {"id": 11, "status": "cancelled"}))
+    server.answer("/api/v1/tasks/12", (200, {"id": 12, "status": "running"}))
+    executor = executor_for(server, runtime)
+    assert Reconciler(executor, clock=lambda: time.time() + 61).sweep_zombies() == [11]
+    assert set(runtime.tasks()) == {12} and not executor.active  # not adopted by the sweep
+    executor.close()
