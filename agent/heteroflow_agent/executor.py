@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from heteroflow_agent import checkpoint
 from heteroflow_agent.client import AuthError, ServerClient, ServerError
 from heteroflow_agent.heartbeat import TaskReport
 from heteroflow_agent.runtime import Runtime, RuntimeError_, TaskSpec, Volume
@@ -219,9 +220,16 @@ class Executor:
         if task.get("host_port"):
             env["HETEROFLOW_PORT"] = str(task["host_port"])
         many_cards = len(task.get("gpu_indices") or []) > 1
+        volumes = checked_volumes(task.get("volumes") or [], self.volume_allow, self.volume_deny)
+        env.pop(checkpoint.RESUME_VARIABLE, None)
+        resume, decision = checkpoint.resume_point(task, volumes)
+        if resume:
+            env[checkpoint.RESUME_VARIABLE] = resume
+        if decision:
+            logger.info("task %s: %s", task["id"], decision)
         return TaskSpec(
             task_id=task["id"], image=task.get("image") or "", command=list(task.get("command") or []), env=env,
-            volumes=checked_volumes(task.get("volumes") or [], self.volume_allow, self.volume_deny),
+            volumes=volumes,
             labels={"heteroflow.task-name": str(task.get("name", ""))[:200], "heteroflow.tenant": str(task.get("tenant", ""))},
             host_port=task.get("host_port"),
             ipc_host=many_cards and task.get("kind") in ("training", "inference"),

@@ -63,3 +63,17 @@ def test_the_agent_owns_the_visibility_variables_and_drops_env_without_a_value()
     single = executor.spec_for({"id": 8, "kind": "inference", "gpu_indices": [0], "host_port": 8001})
     assert not single.ipc_host and single.env["HETEROFLOW_PORT"] == "8001"
     executor.pool.shutdown()
+
+
+def test_a_training_task_resumes_from_its_newest_complete_checkpoint(tmp_path):
+    run = tmp_path / "data" / "run"
+    (run / "epoch-2").mkdir(parents=True)
+    (run / "epoch-2" / ".heteroflow_complete").write_text("")
+    executor = Executor("n1", ServerClient("http://x", "k"), runtime=None, vendor="nvidia", workers=2,
+                        volume_allow=(str(tmp_path / "data"),))
+    task = {"id": 9, "kind": "training", "checkpoint_path": "/ckpt", "gpu_indices": [0],
+            "volumes": [{"host": str(run), "container": "/ckpt"}],
+            "env": {"HETEROFLOW_RESUME_FROM_CHECKPOINT": "/ckpt/forged"}}
+    assert executor.spec_for(task).env["HETEROFLOW_RESUME_FROM_CHECKPOINT"] == "/ckpt/epoch-2"
+    assert "HETEROFLOW_RESUME_FROM_CHECKPOINT" not in executor.spec_for(task | {"kind": "job"}).env
+    executor.pool.shutdown()
