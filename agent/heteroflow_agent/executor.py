@@ -239,10 +239,14 @@ class Executor:
         """Start the task and watch it to its end. The outcome to report, or None when
         there is nothing to report (the task was deleted, or the agent is stopping)."""
         task_id = task["id"]
+        if task.get("missing_secrets"):
+            # the tenant deleted a secret the task needs: running without it would be wrong
+            missing = ", ".join(task["missing_secrets"])
+            return Outcome(task_id, "running", "failed", None, f"could not start: the tenant has no secret named {missing}")
         try:
             spec = self.spec_for(task)
             if self.runtime.kind == "docker":
-                self.runtime.ensure_image(spec.image)
+                self.runtime.ensure_image(spec.image, task.get("registry_auth"))
             self.runtime.start(spec)
         except RuntimeError_ as exc:
             return Outcome(task_id, "running", "failed", None, f"could not start: {exc}")

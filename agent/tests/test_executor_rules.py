@@ -77,3 +77,10 @@ def test_a_training_task_resumes_from_its_newest_complete_checkpoint(tmp_path):
     assert executor.spec_for(task).env["HETEROFLOW_RESUME_FROM_CHECKPOINT"] == "/ckpt/epoch-2"
     assert "HETEROFLOW_RESUME_FROM_CHECKPOINT" not in executor.spec_for(task | {"kind": "job"}).env
     executor.pool.shutdown()
+
+
+def test_a_task_whose_secret_is_gone_fails_without_starting():
+    executor = Executor("n1", ServerClient("http://x", "k"), runtime=None, vendor="nvidia", workers=2)
+    outcome = executor.run({"id": 3, "missing_secrets": ["registry-pw"]}, stop=None)
+    assert (outcome.status, outcome.exit_code) == ("failed", None) and "registry-pw" in outcome.error_message
+    executor.pool.shutdown()

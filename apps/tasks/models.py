@@ -25,6 +25,10 @@ class Task(models.Model):
     command = models.JSONField(default=list, blank=True, help_text="argv list")
     env = models.JSONField(default=dict, blank=True, help_text='{"NAME": "value"} or {"NAME": {"secret": "name"}}')
     volumes = models.JSONField(default=list, blank=True)
+    registry_auth = models.JSONField(
+        null=True, blank=True,
+        help_text='private registry: {"registry", "username", "password": {"secret": "<name>"}}; the password stays in the tenant\'s secrets',
+    )
     ports = models.JSONField(default=list, blank=True)
     health_probe = models.JSONField(null=True, blank=True)
     # what it needs

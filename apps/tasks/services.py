@@ -144,3 +144,15 @@ def resolve_env(task: Task) -> tuple[dict[str, str], list[str]]:
         else:
             resolved[name] = value
     return resolved, missing
+
+
+def resolve_registry_auth(task: Task) -> dict | None:
+    """The task's registry credentials with the password read from the tenant's secrets,
+    for the agent only (None: no credentials, or the secret is gone)."""
+    auth = task.registry_auth
+    if not auth:
+        return None
+    password = read_secret(task.tenant, auth["password"]["secret"])
+    if password is None:
+        return None
+    return {"registry": auth["registry"], "username": auth["username"], "password": password}

@@ -167,3 +167,34 @@ def test_the_final_report_keeps_the_log_tail_for_the_tasks_readers(api, world, n
     assert api.get(f"/api/v1/tasks/{task.pk}/logs", **bearer(world.keys["beta-viewer"])).status_code == 404
     too_long = report | {"log_tail": "x" * (64 * 1024 + 1)}
     assert api.put(f"/api/v1/tasks/{task.pk}", too_long, format="json", **AGENT).status_code == 400
+
+
+def test_registry_credentials_reference_a_secret_and_reach_only_the_agent(api, world, node):
+    tenant = world.tenants["acme"]
+    put_secret(tenant, "registry-pw", "hunter2")
+    headers = bearer(world.keys["acme-admin"])
+    auth = {"registry": "registry.example.com:5000", "username": "ci", "password": {"secret": "registry-pw"}}
+    created = api.post("/api/v1/tasks", {"name": "t", "image": "registry.example.com:5000/team/app:1", "registry_auth": auth},
+                       format="json", **headers)
+    assert created.status_code == 201 and created.json()["registry_auth"] == auth  # people see the reference
+    task = Task.objects.get(pk=created.json()["id"])
+    assert "hunter2" not in str(task.registry_auth)  # nothing secret in public
+    Task.objects.filter(pk=task.pk).update(status="scheduled", node=node)
+    fetched = api.get("/api/v1/tasks?node_id=n1&status=scheduled", **AGENT).json()["results"][0]
+    assert fetched["registry_auth"] == {"registry": "registry.example.com:5000", "username": "ci", "password": "hunter2"}
+
+
+@pytest.mark.parametrize(
+    "auth,field",
+    [
+        ({"registry": "r.example.com", "username": "ci", "password": "plain-text"}, "password"),
+        ({"registry": "r.example.com", "username": "ci", "password": {"secret": "nope"}}, "registry_auth"),
+        ({"registry": "r.example.com", "password": {"secret": "registry-pw"}}, "username"),
+    ],
+)
+def test_bad_registry_credentials_are_refused_and_nothing_is_queued(api, world, auth, field):
+    before = Task.objects.count()
+    response = api.post("/api/v1/tasks", {"name": "t", "image": "x", "registry_auth": auth}, format="json",
+                        **bearer(world.keys["acme-admin"]))
+    assert response.status_code == 400 and field in str(response.json()["error"]["fields"])
+    assert Task.objects.count() == before

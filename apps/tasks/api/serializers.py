@@ -19,6 +19,20 @@ class VolumeSerializer(StrictSerializer):
     read_only = serializers.BooleanField(default=False)
 
 
+class SecretReferenceSerializer(StrictSerializer):
+    secret = serializers.CharField(max_length=200)
+
+
+class RegistryAuthSerializer(StrictSerializer):
+    """Credentials for pulling the task's image from a private registry. The password is
+    a reference to one of the tenant's secrets: it is resolved when the agent fetches
+    the task and is never stored with the task."""
+
+    registry = serializers.CharField(max_length=253, help_text="e.g. registry.example.com:5000")
+    username = serializers.CharField(max_length=200)
+    password = SecretReferenceSerializer()
+
+
 class HealthProbeSerializer(StrictSerializer):
     type = serializers.ChoiceField(choices=[("http", "http"), ("tcp", "tcp")])
     port = serializers.IntegerField(min_value=1, max_value=65535)
@@ -33,6 +47,7 @@ class TaskCreateSerializer(StrictSerializer):
     command = serializers.ListField(child=serializers.CharField(max_length=10_000), required=False, default=list, max_length=1000)
     env = serializers.DictField(child=EnvValueField(), required=False, default=dict)
     volumes = VolumeSerializer(many=True, required=False, default=list)
+    registry_auth = RegistryAuthSerializer(required=False, allow_null=True, default=None)
     ports = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=65535), required=False, default=list, max_length=16)
     health_probe = HealthProbeSerializer(required=False, allow_null=True, default=None)
     gpu_required = serializers.IntegerField(min_value=0, max_value=64, default=1)
@@ -77,7 +92,7 @@ class TaskSerializer(serializers.ModelSerializer):
         model = Task
         fields = [
             "id", "tenant", "name", "kind", "status", "image", "command", "env", "volumes", "ports", "health_probe",
-            "gpu_required", "gpu_memory_mb", "gpu_type", "cpu_request", "memory_request_mb", "priority",
+            "registry_auth", "gpu_required", "gpu_memory_mb", "gpu_type", "cpu_request", "memory_request_mb", "priority",
             "preemptible", "labels", "timeout_seconds", "checkpoint_path", "resume_from_checkpoint", "node",
             "host_port", "preempt_count", "exit_code", "error_message", "schedule_reason", "created_by", "created_at",
             "updated_at", "started_at", "finished_at",

@@ -41,6 +41,9 @@ def agent_task(task: Task) -> dict:
     env, missing = services.resolve_env(task)
     data = s.TaskSerializer(task).data
     data["env"] = env
+    data["registry_auth"] = services.resolve_registry_auth(task)
+    if task.registry_auth and data["registry_auth"] is None:
+        missing = [*missing, task.registry_auth["password"]["secret"]]
     # the cards it holds, for the vendor's visibility variable (NVIDIA_VISIBLE_DEVICES, …)
     data["gpu_indices"] = sorted(task.allocations.values_list("gpu_index", flat=True))
     if missing:
@@ -89,7 +92,7 @@ class TaskListView(generics.ListAPIView):
         tenant = self._tenant(principal, data.pop("tenant", None))
         if not principal.has_tenant_role(tenant, Role.MEMBER):
             raise PermissionDenied("Viewers cannot create tasks.")
-        self._check_secrets(tenant, data["env"])
+        self._check_secrets(tenant, data["env"], data.get("registry_auth"))
         if "timeout_seconds" not in data:
             from django.conf import settings
 
@@ -104,16 +107,21 @@ class TaskListView(generics.ListAPIView):
             raise ValidationError({"tenant": ["Required: the slug of the tenant the task runs for."]})
         return get_object_or_404(Tenant.objects.visible_to(principal), slug=slug)
 
-    def _check_secrets(self, tenant, env):
+    def _check_secrets(self, tenant, env, registry_auth):
         from django_tenants.utils import schema_context
 
-        wanted = {value["secret"] for value in env.values() if isinstance(value, dict)}
+        wanted = {("env", value["secret"]) for value in env.values() if isinstance(value, dict)}
+        if registry_auth:
+            wanted.add(("registry_auth", registry_auth["password"]["secret"]))
         if wanted:
             with schema_context(tenant.schema_name):
-                known = set(Secret.objects.filter(name__in=wanted).values_list("name", flat=True))
-            unknown = sorted(wanted - known)
-            if unknown:
-                raise ValidationError({"env": [f"No secret named {name!r} in tenant '{tenant.slug}'." for name in unknown]})
+                known = set(Secret.objects.filter(name__in={name for _, name in wanted}).values_list("name", flat=True))
+            problems: dict[str, list[str]] = {}
+            for field, name in sorted(wanted):
+                if name not in known:
+                    problems.setdefault(field, []).append(f"No secret named {name!r} in tenant '{tenant.slug}'.")
+            if problems:
+                raise ValidationError(problems)
 
 
 class TaskDetailView(APIView):
