@@ -71,6 +71,9 @@ def run_executor(executor: Executor, stop: threading.Event, poll_seconds: float 
                  reconcile_seconds: float = RECONCILE_SECONDS) -> None:
     reconciler = Reconciler(executor)
     next_reconcile = time.monotonic()  # at start: adopt what an earlier agent left
+    # Polls fall halfway between heartbeats (both start now): a task scheduled to this
+    # node is seen by whichever comes first (a heartbeat answer wakes the poll).
+    shift = poll_seconds / 2
     while not stop.is_set():
         if executor.sweep.is_set() and time.monotonic() < next_reconcile:
             executor.sweep.clear()
@@ -93,7 +96,8 @@ def run_executor(executor: Executor, stop: threading.Event, poll_seconds: float 
         except Exception:
             logger.exception("task poll failed")
         # the next poll in 5 s, or at once when a heartbeat answer says tasks are waiting
-        deadline = time.monotonic() + poll_seconds
+        deadline = time.monotonic() + (shift or poll_seconds)
+        shift = 0.0
         while not stop.is_set() and not executor.wake.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 break
