@@ -52,13 +52,15 @@ class ServerClient:
         self.session.headers.update({"X-API-Key": api_key, "User-Agent": user_agent, "Accept": "application/json"})
         self._auth_reported = False
 
-    def request(self, method: str, path: str, *, json=None, params=None, expect=(200, 201)) -> requests.Response:
+    def request(self, method: str, path: str, *, json=None, params=None, expect=(200, 201),
+                attempts: int | None = None) -> requests.Response:
         """The response when its status is in `expect` or is a client error other than
         401 (the caller decides what a 404 or 409 means). Raises AuthError on 401 and
         ServerError when the retries are spent."""
         url = self.base_url + path
         problem = ""
-        for attempt in range(1, self.attempts + 1):
+        attempts = attempts or self.attempts
+        for attempt in range(1, attempts + 1):
             try:
                 response = self.session.request(method, url, json=json, params=params, timeout=self.timeout)
             except requests.RequestException as exc:
@@ -73,10 +75,10 @@ class ServerClient:
                     return response
                 problem = f"HTTP {response.status_code}"
                 delay = self._delay(attempt, response.headers.get("Retry-After"))
-            if attempt < self.attempts:
+            if attempt < attempts:
                 logger.debug("%s %s failed (%s); retry %d in %.1f s", method, path, problem, attempt, delay)
                 self.sleep(delay)
-        raise ServerError(f"{method} {path}: {problem} after {self.attempts} attempts")
+        raise ServerError(f"{method} {path}: {problem} after {attempts} attempts")
 
     def _delay(self, attempt: int, retry_after: str | None = None) -> float:
         if retry_after:

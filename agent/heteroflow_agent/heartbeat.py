@@ -106,12 +106,17 @@ class Heartbeat:
             body["task_health"] = report.task_health
         return body
 
-    def beat(self) -> dict | None:
-        """Send one beat. The server's answer, or None when it did not get through."""
+    def beat(self, farewell: bool = False) -> dict | None:
+        """Send one beat. The server's answer, or None when it did not get through. The
+        farewell (the agent is stopping) marks the node offline at once; it is tried
+        once, so a stop is never held up by an absent server."""
         body = self.payload()
+        if farewell:
+            body["shutting_down"] = True
         self.beats += 1
         try:
-            response = self.client.request("POST", f"/api/v1/nodes/{self.config.node_id}/heartbeat", json=body)
+            response = self.client.request("POST", f"/api/v1/nodes/{self.config.node_id}/heartbeat", json=body,
+                                           attempts=1 if farewell else None)
         except AuthError:
             return None  # logged once by the client
         except ServerError as exc:

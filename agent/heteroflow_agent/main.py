@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         if worker is not None:
             worker.join(timeout=30)
             executor.close()
+        if heartbeat.beat(farewell=True) is not None:
+            logger.info("told the control plane this node is going offline")
         heartbeat.client.close()
         logger.info("heteroflow-agent stopped")
 

@@ -87,7 +87,7 @@ class BeatOutcome:
 HEARTBEAT_COLUMNS = (
     "last_heartbeat_at", "status", "ip", "internal_ip", "cpu_used", "memory_used", "gpu_temperature",
     "gpu_memory_used_mb", "docker_available", "executable", "exec_mode", "error_message",
-    "gpu_collector_error", "task_health", "live_task_ids", "heartbeat_interval", "updated_at",
+    "gpu_collector_error", "task_health", "live_task_ids", "heartbeat_interval", "updated_at", "signed_off_at",
 )
 STRUCTURE_COLUMNS = (
     "hostname", "os", "cpu_cores", "memory_gb", "mac", "is_container", "agent_version", "agent_git_commit",
@@ -205,6 +205,7 @@ GPU_COUNT_UPDATE = "UPDATE nodes SET gpu_count = (SELECT count(*) FROM gpus WHER
 
 def beat_params(node_id: str, payload: dict, peer_ip: str | None, now: datetime) -> dict:
     executable = payload.get("executable", True)
+    farewell = bool(payload.get("shutting_down"))
     stats = payload.get("gpu_stats", ())
     readings = []
     for stat in stats:
@@ -216,7 +217,10 @@ def beat_params(node_id: str, payload: dict, peer_ip: str | None, now: datetime)
         "id": node_id,
         "now": now,
         "last_heartbeat_at": now,
-        "status": NodeStatus.ONLINE if executable else NodeStatus.DEGRADED,
+        # a farewell (the agent is stopping): offline now; its tasks are judged by the
+        # usual silence rules, so an agent restart does not disturb them
+        "status": NodeStatus.OFFLINE if farewell else (NodeStatus.ONLINE if executable else NodeStatus.DEGRADED),
+        "signed_off_at": now if farewell else None,
         "ip": peer_ip,
         "internal_ip": payload.get("internal_ip"),
         "cpu_used": payload.get("cpu_used"),

@@ -92,6 +92,8 @@ class Node(models.Model):
     version = models.PositiveIntegerField(default=1, help_text="Optimistic concurrency for operator changes.")
     registered_at = models.DateTimeField(auto_now_add=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # set by the agent's farewell beat (SIGTERM): offline at once, until it beats again
+    signed_off_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = NodeQuerySet.as_manager()

@@ -24,6 +24,7 @@ REFRESH_STATUSES = f"""
     WITH computed AS (
         SELECT id, CASE
             WHEN last_heartbeat_at IS NULL OR last_heartbeat_at <= %(offline)s THEN '{NodeStatus.OFFLINE}'
+            WHEN signed_off_at >= last_heartbeat_at THEN '{NodeStatus.OFFLINE}'
             WHEN last_heartbeat_at <= %(suspect)s THEN '{NodeStatus.SUSPECT}'
             WHEN executable THEN '{NodeStatus.ONLINE}'
             ELSE '{NodeStatus.DEGRADED}' END AS status

@@ -1,7 +1,8 @@
 """The real agent against the real control plane: `heteroflow-agent` as a process, the
 server under uvicorn (the heartbeat route is ASGI, in front of Django), the test
-database. The first beat registers the node, beats keep it online, and once the agent
-is stopped the health checker moves it to suspect, then offline."""
+database. The first beat registers the node, beats keep it online; a stopped agent says
+goodbye (offline at once), and one that dies silently is moved by the health checker to
+suspect, then offline."""
 
 import signal
 import time
@@ -42,8 +43,16 @@ def test_the_agent_registers_its_node_keeps_it_online_and_its_silence_is_noticed
         agent.send_signal(signal.SIGTERM)
         output, _ = agent.communicate(timeout=60)
     assert agent.returncode == 0, output
-    assert "starting: node" in output and "stopped" in output
+    assert "starting: node" in output and "going offline" in output and "stopped" in output
+    assert Node.objects.get(pk=node.pk).status == "offline"  # the farewell beat: at once
+    refresh_node_statuses()
+    assert Node.objects.get(pk=node.pk).status == "offline"  # and the health checker agrees
 
+    # an agent that dies without a word: its silence makes the node suspect, then offline
+    agent = start_agent(control_plane, tmp_path)
+    wait_until(lambda: Node.objects.get(pk=node.pk).status == "online", 30, "the node back online")
+    agent.send_signal(signal.SIGKILL)
+    agent.communicate(timeout=30)
     last = Node.objects.get(pk=node.pk).last_heartbeat_at
     refresh_node_statuses(now=last + timedelta(seconds=31))
     assert Node.objects.get(pk=node.pk).status == "suspect"

@@ -287,3 +287,16 @@ def test_the_beat_statement_fits_psycopgs_query_cache():
     from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
 
     assert len(heartbeat.BEAT) <= MAX_CACHED_STATEMENT_LENGTH
+
+
+def test_a_farewell_beat_takes_the_node_offline_until_it_beats_again(agents):
+    from apps.nodes.services import refresh_node_statuses
+
+    assert agents.send("bye-1", payload()).status_code == 200
+    farewell = agents.send("bye-1", payload() | {"shutting_down": True})
+    assert farewell.status_code == 200 and farewell.json()["status"] == "offline"
+    refresh_node_statuses()
+    assert Node.objects.get(pk="bye-1").status == "offline"  # the checker agrees: it said goodbye
+    assert agents.send("bye-1", payload()).json()["status"] == "online"
+    refresh_node_statuses()
+    assert Node.objects.get(pk="bye-1").status == "online"
