@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -23,9 +24,8 @@ import urllib.request
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
-from heteroflow_agent import checkpoint
+from heteroflow_agent import checkpoint, inventory
 from heteroflow_agent.client import AuthError, ServerClient, ServerError
 from heteroflow_agent.heartbeat import TaskReport
 from heteroflow_agent.runtime import Runtime, RuntimeError_, TaskSpec, Volume
@@ -124,6 +124,7 @@ class Executor:
         volume_deny: tuple[str, ...] = DEFAULT_VOLUME_DENY,
         watch_interval: float = 1.0,
         stop_poll_seconds: float = STOP_POLL_SECONDS,
+        shm_free_mb=None,
     ):
         self.node_id, self.client, self.runtime = node_id, client, runtime
         self.vendor = vendor
@@ -134,6 +135,7 @@ class Executor:
         self.pool = ThreadPoolExecutor(max_workers=workers or worker_count(), thread_name_prefix="task")
         self.volume_allow, self.volume_deny = volume_allow, volume_deny
         self.watch_interval, self.stop_poll_seconds = watch_interval, stop_poll_seconds
+        self.shm_free_mb = shm_free_mb or host_shm_free_mb
         self.active: dict[int, threading.Event] = {}  # task id -> "stop watching" (agent shutdown)
         self.health: dict[int, dict] = {}
         self.undelivered: OrderedDict[int, Outcome] = OrderedDict()
@@ -227,13 +229,38 @@ class Executor:
             env[checkpoint.RESUME_VARIABLE] = resume
         if decision:
             logger.info("task %s: %s", task["id"], decision)
+        ipc_host = many_cards and task.get("kind") in ("training", "inference")
+        shm_size_mb = self._shm_for(task, ipc_host)
         return TaskSpec(
             task_id=task["id"], image=task.get("image") or "", command=list(task.get("command") or []), env=env,
-            volumes=volumes,
+            volumes=volumes, shm_size_mb=shm_size_mb,
             labels={"heteroflow.task-name": str(task.get("name", ""))[:200], "heteroflow.tenant": str(task.get("tenant", ""))},
             host_port=task.get("host_port"),
-            ipc_host=many_cards and task.get("kind") in ("training", "inference"),
+            ipc_host=ipc_host,
         )
+
+    def _shm_for(self, task: dict, ipc_host: bool) -> int | None:
+        """The task's `shm_size_mb` label sizes its /dev/shm. With --ipc=host the host's
+        /dev/shm is shared instead, and an inference engine that needs more of it than
+        the host has free is refused now rather than started to die (1 GiB per card
+        unless the label says otherwise)."""
+        labels = task.get("labels") or {}
+        try:
+            wanted = int(labels["shm_size_mb"]) if "shm_size_mb" in labels else None
+        except (TypeError, ValueError):
+            raise RuntimeError_(f"label shm_size_mb={labels['shm_size_mb']!r} is not a whole number of MB") from None
+        if not ipc_host:
+            return wanted
+        engine = inference_engine(task.get("image") or "")
+        if engine:
+            needed = wanted or 1024 * len(task.get("gpu_indices") or [])
+            free = self.shm_free_mb()
+            if free is not None and free < needed:
+                raise RuntimeError_(
+                    f"{engine} on {len(task.get('gpu_indices') or [])} cards needs {needed} MB of /dev/shm and the host "
+                    f"has {free} MB free; enlarge the host's /dev/shm (or set the task label shm_size_mb)"
+                )
+        return None
 
     def run(self, task: dict, stop: threading.Event) -> Outcome | None:
         """Start the task and watch it to its end. The outcome to report, or None when
@@ -418,8 +445,20 @@ def probe_ok(probe: dict, timeout: float = 2.0) -> bool:
         return False
 
 
-def state_dir(data_dir: Path) -> Path:
-    return data_dir / "tasks"
+def host_shm_free_mb() -> int | None:
+    try:
+        return shutil.disk_usage("/dev/shm").free // 2**20
+    except OSError:
+        return None
+
+
+def inference_engine(image: str) -> str:
+    """The engine a task image is, by the same exact repository names the heartbeat uses."""
+    repository = image.rsplit("@", 1)[0]
+    name, _, tag = repository.rpartition(":")
+    if not name or "/" in tag:
+        name = repository
+    return next((engine for engine, names in inventory.ENGINE_IMAGES.items() if name in names), "")
 
 
 ZOMBIE_MIN_AGE_SECONDS = 60.0

@@ -84,3 +84,29 @@ def test_a_task_whose_secret_is_gone_fails_without_starting():
     outcome = executor.run({"id": 3, "missing_secrets": ["registry-pw"]}, stop=None)
     assert (outcome.status, outcome.exit_code) == ("failed", None) and "registry-pw" in outcome.error_message
     executor.pool.shutdown()
+
+
+def make_executor(shm_free_mb):
+    return Executor("n1", ServerClient("http://x", "k"), runtime=None, vendor="nvidia", workers=2,
+                    shm_free_mb=lambda: shm_free_mb)
+
+
+def test_an_engine_that_would_run_out_of_host_shm_is_refused_before_it_starts():
+    task = {"id": 4, "kind": "inference", "image": "vllm/vllm-openai:v0.9.2", "gpu_indices": [0, 1, 2, 3]}
+    executor = make_executor(shm_free_mb=2048)
+    with pytest.raises(RuntimeError_, match="needs 4096 MB of /dev/shm and the host has 2048 MB free"):
+        executor.spec_for(task)
+    outcome = executor.run(task, stop=None)
+    assert outcome.status == "failed" and "could not start" in outcome.error_message
+    assert make_executor(shm_free_mb=8192).spec_for(task).ipc_host  # enough: started with the host's IPC
+    assert make_executor(shm_free_mb=1024).spec_for(task | {"labels": {"shm_size_mb": "512"}}).ipc_host
+    # a private-registry copy is not the engine image; one card needs no host IPC at all
+    assert make_executor(shm_free_mb=0).spec_for(task | {"image": "10.0.0.1:5000/vllm/vllm-openai:v1"})
+    assert make_executor(shm_free_mb=0).spec_for(task | {"gpu_indices": [0]}).shm_size_mb is None
+
+
+def test_shm_size_label_sizes_a_tasks_own_shm():
+    spec = make_executor(0).spec_for({"id": 5, "kind": "job", "labels": {"shm_size_mb": "2048"}})
+    assert spec.shm_size_mb == 2048 and not spec.ipc_host
+    with pytest.raises(RuntimeError_, match="not a whole number"):
+        make_executor(0).spec_for({"id": 6, "kind": "job", "labels": {"shm_size_mb": "lots"}})
