@@ -133,3 +133,32 @@ def test_an_outcome_reported_while_the_control_plane_is_down_arrives_once_it_is_
     cluster["server"], _ = start_control_plane(port)
     task = finished(task, timeout=30)  # re-reported by the reconciler (every 5 s here)
     assert (task.status, task.exit_code) == ("completed", 0) and "outlived the outage" in task.log_tail
+
+
+def test_a_zombie_is_removed_and_a_young_leftover_is_not(cluster):
+    """Leftovers in the agent's process runtime whose tasks the server does not know
+    (404): the one started over a minute ago goes, the young one stays. (Age is set in
+    the runtime's own record: a test cannot wait a minute per case.)"""
+    if cluster["engine"]:
+        pytest.skip("the ageing below edits the process runtime's record; the rule is the runtime's, not the engine's")
+    import json
+
+    from heteroflow_agent.runtime import TaskSpec
+    from heteroflow_agent.runtime.process import ProcessRuntime
+
+    runtime = ProcessRuntime(cluster["data_dir"] / "process-tasks")
+    old, young = 990_000_001, 990_000_002
+    for task_id in (old, young):
+        runtime.start(TaskSpec(task_id=task_id, image="", command=["sleep", "300"]))
+    record = cluster["data_dir"] / "process-tasks" / f"task-{old}" / "command.json"
+    data = json.loads(record.read_text())
+    data["started_at"] -= 120
+    record.write_text(json.dumps(data))
+    try:
+        wait_until(lambda: old not in runtime.tasks(), 30, "the zombie to be removed")
+        time.sleep(6)  # another sweep or two
+        assert young in runtime.tasks() and runtime.state(young).running
+    finally:
+        for task_id in runtime.tasks():
+            runtime.stop(task_id, 1)
+            runtime.remove(task_id)
