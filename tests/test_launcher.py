@@ -16,6 +16,8 @@ from urllib.parse import quote
 import pytest
 import requests
 
+from tests.live import wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_KEY = "sk-admin-" + "e2e" * 12
 pytestmark = pytest.mark.e2e
@@ -53,16 +55,6 @@ def stop(process: subprocess.Popen) -> list[str]:
     rest, _ = process.communicate(timeout=60)
     assert process.returncode == 0, rest
     return rest.splitlines()
-
-
-def wait_for(check, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail("timed out")
 
 
 def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
@@ -117,8 +109,10 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
 
         headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         # the local agent registered this machine as a node, under the id it keeps
-        node_id = wait_for(lambda: (data_dir / "agent" / "node-id").exists() and (data_dir / "agent" / "node-id").read_text().strip())
-        nodes = wait_for(lambda: requests.get(f"{base}/api/v1/nodes", headers=headers, timeout=10).json()["results"])
+        kept = data_dir / "agent" / "node-id"
+        node_id = wait_until(lambda: kept.exists() and kept.read_text().strip(), 60, "the local agent's node id")
+        nodes = wait_until(lambda: requests.get(f"{base}/api/v1/nodes", headers=headers, timeout=10).json()["results"], 60,
+                           "the local agent's node")
         assert [n["id"] for n in nodes] == [node_id] and nodes[0]["gpus"]
         # and the installer serves the agent to other machines
         assert requests.get(f"{base}/api/v1/agent/install.sh", timeout=10).text.startswith("#!")

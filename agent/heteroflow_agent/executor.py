@@ -319,23 +319,13 @@ class Executor:
                 if intent == 404:
                     gone += 1
                     if gone >= GONE_AFTER_404S:
-                        logger.info("task %s is gone from the server: stopping it", task_id)
-                        self._stop(task_id)
-                        try:
-                            self.runtime.remove(task_id)
-                        except RuntimeError_ as exc:
-                            logger.warning("task %s: could not remove it: %s", task_id, exc)
+                        self._discard(task_id, "gone from the server (deleted, or moved to another node)")
                         return None
                 else:
                     gone = 0
                 if intent in TERMINAL:
                     # the server ended it (a lost node's task failed, say): ours is a zombie
-                    logger.info("task %s is %s on the server: stopping it", task_id, intent)
-                    self._stop(task_id)
-                    try:
-                        self.runtime.remove(task_id)
-                    except RuntimeError_ as exc:
-                        logger.warning("task %s: could not remove it: %s", task_id, exc)
+                    self._discard(task_id, f"{intent} on the server")
                     return None
                 if intent in ("stopping", "preempting"):
                     self._stop(task_id)
@@ -350,6 +340,15 @@ class Executor:
                     self.health[task_id] = {"task_id": task_id, "healthy": probe_ok(probe)}
             stop.wait(self.watch_interval)
         return None  # the agent is stopping: the task keeps running, the next agent adopts it
+
+    def _discard(self, task_id: int, why: str) -> None:
+        """Stop and remove a task the server no longer wants here; nothing to report."""
+        logger.info("task %s is %s: stopping and removing it", task_id, why)
+        self._stop(task_id)
+        try:
+            self.runtime.remove(task_id)
+        except RuntimeError_ as exc:
+            logger.warning("task %s: could not remove it: %s", task_id, exc)
 
     def _stop(self, task_id: int) -> None:
         try:
