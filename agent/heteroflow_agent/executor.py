@@ -65,6 +65,15 @@ DEFAULT_VOLUME_DENY = (
 )
 
 
+def container_labels(task: dict) -> dict[str, str]:
+    """What `docker ps` shows about a task: its name, tenant and its own labels (prefixed,
+    so they can never pass for the agent's own heteroflow.* labels)."""
+    labels = {"heteroflow.task-name": str(task.get("name", ""))[:200], "heteroflow.tenant": str(task.get("tenant", ""))}
+    for key, value in (task.get("labels") or {}).items():
+        labels[f"heteroflow.label.{key}"[:128]] = str(value)[:1024]
+    return labels
+
+
 def worker_count(cpus: int | None = None) -> int:
     return min(max(cpus or os.cpu_count() or 2, 2), 16)
 
@@ -229,12 +238,13 @@ class Executor:
             env[checkpoint.RESUME_VARIABLE] = resume
         if decision:
             logger.info("task %s: %s", task["id"], decision)
+            self.record_event(task["id"], "checkpoint_resume", decision, {"resume_from": resume})
         ipc_host = many_cards and task.get("kind") in ("training", "inference")
         shm_size_mb = self._shm_for(task, ipc_host)
         return TaskSpec(
             task_id=task["id"], image=task.get("image") or "", command=list(task.get("command") or []), env=env,
             volumes=volumes, shm_size_mb=shm_size_mb,
-            labels={"heteroflow.task-name": str(task.get("name", ""))[:200], "heteroflow.tenant": str(task.get("tenant", ""))},
+            labels=container_labels(task),
             host_port=task.get("host_port"),
             ipc_host=ipc_host,
         )
@@ -349,6 +359,20 @@ class Executor:
             self.runtime.remove(task_id)
         except RuntimeError_ as exc:
             logger.warning("task %s: could not remove it: %s", task_id, exc)
+
+    def record_event(self, task_id: int, kind: str, message: str, details: dict | None = None) -> None:
+        """Tell the server something worth keeping in the task's history. Best effort: an
+        event that does not get through is logged here and dropped."""
+        try:
+            response = self.client.request(
+                "POST", f"/api/v1/tasks/{task_id}/events",
+                json={"node_id": self.node_id, "kind": kind, "message": message[:2000], "details": details or {}},
+                attempts=1,
+            )
+            if response.status_code not in (200, 201):
+                logger.info("task %s: event %s not recorded (HTTP %d)", task_id, kind, response.status_code)
+        except ServerError as exc:
+            logger.info("task %s: event %s not recorded (%s)", task_id, kind, exc)
 
     def _stop(self, task_id: int) -> None:
         try:

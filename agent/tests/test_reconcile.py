@@ -110,3 +110,20 @@ def test_the_light_sweep_removes_zombies_and_adopts_nothing(server, runtime):
     assert Reconciler(executor, clock=lambda: time.time() + 61).sweep_zombies() == [11]
     assert set(runtime.tasks()) == {12} and not executor.active  # not adopted by the sweep
     executor.close()
+
+
+def test_the_checkpoint_decision_goes_into_the_tasks_history(server, runtime, tmp_path):
+    run = tmp_path / "data" / "run"
+    (run / "epoch-2").mkdir(parents=True)
+    (run / "epoch-2" / ".heteroflow_complete").write_text("")
+    server.answer("/api/v1/tasks/21/events", (201, {}))
+    executor = executor_for(server, runtime)
+    executor.volume_allow = (str(tmp_path / "data"),)
+    spec = executor.spec_for({"id": 21, "kind": "training", "checkpoint_path": "/ckpt", "labels": {"zone": "z1"},
+                              "volumes": [{"host": str(run), "container": "/ckpt"}]})
+    assert spec.env["HETEROFLOW_RESUME_FROM_CHECKPOINT"] == "/ckpt/epoch-2"
+    assert spec.labels["heteroflow.label.zone"] == "z1"  # the task's labels, on its container
+    event = server.requests[-1]["json"]
+    assert (event["kind"], event["details"]) == ("checkpoint_resume", {"resume_from": "/ckpt/epoch-2"})
+    assert "epoch-2" in event["message"]
+    executor.close()

@@ -85,3 +85,20 @@ class Task(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.status})"
+
+
+class TaskEvent(models.Model):
+    """Something that happened to a task, kept for its history: an agent's checkpoint
+    decision, a requeue, a fault. Appended only."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=40)
+    message = models.TextField(max_length=2000)
+    details = models.JSONField(default=dict, blank=True)
+    node = models.ForeignKey("nodes.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "task_events"
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["task", "created_at"], name="task_events_by_task")]

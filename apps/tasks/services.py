@@ -156,3 +156,9 @@ def resolve_registry_auth(task: Task) -> dict | None:
     if password is None:
         return None
     return {"registry": auth["registry"], "username": auth["username"], "password": password}
+
+
+def record_event(task: Task, *, kind: str, message: str, details: dict | None = None, node_id: str | None = None):
+    from apps.tasks.models import TaskEvent
+
+    return TaskEvent.objects.create(task=task, kind=kind, message=message[:2000], details=details or {}, node_id=node_id)

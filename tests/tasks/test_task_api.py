@@ -198,3 +198,16 @@ def test_bad_registry_credentials_are_refused_and_nothing_is_queued(api, world, 
                         **bearer(world.keys["acme-admin"]))
     assert response.status_code == 400 and field in str(response.json()["error"]["fields"])
     assert Task.objects.count() == before
+
+
+def test_the_agent_adds_to_a_tasks_history_and_its_readers_see_it(api, world, node):
+    task = Task.objects.create(tenant=world.tenants["acme"], name="t", status="running", node=node, kind="training")
+    event = {"node_id": "n1", "kind": "checkpoint_resume", "message": "resuming from /ckpt/epoch-2 (marker)",
+             "details": {"resume_from": "/ckpt/epoch-2"}}
+    assert api.post(f"/api/v1/tasks/{task.pk}/events", event, format="json", **AGENT).status_code == 201
+    assert api.post(f"/api/v1/tasks/{task.pk}/events", event | {"node_id": "n2"}, format="json", **AGENT).status_code == 404
+    assert api.post(f"/api/v1/tasks/{task.pk}/events", event | {"kind": "Bad Kind"}, format="json", **AGENT).status_code == 400
+    assert api.post(f"/api/v1/tasks/{task.pk}/events", event, format="json", **bearer(world.keys["acme-admin"])).status_code == 403
+    history = api.get(f"/api/v1/tasks/{task.pk}/events", **bearer(world.keys["acme-viewer"])).json()
+    assert [(e["kind"], e["node"], e["details"]) for e in history] == [("checkpoint_resume", "n1", {"resume_from": "/ckpt/epoch-2"})]
+    assert api.get(f"/api/v1/tasks/{task.pk}/events", **bearer(world.keys["beta-viewer"])).status_code == 404

@@ -125,3 +125,18 @@ class TaskLogsSerializer(serializers.Serializer):
     task_id = serializers.IntegerField()
     status = serializers.CharField()
     log_tail = serializers.CharField(help_text="the last lines of output, as the agent reported them at the end")
+
+
+class TaskEventCreateSerializer(StrictSerializer):
+    node_id = serializers.CharField(max_length=128)
+    kind = serializers.RegexField(r"^[a-z][a-z0-9_]{0,39}$", help_text="e.g. checkpoint_resume")
+    message = serializers.CharField(max_length=2000)
+    details = serializers.DictField(required=False, default=dict)
+
+
+class TaskEventSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    message = serializers.CharField()
+    details = serializers.DictField()
+    node = serializers.CharField(source="node_id", allow_null=True)
+    created_at = serializers.DateTimeField()

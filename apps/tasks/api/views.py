@@ -197,3 +197,27 @@ class TaskLogsView(APIView):
     def get(self, request, pk):
         task = get_object_or_404(Task.objects.visible_to(request.auth), pk=pk)
         return Response({"task_id": task.pk, "status": task.status, "log_tail": task.log_tail})
+
+
+class TaskEventsView(APIView):
+    """A task's history. People read it (scoped like the task); the agent of the task's
+    node adds to it."""
+
+    permission_classes = [PeopleOrAgent]
+    agent_methods = ("POST",)
+    agent_only_methods = ("POST",)
+
+    @extend_schema(responses=s.TaskEventSerializer(many=True))
+    def get(self, request, pk):
+        task = get_object_or_404(Task.objects.visible_to(request.auth), pk=pk)
+        return Response(s.TaskEventSerializer(task.events.all()[:500], many=True).data)
+
+    @extend_schema(request=s.TaskEventCreateSerializer, responses={201: s.TaskEventSerializer})
+    def post(self, request, pk):
+        serializer = s.TaskEventCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        task = get_object_or_404(Task, pk=pk, node_id=data["node_id"])
+        event = services.record_event(task, kind=data["kind"], message=data["message"], details=data["details"],
+                                      node_id=data["node_id"])
+        return Response(s.TaskEventSerializer(event).data, status=status.HTTP_201_CREATED)
