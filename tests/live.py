@@ -83,10 +83,19 @@ def start_agent(url: str, data_dir: Path, *, container_engine: bool = False, **e
         "HETEROFLOW_ALLOW_PROCESS_RUNTIME": "true",
         **extra,
     }
-    return subprocess.Popen([sys.executable, "-m", "heteroflow_agent"], cwd=REPO, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # its output goes to a file, so a test can wait for a line while it runs
+    log_path = data_dir.with_name(f"{data_dir.name}-agent-{time.monotonic_ns()}.log")
+    with open(log_path, "w") as log:
+        agent = subprocess.Popen([sys.executable, "-m", "heteroflow_agent"], cwd=REPO, env=env, start_new_session=True,
+                                 stdout=log, stderr=subprocess.STDOUT, text=True)
+    agent.log_path = log_path
+    return agent
+
+
+def agent_log(agent: subprocess.Popen) -> str:
+    return agent.log_path.read_text(errors="replace")
 
 
 def agent_output(agent: subprocess.Popen, timeout: float = 30) -> str:
     stop_process(agent, timeout=timeout)
-    return agent.stdout.read() if agent.stdout else ""
+    return agent_log(agent)

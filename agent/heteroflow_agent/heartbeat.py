@@ -118,7 +118,8 @@ class Heartbeat:
             response = self.client.request("POST", f"/api/v1/nodes/{self.config.node_id}/heartbeat", json=body,
                                            attempts=1 if farewell else None)
         except AuthError:
-            return None  # logged once by the client
+            logger.debug("heartbeat not accepted: the key is refused")  # the client logs the error itself once
+            return None
         except ServerError as exc:
             logger.warning("heartbeat not delivered (%s); the next one follows in %d s", exc, self.config.heartbeat_interval)
             return None

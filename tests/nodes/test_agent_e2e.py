@@ -5,7 +5,6 @@ goodbye (offline at once), and one that dies silently is moved by the health che
 suspect, then offline."""
 
 import signal
-import time
 from datetime import timedelta
 
 import psutil
@@ -13,7 +12,7 @@ import pytest
 
 from apps.nodes.models import Node
 from apps.nodes.services import refresh_node_statuses
-from tests.live import start_agent, start_control_plane, stop_process, wait_until
+from tests.live import agent_log, agent_output, start_agent, start_control_plane, stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -40,8 +39,7 @@ def test_the_agent_registers_its_node_keeps_it_online_and_its_silence_is_noticed
         first_beat = node.last_heartbeat_at
         wait_until(lambda: Node.objects.get(pk=node.pk).last_heartbeat_at > first_beat, 15, "a second heartbeat")
     finally:
-        agent.send_signal(signal.SIGTERM)
-        output, _ = agent.communicate(timeout=60)
+        output = agent_output(agent, timeout=60)
     assert agent.returncode == 0, output
     assert "starting: node" in output and "going offline" in output and "stopped" in output
     assert Node.objects.get(pk=node.pk).status == "offline"  # the farewell beat: at once
@@ -51,8 +49,7 @@ def test_the_agent_registers_its_node_keeps_it_online_and_its_silence_is_noticed
     # an agent that dies without a word: its silence makes the node suspect, then offline
     agent = start_agent(control_plane, tmp_path)
     wait_until(lambda: Node.objects.get(pk=node.pk).status == "online", 30, "the node back online")
-    agent.send_signal(signal.SIGKILL)
-    agent.communicate(timeout=30)
+    stop_process(agent, sig=signal.SIGKILL)
     last = Node.objects.get(pk=node.pk).last_heartbeat_at
     refresh_node_statuses(now=last + timedelta(seconds=31))
     assert Node.objects.get(pk=node.pk).status == "suspect"
@@ -61,11 +58,11 @@ def test_the_agent_registers_its_node_keeps_it_online_and_its_silence_is_noticed
 
 
 def test_a_wrong_key_is_a_configuration_error_logged_once(control_plane, tmp_path):
-    agent = start_agent(control_plane, tmp_path, HETEROFLOW_AGENT_KEY="not-the-key-" * 3, HETEROFLOW_HEARTBEAT_INTERVAL="5")
+    agent = start_agent(control_plane, tmp_path, HETEROFLOW_AGENT_KEY="not-the-key-" * 3,
+                        HETEROFLOW_AGENT_LOG_LEVEL="debug")
     try:
-        time.sleep(7)  # two beats
+        wait_until(lambda: agent_log(agent).count("heartbeat not accepted") >= 2, 30, "two refused beats")
     finally:
-        agent.send_signal(signal.SIGTERM)
-        output, _ = agent.communicate(timeout=60)
+        output = agent_output(agent, timeout=60)
     assert output.count("configuration error") == 1, output
     assert not Node.objects.exists()

@@ -8,7 +8,6 @@ API; skipped, saying why, where there is none)."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -18,7 +17,7 @@ from apps.scheduler.services import run_cycle, set_plugin_options
 from apps.tasks.models import Task
 from apps.tasks.services import create_task, stop_task
 from apps.tenants.services import create_tenant
-from tests.live import agent_output, start_agent, start_control_plane, stop_process, wait_until
+from tests.live import agent_log, agent_output, start_agent, start_control_plane, stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 # reconcile every 5 s (not 60) and give a report 2 attempts (not 6), to keep the tests short
@@ -126,7 +125,8 @@ def test_an_outcome_reported_while_the_control_plane_is_down_arrives_once_it_is_
     task = submit(cluster, ["sh", "-c", "sleep 3; echo outlived the outage; exit 0"])
     wait_until(lambda: Task.objects.get(pk=task.pk).status == "running", 15, "the claim")
     stop_process(cluster["server"])  # the task ends, its report cannot get through
-    time.sleep(8)  # the report's own retries (2 here: about 1 s) are spent: the outcome is kept
+    # the report's own retries (2 here) are spent: the outcome is kept
+    wait_until(lambda: "outcome not delivered" in agent_log(cluster["agent"]), 30, "the report to give up")
     task.refresh_from_db()
     assert task.status == "running"
     port = int(cluster["url"].rsplit(":", 1)[1])
@@ -135,12 +135,11 @@ def test_an_outcome_reported_while_the_control_plane_is_down_arrives_once_it_is_
     assert (task.status, task.exit_code) == ("completed", 0) and "outlived the outage" in task.log_tail
 
 
+@pytest.mark.parametrize("cluster", ["process"], indirect=True)  # the ageing edits the process runtime's record
 def test_a_zombie_is_removed_and_a_young_leftover_is_not(cluster):
     """Leftovers in the agent's process runtime whose tasks the server does not know
     (404): the one started over a minute ago goes, the young one stays. (Age is set in
     the runtime's own record: a test cannot wait a minute per case.)"""
-    if cluster["engine"]:
-        pytest.skip("the ageing below edits the process runtime's record; the rule is the runtime's, not the engine's")
     import json
 
     from heteroflow_agent.runtime import TaskSpec
@@ -156,7 +155,9 @@ def test_a_zombie_is_removed_and_a_young_leftover_is_not(cluster):
     record.write_text(json.dumps(data))
     try:
         wait_until(lambda: old not in runtime.tasks(), 30, "the zombie to be removed")
-        time.sleep(6)  # another sweep or two
+        for _ in range(2):  # each heartbeat that gets through is followed by a sweep
+            beat = Node.objects.get().last_heartbeat_at
+            wait_until(lambda: Node.objects.get().last_heartbeat_at > beat, 15, "another heartbeat")
         assert young in runtime.tasks() and runtime.state(young).running
     finally:
         for task_id in runtime.tasks():
