@@ -22,3 +22,18 @@ class AlertState(models.TextChoices):
     ACTIVE = "ACTIVE"
     RESOLVED = "RESOLVED"  # by an operator
     RECOVERED = "RECOVERED"  # automatically: the condition went away
+
+
+class AlertScope(models.TextChoices):
+    """What an alert is about; it decides who may see it (apps.alerts.models)."""
+
+    CLUSTER = "cluster"  # the control plane itself (SCHEDULER_STALLED)
+    NODE = "node"
+    GPU = "gpu"
+    TASK = "task"
+    TENANT = "tenant"  # QUOTA_EXCEEDED
+
+
+# seen by the tenant the alert belongs to; the rest are for platform operators only,
+# because a node has no owner among the tenants that run on it
+TENANT_VISIBLE_SCOPES = (AlertScope.TASK, AlertScope.TENANT)

@@ -8,26 +8,60 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from apps.alerts.choices import AlertState, AlertType, Severity
+from apps.alerts.choices import AlertScope, AlertState, AlertType, Severity
 from apps.alerts.models import Alert
 from apps.core.clock import utcnow
 
 RAISE_SQL = """
-    INSERT INTO alerts (type, severity, state, key, node_id, gpu_index, tenant_id, message, details, created_at, updated_at)
-    VALUES (%s, %s, 'ACTIVE', %s, %s, %s, %s, %s, %s::jsonb, now(), now())
+    INSERT INTO alerts (type, severity, scope, state, key, node_id, gpu_index, task_id, tenant_id, message, details,
+                        created_at, updated_at)
+    SELECT a.type, a.severity, a.scope, 'ACTIVE', a.key, a.node_id, a.gpu_index, a.task_id, a.tenant_id, a.message,
+           a.details, now(), now()
+    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[], %s::bigint[],
+                %s::text[], %s::jsonb[])
+         AS a(type, severity, scope, key, node_id, gpu_index, task_id, tenant_id, message, details)
     ON CONFLICT (key) WHERE state = 'ACTIVE' DO NOTHING
+    RETURNING key
 """
 
 
-def raise_alert(*, type, severity, key, message, node_id="", gpu_index=None, tenant_id=None, details=None) -> bool:
-    """Returns whether a new alert was created."""
+@dataclass(frozen=True)
+class NewAlert:
+    type: str
+    severity: str
+    scope: str
+    key: str  # de-duplication: while an alert of this key is ACTIVE, raising it again does nothing
+    message: str
+    node_id: str = ""
+    gpu_index: int | None = None
+    task_id: int | None = None
+    tenant_id: int | None = None
+    details: dict = field(default_factory=dict)
+
+
+def raise_alerts(alerts: list[NewAlert]) -> set[str]:
+    """Raise many alerts in one statement (a sweep may raise a thousand at once).
+    Returns the keys of the alerts newly created."""
     import json
 
     from django.db import connection
 
+    if not alerts:
+        return set()
+    columns = [[] for _ in range(10)]
+    for alert in {alert.key: alert for alert in alerts}.values():
+        values = (str(alert.type), str(alert.severity), str(alert.scope), alert.key, alert.node_id, alert.gpu_index,
+                  alert.task_id, alert.tenant_id, alert.message, json.dumps(alert.details))
+        for column, value in zip(columns, values):
+            column.append(value)
     with connection.cursor() as cursor:
-        cursor.execute(RAISE_SQL, [str(type), str(severity), key, node_id, gpu_index, tenant_id, message, json.dumps(details or {})])
-        return cursor.rowcount == 1
+        cursor.execute(RAISE_SQL, columns)
+        return {key for (key,) in cursor.fetchall()}
+
+
+def raise_alert(**fields) -> bool:
+    """Returns whether a new alert was created."""
+    return bool(raise_alerts([NewAlert(**fields)]))
 
 
 def recover_alert(key: str) -> bool:
@@ -75,7 +109,8 @@ def sweep_offline_nodes(now=None) -> SweepResult:
     silent = set(Node.objects.filter(last_heartbeat_at__lt=cutoff).values_list("pk", flat=True))
     alive = Node.objects.filter(last_heartbeat_at__gte=cutoff).values_list("pk", flat=True)
     for node_id in sorted(silent):
-        if raise_alert(type=AlertType.NODE_OFFLINE, severity=Severity.ERROR, key=f"node-offline:{node_id}", node_id=node_id,
+        if raise_alert(type=AlertType.NODE_OFFLINE, severity=Severity.ERROR, scope=AlertScope.NODE,
+                       key=f"node-offline:{node_id}", node_id=node_id,
                        message=f"Node {node_id} has not sent a heartbeat for more than {OFFLINE_SILENCE_SECONDS} s."):
             result.offline.append(node_id)
     result.recovered = list(

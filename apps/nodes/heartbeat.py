@@ -19,7 +19,7 @@ from datetime import datetime
 import orjson
 from psycopg.types.json import Jsonb, set_json_dumps
 
-from apps.alerts.choices import AlertType, Severity
+from apps.alerts.choices import AlertScope, AlertType, Severity
 from apps.nodes.choices import LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS, NodeStatus
 from apps.nodes.normalize import gpu_model
 
@@ -148,8 +148,8 @@ WITH node AS (
             FROM readings AS r WHERE NOT (r.i = ANY(%(failed)s::int[])))
     FROM node
 ), raised AS (
-    INSERT INTO alerts (type, severity, state, key, node_id, gpu_index, message, details, created_at, updated_at)
-    SELECT '{AlertType.GPU_LOST}', '{Severity.ERROR}', 'ACTIVE', 'GPU_LOST:' || %(id)s || ':' || j.index, %(id)s, j.index,
+    INSERT INTO alerts (type, severity, scope, state, key, node_id, gpu_index, message, details, created_at, updated_at)
+    SELECT '{AlertType.GPU_LOST}', '{Severity.ERROR}', '{AlertScope.GPU}', 'ACTIVE', 'GPU_LOST:' || %(id)s || ':' || j.index, %(id)s, j.index,
            format('GPU %%s of node %%s is lost (%%s).', j.index, %(id)s, j.lost_basis),
            jsonb_build_object('basis', j.lost_basis), %(now)s, %(now)s
     FROM judged AS j WHERE j.is_lost AND NOT j.was_lost

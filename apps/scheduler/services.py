@@ -510,7 +510,7 @@ def force_overdue_preemptions(now=None) -> list[int]:
     agent's confirmation is moved back to the queue through the same CAS, and its cards
     are released; a late confirmation then loses and changes nothing. Each forced task
     raises PREEMPTION_TIMEOUT."""
-    from apps.alerts.choices import AlertType, Severity
+    from apps.alerts.choices import AlertScope, AlertType, Severity
     from apps.alerts.services import raise_alert
     from apps.tasks.services import requeue_preempted
 
@@ -525,7 +525,8 @@ def force_overdue_preemptions(now=None) -> list[int]:
     for pk in forced:
         node_id, tenant_id = overdue[pk]
         raise_alert(
-            type=AlertType.PREEMPTION_TIMEOUT, severity=Severity.WARNING, key=f"preemption-timeout:task:{pk}",
+            type=AlertType.PREEMPTION_TIMEOUT, severity=Severity.WARNING, scope=AlertScope.TASK, task_id=pk,
+            key=f"preemption-timeout:task:{pk}",
             message=f"Task {pk} was not confirmed stopped on node {node_id} within 60 s of its preemption; "
                     f"its cards were released and it was requeued.",
             node_id=node_id or "", tenant_id=tenant_id, details={"task_id": pk},

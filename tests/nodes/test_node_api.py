@@ -219,7 +219,8 @@ def test_a_lost_gpu_can_be_removed_by_an_operator_and_only_when_lost(api, world,
     from apps.alerts.models import Alert
     from apps.alerts.services import raise_alert
 
-    raise_alert(type="GPU_LOST", severity="error", key="GPU_LOST:shared-1:1", message="lost", node_id="shared-1", gpu_index=1)
+    raise_alert(type="GPU_LOST", severity="error", scope="gpu", key="GPU_LOST:shared-1:1", message="lost", node_id="shared-1",
+                gpu_index=1)
     headers = bearer(world.operator_key)
     assert api.delete("/api/v1/nodes/shared-1/gpus/0", **headers).status_code == 409
     assert api.delete("/api/v1/nodes/shared-1/gpus/1", **bearer(world.keys["acme-admin"])).status_code == 403
