@@ -146,3 +146,29 @@ def sweep_offline_nodes(now=None) -> SweepResult:
                              message=f"node {nodes[task.pk]} silent for more than {OFFLINE_SILENCE_SECONDS} s: {target}")
         (result.failed if target == S.FAILED else getattr(result, bucket)).extend(moved)
     return result
+
+
+# --- people acting on alerts --------------------------------------------------------------
+
+def acknowledge_alert(alert: Alert, user) -> bool:
+    """Someone is looking at it. Only an ACTIVE, unacknowledged alert changes; asking
+    again is not an error. Returns whether this call acknowledged it."""
+    now = utcnow()
+    done = Alert.objects.filter(pk=alert.pk, state=AlertState.ACTIVE, acknowledged_at__isnull=True).update(
+        acknowledged_at=now, acknowledged_by=user, updated_at=now
+    )
+    alert.refresh_from_db()
+    return bool(done)
+
+
+def resolve_alert(alert: Alert, user) -> bool:
+    """An operator (or a tenant admin, for their own alerts) closes it: ACTIVE →
+    RESOLVED. An alert already ended stays as it ended. Returns whether this call
+    resolved it. If the condition is still there, the next sweep or heartbeat raises a
+    new alert: resolving hides nothing for long."""
+    now = utcnow()
+    done = Alert.objects.filter(pk=alert.pk, state=AlertState.ACTIVE).update(
+        state=AlertState.RESOLVED, ended_at=now, resolved_by=user, updated_at=now
+    )
+    alert.refresh_from_db()
+    return bool(done)
