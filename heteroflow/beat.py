@@ -15,12 +15,18 @@ class PeriodicJob:
     every: float  # seconds
 
 
+def _seconds(setting: str) -> float:
+    from django.conf import settings
+
+    return float(getattr(settings, setting))
+
+
 PERIODIC_JOBS: dict[str, PeriodicJob] = {
     "core.purge_expired_sessions": PeriodicJob("core.purge_expired_sessions", every=3600.0),
     "nodes.check_health": PeriodicJob("nodes.check_health", every=5.0),
     "scheduler.tick": PeriodicJob("scheduler.tick", every=5.0),
     "scheduler.preemption_watchdog": PeriodicJob("scheduler.preemption_watchdog", every=30.0),
-    "alerts.sweep": PeriodicJob("alerts.sweep", every=30.0),
+    "alerts.sweep": PeriodicJob("alerts.sweep", every=_seconds("HETEROFLOW_ALERT_SWEEP_SECONDS")),
     # also requested every 500 heartbeats; the guard keeps it to once per period
     "nodes.prune_metrics": PeriodicJob("nodes.prune_metrics", every=600.0),
 }

@@ -251,6 +251,18 @@ METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_
 HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS = env.float(
     "HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS", 0.0 if HETEROFLOW_ENV == "test" else 5.0, low=0.0, high=60.0
 )
+# --- failure handling (docs/failures.md) -----------------------------------------------
+# A node silent this long is offline for the alert sweep: NODE_OFFLINE, tasks requeued.
+HETEROFLOW_NODE_OFFLINE_SECONDS = env.int("HETEROFLOW_NODE_OFFLINE_SECONDS", 45, low=10, high=3_600)
+# How often the alert sweep runs (beat's period and its guard's).
+HETEROFLOW_ALERT_SWEEP_SECONDS = env.int("HETEROFLOW_ALERT_SWEEP_SECONDS", 30, low=5, high=600)
+# A running task its live node has not listed as alive for this long is stalled.
+HETEROFLOW_STALLED_TASK_SECONDS = env.int("HETEROFLOW_STALLED_TASK_SECONDS", 60, low=15, high=3_600)
+# A task still queued this long after it was created or last changed (the later of the
+# two) fails. 0: tasks wait as long as it takes.
+HETEROFLOW_QUEUE_TIMEOUT_SECONDS = env.int("HETEROFLOW_QUEUE_TIMEOUT_SECONDS", 86_400, low=0, high=90 * 86_400)
+# No scheduler cycle finished for this long while tasks wait: SCHEDULER_STALLED.
+HETEROFLOW_SCHEDULER_STALLED_SECONDS = env.int("HETEROFLOW_SCHEDULER_STALLED_SECONDS", 60, low=15, high=3_600)
 # Agent installation (docs/agent-install.md). `manage.py build_agent_dist` puts the agent
 # wheel and its dependency wheels for each architecture here, and the install endpoints
 # serve them from here. HETEROFLOW_PUBLIC_URL is the URL nodes reach this control plane

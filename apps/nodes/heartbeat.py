@@ -233,7 +233,8 @@ def beat_params(node_id: str, payload: dict, peer_ip: str | None, now: datetime)
         "error_message": payload.get("error_message", ""),
         "gpu_collector_error": payload.get("gpu_collector_error", ""),
         "task_health": Jsonb(payload.get("task_health", [])),
-        "live_task_ids": Jsonb(payload.get("live_task_ids", [])),
+        # absent is "not said" (SQL null), never "none alive": the stalled check skips it
+        "live_task_ids": Jsonb(payload["live_task_ids"]) if payload.get("live_task_ids") is not None else None,
         "heartbeat_interval": payload.get("heartbeat_interval", 5),
         "updated_at": now,
         "structure_hash": structure_hash(payload),

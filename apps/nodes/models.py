@@ -82,7 +82,9 @@ class Node(models.Model):
     vllm_available = models.BooleanField(default=False)
     discovered_models = models.JSONField(default=list, blank=True)
     task_health = models.JSONField(default=list, blank=True)
-    live_task_ids = models.JSONField(default=list, blank=True)
+    # the tasks the agent's runtime holds alive, from its latest beat; null: the agent did
+    # not say (no executor, or its runtime could not be listed), which is not "none"
+    live_task_ids = models.JSONField(null=True, blank=True, default=None)
     # location (operators)
     region = models.CharField(max_length=64, blank=True, default="")
     zone = models.CharField(max_length=64, blank=True, default="")

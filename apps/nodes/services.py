@@ -14,9 +14,9 @@ from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes.choices import OFFLINE_AFTER_SECONDS, SUSPECT_AFTER_SECONDS, NodeStatus
 from apps.nodes.models import Gpu, Node
-from apps.core.cas import transition
-from apps.tasks.choices import ACTIVE, TRANSITIONS, TaskStatus
+from apps.tasks.choices import ACTIVE, TaskStatus
 from apps.tasks.models import Task
+from apps.tasks.services import move_tasks
 
 # The state machine of models.status_at, set-wise: one statement for the whole fleet,
 # touching only the rows whose status changes.
@@ -131,8 +131,8 @@ def assign_tenant(node: Node, tenant, *, expected_version: int, mode: str = "dra
         other_ids = list(others.order_by("id").values_list("id", flat=True))
         stopping: list[int] = []
         if mode == "evict" and other_ids:
-            stopping = sorted(transition(
-                Task, TRANSITIONS, other_ids, (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING), TaskStatus.STOPPING
+            stopping = sorted(move_tasks(
+                other_ids, (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING), TaskStatus.STOPPING
             ))
     node.refresh_from_db()
     return TenantAssigned(node, mode, other_ids, stopping)

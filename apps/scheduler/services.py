@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from rest_framework.exceptions import ValidationError
 
-from apps.core.cas import check_transition, transition
+from apps.core.cas import check_transition
 from apps.core.errors import Conflict
 from apps.core.clock import utcnow
 from apps.nodes.models import Gpu, Node
@@ -42,6 +42,7 @@ from apps.scheduler.core import (
 from apps.scheduler.models import GpuAllocation, PluginConfig
 from apps.tasks.choices import HOLDING, TRANSITIONS, TaskKind, TaskStatus as S
 from apps.tasks.models import Task
+from apps.tasks.services import move_tasks
 from apps.tenants.models import TenantGroup
 
 BATCH_SIZE = 200
@@ -496,7 +497,7 @@ def preempt_for(failures: list[Failure], tasks: dict[int, TaskReq], nodes: list[
             plans[plan.task_id] = plan
             taken.update(plan.victims)
     if taken:
-        won = set(transition(Task, TRANSITIONS, sorted(taken), sorted(VICTIM_STATUSES[settings.preempt_stage]), S.PREEMPTING))
+        won = set(move_tasks(sorted(taken), sorted(VICTIM_STATUSES[settings.preempt_stage]), S.PREEMPTING))
         for plan in plans.values():
             plan.victims = [victim for victim in plan.victims if victim in won]
     return plans

@@ -60,6 +60,12 @@ class Task(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # GPU time: each run (claim to requeue or end) adds gpu_required × its length; the
+    # total is settled once, when the task ends (UsageRecord)
+    running_since = models.DateTimeField(null=True, blank=True, help_text="start of the run not yet counted in gpu_seconds")
+    gpu_seconds = models.FloatField(default=0.0)
+    # running here but absent from its node's live_task_ids since (the stalled-task check)
+    missing_since = models.DateTimeField(null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
 
@@ -102,3 +108,21 @@ class TaskEvent(models.Model):
         db_table = "task_events"
         ordering = ["created_at", "id"]
         indexes = [models.Index(fields=["task", "created_at"], name="task_events_by_task")]
+
+
+class UsageRecord(models.Model):
+    """The GPU time a task used, settled once when it ended (the unique task says once)."""
+
+    task = models.OneToOneField(Task, on_delete=models.CASCADE, related_name="usage")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="usage_records")
+    gpus = models.PositiveIntegerField()
+    gpu_seconds = models.FloatField()
+    ended_status = models.CharField(max_length=20)
+    settled_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "usage_records"
+        indexes = [models.Index(fields=["tenant", "settled_at"], name="usage_by_tenant")]
+
+    def __str__(self):
+        return f"task {self.task_id}: {self.gpu_seconds:.0f} GPU-s"

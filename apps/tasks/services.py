@@ -1,4 +1,5 @@
-"""Every state change of tasks. Status moves only through transition() (CAS)."""
+"""Every state change of tasks. Status moves only through move_tasks(): the CAS
+(apps.core.cas.transition) plus what follows from a move, in the same transaction."""
 
 from __future__ import annotations
 
@@ -13,6 +14,81 @@ from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS, TaskStatus as S
 from apps.tasks.models import Task
+
+# moves after which a task holds nothing on a node any more
+OFF_NODE = frozenset(TERMINAL) | {S.PENDING}
+
+
+def move_tasks(task_ids, from_statuses, to_status, **changes) -> list[int]:
+    """Move tasks by CAS and apply what follows, in one transaction: a run's GPU time is
+    counted when it ends (to the queue or for good), the cards and host port are given
+    back, usage is settled once when the task ends, and a failure raises TASK_FAILED.
+    Returns the ids that won; a loser changes nothing."""
+    ids = [task_ids] if isinstance(task_ids, int) else list(task_ids)
+    if not ids:
+        return []
+    now = utcnow()
+    if to_status == S.RUNNING:
+        changes.setdefault("running_since", now)
+    if to_status in TERMINAL:
+        changes.setdefault("finished_at", now)
+    if to_status != S.RUNNING:
+        changes.setdefault("missing_since", None)
+    with transaction.atomic():
+        won = transition(Task, TRANSITIONS, ids, from_statuses, to_status, **changes)
+        if won and to_status in OFF_NODE:
+            from apps.scheduler.services import release
+
+            _count_gpu_time(won, now)
+            release(won)
+            if to_status in TERMINAL:
+                _settle_usage(won, now)
+            if to_status == S.FAILED:
+                _alert_failures(won)
+    return won
+
+
+def _count_gpu_time(task_ids, now) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE tasks SET gpu_seconds = gpu_seconds
+                   + gpu_required * GREATEST(0, EXTRACT(EPOCH FROM (%s - running_since))),
+                   running_since = NULL
+               WHERE id = ANY(%s) AND running_since IS NOT NULL""",
+            [now, list(task_ids)],
+        )
+
+
+def _settle_usage(task_ids, now) -> None:
+    """Once per task: the unique task_id makes a second settlement a no-op."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO usage_records (task_id, tenant_id, gpus, gpu_seconds, ended_status, settled_at)
+               SELECT id, tenant_id, gpu_required, gpu_seconds, status, %s FROM tasks
+               WHERE id = ANY(%s) AND status = ANY(%s)
+               ON CONFLICT (task_id) DO NOTHING""",
+            [now, list(task_ids), list(TERMINAL)],
+        )
+
+
+def _alert_failures(task_ids) -> None:
+    from apps.alerts.choices import AlertScope, AlertType, Severity
+    from apps.alerts.services import NewAlert, raise_alerts
+
+    raise_alerts([
+        NewAlert(
+            type=AlertType.TASK_FAILED, severity=Severity.WARNING, scope=AlertScope.TASK, key=f"task-failed:{pk}",
+            message=f"Task {name} ({pk}) failed" + (f": {error[:300]}" if error else ""),
+            node_id=node_id or "", task_id=pk, tenant_id=tenant_id, details={"exit_code": exit_code},
+        )
+        for pk, name, tenant_id, node_id, error, exit_code in Task.objects.filter(pk__in=task_ids).values_list(
+            "pk", "name", "tenant_id", "node_id", "error_message", "exit_code"
+        )
+    ])
 
 
 def quota_use(tenant) -> dict:
@@ -43,11 +119,26 @@ def create_task(*, tenant, created_by=None, **fields) -> Task:
     with transaction.atomic():
         locks.xact_lock(locks.tenant_lock_key(tenant.pk))
         problems = quota_problems(tenant, quota_use(tenant), gpus=gpus, gpu_memory_mb=memory)
-        if problems:
-            raise Conflict(f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}.", "quota_exceeded")
-        task = Task.objects.create(tenant=tenant, created_by=created_by, **fields)
-        transaction.on_commit(_schedule_now)
-        return task
+        if not problems:
+            task = Task.objects.create(tenant=tenant, created_by=created_by, **fields)
+            transaction.on_commit(_schedule_now)
+            return task
+    message = f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}."
+    _alert_quota(tenant, message)
+    raise Conflict(message, "quota_exceeded")
+
+
+QUOTA_ALERT_KEY = "quota-exceeded:tenant:{}"
+
+
+def _alert_quota(tenant, message: str) -> None:
+    """One active QUOTA_EXCEEDED per tenant; the alert sweep recovers it once the tenant
+    is under its quota again."""
+    from apps.alerts.choices import AlertScope, AlertType, Severity
+    from apps.alerts.services import raise_alert
+
+    raise_alert(type=AlertType.QUOTA_EXCEEDED, severity=Severity.WARNING, scope=AlertScope.TENANT,
+                key=QUOTA_ALERT_KEY.format(tenant.pk), message=f"A task was refused. {message}", tenant_id=tenant.pk)
 
 
 def _schedule_now():
@@ -63,12 +154,8 @@ STOP_FROM = (S.STARTING, S.RUNNING, S.SLEEPING)
 
 
 def stop_task(task: Task) -> Task:
-    from apps.scheduler.services import release
-
     with transaction.atomic():
-        if transition(Task, TRANSITIONS, task.pk, CANCEL_FROM, S.CANCELLED, finished_at=utcnow()):
-            release([task.pk])
-        elif not transition(Task, TRANSITIONS, task.pk, STOP_FROM, S.STOPPING):
+        if not move_tasks(task.pk, CANCEL_FROM, S.CANCELLED) and not move_tasks(task.pk, STOP_FROM, S.STOPPING):
             task.refresh_from_db()
             if task.status not in TERMINAL and task.status != S.STOPPING:
                 raise Conflict(f"Task {task.pk} is {task.status} and cannot be stopped now.", "invalid_state")
@@ -97,20 +184,13 @@ def agent_report(task: Task, *, from_status: str, to_status: str, exit_code=None
 
         raise IllegalTransition(f"an agent cannot move a task from {from_status} to {to_status}")
     changes: dict = {}
-    now = utcnow()
     if to_status == S.RUNNING:
-        changes["started_at"] = now
+        changes["started_at"] = utcnow()
     if to_status in TERMINAL:
-        changes.update(finished_at=now, exit_code=exit_code, error_message=error_message[:10_000], log_tail=log_tail)
+        changes.update(exit_code=exit_code, error_message=error_message[:10_000], log_tail=log_tail)
     if to_status == S.PENDING:  # a preempted task's stop is confirmed: back to the queue
         return bool(requeue_preempted([task.pk]))
-    from apps.scheduler.services import release
-
-    with transaction.atomic():
-        won = bool(transition(Task, TRANSITIONS, task.pk, [from_status], to_status, **changes))
-        if won and to_status in TERMINAL:
-            release([task.pk])
-    return won
+    return bool(move_tasks(task.pk, [from_status], to_status, **changes))
 
 
 def requeue_preempted(task_ids) -> list[int]:
@@ -119,15 +199,10 @@ def requeue_preempted(task_ids) -> list[int]:
     its node, with preempt_count + 1 and preemptible=false so that it is not preempted
     again and again. Of a late confirmation and the watchdog, one CAS wins; the other
     changes nothing."""
-    from apps.scheduler.services import release
-
-    with transaction.atomic():
-        won = transition(
-            Task, TRANSITIONS, list(task_ids), [S.PREEMPTING], S.PENDING,
-            node=None, host_port=None, preempt_count=F("preempt_count") + 1, preemptible=False,
-        )
-        release(won)
-    return won
+    return move_tasks(
+        list(task_ids), [S.PREEMPTING], S.PENDING,
+        node=None, host_port=None, preempt_count=F("preempt_count") + 1, preemptible=False,
+    )
 
 
 def resolve_env(task: Task) -> tuple[dict[str, str], list[str]]:

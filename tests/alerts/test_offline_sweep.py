@@ -8,7 +8,7 @@ from django.conf import settings
 
 from apps.alerts.jobs import sweep_job
 from apps.alerts.models import Alert
-from apps.alerts.services import sweep_offline_nodes
+from apps.alerts.failures import sweep_offline_nodes
 from apps.core.clock import utcnow
 from apps.nodes.models import Node
 from apps.scheduler.models import GpuAllocation
