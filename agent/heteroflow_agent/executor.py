@@ -172,9 +172,15 @@ class Executor:
             with self.lock:
                 if task["id"] in self.active or self.closing.is_set():
                     continue
+                # reserved before the claim, so the reconciler never takes a task just
+                # claimed (running on the server, nothing here yet) for a lost one
+                stop = self.active[task["id"]] = threading.Event()
             if self._claim(task):
                 claimed.append(task["id"])
-                self._launch(task)
+                self.pool.submit(self._work, task["id"], lambda task=task, stop=stop: self.run(task, stop))
+            else:
+                with self.lock:
+                    self.active.pop(task["id"], None)
         return claimed
 
     def _claim(self, task: dict) -> bool:
@@ -192,12 +198,6 @@ class Executor:
             logger.error("claiming task %s refused: HTTP %d %s", task["id"], response.status_code, response.text[:300])
             return False
         return True
-
-    def _launch(self, task: dict) -> None:
-        stop = threading.Event()
-        with self.lock:
-            self.active[task["id"]] = stop
-        self.pool.submit(self._work, task["id"], lambda: self.run(task, stop))
 
     def _launch_watch(self, task: dict, started_at: float | None) -> None:
         """Watch a task that is already running (adopted), then report it. Its timeout
@@ -304,8 +304,9 @@ class Executor:
                 logger.warning("task %s: cannot read its state: %s", task_id, exc)
                 stop.wait(self.watch_interval * 5)
                 continue
-            if state is None:
-                return Outcome(task_id, "running", "failed", None, "the task's container disappeared")
+            if state is None:  # a fact for the server to judge, not a failure to report
+                self.report_lost(task_id, "its container disappeared while the agent watched it")
+                return None
             if not state.running and state.exit_code is None and unsettled < SETTLE_READS:
                 # just ended: an engine may not have recorded the exit code yet (Podman
                 # shows "stopped" before "exited")
@@ -393,6 +394,29 @@ class Executor:
 
     # --- reports --------------------------------------------------------------------------
 
+    def report_lost(self, task_id: int, detail: str) -> str | None:
+        """Tell the server that a task it has running here has no container (or process)
+        here. The server decides what becomes of it. Returns its verdict ("requeue",
+        "fail", "undecided"), "moved" when the task had already moved on, or None when
+        the report did not get through; either of the last two without a verdict is
+        asked again by the next reconcile while the server still says running."""
+        try:
+            response = self.client.request(
+                "POST", f"/api/v1/tasks/{task_id}/container-lost", json={"node_id": self.node_id, "detail": detail[:2000]}
+            )
+        except ServerError as exc:
+            logger.warning("task %s: could not report its lost container (%s); the reconciler asks again", task_id, exc)
+            return None
+        if response.status_code == 409:
+            return "moved"
+        if response.status_code not in (200, 202):
+            logger.error("task %s: lost-container report refused: HTTP %d %s", task_id, response.status_code,
+                         response.text[:300])
+            return None
+        verdict = response.json().get("verdict")
+        logger.warning("task %s: %s; the server's verdict: %s", task_id, detail, verdict)
+        return verdict
+
     def deliver(self, outcome: Outcome) -> bool:
         """Report the outcome (CAS). Delivered (or moot): the container is removed. Not
         delivered: it is kept, and so is the outcome, for a later attempt."""
@@ -438,13 +462,14 @@ class Executor:
 
     def report(self) -> TaskReport:
         try:
-            live = sorted(task_id for task_id, state in self.runtime.tasks().items() if state.running)
+            live = {task_id for task_id, state in self.runtime.tasks().items() if state.running}
         except Exception as exc:  # an engine hiccup must not stop the beat
             logger.debug("listing tasks failed: %s", exc)
-            return TaskReport()
+            return TaskReport()  # no live_task_ids: "cannot tell", never "none"
         with self.lock:
             health = [dict(entry) for entry in self.health.values()]
-        return TaskReport(live_task_ids=live, task_health=health)
+            live |= set(self.active)  # being started (an image pull may take minutes) is alive too
+        return TaskReport(live_task_ids=sorted(live), task_health=health)
 
     def close(self) -> None:
         """Stop watching (the tasks keep running; the next agent process adopts them)."""
@@ -500,16 +525,45 @@ class Reconciler:
     def run_once(self) -> dict[str, list[int]]:
         """The full pass (every 60 s): kept outcomes, then every task nobody watches."""
         executor = self.executor
-        done = {"redelivered": [], "adopted": [], "reported": [], "removed": []}
+        done = {"redelivered": [], "adopted": [], "reported": [], "removed": [], "lost": []}
         before = set(executor.undelivered)
         executor.redeliver()
         done["redelivered"] = sorted(before - set(executor.undelivered))
         self._unwatched(done, adopt=True)
+        self._lost(done)
         return done
+
+    def _lost(self, done: dict[str, list[int]]) -> None:
+        """Tasks the server has running on this node that this node has nothing for: the
+        fact is reported and the server decides. When this node's own tasks cannot be
+        listed, nothing is said."""
+        executor = self.executor
+        try:
+            response = executor.client.request(
+                "GET", "/api/v1/tasks", params={"node_id": executor.node_id, "status": "running", "limit": 100}
+            )
+        except ServerError:
+            return
+        if response.status_code != 200:
+            return
+        try:
+            held = executor.runtime.tasks()
+        except Exception as exc:
+            logger.warning("reconcile: cannot list the runtime's tasks: %s", exc)
+            return
+        for task in response.json().get("results", []):
+            task_id = task["id"]
+            with executor.lock:
+                if task_id in executor.active or task_id in executor.undelivered:
+                    continue
+            if task_id in held:
+                continue
+            executor.report_lost(task_id, "no container or process for it on this node")
+            done["lost"].append(task_id)
 
     def sweep_zombies(self) -> list[int]:
         """The light pass (after each heartbeat that got through): zombies only."""
-        done = {"redelivered": [], "adopted": [], "reported": [], "removed": []}
+        done = {"redelivered": [], "adopted": [], "reported": [], "removed": [], "lost": []}
         self._unwatched(done, adopt=False)
         return done["removed"]
 

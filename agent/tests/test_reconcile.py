@@ -3,6 +3,7 @@ an earlier agent left, report what ended meanwhile, remove zombies only when the
 says so and only once they are a minute old, and leave everything alone when it cannot
 tell."""
 
+import threading
 import time
 
 import pytest
@@ -126,4 +127,61 @@ def test_the_checkpoint_decision_goes_into_the_tasks_history(server, runtime, tm
     event = server.requests[-1]["json"]
     assert (event["kind"], event["details"]) == ("checkpoint_resume", {"resume_from": "/ckpt/epoch-2"})
     assert "epoch-2" in event["message"]
+    executor.close()
+
+
+def test_a_running_task_with_nothing_here_is_reported_as_a_fact_not_failed(server, runtime):
+    """The server says 21, 22 and 23 run here. 21 is held by the runtime (fine), 22 is
+    being started by this agent (fine), 23 has nothing here: reported as lost, never as
+    failed; the server's verdict decides."""
+    start(runtime, 21, ["sleep", "300"])
+    running = [{"id": 21, "status": "running"}, {"id": 22, "status": "running"}, {"id": 23, "status": "running"}]
+    server.answer("/api/v1/tasks", (200, {"results": running}))
+    server.answer("/api/v1/tasks/21", (200, {"id": 21, "status": "running", "kind": "job", "timeout_seconds": 60}))
+    server.answer("/api/v1/tasks/23/container-lost", (200, {"task_id": 23, "verdict": "requeue", "status": "pending"}))
+    executor = executor_for(server, runtime)
+    executor.active[22] = threading.Event()  # claimed, image still pulling
+    done = Reconciler(executor).run_once()
+    assert done["lost"] == [23]
+    lost = [r for r in server.requests if r["path"].endswith("/container-lost")]
+    assert [(r["path"], r["json"]["node_id"]) for r in lost] == [("/api/v1/tasks/23/container-lost", "n1")]
+    assert not any(r["method"] == "PUT" and r["path"] == "/api/v1/tasks/23" for r in server.requests)
+    executor.active.pop(22)
+    executor.close()
+
+
+def test_nothing_is_reported_lost_when_the_runtime_cannot_be_listed(server, runtime, monkeypatch):
+    server.answer("/api/v1/tasks", (200, {"results": [{"id": 31, "status": "running"}]}))
+    executor = executor_for(server, runtime)
+
+    def broken():
+        raise OSError("engine not answering")
+
+    monkeypatch.setattr(runtime, "tasks", broken)
+    assert Reconciler(executor).run_once()["lost"] == []
+    assert not any(r["path"].endswith("/container-lost") for r in server.requests)
+    executor.close()
+
+
+def test_a_container_vanishing_under_watch_is_reported_lost_and_not_failed(server, runtime):
+    start(runtime, 41, ["sleep", "300"])
+    task = {"id": 41, "status": "running", "kind": "job", "timeout_seconds": 60}
+    server.answer("/api/v1/tasks/41", *[(200, task)] * 50)
+    server.answer("/api/v1/tasks/41/container-lost", (202, {"task_id": 41, "verdict": "undecided", "status": "running"}))
+    executor = executor_for(server, runtime)
+    executor._launch_watch(task, time.time())
+    runtime.stop(41, 1)
+    runtime.remove(41)  # gone without a trace, as when someone removes the container by hand
+    assert wait_for(lambda: any(r["path"].endswith("/container-lost") for r in server.requests))
+    assert wait_for(lambda: 41 not in executor.active)
+    assert not any(r["method"] == "PUT" for r in server.requests)  # no verdict of its own
+    executor.close()
+
+
+def test_live_task_ids_include_tasks_being_started(server, runtime):
+    start(runtime, 51, ["sleep", "300"])
+    executor = executor_for(server, runtime)
+    executor.active[52] = threading.Event()
+    assert executor.report().live_task_ids == [51, 52]
+    executor.active.pop(52)
     executor.close()

@@ -49,8 +49,7 @@ class Verdict(enum.StrEnum):
     UNDECIDED = "undecided"  # the evidence is unclear: change nothing, ask again next round
 
 
-# Per node heard from recently: could it run a task of this size and type? "online" nodes
-# that can execute are sure; suspect or degraded ones are neither sure nor dead.
+# The nodes heard from recently with enough cards of the type for the task.
 CAPACITY_SQL = """
     SELECT n.status, n.executable
     FROM nodes AS n
@@ -66,7 +65,8 @@ def capacity_verdict(*, gpus: int, gpu_type: str = "", now=None) -> Verdict:
     database error is UNDECIDED: fail closed, never fail a task on a hiccup."""
     cutoff = (now or utcnow()) - offline_after()
     try:
-        with connection.cursor() as cursor:
+        # a savepoint, so that a failed check leaves the caller's transaction usable
+        with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(CAPACITY_SQL, {"cutoff": cutoff, "gpu_type": gpu_type or "", "gpus": gpus})
             candidates = cursor.fetchall()
     except Exception as exc:  # noqa: BLE001 — any failure to tell is "cannot tell"
@@ -74,7 +74,10 @@ def capacity_verdict(*, gpus: int, gpu_type: str = "", now=None) -> Verdict:
         return Verdict.UNDECIDED
     if any(status == NodeStatus.ONLINE and executable for status, executable in candidates):
         return Verdict.REQUEUE
-    return Verdict.UNDECIDED if candidates else Verdict.FAIL
+    # a suspect node may be alive or dead; a degraded one is alive but cannot take work
+    if any(status == NodeStatus.SUSPECT and executable for status, executable in candidates):
+        return Verdict.UNDECIDED
+    return Verdict.FAIL
 
 
 @dataclass
@@ -84,7 +87,7 @@ class LostRun:
     moved: bool  # False: the task had already moved on (or the verdict was UNDECIDED)
 
 
-def adjudicate_lost_runs(task_ids, *, node_id: str, cause: str, now=None) -> list[LostRun]:
+def adjudicate_lost_runs(task_ids, *, node_id: str, cause: str, detail: str = "", now=None) -> list[LostRun]:
     """Tasks whose run vanished on a node that is still alive (the agent found no
     container; or the node stopped listing them as alive). Each is requeued while
     capacity to run it is alive, failed when none is, and left as it is when that cannot
@@ -97,6 +100,7 @@ def adjudicate_lost_runs(task_ids, *, node_id: str, cause: str, now=None) -> lis
     verdicts: dict[tuple[int, str], Verdict] = {}
     outcomes = []
     requeue_alerts = []
+    seen = f" (the agent: {detail})" if detail else ""
     for pk, status, gpus, gpu_type, tenant_id, name in tasks:
         verdict = verdicts.setdefault((gpus, gpu_type), capacity_verdict(gpus=gpus, gpu_type=gpu_type, now=now))
         moved = False
@@ -104,17 +108,18 @@ def adjudicate_lost_runs(task_ids, *, node_id: str, cause: str, now=None) -> lis
             with transaction.atomic():
                 moved = bool(move_tasks(pk, [status], S.PENDING, node=None, host_port=None))
                 if moved:
-                    _record(pk, f"{cause}_pending", node_id, f"{CAUSES[cause]} on node {node_id}: back to the queue")
+                    _record(pk, f"{cause}_pending", node_id, f"{CAUSES[cause]} on node {node_id}{seen}: back to the queue")
                     requeue_alerts.append(_requeue_alert(pk, name, tenant_id, node_id, CAUSES[cause]))
         elif verdict == Verdict.FAIL:
             message = f"{CAUSES[cause]} on node {node_id} and no node that could run it is alive"
             with transaction.atomic():
                 moved = bool(move_tasks(pk, [status], S.FAILED, error_message=message))
                 if moved:
-                    _record(pk, f"{cause}_failed", node_id, message)
+                    _record(pk, f"{cause}_failed", node_id, message + seen)
         else:
             _record(pk, f"{cause}_undecided", node_id,
-                    f"{CAUSES[cause]} on node {node_id}; whether a node could run it cannot be told now: asked again next round")
+                    f"{CAUSES[cause]} on node {node_id}{seen}; whether a node could run it cannot be told now: "
+                    "asked again next round")
         outcomes.append(LostRun(pk, verdict, moved))
     raise_alerts(requeue_alerts)
     answered = {outcome.task_id for outcome in outcomes}

@@ -95,7 +95,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "registry_auth", "gpu_required", "gpu_memory_mb", "gpu_type", "cpu_request", "memory_request_mb", "priority",
             "preemptible", "labels", "timeout_seconds", "checkpoint_path", "resume_from_checkpoint", "node",
             "host_port", "preempt_count", "exit_code", "error_message", "schedule_reason", "created_by", "created_at",
-            "updated_at", "started_at", "finished_at",
+            "updated_at", "started_at", "finished_at", "gpu_seconds",
         ]
 
 
@@ -132,6 +132,17 @@ class TaskEventCreateSerializer(StrictSerializer):
     kind = serializers.RegexField(r"^[a-z][a-z0-9_]{0,39}$", help_text="e.g. checkpoint_resume")
     message = serializers.CharField(max_length=2000)
     details = serializers.DictField(required=False, default=dict)
+
+
+class ContainerLostSerializer(StrictSerializer):
+    node_id = serializers.CharField(max_length=128)
+    detail = serializers.CharField(max_length=2000, required=False, default="", help_text="what the agent saw")
+
+
+class ContainerLostVerdictSerializer(serializers.Serializer):
+    task_id = serializers.IntegerField()
+    verdict = serializers.ChoiceField(choices=["requeue", "fail", "undecided"])
+    status = serializers.CharField(help_text="the task's status after the verdict")
 
 
 class TaskEventSerializer(serializers.Serializer):

@@ -178,15 +178,20 @@ class TaskStatsView(APIView):
     @extend_schema(responses=inline_serializer("TaskStats", {
         "total": serializers.IntegerField(), "by_status": serializers.DictField(child=serializers.IntegerField()),
         "gpus_held": serializers.IntegerField(),
+        "gpu_seconds_settled": serializers.FloatField(help_text="GPU time of the tasks that ended"),
     }))
     def get(self, request):
+        from apps.tasks.models import UsageRecord
+
         tasks = Task.objects.visible_to(request.auth)
         by_status = dict(tasks.order_by().values_list("status").annotate(n=Count("id")))
         held = tasks.filter(status__in=HOLDING).aggregate(n=Sum("gpu_required"))["n"] or 0
+        settled = UsageRecord.objects.filter(task__in=tasks).aggregate(n=Sum("gpu_seconds"))["n"] or 0.0
         return Response({
             "total": sum(by_status.values()),
             "by_status": {status: by_status.get(status, 0) for status in TaskStatus.values},
             "gpus_held": held,
+            "gpu_seconds_settled": settled,
         })
 
 
@@ -221,3 +226,35 @@ class TaskEventsView(APIView):
         event = services.record_event(task, kind=data["kind"], message=data["message"], details=data["details"],
                                       node_id=data["node_id"])
         return Response(s.TaskEventSerializer(event).data, status=status.HTTP_201_CREATED)
+
+
+class ContainerLostView(APIView):
+    """The agent found no container (or process) for a task the server has running on
+    its node. It reports the fact; the server decides (docs/failures.md): back to the
+    queue while a node that could run it is alive (200, requeue), failed when none is
+    (200, fail), and nothing changed when that cannot be told (202, undecided: report
+    it again next round). A task that is no longer running on that node is 409."""
+
+    permission_classes = [PeopleOrAgent]
+    agent_methods = ("POST",)
+    agent_only_methods = ("POST",)
+
+    @extend_schema(request=s.ContainerLostSerializer,
+                   responses={200: s.ContainerLostVerdictSerializer, 202: s.ContainerLostVerdictSerializer})
+    def post(self, request, pk):
+        from apps.alerts.failures import LOST_RUN_STATUSES, Verdict, adjudicate_lost_runs
+
+        serializer = s.ContainerLostSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        node_id = serializer.validated_data["node_id"]
+        task = get_object_or_404(Task.objects.filter(Q(node_id=node_id) | Q(node__isnull=True)), pk=pk)
+        if task.node_id != node_id or task.status not in LOST_RUN_STATUSES:
+            raise Conflict(f"Task {task.pk} is {task.status}{'' if task.node_id == node_id else ' elsewhere'}; "
+                           "nothing to decide.", "status_changed")
+        (outcome,) = adjudicate_lost_runs([task.pk], node_id=node_id, cause="container_lost",
+                                          detail=serializer.validated_data["detail"])
+        task.refresh_from_db()
+        if outcome.verdict != Verdict.UNDECIDED and not outcome.moved:
+            raise Conflict(f"Task {task.pk} is {task.status}; nothing to decide.", "status_changed")
+        code = status.HTTP_202_ACCEPTED if outcome.verdict == Verdict.UNDECIDED else status.HTTP_200_OK
+        return Response({"task_id": task.pk, "verdict": outcome.verdict, "status": task.status}, status=code)
