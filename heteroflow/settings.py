@@ -233,6 +233,8 @@ SPECTACULAR_SETTINGS = {
         "NodeStatusEnum": "apps.nodes.choices.NodeStatus",
         "TaskStatusEnum": "apps.tasks.choices.TaskStatus",
         "GpuStateEnum": "apps.nodes.choices.GpuState",
+        "AlertScopeEnum": "apps.alerts.choices.AlertScope",
+        "KeyScopeEnum": "apps.tenants.choices.KeyScope",
     },
 }
 

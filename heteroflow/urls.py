@@ -11,6 +11,7 @@ api_v1 = [
     path("", include("apps.nodes.api.urls")),
     path("", include("apps.tasks.api.urls")),
     path("", include("apps.scheduler.api.urls")),
+    path("", include("apps.alerts.api.urls")),
 ]
 
 urlpatterns = [

@@ -1,0 +1,72 @@
+"""The alerts API. What a caller sees is Alert.objects.visible_to: operators every alert,
+a tenant's people their own task and tenant alerts, never node or GPU alerts."""
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.alerts import selectors, services
+from apps.alerts.api import serializers as s
+from apps.alerts.models import Alert
+from apps.core.errors import Conflict
+from apps.tenants.choices import Role
+
+
+class AlertListView(generics.ListAPIView):
+    serializer_class = s.AlertSerializer
+
+    @extend_schema(parameters=[s.AlertListQuerySerializer])
+    def get(self, request, *args, **kwargs):
+        query = s.AlertListQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        self.filters = {k: v for k, v in query.validated_data.items() if k not in ("page", "page_size")}
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self):
+        return selectors.alert_list(self.request.auth, **self.filters).select_related(
+            "tenant", "acknowledged_by", "resolved_by"
+        )
+
+
+class AlertStatsView(APIView):
+    @extend_schema(responses=s.AlertStatsSerializer)
+    def get(self, request):
+        return Response(selectors.alert_stats(request.auth))
+
+
+def visible_alert(request, pk) -> Alert:
+    return get_object_or_404(Alert.objects.visible_to(request.auth), pk=pk)
+
+
+class AlertDetailView(APIView):
+    @extend_schema(responses=s.AlertSerializer)
+    def get(self, request, pk):
+        return Response(s.AlertSerializer(visible_alert(request, pk)).data)
+
+
+class AlertAcknowledgeView(APIView):
+    """Anyone who can see an active alert may say they are on it."""
+
+    @extend_schema(request=None, responses=s.AlertSerializer)
+    def post(self, request, pk):
+        alert = visible_alert(request, pk)
+        if not services.acknowledge_alert(alert, request.auth.user) and alert.state != "ACTIVE":
+            raise Conflict(f"Alert {alert.pk} is {alert.state}; only an active alert can be acknowledged.", "alert_ended")
+        return Response(s.AlertSerializer(alert).data)
+
+
+class AlertResolveView(APIView):
+    """Operators resolve any alert; a tenant admin resolves their tenant's own."""
+
+    @extend_schema(request=None, responses=s.AlertSerializer)
+    def post(self, request, pk):
+        alert = visible_alert(request, pk)
+        principal = request.auth
+        if not principal.is_operator and not principal.has_tenant_role(alert.tenant, Role.ADMIN):
+            raise PermissionDenied("Only platform operators and the tenant's admins can resolve alerts.")
+        if not services.resolve_alert(alert, principal.user):
+            raise Conflict(f"Alert {alert.pk} is already {alert.state}.", "alert_ended")
+        return Response(s.AlertSerializer(alert).data)
