@@ -1,0 +1,109 @@
+"""Real processes for the fault tests: a simulated fleet (bench/fleet.py) sending
+heartbeats over HTTP, and a whole control plane (web, Celery worker, Celery beat) that can
+be killed and started again. Modules using these need `django_db(transaction=True)`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+from django.conf import settings
+from django.db import connection
+
+from tests.live import REPO, free_port, stop_process, wait_until
+
+
+def database_env() -> dict:
+    url = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path="/" + connection.settings_dict["NAME"]))
+    return os.environ | {"DATABASE_URL": url, "HETEROFLOW_ENV": "test"}
+
+
+class Fleet:
+    """`nodes` simulated nodes with `prefix`-NNNNN ids, beating until stopped."""
+
+    def __init__(self, url: str, log_dir: Path, *, nodes: int, prefix: str, interval: float = 5.0, jitter: float = 0.2,
+                 duration: float = 0):
+        self.log_path = log_dir / f"fleet-{prefix}.log"
+        self.ready = log_dir / f"fleet-{prefix}.ready"
+        self.ready.unlink(missing_ok=True)
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "bench/fleet.py", "--url", url, "--secret", settings.HETEROFLOW_AGENT_SECRET,
+                 "--nodes", str(nodes), "--prefix", prefix, "--interval", str(interval), "--jitter", str(jitter),
+                 "--duration", str(duration), "--ready-file", str(self.ready)],
+                cwd=REPO, env=os.environ, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, text=True,
+            )
+
+    def wait_registered(self, timeout: float = 120) -> None:
+        wait_until(lambda: self.ready.exists() or self.process.poll() is not None, timeout, "the fleet's first beats")
+        assert self.process.poll() is None, self.log_path.read_text()
+
+    def kill(self) -> None:
+        """A rack losing power: no farewell, no last beat."""
+        stop_process(self.process, signal.SIGKILL)
+
+    def finish(self, timeout: float = 120) -> dict:
+        """Stop it (or wait for its --duration) and return its figures."""
+        if self.process.poll() is None:
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                stop_process(self.process)
+        lines = [line for line in self.log_path.read_text().splitlines() if line.startswith("{")]
+        assert lines, self.log_path.read_text()
+        return json.loads(lines[-1])
+
+
+class ControlPlane:
+    """uvicorn, a Celery worker and Celery beat on the test database, as `make up` runs
+    them; `restart()` kills all three without warning and starts them again."""
+
+    def __init__(self, log_dir: Path, **settings_env: str):
+        self.log_dir, self.port = log_dir, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = database_env() | settings_env
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.starts = 0
+
+    def start(self) -> ControlPlane:
+        self.starts += 1
+        python = sys.executable
+        commands = {
+            "web": [python, "-m", "uvicorn", "heteroflow.asgi:application", "--host", "127.0.0.1", "--port",
+                    str(self.port), "--lifespan", "off", "--no-proxy-headers", "--log-level", "warning"],
+            "worker": [python, "-m", "celery", "-A", "celery_worker", "worker", "--pool", "solo", "--loglevel", "WARNING",
+                       "--without-heartbeat", "--without-gossip", "--without-mingle"],
+            "beat": [python, "-m", "celery", "-A", "celery_worker", "beat", "--loglevel", "WARNING",
+                     "--schedule", str(self.log_dir / f"beat-schedule-{self.starts}")],
+        }
+        for name, argv in commands.items():
+            with open(self.log_dir / f"{name}-{self.starts}.log", "w") as log:
+                self.processes[name] = subprocess.Popen(argv, cwd=REPO, env=self.env, start_new_session=True,
+                                                        stdout=log, stderr=subprocess.STDOUT)
+
+        def up():
+            try:
+                return requests.get(f"{self.url}/health", timeout=1).status_code in (200, 503)
+            except requests.RequestException:
+                return False
+
+        wait_until(up, 60, "the control plane's web server")
+        return self
+
+    def restart(self) -> None:
+        self.stop(signal.SIGKILL)
+        self.start()
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        for process in self.processes.values():
+            stop_process(process, sig)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
+                         for path in sorted(self.log_dir.glob("*.log")))
