@@ -192,15 +192,18 @@ def sharing_rule():
 # --- the snapshot -----------------------------------------------------------------------
 
 
+# A node the alert sweep would call offline (silent for HETEROFLOW_NODE_OFFLINE_SECONDS)
+# takes nothing, even while its status is still "suspect": otherwise a task requeued from
+# it would be placed straight back on it, and requeued again by the next sweep.
 NODES_SQL = """
     SELECT id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used
-    FROM nodes WHERE status = ANY(%s) AND executable
+    FROM nodes WHERE status = ANY(%s) AND executable AND (last_heartbeat_at IS NULL OR last_heartbeat_at >= %s)
 """
 GPUS_SQL = """
     SELECT g.node_id, g.index, g.vendor, g.memory_total_mb, g.memory_used_mb, g.utilization, g.temperature,
            g.lost_at IS NOT NULL
     FROM gpus g JOIN nodes n ON n.id = g.node_id
-    WHERE n.status = ANY(%s) AND n.executable
+    WHERE n.status = ANY(%s) AND n.executable AND (n.last_heartbeat_at IS NULL OR n.last_heartbeat_at >= %s)
 """
 PORTS_USED = "SELECT node_id, count(*) FROM tasks WHERE host_port IS NOT NULL AND status = ANY(%s) GROUP BY node_id"
 # the ledger is bounded by the number of cards: read it whole
@@ -220,8 +223,8 @@ class GpuRows:
 _gpu_rows: GpuRows | None = None
 
 
-def read_gpu_rows(cursor, statuses) -> dict[str, list[GpuSnap]]:
-    cursor.execute(GPUS_SQL, [statuses])
+def read_gpu_rows(cursor, statuses, heard_since) -> dict[str, list[GpuSnap]]:
+    cursor.execute(GPUS_SQL, [statuses, heard_since])
     by_node: dict[str, list[GpuSnap]] = defaultdict(list)
     for node_id, index, vendor, total, used, utilization, temperature, lost in cursor.fetchall():
         by_node[node_id].append(GpuSnap(index, vendor, total, lost, used, utilization, temperature, []))
@@ -239,8 +242,9 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
     they are 40,000 objects to build."""
     global _gpu_rows
     statuses = sorted(SCHEDULABLE_STATUSES)
+    heard_since = utcnow() - timedelta(seconds=django_settings.HETEROFLOW_NODE_OFFLINE_SECONDS)
     with connection.cursor() as cursor:
-        cursor.execute(NODES_SQL, [statuses])
+        cursor.execute(NODES_SQL, [statuses, heard_since])
         nodes = {
             node_id: NodeSnap(node_id, status, executable, tenant_id, orjson.loads(labels) if labels else {}, region, zone, rack,
                               cpu_used, memory_used, [])
@@ -249,7 +253,7 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
         rows = _gpu_rows
         fresh = rows is not None and time.monotonic() - rows.read_at < reuse_seconds and rows.nodes.issuperset(nodes)
         if not fresh:
-            rows = GpuRows(read_gpu_rows(cursor, statuses), frozenset(nodes), time.monotonic())
+            rows = GpuRows(read_gpu_rows(cursor, statuses, heard_since), frozenset(nodes), time.monotonic())
             if reuse_seconds:
                 _gpu_rows = rows
         for node_id, node in nodes.items():

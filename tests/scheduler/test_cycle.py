@@ -216,3 +216,20 @@ def test_bind_rechecks_the_card_thresholds_on_the_live_rows(world, reuse_gpu_row
     assert run_cycle().bound == []
     Gpu.objects.filter(node_id="n1").update(memory_used_mb=1000)
     assert run_cycle().bound == [late.pk]
+
+
+def test_a_node_the_alert_sweep_calls_offline_takes_nothing_while_still_suspect(world):
+    """Silent for more than HETEROFLOW_NODE_OFFLINE_SECONDS (45 s), its status is still
+    suspect until 60 s; a task requeued from it must not be placed back on it."""
+    from datetime import timedelta
+
+    make_node("silent", gpus=1, status="suspect")
+    Node.objects.filter(pk="silent").update(last_heartbeat_at=utcnow() - timedelta(seconds=46))
+    make_node("quiet", gpus=1, status="suspect")
+    Node.objects.filter(pk="quiet").update(last_heartbeat_at=utcnow() - timedelta(seconds=40))
+    task = make_task(world.tenants["acme"], gpu_required=1)
+    assert run_cycle().bound == [task.pk]
+    task.refresh_from_db()
+    assert task.node_id == "quiet"
+    second = make_task(world.tenants["acme"], gpu_required=1)
+    assert run_cycle().bound == [] and Task.objects.get(pk=second.pk).status == "pending"
