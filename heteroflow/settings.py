@@ -233,6 +233,9 @@ SPECTACULAR_SETTINGS = {
         "NodeStatusEnum": "apps.nodes.choices.NodeStatus",
         "TaskStatusEnum": "apps.tasks.choices.TaskStatus",
         "GpuStateEnum": "apps.nodes.choices.GpuState",
+        "TaskKindEnum": "apps.tasks.choices.TaskKind",
+        "ChannelKindEnum": "apps.alerts.choices.ChannelKind",
+        "DeliveryStatusEnum": "apps.alerts.choices.DeliveryStatus",
     },
 }
 
