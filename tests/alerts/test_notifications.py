@@ -2,7 +2,8 @@
 → deliveries → one attempt each, against a real HTTP receiver on 127.0.0.1 (it checks the
 signature the way docs/alerts.md tells receivers to) and Django's mail backends (locmem,
 and SMTP against a small real SMTP server). The job bodies run directly, as in the other
-job tests."""
+job tests; test_notification_delivery_live.py runs them through a real Celery worker
+and runs two dispatchers at once."""
 
 from __future__ import annotations
 
