@@ -275,7 +275,7 @@ if HETEROFLOW_PUBLIC_URL:
 # One webhook attempt: connect and read time-outs, each.
 HETEROFLOW_NOTIFY_TIMEOUT_SECONDS = env.float("HETEROFLOW_NOTIFY_TIMEOUT_SECONDS", 5.0, low=0.1, high=60.0)
 # Attempts per delivery (the first one included) before it fails permanently.
-HETEROFLOW_NOTIFY_MAX_ATTEMPTS = env.int("HETEROFLOW_NOTIFY_MAX_ATTEMPTS", 6, low=1, high=20)
+HETEROFLOW_NOTIFY_MAX_ATTEMPTS = env.int("HETEROFLOW_NOTIFY_MAX_ATTEMPTS", 8, low=1, high=20)
 # Back-off after failed attempt n: BACKOFF * 2**(n-1) seconds, at most BACKOFF_MAX (also
 # the cap on a receiver's Retry-After).
 HETEROFLOW_NOTIFY_BACKOFF_SECONDS = env.float("HETEROFLOW_NOTIFY_BACKOFF_SECONDS", 10.0, low=0.1, high=3600.0)

@@ -146,6 +146,7 @@ def test_names_are_unique_per_tenant(world, api):
     for who in ("acme-admin", "operator"):
         response = create(api, world, who, name="pager")
         assert response.status_code == 409 and response.json()["error"]["code"] == "channel_exists"
+    assert written(world) == before
     other = created(api, world, "acme-admin", name="other")
     assert api.patch(f"{CHANNELS}/{other['id']}", {"name": "pager"}, format="json", **as_(world, api, "acme-admin")).status_code == 409
     assert NotificationChannel.objects.filter(name="pager").count() == 3

@@ -7,6 +7,9 @@ and runs two dispatchers at once."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -27,7 +30,7 @@ from apps.core.principals import Principal, PrincipalKind
 from apps.tenants.choices import Role
 from tests.alerts.receivers import HANG, start_http_receiver, start_smtp_server, stop_http_receiver, stop_smtp_server
 from tests.factories import TaskFactory
-from tests.live import free_port
+from tests.live import REPO, free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -486,3 +489,32 @@ def test_a_delivery_whose_queue_message_was_lost_is_queued_again(world, receiver
     assert dispatch_notifications(now=later + timedelta(seconds=10)).requeued == []  # once a minute at most
     assert deliver(delivery_id, now=later).outcome == "delivered"
     assert dispatch_notifications(now=later + timedelta(minutes=5)).requeued == []
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+
+def read_settings(**env):
+    """The settings module as a fresh process with `env` reads it."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HETEROFLOW_", "EMAIL_", "SECRET_KEY", "ALLOWED_HOSTS"))}
+    code = ("import heteroflow.settings as s; print(s.EMAIL_BACKEND, s.HETEROFLOW_NOTIFY_ALLOW_PRIVATE_TARGETS, "
+            "s.HETEROFLOW_NOTIFY_MAX_ATTEMPTS, s.DEFAULT_FROM_EMAIL)")
+    return subprocess.run([sys.executable, "-c", code], env=clean | env, capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
+
+
+def test_mail_and_notification_settings_come_from_the_environment():
+    production = {"HETEROFLOW_ENV": "production", "SECRET_KEY": "k" * 60, "HETEROFLOW_AGENT_SECRET": "a" * 30,
+                  "ALLOWED_HOSTS": "hf.example.com"}
+    dev = read_settings(HETEROFLOW_ENV="development")
+    assert dev.stdout.split()[:3] == ["django.core.mail.backends.console.EmailBackend", "True", "8"], dev.stderr
+    prod = read_settings(**production)
+    assert prod.stdout.split()[:2] == ["django.core.mail.backends.smtp.EmailBackend", "False"], prod.stderr
+    custom = read_settings(HETEROFLOW_EMAIL_BACKEND="SMTP", HETEROFLOW_NOTIFY_MAX_ATTEMPTS="3",
+                           DEFAULT_FROM_EMAIL="Alerts <alerts@example.test>")
+    assert custom.stdout.strip() == "django.core.mail.backends.smtp.EmailBackend True 3 Alerts <alerts@example.test>"
+    for bad, named in (({"EMAIL_USE_TLS": "true", "EMAIL_USE_SSL": "true"}, "EMAIL_USE_TLS and EMAIL_USE_SSL"),
+                       ({"HETEROFLOW_EMAIL_BACKEND": "carrier-pigeon"}, "HETEROFLOW_EMAIL_BACKEND"),
+                       ({"HETEROFLOW_NOTIFY_MAX_ATTEMPTS": "0"}, "HETEROFLOW_NOTIFY_MAX_ATTEMPTS")):
+        refused = read_settings(**bad)
+        assert refused.returncode != 0 and "ImproperlyConfigured" in refused.stderr and named in refused.stderr
