@@ -107,6 +107,8 @@ def update_channel(channel: NotificationChannel, *, principal, **changes) -> Not
     url = changes.pop("url", None)
     if url is not None and channel.kind != ChannelKind.WEBHOOK:
         raise TypeError("only webhook channels have a URL")
+    if not changes and url is None:
+        return channel  # nothing asked: nothing to save or to record
     if "name" in changes and NotificationChannel.objects.filter(tenant=channel.tenant_id, name=changes["name"]).exclude(
         pk=channel.pk
     ).exists():

@@ -87,7 +87,9 @@ def deliver(delivery_id: int, *, now=None) -> Attempt:
                                "lease": now + timedelta(seconds=lease_seconds())})
         if cursor.fetchone() is None:
             return Attempt("skipped")  # gone, finished, not due yet, or another attempt holds it
-    delivery = NotificationDelivery.objects.select_related("channel__tenant").get(pk=delivery_id)
+    delivery = NotificationDelivery.objects.select_related("channel__tenant").filter(pk=delivery_id).first()
+    if delivery is None:
+        return Attempt("skipped")  # its channel was deleted a moment ago
     channel = delivery.channel
     if delivery.attempts > settings.HETEROFLOW_NOTIFY_MAX_ATTEMPTS:
         # the worker that made the last attempt stopped before recording it
