@@ -27,6 +27,7 @@ PERIODIC_JOBS: dict[str, PeriodicJob] = {
     "scheduler.tick": PeriodicJob("scheduler.tick", every=5.0),
     "scheduler.preemption_watchdog": PeriodicJob("scheduler.preemption_watchdog", every=30.0),
     "alerts.sweep": PeriodicJob("alerts.sweep", every=_seconds("HETEROFLOW_ALERT_SWEEP_SECONDS")),
+    "alerts.dispatch_notifications": PeriodicJob("alerts.dispatch_notifications", every=10.0),
     # also requested every 500 heartbeats; the guard keeps it to once per period
     "nodes.prune_metrics": PeriodicJob("nodes.prune_metrics", every=600.0),
 }

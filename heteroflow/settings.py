@@ -234,7 +234,12 @@ SPECTACULAR_SETTINGS = {
         "TaskStatusEnum": "apps.tasks.choices.TaskStatus",
         "GpuStateEnum": "apps.nodes.choices.GpuState",
         "AlertScopeEnum": "apps.alerts.choices.AlertScope",
+        "AlertTypeEnum": "apps.alerts.choices.AlertType",
+        "SeverityEnum": "apps.alerts.choices.Severity",
         "KeyScopeEnum": "apps.tenants.choices.KeyScope",
+        "TaskKindEnum": "apps.tasks.choices.TaskKind",
+        "ChannelKindEnum": "apps.alerts.choices.ChannelKind",
+        "DeliveryStatusEnum": "apps.alerts.choices.DeliveryStatus",
     },
 }
 
@@ -281,6 +286,40 @@ if HETEROFLOW_PUBLIC_URL:
         raise ImproperlyConfigured(
             f"HETEROFLOW_PUBLIC_URL={HETEROFLOW_PUBLIC_URL!r} is not an http(s) URL like https://hf.example.com"
         )
+
+# --- alert notifications (docs/alerts.md#notification-channels) ---------------------
+# One webhook attempt: connect and read time-outs, each.
+HETEROFLOW_NOTIFY_TIMEOUT_SECONDS = env.float("HETEROFLOW_NOTIFY_TIMEOUT_SECONDS", 5.0, low=0.1, high=60.0)
+# Attempts per delivery (the first one included) before it fails permanently.
+HETEROFLOW_NOTIFY_MAX_ATTEMPTS = env.int("HETEROFLOW_NOTIFY_MAX_ATTEMPTS", 8, low=1, high=20)
+# Back-off after failed attempt n: BACKOFF * 2**(n-1) seconds, at most BACKOFF_MAX (also
+# the cap on a receiver's Retry-After).
+HETEROFLOW_NOTIFY_BACKOFF_SECONDS = env.float("HETEROFLOW_NOTIFY_BACKOFF_SECONDS", 10.0, low=0.1, high=3600.0)
+HETEROFLOW_NOTIFY_BACKOFF_MAX_SECONDS = env.float("HETEROFLOW_NOTIFY_BACKOFF_MAX_SECONDS", 900.0, low=1.0, high=86_400.0)
+# Whether tenants' webhooks may reach loopback, private, link-local and other
+# non-public addresses (the control plane's own network). Operators' webhooks always may.
+HETEROFLOW_NOTIFY_ALLOW_PRIVATE_TARGETS = env.bool("HETEROFLOW_NOTIFY_ALLOW_PRIVATE_TARGETS", not PRODUCTION)
+
+# E-mail (Django's mail backend): notification channels of kind "email".
+EMAIL_BACKENDS = {
+    "smtp": "django.core.mail.backends.smtp.EmailBackend",
+    "console": "django.core.mail.backends.console.EmailBackend",
+    "dummy": "django.core.mail.backends.dummy.EmailBackend",
+}
+EMAIL_BACKEND = EMAIL_BACKENDS[
+    env.choice("HETEROFLOW_EMAIL_BACKEND", "smtp" if PRODUCTION else "console", tuple(EMAIL_BACKENDS))
+]
+EMAIL_HOST = env.str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", 25, low=1, high=65535)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", False)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL cannot both be true (STARTTLS or implicit TLS: pick one)")
+EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", 10.0, low=1.0, high=120.0)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", "HeteroFlow <heteroflow@localhost>")
+EMAIL_SUBJECT_PREFIX = "[HeteroFlow] "
 
 # --- bootstrap ------------------------------------------------------------------------
 HETEROFLOW_ADMIN_USER = env.str("HETEROFLOW_ADMIN_USER", "admin")

@@ -37,3 +37,26 @@ class AlertScope(models.TextChoices):
 # seen by the tenant the alert belongs to; the rest are for platform operators only,
 # because a node has no owner among the tenants that run on it
 TENANT_VISIBLE_SCOPES = (AlertScope.TASK, AlertScope.TENANT)
+
+
+# --- notification channels (apps.alerts.notifications) ----------------------------------
+
+SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2, Severity.CRITICAL: 3}
+
+
+class ChannelKind(models.TextChoices):
+    WEBHOOK = "webhook"
+    EMAIL = "email"
+
+
+class NotificationEvent(models.TextChoices):
+    RAISED = "alert.raised"  # a new ACTIVE alert
+    ENDED = "alert.ended"  # the alert became RESOLVED or RECOVERED
+    TEST = "test"  # asked for through the API, to try the channel
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"  # waiting for its first attempt or for a retry
+    DELIVERED = "delivered"
+    FAILED = "failed"  # permanently: a refusal, or every attempt used
+    CANCELLED = "cancelled"  # its channel was disabled before it went out

@@ -38,3 +38,30 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
+
+
+
+class ChannelCredentials(models.Model):
+    """A webhook notification channel's credentials: its URL (a chat webhook's URL often
+    carries a token of its own) and the secret its deliveries are signed with, keyed by
+    the channel's id (apps.alerts NotificationChannel, in `public`)."""
+
+    channel_id = models.BigIntegerField(unique=True)
+    url = models.TextField()
+    secret = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+    rotated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self):
+        return f"channel {self.channel_id}"
+
+
+class ChannelSecret(ChannelCredentials):
+    """A tenant's channels' credentials, in the tenant's schema. (The operators' channels
+    belong to no tenant: theirs are apps.alerts OperatorChannelSecret, in `public`.)"""
+
+    class Meta:
+        db_table = "channel_secrets"
