@@ -11,12 +11,14 @@ api_v1 = [
     path("", include("apps.nodes.api.urls")),
     path("", include("apps.tasks.api.urls")),
     path("", include("apps.scheduler.api.urls")),
+    path("", include("apps.monitoring.api.urls")),
 ]
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/portal/", permanent=False)),
     path("health", monitoring.health, name="health"),
     path("health/detail", monitoring.health_detail, name="health-detail"),
+    path("metrics", monitoring.metrics, name="metrics"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
