@@ -10,7 +10,10 @@ sets (reason codes, job and task names declared in code), never from requests.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Histogram, disable_created_metrics
+
+# The *_created series double the output and no rule or panel uses them.
+disable_created_metrics()
 
 # --- scheduling ---------------------------------------------------------------------------
 
