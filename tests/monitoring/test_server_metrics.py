@@ -259,3 +259,30 @@ def test_runtime_diagnostics(world, api):
     assert body["pid"] > 0 and body["memory"]["rss_bytes"] > 0
     assert body["threads"]["os"] >= 1 and "MainThread" in body["threads"]["python"]
     assert len(body["gc"]["counts"]) == 3
+
+
+def test_each_worker_sends_the_per_host_jobs_to_its_own_host_queue(settings):
+    from apps.monitoring.processes import PerHostJobs
+
+    settings.HETEROFLOW_SERVER_METRICS_HOST = "cp-9"
+    sent, repeating = [], []
+
+    class App:
+        def send_task(self, name, **options):
+            sent.append((name, options))
+
+    class Timer:
+        def call_repeatedly(self, every, call):
+            repeating.append((every, call))
+            return type("Entry", (), {"cancel": lambda self: repeating.clear()})()
+
+    worker = type("Worker", (), {"app": App(), "timer": Timer()})()
+    step = PerHostJobs(worker)
+    step.start(worker)
+    expected = ("monitoring.collect_server_metrics", {"queue": "heteroflow.host.cp-9", "expires": 30.0})
+    assert sent == [expected]  # at once, so a new host has a sample right away
+    assert [every for every, _ in repeating] == [30.0]
+    repeating[0][1]()
+    assert sent == [expected, expected]
+    step.stop(worker)
+    assert repeating == []
