@@ -13,6 +13,11 @@ app = Celery("heteroflow")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(related_name="jobs")
 
+from apps.monitoring import processes  # noqa: E402
+
+# the worker's and beat's exporters, task counters, the per-host jobs (docs/monitoring.md)
+processes.install(app)
+
 
 @app.on_after_configure.connect
 def _install_beat_schedule(sender, **kwargs):

@@ -9,3 +9,7 @@ from apps.nodes.api.heartbeat import HeartbeatApp  # noqa: E402  (needs Django s
 
 # The heartbeat route sits in front of Django; everything else is Django's.
 application = HeartbeatApp(django_application)
+
+from apps.monitoring import listener  # noqa: E402
+
+listener.start_for_web()  # METRICS_LISTEN_ADDR, when set

@@ -73,6 +73,20 @@ class Env:
                 raise ImproperlyConfigured(f"{name}: {value!r} is not an IP address or network") from None
         return values
 
+    def address(self, name: str) -> tuple[str, int] | None:
+        """A listening address HOST:PORT ([::1]:9090 for IPv6; :9090 for every interface),
+        or None when unset."""
+        raw = self.str(name)
+        if raw is None:
+            return None
+        host, sep, port = raw.rpartition(":")
+        if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ImproperlyConfigured(f"{name}={raw!r} is not HOST:PORT with a port in 1..65535 (e.g. 127.0.0.1:9090)")
+        host = host.removeprefix("[").removesuffix("]") or "0.0.0.0"
+        if any(c.isspace() or c in "/[]" for c in host):
+            raise ImproperlyConfigured(f"{name}={raw!r}: {host!r} is not a host name or address")
+        return host, int(port)
+
     def list(self, name: str, default: list[str]) -> list[str]:
         raw = self.str(name)
         if raw is None:

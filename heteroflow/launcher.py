@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,8 +120,17 @@ def wait_for_web(url: str, child: subprocess.Popen) -> bool:
     return False
 
 
+def metrics_group_env(env: dict, data_dir: Path, group: str) -> dict:
+    """An empty multiprocess metrics folder of the group's own (docs/monitoring.md)."""
+    folder = data_dir / "metrics" / group
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return env | {"PROMETHEUS_MULTIPROC_DIR": str(folder)}
+
+
 def base_env(stores, data_dir: Path) -> dict:
     env = dict(os.environ)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # set per process group
     env.update(
         DATABASE_URL=stores.database_url,
         REDIS_URL=stores.redis_url,
@@ -161,11 +171,16 @@ def up(args) -> int:
         supervisor.start(
             "web",
             [PYTHON, "-m", "uvicorn", "heteroflow.asgi:application", "--host", bind, "--port", str(port), "--lifespan", "off", "--no-proxy-headers"],
+            metrics_group_env(env, data_dir, "web"),
         )
-        supervisor.start("worker", [PYTHON, "-m", "celery", "-A", "celery_worker", "worker", "--loglevel", "INFO", "--concurrency", "2"])
+        supervisor.start(
+            "worker", [PYTHON, "-m", "celery", "-A", "celery_worker", "worker", "--loglevel", "INFO", "--concurrency", "2"],
+            metrics_group_env(env, data_dir, "worker"),
+        )
         supervisor.start(
             "beat",
             [PYTHON, "-m", "celery", "-A", "celery_worker", "beat", "--loglevel", "INFO", "--schedule", str(data_dir / "celerybeat-schedule")],
+            metrics_group_env(env, data_dir, "beat"),
         )
         agent = local_agent_command(os.environ)
         if agent:
@@ -192,6 +207,7 @@ def up(args) -> int:
     API docs      {base}/api/docs/
     OpenAPI       {base}/api/schema/
     health        {base}/health
+    metrics       {base}/metrics
   Logs in {log_dir}. Press Ctrl-C to stop.
 """,
             flush=True,

@@ -132,6 +132,9 @@ DB_CONNECT_TIMEOUT = env.int("HETEROFLOW_DB_CONNECT_TIMEOUT", 5, low=1, high=60)
 DB_POOL_SIZE = env.int("HETEROFLOW_DB_POOL_SIZE", 10, low=0, high=200)
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL)}
 DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"
+# django-tenants builds on this backend: django-prometheus's, which counts connections,
+# statements, their duration and errors (django_db_* in /metrics).
+ORIGINAL_BACKEND = "django_prometheus.db.backends.postgresql"
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT
 if DB_POOL_SIZE:
     DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DB_POOL_SIZE, "timeout": 10}
@@ -320,6 +323,27 @@ if EMAIL_USE_TLS and EMAIL_USE_SSL:
 EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", 10.0, low=1.0, high=120.0)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", "HeteroFlow <heteroflow@localhost>")
 EMAIL_SUBJECT_PREFIX = "[HeteroFlow] "
+
+# --- monitoring (docs/monitoring.md) --------------------------------------------------
+# Control-plane host samples (server_metrics); METRICS_RETENTION_HOURS above is the
+# nodes' own metrics.
+HETEROFLOW_SERVER_METRICS_RETENTION_HOURS = env.int("HETEROFLOW_SERVER_METRICS_RETENTION_HOURS", 168, low=1, high=8_760)
+# The name this host's samples are kept under; empty: the machine's host name.
+HETEROFLOW_SERVER_METRICS_HOST = env.str("HETEROFLOW_SERVER_METRICS_HOST", "")
+# /metrics answers loopback, RFC 1918 and CGNAT peers only, unless this is true.
+HETEROFLOW_METRICS_ALLOW_PUBLIC = env.bool("HETEROFLOW_METRICS_ALLOW_PUBLIC", False)
+# A separate listener of the web process (/metrics, /healthz, /readyz), and the exporters
+# of the Celery worker and beat processes. Unset: none.
+METRICS_LISTEN_ADDR = env.address("METRICS_LISTEN_ADDR")
+HETEROFLOW_WORKER_METRICS_ADDR = env.address("HETEROFLOW_WORKER_METRICS_ADDR")
+HETEROFLOW_BEAT_METRICS_ADDR = env.address("HETEROFLOW_BEAT_METRICS_ADDR")
+# prometheus_client reads this variable itself, before any metric exists; it must name an
+# existing folder of this process group's own (docs/monitoring.md#several-processes).
+PROMETHEUS_MULTIPROC_DIR = env.str("PROMETHEUS_MULTIPROC_DIR")
+if PROMETHEUS_MULTIPROC_DIR and not Path(PROMETHEUS_MULTIPROC_DIR).is_dir():
+    raise ImproperlyConfigured(
+        f"PROMETHEUS_MULTIPROC_DIR={PROMETHEUS_MULTIPROC_DIR!r} is not a folder; create it (empty) before starting"
+    )
 
 # --- bootstrap ------------------------------------------------------------------------
 HETEROFLOW_ADMIN_USER = env.str("HETEROFLOW_ADMIN_USER", "admin")

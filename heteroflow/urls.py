@@ -14,12 +14,14 @@ api_v1 = [
     # before any alerts/<...> route, so "channels" is never read as an alert's id
     path("", include("apps.alerts.api.channel_urls")),
     path("", include("apps.alerts.api.urls")),
+    path("", include("apps.monitoring.api.urls")),
 ]
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/portal/", permanent=False)),
     path("health", monitoring.health, name="health"),
     path("health/detail", monitoring.health_detail, name="health-detail"),
+    path("metrics", monitoring.metrics, name="metrics"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

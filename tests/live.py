@@ -37,16 +37,21 @@ def wait_until(check, timeout: float, what: str):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def start_control_plane(port: int | None = None) -> tuple[subprocess.Popen, str]:
-    """uvicorn serving heteroflow.asgi on this test run's database (on `port`, to bring
-    a stopped one back where its agents look for it)."""
-    port = port or free_port()
+def server_env(**extra) -> dict:
+    """The environment of a server process working on this test run's database."""
     test_database = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path="/" + connection.settings_dict["NAME"]))
-    env = os.environ | {"DATABASE_URL": test_database, "HETEROFLOW_ENV": "test"}
+    return os.environ | {"DATABASE_URL": test_database, "HETEROFLOW_ENV": "test"} | extra
+
+
+def start_control_plane(port: int | None = None, *, env: dict | None = None, args: tuple = ()) -> tuple[subprocess.Popen, str]:
+    """uvicorn serving heteroflow.asgi on this test run's database (on `port`, to bring
+    a stopped one back where its agents look for it; `env` and `args` add to its
+    environment and command line)."""
+    port = port or free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "heteroflow.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--lifespan", "off", "--no-proxy-headers", "--log-level", "warning"],
-        cwd=REPO, env=env, start_new_session=True,
+         "--lifespan", "off", "--no-proxy-headers", "--log-level", "warning", *args],
+        cwd=REPO, env=server_env(**(env or {})), start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
 

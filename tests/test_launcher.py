@@ -106,6 +106,19 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
         )
         result = subprocess.run([sys.executable, "manage.py", "shell", "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert "RUNS 1" in result.stdout, result.stdout + result.stderr
+        # each worker samples its own host as it starts; each process group keeps its
+        # metrics in a folder of its own
+        sampled = (
+            "import time, socket; from apps.monitoring.models import ServerMetric; deadline = time.monotonic() + 60\n"
+            "while time.monotonic() < deadline and not ServerMetric.objects.filter(host=socket.gethostname()).exists():\n"
+            "    time.sleep(0.2)\n"
+            "print('SAMPLES', ServerMetric.objects.filter(host=socket.gethostname()).count())"
+        )
+        result = subprocess.run([sys.executable, "manage.py", "shell", "-c", sampled], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert "SAMPLES 0" not in result.stdout and "SAMPLES" in result.stdout, result.stdout + result.stderr
+        assert list((data_dir / "metrics" / "worker").glob("*.db")) and list((data_dir / "metrics" / "web").glob("*.db"))
+        scraped = requests.get(f"{base}/metrics", timeout=10)
+        assert scraped.status_code == 200 and "heteroflow_scheduler_running" in scraped.text
 
         headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         # the local agent registered this machine as a node, under the id it keeps

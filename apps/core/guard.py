@@ -10,7 +10,9 @@ arrives before most of the period has passed is EARLY and does nothing.
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,6 +23,7 @@ from django.db import transaction
 from apps.core import locks
 from apps.core.clock import utcnow
 from apps.core.models import JobRun
+from apps.monitoring import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,14 @@ def run_guarded(
 ) -> GuardResult:
     """`respect_period=False` is for on-demand runs (a new task should be scheduled now):
     still never two at once, but not held back by the period."""
+    started = time.monotonic()
+    result = _run_guarded(key, every, work, now=now, respect_period=respect_period)
+    ran = result.outcome in (Outcome.RAN, Outcome.FAILED)
+    metrics.record_job(key, result.outcome, time.monotonic() - started if ran else None)
+    return result
+
+
+def _run_guarded(key, every, work, *, now, respect_period) -> GuardResult:
     now = now or utcnow()
     with transaction.atomic():
         if not locks.try_xact_lock(f"job:{key}"):
@@ -71,8 +82,23 @@ def run_guarded(
         return GuardResult(Outcome.RAN, value)
 
 
-def run_periodic(key: str, work: Callable[[], Any], *, now: datetime | None = None, respect_period: bool = True) -> GuardResult:
-    """Run a job declared in heteroflow/beat.py under its own guard and period."""
+def run_periodic(
+    key: str, work: Callable[[], Any], *, now: datetime | None = None, respect_period: bool = True, host: str | None = None
+) -> GuardResult:
+    """Run a job declared in heteroflow/beat.py under its own guard and period; a
+    per-host job under one guard per host."""
     from heteroflow.beat import PERIODIC_JOBS
 
-    return run_guarded(key, timedelta(seconds=PERIODIC_JOBS[key].every), work, now=now, respect_period=respect_period)
+    every = timedelta(seconds=PERIODIC_JOBS[key].every)
+    return run_guarded(per_host_key(key, host) if host else key, every, work, now=now, respect_period=respect_period)
+
+
+JOB_KEY_MAX_LENGTH = 100  # JobRun.key
+
+
+def per_host_key(key: str, host: str) -> str:
+    whole = f"{key}@{host}"
+    if len(whole) <= JOB_KEY_MAX_LENGTH:
+        return whole
+    digest = hashlib.blake2b(host.encode(), digest_size=6).hexdigest()
+    return f"{key}@{host[: JOB_KEY_MAX_LENGTH - len(key) - len(digest) - 2]}~{digest}"

@@ -1,8 +1,9 @@
-"""Answers liveness probes before anything that could turn them away.
+"""Answers liveness probes and Prometheus scrapes before anything that could turn them away.
 
-Load balancers and orchestrators probe by IP over plain HTTP: Django's host check would
-answer 400 and the HTTPS redirect 301, and a probe would call a healthy instance dead.
-The probes reveal nothing but a status word, so they are answered first.
+Load balancers, orchestrators and scrapers come by IP over plain HTTP: Django's host
+check would answer 400 and the HTTPS redirect 301, and a probe would call a healthy
+instance dead. The probes reveal nothing but a status word, and /metrics keeps its own
+gate (the peer address), so they are answered first.
 
 Sync and async capable, so that under ASGI it adds no thread hop to other requests.
 """
@@ -11,7 +12,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 
 from apps.monitoring import views
 
-PROBES = {"/health": views.health, "/health/detail": views.health_detail}
+PROBES = {"/health": views.health, "/health/detail": views.health_detail, "/metrics": views.metrics}
 
 
 class HealthProbeMiddleware:

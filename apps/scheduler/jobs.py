@@ -8,6 +8,7 @@ import logging
 from celery import shared_task
 
 from apps.core.guard import Outcome, run_periodic
+from apps.monitoring import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -17,6 +18,9 @@ def tick_job(immediate: bool = False) -> str:
     from apps.scheduler.services import run_cycle
 
     result = run_periodic("scheduler.tick", run_cycle, respect_period=not immediate)
+    if result.outcome == Outcome.RAN and result.value.considered:  # cycles that found the queue empty are not timed
+        cycle = result.value
+        metrics.record_cycle(sum(cycle.phases.values()), len(cycle.bound), len(cycle.lost_races))
     if result.outcome == Outcome.RAN and result.value.backlog:
         schedule_now()
     return result.outcome

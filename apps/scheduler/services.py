@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from itertools import combinations
 from operator import attrgetter
 
@@ -22,6 +23,7 @@ from rest_framework.exceptions import ValidationError
 from apps.core.cas import check_transition
 from apps.core.errors import Conflict
 from apps.core.clock import utcnow
+from apps.monitoring import metrics
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.core import (
     PREEMPT_STAGES,
@@ -330,7 +332,7 @@ BIND_CAS = """
         updated_at = %s
     FROM unnest(%s::bigint[], %s::text[], %s::int[]) AS v(id, node_id, host_port)
     WHERE t.id = v.id AND t.status = %s
-    RETURNING t.id
+    RETURNING t.id, extract(epoch FROM t.updated_at - t.created_at)
 """
 
 # Inference services are published on a host port of their node.
@@ -426,7 +428,9 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
                 S.SCHEDULED, utcnow(), [d.task_id for d in still_valid], [d.node_id for d in still_valid],
                 [ports[d.task_id] for d in still_valid], S.PENDING,
             ])
-            won = {row[0] for row in cursor.fetchall()}
+            bound_rows = cursor.fetchall()
+            won = {row[0] for row in bound_rows}
+            transaction.on_commit(partial(metrics.record_binds, [float(row[1]) for row in bound_rows]))
             cards = [(d, index) for d in still_valid if d.task_id in won for index in d.gpu_indices]
             if cards:
                 cursor.execute(ALLOCATE, [

@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from apps.core.clock import utcnow
 from apps.core.db import libpq_params
 from apps.core.errors import error_body
+from apps.monitoring.metrics import record_heartbeat
 from apps.nodes import heartbeat
 from apps.nodes.protocol import heartbeat_errors
 
@@ -118,6 +119,7 @@ class HeartbeatApp:
             headers = []
         except HttpError as exc:
             status, body, headers = exc.status, exc.body, exc.headers
+        record_heartbeat(status, body.get("error", {}).get("code"))
         payload = orjson.dumps(body)
         await send({
             "type": "http.response.start",

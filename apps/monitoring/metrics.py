@@ -1,0 +1,117 @@
+"""The heteroflow_* metrics that processes count as things happen. Those that describe
+the cluster as it is (nodes, GPUs, the queue, alerts) are computed at scrape time
+instead, from the database (apps.monitoring.exposition), so every instance agrees.
+
+Counters and histograms only: with PROMETHEUS_MULTIPROC_DIR set each process writes
+them to its own file and the exporter adds the files up, which is right for these two
+kinds (a gauge would need a rule for combining processes). Label values come from fixed
+sets (reason codes, job and task names declared in code), never from requests.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram, disable_created_metrics
+
+# The *_created series double the output and no rule or panel uses them.
+disable_created_metrics()
+
+# --- scheduling ---------------------------------------------------------------------------
+
+TASKS_SCHEDULED = Counter("heteroflow_tasks_scheduled", "Tasks bound to a node by the scheduler.")
+SCHEDULE_LATENCY = Histogram(
+    "heteroflow_schedule_latency_seconds",
+    "Time from a task's creation to its bind to a node.",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600),
+)
+CYCLE_DURATION = Histogram(
+    "heteroflow_scheduler_cycle_duration_seconds",
+    "Duration of one scheduler cycle (queue, snapshot, decide, bind, preempt, explain).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+BINDS_PER_CYCLE = Histogram(
+    "heteroflow_scheduler_binds_per_cycle",
+    "Tasks bound in one scheduler cycle.",
+    buckets=(0, 1, 2, 5, 10, 20, 50, 100, 200),
+)
+BIND_CONFLICTS = Counter(
+    "heteroflow_scheduler_bind_conflicts",
+    "Decisions that bind refused because the live state had changed (decided again next cycle).",
+)
+
+
+def record_binds(latencies_seconds) -> None:
+    """Bound tasks, each with its time from creation to bind."""
+    TASKS_SCHEDULED.inc(len(latencies_seconds))
+    for latency in latencies_seconds:
+        SCHEDULE_LATENCY.observe(max(0.0, latency))
+
+
+def record_cycle(duration_seconds: float, bound: int, conflicts: int) -> None:
+    CYCLE_DURATION.observe(duration_seconds)
+    BINDS_PER_CYCLE.observe(bound)
+    if conflicts:
+        BIND_CONFLICTS.inc(conflicts)
+
+
+# --- heartbeats ---------------------------------------------------------------------------
+
+HEARTBEATS_RECEIVED = Counter(
+    "heteroflow_heartbeats_received", "Heartbeat requests that reached the heartbeat route, applied or not."
+)
+HEARTBEATS_REJECTED = Counter(
+    "heteroflow_heartbeats_rejected", "Heartbeats not applied, by the error code of the answer.", ["reason"]
+)
+# The heartbeat route's error codes; anything else counts as "other".
+HEARTBEAT_REJECT_REASONS = (
+    "bad_request", "https_required", "method_not_allowed", "not_authenticated", "authentication_failed",
+    "permission_denied", "invalid", "parse_error", "payload_too_large", "unavailable", "other",
+)
+# Bound once: the heartbeat is the hottest path, and this also shows every reason at 0.
+_REJECTED = {reason: HEARTBEATS_REJECTED.labels(reason) for reason in HEARTBEAT_REJECT_REASONS}
+
+
+def record_heartbeat(status: int, error_code: str | None) -> None:
+    HEARTBEATS_RECEIVED.inc()
+    if status != 200:
+        _REJECTED.get(error_code or "other", _REJECTED["other"]).inc()
+
+
+# --- periodic jobs and Celery -------------------------------------------------------------
+
+JOB_RUNS = Counter(
+    "heteroflow_periodic_job_runs",
+    "Deliveries of a periodic job by what the guard made of them (ran, busy, early, failed).",
+    ["job", "outcome"],
+)
+JOB_DURATION = Histogram(
+    "heteroflow_periodic_job_duration_seconds",
+    "Duration of the periodic jobs that ran (or failed).",
+    ["job"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+
+def job_label(key: str) -> str:
+    """A per-host job's guard key carries the host (key@host); the label does not."""
+    return key.split("@", 1)[0]
+
+
+def record_job(key: str, outcome: str, duration_seconds: float | None) -> None:
+    job = job_label(key)
+    JOB_RUNS.labels(job, outcome).inc()
+    if duration_seconds is not None:
+        JOB_DURATION.labels(job).observe(duration_seconds)
+
+
+CELERY_TASKS_PUBLISHED = Counter(
+    "heteroflow_celery_tasks_published", "Celery tasks this process sent to the broker (beat's ticks among them).", ["task"]
+)
+CELERY_TASK_RUNS = Counter(
+    "heteroflow_celery_task_runs", "Celery tasks this worker ran, by outcome (success, failure, retry).", ["task", "outcome"]
+)
+CELERY_TASK_DURATION = Histogram(
+    "heteroflow_celery_task_duration_seconds",
+    "Duration of the Celery tasks this worker ran.",
+    ["task"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
