@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: up test install stores clean-data bench bench-scheduler bench-agent
+.PHONY: up test install stores clean-data bench bench-scheduler bench-agent bench-sweep
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -37,3 +37,6 @@ bench-scheduler: $(DEPS_STAMP)
 
 bench-agent: $(DEPS_STAMP)
 	$(BIN)/python bench/agent_resources.py $(BENCH_ARGS)
+
+bench-sweep: $(DEPS_STAMP)
+	$(BIN)/python bench/sweep.py $(BENCH_ARGS)

@@ -1,11 +1,12 @@
-"""Operators' admin for notification channels: a view of channels and their deliveries,
-and actions that go through the services like the API. Channels are created through the
+"""Operators' admin for alerts (resolve, acknowledge) and notification channels: a view of
+channels and their deliveries, and actions that go through the services like the API. Channels are created through the
 API or the portal, whose answer shows a webhook's secret once; the admin never shows a
 webhook's URL or secret (they live in the tenant's schema)."""
 
 from django.contrib import admin, messages
 
-from apps.alerts.models import NotificationChannel, NotificationDelivery
+from apps.alerts import services as alert_services
+from apps.alerts.models import Alert, NotificationChannel, NotificationDelivery
 from apps.alerts.notifications import channels as services
 from apps.core.errors import Conflict
 from apps.core.principals import Principal, PrincipalKind
@@ -13,6 +14,38 @@ from apps.core.principals import Principal, PrincipalKind
 
 def operator(request) -> Principal:
     return Principal(PrincipalKind.OPERATOR, user=request.user)
+
+
+@admin.register(Alert)
+class AlertAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "type", "severity", "scope", "state", "node_id", "task", "tenant", "acknowledged_at",
+                    "ended_at"]
+    list_filter = ["state", "type", "severity", "scope", "tenant"]
+    search_fields = ["key", "node_id", "message"]
+    date_hierarchy = "created_at"
+    list_select_related = ["tenant", "task"]
+    readonly_fields = [field.name for field in Alert._meta.fields]
+    actions = ["resolve", "acknowledge"]
+
+    def has_add_permission(self, request):
+        return False  # alerts are raised by the control plane, never by hand
+
+    def has_change_permission(self, request, obj=None):
+        return False  # resolve and acknowledge are the only changes (the actions below)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # the history stays
+
+    @admin.action(description="Resolve selected alerts")
+    def resolve(self, request, queryset):
+        done = sum(alert_services.resolve_alert(alert, request.user) for alert in queryset)
+        self.message_user(request, f"Resolved {done} alert(s); {queryset.count() - done} had already ended.",
+                          messages.SUCCESS)
+
+    @admin.action(description="Acknowledge selected alerts")
+    def acknowledge(self, request, queryset):
+        done = sum(alert_services.acknowledge_alert(alert, request.user) for alert in queryset)
+        self.message_user(request, f"Acknowledged {done} alert(s).", messages.SUCCESS)
 
 
 @admin.register(NotificationChannel)
