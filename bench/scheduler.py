@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from heteroflow.embedded import ensure_data_stores  # noqa: E402
+from bench.scratch import scratch_django  # noqa: E402
 
 DB_NAME = "heteroflow_bench_sched"
 
@@ -52,35 +49,9 @@ def main() -> int:
         )
     args.nodes = sizes[0]
 
-    scratch = Path(tempfile.mkdtemp(prefix="hf-bench-sched-"))
-    stores = ensure_data_stores(scratch, os.environ)
-    import psycopg
-
-    from urllib.parse import urlsplit, urlunsplit
-
-    admin_url = stores.database_url
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
-    os.environ.update(
-        DATABASE_URL=urlunsplit(urlsplit(admin_url)._replace(path="/" + DB_NAME)),
-        REDIS_URL=stores.redis_url,
-        HETEROFLOW_ENV="production",
-        SECRET_KEY=secrets.token_urlsafe(50),
-        HETEROFLOW_AGENT_SECRET=secrets.token_urlsafe(24),
-        ALLOWED_HOSTS="localhost",
-        HETEROFLOW_DATA_DIR=str(scratch),
-        HETEROFLOW_LOG_LEVEL="warning",
-        DJANGO_SETTINGS_MODULE="heteroflow.settings",
-    )
-    try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
+    with scratch_django(DB_NAME, "hf-bench-sched-", keep=bool(os.environ.get("BENCH_KEEP_DB"))):
         from django.db import connection, transaction
 
-        call_command("migrate_schemas", interactive=False, verbosity=0)
         from apps.scheduler import core, services
         from apps.scheduler.models import QueueCursor
         from apps.tasks.models import Task
@@ -187,15 +158,6 @@ def main() -> int:
         best = min(decide_times)
         print(f"  in-memory decisions for 200 tasks on {args.nodes} nodes  {best * 1000:.0f} ms ({best / len(batch) * 1000:.2f} ms per task; worst of 5 runs {max(decide_times) * 1000:.0f} ms)")
         return 0
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if not os.environ.get("BENCH_KEEP_DB"):  # kept: for EXPLAIN ANALYZE by hand (only with DATABASE_URL)
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        stores.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from heteroflow.embedded import ensure_data_stores  # noqa: E402
+from bench.scratch import scratch_django  # noqa: E402
 
 DB_NAME = "heteroflow_bench_sweep"
 HEALTHY = 10
@@ -101,32 +98,11 @@ def main() -> int:
     parser.add_argument("--nodes", default="250,500,1000,2000,4000", help="fleet sizes that fail, comma-separated")
     args = parser.parse_args()
     sizes = [int(size) for size in args.nodes.split(",") if size.strip()]
-    scratch = Path(tempfile.mkdtemp(prefix="hf-bench-sweep-"))
-    stores = ensure_data_stores(scratch, os.environ)
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg
-
-    admin_url = stores.database_url
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
-    os.environ.update(
-        DATABASE_URL=urlunsplit(urlsplit(admin_url)._replace(path="/" + DB_NAME)), REDIS_URL=stores.redis_url,
-        HETEROFLOW_ENV="production", SECRET_KEY=secrets.token_urlsafe(50), HETEROFLOW_AGENT_SECRET=secrets.token_urlsafe(24),
-        ALLOWED_HOSTS="localhost", HETEROFLOW_DATA_DIR=str(scratch), HETEROFLOW_LOG_LEVEL="warning",
-        DJANGO_SETTINGS_MODULE="heteroflow.settings",
-    )
-    try:
-        import django
-
-        django.setup()
+    with scratch_django(DB_NAME, "hf-bench-sweep-"):
         from datetime import timedelta
 
-        from django.core.management import call_command
         from django.db import connection
 
-        call_command("migrate_schemas", interactive=False, verbosity=0)
         from apps.alerts.failures import sweep
         from apps.core.clock import utcnow
         from apps.tenants.services import create_tenant
@@ -146,15 +122,7 @@ def main() -> int:
             _, after, _ = timed(lambda: sweep(utcnow() + timedelta(seconds=1)))
             print(f"{size:>6} {steady * 1000:>10.1f} {mass * 1000:>16.1f} {mass / size * 1e6:>12.0f} {queries:>8} "
                   f"{after * 1000:>9.1f}", flush=True)
-        return 0
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        stores.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -54,15 +54,19 @@ def start_control_plane(port: int | None = None, *, env: dict | None = None, arg
         cwd=REPO, env=server_env(**(env or {})), start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
+    wait_for_web(url)
+    return server, url
 
+
+def wait_for_web(url: str, timeout: float = 60) -> None:
+    """Until the control plane at `url` answers its health probe (503 included: it is up)."""
     def up():
         try:
             return requests.get(f"{url}/health", timeout=1).status_code in (200, 503)
         except requests.RequestException:
             return False
 
-    wait_until(up, 60, "the control plane")
-    return server, url
+    wait_until(up, timeout, f"the control plane at {url}")
 
 
 def stop_process(process: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 30) -> None:

@@ -10,18 +10,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import requests
 from django.conf import settings
-from django.db import connection
 
-from tests.live import REPO, free_port, stop_process, wait_until
-
-
-def database_env() -> dict:
-    url = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path="/" + connection.settings_dict["NAME"]))
-    return os.environ | {"DATABASE_URL": url, "HETEROFLOW_ENV": "test"}
+from tests.live import REPO, free_port, server_env, stop_process, wait_for_web, wait_until
 
 
 class Fleet:
@@ -67,7 +59,7 @@ class ControlPlane:
     def __init__(self, log_dir: Path, **settings_env: str):
         self.log_dir, self.port = log_dir, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = database_env() | settings_env
+        self.env = server_env(**settings_env)
         self.processes: dict[str, subprocess.Popen] = {}
         self.starts = 0
 
@@ -86,14 +78,7 @@ class ControlPlane:
             with open(self.log_dir / f"{name}-{self.starts}.log", "w") as log:
                 self.processes[name] = subprocess.Popen(argv, cwd=REPO, env=self.env, start_new_session=True,
                                                         stdout=log, stderr=subprocess.STDOUT)
-
-        def up():
-            try:
-                return requests.get(f"{self.url}/health", timeout=1).status_code in (200, 503)
-            except requests.RequestException:
-                return False
-
-        wait_until(up, 60, "the control plane's web server")
+        wait_for_web(self.url)
         return self
 
     def restart(self) -> None:
