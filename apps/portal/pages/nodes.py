@@ -58,8 +58,11 @@ def node_list(request):
         node.cards = list(node.gpus.all())
         for gpu in node.cards:
             gpu.shown_state = gpu_state(gpu)
-        totals = [gpu.memory_total_mb for gpu in node.cards if gpu.memory_total_mb]
+        present = [gpu for gpu in node.cards if not gpu.lost_at]
+        totals = [gpu.memory_total_mb for gpu in present if gpu.memory_total_mb]
+        used = [gpu.memory_used_mb for gpu in present if gpu.memory_used_mb is not None]
         node.gpu_memory_total_mb = sum(totals) if totals else None
+        node.gpu_memory_in_use_mb = sum(used) if used else None
     return render(request, "portal/nodes.html", {
         "page": page, "q": q, "sort": sort, "sorts": SORT_LABELS,
         "gpus": selectors.gpu_summary(principal), "scheduling": scheduling_summary(principal),

@@ -30,6 +30,7 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium; .ci/run installs it)", allow_module_level=True)
 
 from django.conf import settings  # noqa: E402
+from django.contrib.contenttypes.models import ContentType  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections  # noqa: E402
 
@@ -144,7 +145,8 @@ def clean_database() -> None:
         cursor.execute("DELETE FROM node_metrics")
     for tenant in Tenant.objects.all():
         tenant.delete(force_drop=True)
-    call_command("flush", interactive=False, verbosity=0, inhibit_post_migrate=True)
+    call_command("flush", interactive=False, verbosity=0)  # post_migrate puts the content types back
+    ContentType.objects.clear_cache()
 
 
 @pytest.fixture(scope="module")
@@ -282,6 +284,11 @@ def test_operator_node_monitor_switches_range_with_charts(operator):
     expect(page).to_have_url(re.compile(r"gpu=3"))
     assert charts_drawn(page, "chart-utilization") == six_hours
     operator.shot("node-monitor")
+    # auto-refresh reads the node's JSON with the session and redraws (the 90 s tick, called now)
+    with page.expect_response(lambda r: "/api/v1/nodes/metrics/gpu-h100-02?hours=6" in r.url) as answer:
+        page.evaluate("window.heteroflowMonitor.refresh()")
+    assert answer.value.status == 200 and len(answer.value.json()["points"]) == six_hours
+    expect(page.locator("#updated")).to_contain_text(f"{six_hours} points, 60 s each")
     # the Ascend cards report no temperature: "not supported", not a flat zero
     operator.go("/portal/nodes/monitor/?node=npu-910b-03")
     expect(page.locator('[data-live="temperature"]')).to_have_text("not supported")
@@ -427,3 +434,15 @@ def test_member_cannot_open_another_tenants_task_until_switching(member, live):
     expect(page.locator("h1")).to_contain_text("vega-secret-job")
     page.select_option("#tenant-switch", "orbit")
     expect(page.locator("main")).to_contain_text("Acting in tenant Orbit Labs as member")
+
+
+def test_operator_sees_the_placed_task_on_the_nodes_page(operator):
+    page = operator.page
+    operator.go("/portal/nodes/")
+    # the member's task holds two cards; the same cycle placed Vega's one-card task
+    expect(page.locator('[data-summary="busy"]')).to_have_text("3")
+    expect(page.locator('[data-summary="success-rate"]')).to_have_text("100.0%")
+    expect(page.locator(".gpu-cell.busy")).to_have_count(3)
+    tasks = [int(n) for n in page.locator("[data-tasks]").all_inner_texts()]
+    assert sorted(tasks, reverse=True) == tasks == [1, 1, 0, 0]  # the default order: most tasks first
+    operator.shot("nodes-busy")  # the README's picture
