@@ -9,6 +9,7 @@ from functools import wraps
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from rest_framework import exceptions as api_errors
 
 from apps.core.authentication import principal_for_session
 from apps.tenants.choices import Role
@@ -21,7 +22,10 @@ def portal_page(view):
     @login_required
     @wraps(view)
     def wrapped(request, *args, **kwargs):
-        request.principal = principal_for_session(request, request.user)
+        try:
+            request.principal = principal_for_session(request, request.user)
+        except api_errors.PermissionDenied as exc:  # a tenant header naming a tenant not theirs
+            raise PermissionDenied(str(exc.detail)) from None
         return view(request, *args, **kwargs)
 
     return wrapped

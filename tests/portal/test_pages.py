@@ -398,3 +398,16 @@ def test_operators_manage_members_of_any_tenant(client, world):
     assert "beta-viewer" in page(operator, "/portal/members/?tenant=beta")
     operator.post("/portal/members/", {"tenant": "beta", "username": "acme-member", "role": "member"})
     assert Membership.objects.filter(user__username="acme-member", tenant__slug="beta").exists()
+
+
+def test_a_user_of_no_tenant_sees_nothing_and_a_foreign_tenant_header_is_refused(client, world, cluster):
+    from tests.factories import UserFactory
+
+    loner = signed_in(client, UserFactory(username="loner"))
+    html = page(loner, "/portal/")
+    assert "not a member of any tenant" in html and status_bar(html) == {"gpus-online": 0, "tasks-running": 0, "alerts-active": 0}
+    assert "alpha" not in page(loner, "/portal/nodes/")
+    page(loner, "/portal/tasks/new/", 403)
+    page(loner, "/portal/keys/", 403)
+    member = signed_in(client, world.users["acme-member"])
+    assert member.get("/portal/", HTTP_X_HETEROFLOW_TENANT="beta").status_code == 403
