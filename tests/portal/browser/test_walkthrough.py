@@ -58,7 +58,8 @@ REPO = Path(__file__).resolve().parents[3]
 SCREENSHOTS = REPO / "test-artefacts" / "screenshots"
 PASSWORD = "pw-for-browser-tests"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
+                 "--disable-sync", "--no-first-run", "--disable-quic",
+                 "--disable-dev-shm-usage"]  # containers often have a small /dev/shm
 WAIT_MS = 10_000  # the longest any single expectation waits
 
 
@@ -151,12 +152,13 @@ def clean_database() -> None:
 
 @pytest.fixture(scope="module")
 def live(django_db_setup, django_db_blocker):
-    # Playwright's sync API keeps an event loop in this thread; the test's own database
-    # calls are plain synchronous ones between browser steps.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with django_db_blocker.unblock():
         server, url = start_control_plane()
+        # Playwright's sync API keeps an event loop in this thread; the test's own database
+        # calls are plain synchronous ones between browser steps. (Set after the server
+        # started: it must not inherit this.)
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
         try:
             data = build_cluster(url)
             with sync_api.sync_playwright() as playwright:
