@@ -182,6 +182,9 @@ class GpuAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # only a lost card can be removed: the action below
 
+    def has_change_permission(self, request, obj=None):
+        return False  # read only: saving the row would race with the heartbeat that writes it
+
     @admin.display(description="state")
     def state_shown(self, gpu):
         return gpu_state(gpu)

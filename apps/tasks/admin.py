@@ -36,6 +36,9 @@ class TaskAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # a task's history stays; cancel it instead
 
+    def has_change_permission(self, request, obj=None):
+        return False  # read only: a task's status moves only through the services' compare-and-set
+
     @admin.action(description="Cancel or stop")
     def cancel(self, request, queryset):
         for task in queryset:

@@ -143,3 +143,13 @@ def test_tenant_groups_are_saved_through_the_service(admin, world):
     admin.post(f"/admin/tenants/tenantgroup/{group.pk}/change/", {"name": "shared-pool", "description": "x",
                                                                   "tenants": [world.tenants["acme"].pk]})
     assert list(group.tenants.values_list("slug", flat=True)) == ["acme"]
+
+
+def test_tasks_and_gpus_cannot_be_saved_whole_in_the_admin(admin, world, cluster):
+    task = task_services.create_task(tenant=world.tenants["acme"], name="t", image="x", gpu_required=1)
+    html = admin.get(f"/admin/tasks/task/{task.pk}/change/").content.decode()
+    assert "t (pending)" in html and 'name="_save"' not in html  # a view, not a form
+    assert admin.post(f"/admin/tasks/task/{task.pk}/change/", {"status": "completed"}).status_code == 403
+    assert Task.objects.get(pk=task.pk).status == "pending"
+    gpu = Gpu.objects.get(node_id="shared-1", index=0)
+    assert admin.post(f"/admin/nodes/gpu/{gpu.pk}/change/", {"utilization": "1"}).status_code == 403
