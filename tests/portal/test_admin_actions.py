@@ -11,7 +11,6 @@ from apps.scheduler.services import plugin_table, run_cycle
 from apps.tasks import services as task_services
 from apps.tasks.models import Task
 from apps.tenants.models import TenantGroup
-from tests.portal.conftest import add_node
 
 pytestmark = pytest.mark.django_db
 
