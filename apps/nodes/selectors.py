@@ -1,4 +1,5 @@
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Avg, Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 
 from apps.nodes.choices import ALIVE, NodeStatus
 from apps.nodes.models import Gpu, Node
@@ -35,3 +36,75 @@ def environment_summary(principal) -> dict:
         "gpus_lost": lost,
         "gpu_vendors": vendors,
     }
+
+
+# --- the portal's node pages (the API lists nodes through presenters) ----------------------
+
+# The orders the node page offers; each is computed in SQL so a page reads only its rows.
+NODE_SORTS = {
+    "tasks": ("-active_tasks", "name", "id"),  # the default: where the work is
+    "busy": ("-gpus_busy", "name", "id"),  # GPUs held by tasks
+    "utilization": (F("gpu_utilization").desc(nulls_last=True), "name", "id"),
+    "name": ("name", "id"),
+}
+
+
+def with_load(nodes):
+    """Each node with its active tasks, GPUs held (cards in the ledger) and mean GPU
+    utilisation: three correlated subqueries, evaluated only for the rows returned."""
+    from apps.scheduler.models import GpuAllocation
+    from apps.tasks.choices import ACTIVE
+    from apps.tasks.models import Task
+
+    active = Task.objects.filter(node=OuterRef("pk"), status__in=ACTIVE).order_by().values("node")
+    held = GpuAllocation.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
+    busy = (
+        Gpu.objects.filter(Exists(held), node=OuterRef("pk"), lost_at__isnull=True)
+        .order_by().values("node").annotate(n=Count("id")).values("n")
+    )
+    utilisation = Gpu.objects.filter(node=OuterRef("pk"), lost_at__isnull=True).order_by().values("node").annotate(
+        avg=Avg("utilization")
+    ).values("avg")
+    return nodes.annotate(
+        active_tasks=Coalesce(Subquery(active.annotate(n=Count("id")).values("n")), 0),
+        gpus_busy=Coalesce(Subquery(busy), 0),
+        gpu_utilization=Subquery(utilisation),
+    )
+
+
+def node_cards(principal, *, q: str = "", sort: str = "tasks"):
+    """The node page's cards, in one of NODE_SORTS; paginate before evaluating."""
+    return with_load(node_list(principal, q=q)).order_by(*NODE_SORTS.get(sort, NODE_SORTS["tasks"]))
+
+
+def gpu_summary(principal) -> dict:
+    """The node page's strip: every card of the visible nodes, as busy (held by a task),
+    idle or lost. A lost card still counts in the total, never as busy or idle."""
+    from apps.scheduler.models import GpuAllocation
+
+    gpus = Gpu.objects.filter(node__in=Node.objects.visible_to(principal))
+    held = GpuAllocation.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
+    counts = gpus.annotate(held=Exists(held)).aggregate(
+        total=Count("id"),
+        lost=Count("id", filter=Q(lost_at__isnull=False)),
+        busy=Count("id", filter=Q(lost_at__isnull=True, held=True)),
+    )
+    counts["idle"] = counts["total"] - counts["lost"] - counts["busy"]
+    return counts
+
+
+def gpus_online(principal) -> int:
+    """The status bar's "GPUs online": cards not lost on visible nodes that are online."""
+    return Gpu.objects.filter(
+        node__in=Node.objects.visible_to(principal).filter(status=NodeStatus.ONLINE), lost_at__isnull=True
+    ).count()
+
+
+def nodes_by_liveness(principal, tab: str):
+    """The environment page's tabs: alive (answers, checkable), offline, or all."""
+    nodes = Node.objects.visible_to(principal)
+    if tab == "alive":
+        return nodes.filter(status__in=ALIVE)
+    if tab == "offline":
+        return nodes.filter(status=NodeStatus.OFFLINE)
+    return nodes

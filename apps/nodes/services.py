@@ -14,6 +14,7 @@ from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes.choices import OFFLINE_AFTER_SECONDS, SUSPECT_AFTER_SECONDS, NodeStatus
 from apps.nodes.models import Gpu, Node
+from apps.scheduler.core import CORDON_LABEL
 from apps.tasks.choices import ACTIVE, TaskStatus
 from apps.tasks.models import Task
 from apps.tasks.services import move_tasks
@@ -152,3 +153,51 @@ def upsert_node(node_id: str, fields: dict) -> tuple[Node, bool]:
                 setattr(node, field, value)
             node.save(update_fields=[*fields, "updated_at"])
     return node, created
+
+
+# --- out of service (operators: the admin) ---------------------------------------------------
+
+@dataclass(frozen=True)
+class OutOfService:
+    node: Node
+    mode: str  # "drain" or "maintenance"
+    requeued: list[int]  # maintenance: tasks sent back to the queue at once
+    stopping: list[int]  # maintenance: tasks their agent stops before they are queued again
+
+
+def _set_cordon(node: Node, mode: str | None) -> None:
+    """The scheduler's CORDON_LABEL, in one narrow UPDATE of the labels column (a beat
+    merges its labels by key, so it leaves this one alone)."""
+    with connection.cursor() as cursor:
+        if mode is None:
+            cursor.execute("UPDATE nodes SET labels = labels - %s, updated_at = now() WHERE id = %s", [CORDON_LABEL, node.pk])
+        else:
+            cursor.execute("UPDATE nodes SET labels = labels || jsonb_build_object(%s::text, %s::text), updated_at = now() "
+                           "WHERE id = %s", [CORDON_LABEL, mode, node.pk])
+    node.refresh_from_db(fields=["labels", "updated_at"])
+
+
+def drain_node(node: Node) -> OutOfService:
+    """The node takes no new task; the tasks on it run to their end ("drain": the
+    gentle way, as when a node changes tenant)."""
+    _set_cordon(node, "drain")
+    return OutOfService(node, "drain", [], [])
+
+
+def start_maintenance(node: Node) -> OutOfService:
+    """The node takes no new task and its tasks move elsewhere: not yet started, back to
+    the queue at once; starting or running, stopped by the agent and then queued again
+    (as a preemption). Sleeping, paused and ending tasks are left alone."""
+    from apps.tasks.services import requeue_tasks
+
+    with transaction.atomic():
+        _set_cordon(node, "maintenance")
+        on_node = list(Task.objects.filter(node=node, status__in=ACTIVE).values_list("pk", flat=True))
+        moved = requeue_tasks(on_node, why=f"node {node.pk} went into maintenance")
+    return OutOfService(node, "maintenance", moved["pending"], moved["preempting"])
+
+
+def return_to_service(node: Node) -> Node:
+    """Drain or maintenance ends: the node takes tasks again."""
+    _set_cordon(node, None)
+    return node

@@ -2,11 +2,35 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import views
+from apps.portal.pages import account, alerts, nodes, tasks
 
 app_name = "portal"
 urlpatterns = [
     path("", views.home, name="home"),
-    path("login/", auth_views.LoginView.as_view(template_name="portal/login.html"), name="login"),
+    path("login/", auth_views.LoginView.as_view(template_name="portal/login.html", redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tenant/", views.switch_tenant, name="switch-tenant"),
+    # nodes
+    path("nodes/", nodes.node_list, name="nodes"),
+    path("nodes/monitor/", nodes.node_monitor, name="node-monitor"),
+    path("nodes/<str:node_id>/", nodes.node_detail, name="node"),
+    path("nodes/<str:node_id>/location/", nodes.node_location, name="node-location"),
+    path("nodes/<str:node_id>/tenant/", nodes.node_tenant, name="node-tenant"),
+    path("nodes/<str:node_id>/delete/", nodes.node_delete, name="node-delete"),
+    path("environment/", nodes.environment, name="environment"),
+    # tasks
+    path("tasks/", tasks.task_list, name="tasks"),
+    path("tasks/new/", tasks.task_new, name="task-new"),
+    path("tasks/<int:pk>/", tasks.task_detail, name="task"),
+    path("tasks/<int:pk>/stop/", tasks.task_stop, name="task-stop"),
+    # alerts
+    path("alerts/", alerts.alert_list, name="alerts"),
+    path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),
+    path("alerts/<int:pk>/acknowledge/", alerts.alert_acknowledge, name="alert-acknowledge"),
+    path("alerts/<int:pk>/resolve/", alerts.alert_resolve, name="alert-resolve"),
+    # account
+    path("keys/", account.keys, name="keys"),
+    path("keys/<int:pk>/revoke/", account.key_revoke, name="key-revoke"),
+    path("members/", account.members, name="members"),
+    path("members/<int:pk>/", account.member_change, name="member"),
 ]

@@ -1,28 +1,43 @@
-from django.contrib.auth.decorators import login_required
+"""The dashboard and the tenant switcher. The other pages are in apps/portal/pages/."""
+
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from apps.core.authentication import SESSION_TENANT_KEY, principal_for_session
-from apps.nodes.selectors import node_list
+from apps.alerts.selectors import alert_stats
+from apps.core.authentication import SESSION_TENANT_KEY
+from apps.nodes.selectors import environment_summary, gpu_summary, node_list
+from apps.portal.access import portal_page
+from apps.tasks.selectors import task_stats
+from apps.tasks.services import quota_use
 from apps.tenants.models import Membership
 
-NODES_ON_HOME = 50
+NODES_ON_HOME = 20
 
 
-@login_required
+@portal_page
 def home(request):
-    principal = principal_for_session(request, request.user)
-    memberships = Membership.objects.filter(user=request.user).select_related("tenant").order_by("tenant__name")
-    nodes = node_list(principal).order_by("name", "id")[:NODES_ON_HOME] if principal else []
-    return render(request, "portal/home.html", {"principal": principal, "memberships": memberships, "nodes": nodes})
+    principal = request.principal
+    nodes = list(node_list(principal).order_by("name", "id")[:NODES_ON_HOME + 1])
+    quota = None
+    if principal.is_tenant:
+        quota = {"tenant": principal.tenant, "use": quota_use(principal.tenant)}
+    return render(request, "portal/home.html", {
+        "cluster": environment_summary(principal), "gpus": gpu_summary(principal), "tasks": task_stats(principal),
+        "alerts": alert_stats(principal), "quota": quota,
+        "nodes": nodes[:NODES_ON_HOME], "more_nodes": len(nodes) > NODES_ON_HOME,
+    })
 
 
-@login_required
 @require_POST
+@portal_page
 def switch_tenant(request):
     slug = request.POST.get("tenant", "")
     if not Membership.objects.filter(user=request.user, tenant__slug=slug).exists():
         raise Http404("No such tenant among yours.")
     request.session[SESSION_TENANT_KEY] = slug
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+        return redirect(target)
     return redirect("portal:home")

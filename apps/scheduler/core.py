@@ -119,6 +119,15 @@ class Failure:
 # --- the built-in filter chain ------------------------------------------------------------
 
 SCHEDULABLE_STATUSES = frozenset({"online", "suspect"})
+# A node an operator took out of service (drain or maintenance, apps.nodes.services)
+# carries this label: it takes no new task. Labels merge by key, so the agents' beats
+# leave it in place.
+CORDON_LABEL = "heteroflow.cordon"
+
+
+def in_service(node: NodeSnap) -> bool:
+    """Whether the node may take new tasks at all (before capacity and load)."""
+    return node.status in SCHEDULABLE_STATUSES and node.executable and not node.labels.get(CORDON_LABEL)
 
 
 def reserve_mb(gpu: GpuSnap, settings: PluginSettings) -> int:
@@ -246,7 +255,7 @@ class FleetView:
         self.nodes = list(nodes)
         self.settings = settings
         count = len(self.nodes)
-        self.available = [node.status in SCHEDULABLE_STATUSES and node.executable for node in self.nodes]
+        self.available = [in_service(node) for node in self.nodes]
         self.overloaded = [overloaded(node, settings) for node in self.nodes]
         self.rdma = [rdma_state(node) for node in self.nodes]
         # the one vendor of a node's cards (lower case), or None when they are mixed
@@ -584,7 +593,7 @@ def plan_preemption(
         )
         if not freeing and not candidates:
             continue
-        if node.status not in SCHEDULABLE_STATUSES or not node.executable or overloaded(node, settings):
+        if not in_service(node) or overloaded(node, settings):
             continue
         if node.tenant_id is not None and node.tenant_id != task.tenant_id:
             continue

@@ -237,3 +237,39 @@ def record_event(task: Task, *, kind: str, message: str, details: dict | None = 
     from apps.tasks.models import TaskEvent
 
     return TaskEvent.objects.create(task=task, kind=kind, message=message[:2000], details=details or {}, node_id=node_id)
+
+
+# --- requeue (operators: the admin, node maintenance) ---------------------------------------
+
+# A task not started yet goes straight back to the queue, its cards released. A starting
+# or running one is stopped by its agent first, the way a preemption is: preempting, the
+# agent confirms the stop and requeue_preempted queues it (the watchdog forces that after
+# 60 s). Other states are left alone: pending is queued already, and the rest are ending,
+# asleep or paused by someone on purpose.
+REQUEUE_AT_ONCE = (S.SCHEDULED,)
+REQUEUE_AFTER_STOP = (S.STARTING, S.RUNNING)
+
+
+def requeue_tasks(task_ids, *, why: str) -> dict[str, list[int]]:
+    """Send tasks back to the queue (see above). Returns the ids moved to pending and
+    those asked to stop first (preempting); each gets a "requeued" event saying why."""
+    ids = list(task_ids)
+    with transaction.atomic():
+        nodes = dict(Task.objects.filter(pk__in=ids).values_list("pk", "node_id"))
+        queued = move_tasks(ids, REQUEUE_AT_ONCE, S.PENDING, node=None, host_port=None)
+        stopping = move_tasks([pk for pk in ids if pk not in set(queued)], REQUEUE_AFTER_STOP, S.PREEMPTING)
+        for pk in sorted([*queued, *stopping]):
+            then = "back in the queue" if pk in queued else "its agent stops it, then it goes back to the queue"
+            record_event(Task(pk=pk), kind="requeued", message=f"{why}: {then}", node_id=nodes.get(pk))
+    return {"pending": sorted(queued), "preempting": sorted(stopping)}
+
+
+def requeue_task(task: Task, *, why: str = "requeued by an operator") -> Task:
+    """One task back to the queue; a task in no state to go back is a conflict."""
+    moved = requeue_tasks([task.pk], why=why)
+    task.refresh_from_db()
+    if not (moved["pending"] or moved["preempting"]) and task.status not in (S.PENDING, S.PREEMPTING):
+        raise Conflict(
+            f"Task {task.pk} is {task.status}: only scheduled, starting and running tasks can be requeued.", "invalid_state"
+        )
+    return task

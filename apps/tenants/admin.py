@@ -2,42 +2,14 @@
 
 from django import forms
 from django.contrib import admin, messages
-from django.shortcuts import redirect
 
-from apps.core.errors import Conflict
-from apps.core.principals import Principal, PrincipalKind
+from apps.core.admin_tools import DeleteThroughServiceMixin, operator
 from apps.tasks.choices import ACTIVE
 from apps.tasks.models import Task
 from apps.tenants import services
 from apps.tenants.api.serializers import slug_validator
 from apps.tenants.models import ApiKey, Membership, Tenant, TenantGroup
 from apps.tenants.selectors import loses_last_admin
-
-
-def operator(request) -> Principal:
-    return Principal(PrincipalKind.OPERATOR, user=request.user)
-
-
-class DeleteThroughServiceMixin:
-    """Deletes one object through its service, `delete_through_service(request, obj)`, which
-    each admin defines; a refusal (409) is shown, not swallowed."""
-
-    def delete_view(self, request, object_id, extra_context=None):
-        obj = self.get_object(request, object_id)
-        if obj is not None and request.method == "POST" and self.has_delete_permission(request, obj):
-            try:
-                self.delete_through_service(request, obj)
-            except Conflict as exc:
-                self.message_user(request, str(exc.detail), messages.ERROR)
-                return redirect(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", obj.pk)
-            self.message_user(request, f"Deleted {obj}.", messages.SUCCESS)
-            return redirect(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_changelist")
-        return super().delete_view(request, object_id, extra_context)
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # a bulk delete would skip the service's checks
-        return actions
 
 
 class TenantForm(forms.ModelForm):
@@ -167,6 +139,26 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 @admin.register(TenantGroup)
 class TenantGroupAdmin(admin.ModelAdmin):
-    list_display = ["name", "description", "created_at"]
+    """Tenants in one group may share physical GPUs. Saved through services.save_group,
+    as the API saves them."""
+
+    list_display = ["name", "description", "members", "created_at"]
     filter_horizontal = ["tenants"]
     search_fields = ["name"]
+
+    @admin.display(description="tenants")
+    def members(self, group):
+        return ", ".join(tenant.slug for tenant in group.tenants.all())
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("tenants")
+
+    def save_model(self, request, obj, form, change):
+        saved = services.save_group(
+            obj if change else None, name=form.cleaned_data["name"], description=form.cleaned_data["description"],
+            tenants=form.cleaned_data["tenants"],
+        )
+        obj.pk, obj.created_at, obj._state.adding, obj._state.db = saved.pk, saved.created_at, False, saved._state.db
+
+    def save_related(self, request, form, formsets, change):
+        pass  # the tenants were set by save_group

@@ -1,4 +1,4 @@
-from django.db.models import Count, Q, Sum
+from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
@@ -7,15 +7,14 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.confidential.models import Secret
 from apps.core.cas import IllegalTransition
 from apps.core.errors import Conflict
 from apps.tasks import services
 from apps.tasks.api import serializers as s
-from apps.tasks.choices import HOLDING, TaskStatus
 from apps.tasks.models import Task
+from apps.tasks.selectors import task_stats
+from apps.tasks.submission import submit_task
 from apps.tenants.choices import Role
-from apps.tenants.models import Tenant
 
 AGENT_DEFAULT_LIMIT = 20
 
@@ -85,43 +84,10 @@ class TaskListView(generics.ListAPIView):
 
     @extend_schema(request=s.TaskCreateSerializer, responses={201: s.TaskSerializer})
     def post(self, request):
-        principal = request.auth
         serializer = s.TaskCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
-        tenant = self._tenant(principal, data.pop("tenant", None))
-        if not principal.has_tenant_role(tenant, Role.MEMBER):
-            raise PermissionDenied("Viewers cannot create tasks.")
-        self._check_secrets(tenant, data["env"], data.get("registry_auth"))
-        if "timeout_seconds" not in data:
-            from django.conf import settings
-
-            data["timeout_seconds"] = settings.HETEROFLOW_TASK_TIMEOUT_SECONDS
-        task = services.create_task(tenant=tenant, created_by=principal.user, **data)
+        task = submit_task(request.auth, serializer.validated_data)
         return Response(s.TaskSerializer(task).data, status=status.HTTP_201_CREATED)
-
-    def _tenant(self, principal, slug):
-        if slug is None:
-            if principal.is_tenant:
-                return principal.tenant
-            raise ValidationError({"tenant": ["Required: the slug of the tenant the task runs for."]})
-        return get_object_or_404(Tenant.objects.visible_to(principal), slug=slug)
-
-    def _check_secrets(self, tenant, env, registry_auth):
-        from django_tenants.utils import schema_context
-
-        wanted = {("env", value["secret"]) for value in env.values() if isinstance(value, dict)}
-        if registry_auth:
-            wanted.add(("registry_auth", registry_auth["password"]["secret"]))
-        if wanted:
-            with schema_context(tenant.schema_name):
-                known = set(Secret.objects.filter(name__in={name for _, name in wanted}).values_list("name", flat=True))
-            problems: dict[str, list[str]] = {}
-            for field, name in sorted(wanted):
-                if name not in known:
-                    problems.setdefault(field, []).append(f"No secret named {name!r} in tenant '{tenant.slug}'.")
-            if problems:
-                raise ValidationError(problems)
 
 
 class TaskDetailView(APIView):
@@ -181,18 +147,7 @@ class TaskStatsView(APIView):
         "gpu_seconds_settled": serializers.FloatField(help_text="GPU time of the tasks that ended"),
     }))
     def get(self, request):
-        from apps.tasks.models import UsageRecord
-
-        tasks = Task.objects.visible_to(request.auth)
-        by_status = dict(tasks.order_by().values_list("status").annotate(n=Count("id")))
-        held = tasks.filter(status__in=HOLDING).aggregate(n=Sum("gpu_required"))["n"] or 0
-        settled = UsageRecord.objects.filter(task__in=tasks).aggregate(n=Sum("gpu_seconds"))["n"] or 0.0
-        return Response({
-            "total": sum(by_status.values()),
-            "by_status": {status: by_status.get(status, 0) for status in TaskStatus.values},
-            "gpus_held": held,
-            "gpu_seconds_settled": settled,
-        })
+        return Response(task_stats(request.auth))
 
 
 class TaskLogsView(APIView):

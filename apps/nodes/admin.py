@@ -1,0 +1,200 @@
+"""Operators' admin for nodes and GPUs. Nodes register by heartbeat, so the admin adds
+none; every change goes through apps.nodes.services, as the API's do (and never saves a
+whole node row, which would race with the heartbeats over its columns)."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Count, Q
+from rest_framework.exceptions import APIException
+
+from apps.core.admin_tools import DeleteThroughServiceMixin, refusal
+from apps.core.errors import Conflict
+from apps.nodes import services
+from apps.nodes.models import Gpu, Node
+from apps.scheduler.core import CORDON_LABEL
+
+
+def gpu_state(gpu: Gpu) -> str:
+    if gpu.lost_at:
+        return f"LOST since {gpu.lost_at:%Y-%m-%d %H:%M} ({gpu.get_lost_basis_display() or 'unknown basis'})"
+    return gpu.state
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = ["index", "model", "vendor", "memory_total_mb", "utilization", "memory_used_mb",
+                                "temperature", "power_w", "state_shown"]
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="state")
+    def state_shown(self, gpu):
+        return gpu_state(gpu)
+
+
+class NodeForm(forms.ModelForm):
+    """What an operator may change here: the location and the owning tenant."""
+
+    seen_version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+
+    class Meta:
+        model = Node
+        fields = ["region", "zone", "rack", "tenant"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["seen_version"].initial = self.instance.version
+
+
+@admin.register(Node)
+class NodeAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
+    form = NodeForm
+    list_display = ["name", "id", "status", "in_service", "gpu_count", "lost_gpus", "tenant", "location",
+                    "exec_mode", "last_heartbeat_at"]
+    list_filter = ["status", "gpu_type", "exec_mode", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["id", "name", "ip", "internal_ip", "hostname", "gpu_model", "region", "zone", "rack"]
+    list_select_related = ["tenant"]
+    inlines = [GpuInline]
+    actions = ["drain", "mark_maintenance", "back_in_service", "delete_through_services"]
+    fieldsets = [
+        (None, {"fields": ["id", "name", "status", "in_service", "executable", "exec_mode", "error_message",
+                           "last_heartbeat_at", "registered_at", "seen_version"]}),
+        ("Location", {"fields": ["region", "zone", "rack"],
+                      "description": "An empty field clears that part. Used by the topology plugin."}),
+        ("Owner", {"fields": ["tenant"],
+                   "description": "Empty: shared. Other tenants' tasks already on the node are left to finish (drain)."}),
+        ("Host", {"fields": ["hostname", "os", "ip", "internal_ip", "mac", "cpu_cores", "memory_gb", "is_container",
+                             "cpu_used", "memory_used"]}),
+        ("GPUs", {"fields": ["gpu_type", "gpu_model", "gpu_count", "gpu_collector_error", "gpu_capabilities"]}),
+        ("Agent", {"fields": ["agent_version", "agent_git_commit", "agent_build_time", "heartbeat_interval"]}),
+        ("Labels and models", {"fields": ["labels", "discovered_models", "inference_engines", "inference_engine_versions"]}),
+    ]
+    readonly_fields = [
+        "id", "name", "status", "in_service", "executable", "exec_mode", "error_message", "last_heartbeat_at",
+        "registered_at", "hostname", "os", "ip", "internal_ip", "mac", "cpu_cores", "memory_gb", "is_container",
+        "cpu_used", "memory_used", "gpu_type", "gpu_model", "gpu_count", "gpu_collector_error", "gpu_capabilities",
+        "agent_version", "agent_git_commit", "agent_build_time", "heartbeat_interval", "labels", "discovered_models",
+        "inference_engines", "inference_engine_versions",
+    ]
+
+    def has_add_permission(self, request):
+        return False  # nodes register by their agent's heartbeat
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(lost=Count("gpus", filter=Q(gpus__lost_at__isnull=False)))
+
+    @admin.display(description="lost GPUs", ordering="lost")
+    def lost_gpus(self, node):
+        return node.lost
+
+    @admin.display(description="location")
+    def location(self, node):
+        return " / ".join(part or "—" for part in (node.region, node.zone, node.rack))
+
+    @admin.display(description="service")
+    def in_service(self, node):
+        mode = node.labels.get(CORDON_LABEL)
+        return {"drain": "draining (no new tasks)", "maintenance": "maintenance (no new tasks)"}.get(mode, "in service")
+
+    def save_model(self, request, obj, form, change):
+        location = {field: form.cleaned_data[field].strip() for field in services.LOCATION_FIELDS if field in form.changed_data}
+        if location:
+            services.set_location(obj, location)
+        if "tenant" in form.changed_data:
+            seen = form.cleaned_data.get("seen_version")
+            version = obj.version if seen is None else seen
+            try:
+                result = services.assign_tenant(obj, form.cleaned_data["tenant"], expected_version=version, mode="drain")
+            except Conflict as exc:
+                self.message_user(request, f"The owner was not changed: {exc.detail}", messages.ERROR)
+                return
+            if result.other_tenant_tasks:
+                listed = ", ".join(f"#{pk}" for pk in result.other_tenant_tasks)
+                self.message_user(request, f"Other tenants' tasks still run on {obj.name}: {listed}. They are left to finish.",
+                                  messages.WARNING)
+
+    def delete_through_service(self, request, obj):
+        services.delete_node(obj)
+
+    @admin.action(description="Drain: no new tasks, the running ones finish")
+    def drain(self, request, queryset):
+        for node in queryset:
+            services.drain_node(node)
+        self.message_user(request, f"Draining {queryset.count()} node(s): they take no new task.", messages.SUCCESS)
+
+    @admin.action(description="Maintenance: no new tasks, move their tasks elsewhere")
+    def mark_maintenance(self, request, queryset):
+        for node in queryset:
+            result = services.start_maintenance(node)
+            moved = ", ".join(f"#{pk}" for pk in result.requeued) or "none"
+            stopping = ", ".join(f"#{pk}" for pk in result.stopping) or "none"
+            self.message_user(request, f"{node.name} is in maintenance. Requeued: {moved}. Stopped by the agent, then "
+                                       f"requeued: {stopping}.", messages.SUCCESS)
+
+    @admin.action(description="Back in service: take tasks again")
+    def back_in_service(self, request, queryset):
+        for node in queryset:
+            services.return_to_service(node)
+        self.message_user(request, f"{queryset.count()} node(s) back in service.", messages.SUCCESS)
+
+    @admin.action(description="Delete selected nodes (refused while tasks are active)")
+    def delete_through_services(self, request, queryset):
+        for node in queryset:
+            try:
+                services.delete_node(node)
+            except Conflict as exc:
+                self.message_user(request, str(exc.detail), messages.ERROR)
+            else:
+                self.message_user(request, f"Deleted {node.name}.", messages.SUCCESS)
+
+
+class LostFilter(admin.SimpleListFilter):
+    title = "lost"
+    parameter_name = "lost"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "lost"), ("no", "present")]
+
+    def queryset(self, request, queryset):
+        if self.value() in ("yes", "no"):
+            return queryset.filter(lost_at__isnull=self.value() == "no")
+        return queryset
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ["node", "index", "model", "vendor", "memory_total_mb", "state_shown", "lost_at", "lost_basis"]
+    list_filter = [LostFilter, "vendor", "lost_basis"]
+    search_fields = ["node__id", "node__name", "model", "uuid"]
+    list_select_related = ["node"]
+    actions = ["forget_lost"]
+    readonly_fields = [field.name for field in Gpu._meta.fields] + ["state_shown"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # only a lost card can be removed: the action below
+
+    def has_change_permission(self, request, obj=None):
+        return False  # read only: saving the row would race with the heartbeat that writes it
+
+    @admin.display(description="state")
+    def state_shown(self, gpu):
+        return gpu_state(gpu)
+
+    @admin.action(description="Remove lost cards (taken out of the machine)")
+    def forget_lost(self, request, queryset):
+        for gpu in queryset.select_related("node"):
+            try:
+                services.forget_lost_gpu(gpu.node, gpu.index)
+            except APIException as exc:
+                self.message_user(request, refusal(exc), messages.ERROR)
+            else:
+                self.message_user(request, f"Removed GPU {gpu.index} of {gpu.node.name}.", messages.SUCCESS)

@@ -1,0 +1,20 @@
+"""Template context for every portal page: the principal, the tenants the user may
+switch between, and the status bar (computed only when a page shows it)."""
+
+from django.utils.functional import SimpleLazyObject
+
+from apps.portal.access import status_bar
+from apps.tenants.models import Membership
+
+
+def portal(request):
+    principal = getattr(request, "principal", None)
+    if principal is None:
+        return {}
+    return {
+        "principal": principal,
+        "memberships": SimpleLazyObject(
+            lambda: list(Membership.objects.filter(user=request.user).select_related("tenant").order_by("tenant__name"))
+        ),
+        "status": SimpleLazyObject(lambda: status_bar(principal)),
+    }

@@ -1,0 +1,267 @@
+"""Nodes, node monitor and environment pages. Reads come from apps.nodes.selectors and
+apps.nodes.metrics (the API's own functions); changes go through apps.nodes.services
+with the API's serializers, so a page says what the API would say."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Exists, OuterRef, Prefetch
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+from rest_framework.exceptions import ValidationError
+
+from apps.core.errors import Conflict
+from apps.nodes import metrics, selectors, services
+from apps.nodes.api.serializers import LocationSerializer, TenantAssignmentSerializer
+from apps.nodes.choices import ALIVE
+from apps.nodes.models import Gpu, Node
+from apps.portal.access import operators_only, portal_page
+from apps.portal.pages.common import choice, error_messages, paginate
+from apps.scheduler.models import GpuAllocation
+from apps.tasks.choices import ACTIVE
+from apps.tasks.models import Task
+from apps.tasks.selectors import scheduling_summary
+from apps.tenants.choices import Role
+from apps.tenants.models import Tenant
+
+SORT_LABELS = {"tasks": "Tasks", "busy": "GPUs busy", "utilization": "Utilisation", "name": "Name"}
+CACHED_MODELS_LABEL = "heteroflow.cache/models"
+MONITOR_RANGES = {"1": "1 h", "6": "6 h", "24": "24 h", "72": "3 d", "168": "7 d"}
+MONITOR_LIST_LIMIT = 200
+ENVIRONMENT_TABS = {"alive": "Online (checkable)", "offline": "Offline", "all": "All"}
+
+
+def gpus_with_state():
+    """A node's cards with `held`: whether the scheduler's ledger has a holder on it."""
+    held = GpuAllocation.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
+    return Gpu.objects.annotate(held=Exists(held)).order_by("index")
+
+
+def gpu_state(gpu) -> str:
+    return "lost" if gpu.lost_at else "busy" if gpu.held else "available"
+
+
+def visible_node(request, node_id) -> Node:
+    return get_object_or_404(Node.objects.visible_to(request.principal), pk=node_id)
+
+
+@portal_page
+def node_list(request):
+    principal = request.principal
+    q = request.GET.get("q", "").strip()[:200]
+    sort = choice(request.GET.get("sort", ""), selectors.NODE_SORTS, "tasks")
+    cards = selectors.node_cards(principal, q=q, sort=sort).prefetch_related(Prefetch("gpus", queryset=gpus_with_state()))
+    page = paginate(request, cards)
+    for node in page:
+        node.cards = list(node.gpus.all())
+        for gpu in node.cards:
+            gpu.shown_state = gpu_state(gpu)
+        present = [gpu for gpu in node.cards if not gpu.lost_at]
+        totals = [gpu.memory_total_mb for gpu in present if gpu.memory_total_mb]
+        used = [gpu.memory_used_mb for gpu in present if gpu.memory_used_mb is not None]
+        node.gpu_memory_total_mb = sum(totals) if totals else None
+        node.gpu_memory_in_use_mb = sum(used) if used else None
+    return render(request, "portal/nodes.html", {
+        "page": page, "q": q, "sort": sort, "sorts": SORT_LABELS,
+        "gpus": selectors.gpu_summary(principal), "scheduling": scheduling_summary(principal),
+    })
+
+
+def cached_models(node: Node) -> list[dict]:
+    """Models on the node: what the agent found on disk, and the cache label's list."""
+    found = [{"name": m.get("name", ""), "path": m.get("path", ""), "size_bytes": m.get("size_bytes"), "format": m.get("format", "")}
+             for m in node.discovered_models or [] if isinstance(m, dict)]
+    named = {m["name"] for m in found}
+    for name in str(node.labels.get(CACHED_MODELS_LABEL, "")).split(","):
+        name = name.strip()
+        if name and name not in named:
+            found.append({"name": name, "path": "", "size_bytes": None, "format": ""})
+    return found
+
+
+def may_delete(principal, node: Node) -> bool:
+    """As DELETE /api/v1/nodes/{id}: operators, or the tenant's admins for its own dedicated nodes."""
+    return principal.is_operator or (node.tenant_id is not None and principal.has_tenant_role(node.tenant, Role.ADMIN))
+
+
+@portal_page
+def node_detail(request, node_id):
+    principal = request.principal
+    node = visible_node(request, node_id)
+    gpus = list(gpus_with_state().filter(node=node))
+    for gpu in gpus:
+        gpu.shown_state = gpu_state(gpu)
+    tasks = Task.objects.visible_to(principal).filter(node=node, status__in=ACTIVE).select_related("tenant").order_by("id")[:50]
+    others = [int(x) for x in request.GET.get("others", "").split(",") if x.isdigit()]
+    return render(request, "portal/node_detail.html", {
+        "node": node, "gpus": gpus, "tasks": tasks, "models": cached_models(node),
+        "labels": sorted(node.labels.items()),
+        "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
+        "can_delete": may_delete(principal, node),
+        "other_tenant_tasks": others,
+    })
+
+
+def back_to(node_id: str, **query) -> str:
+    url = reverse("portal:node", args=[node_id])
+    if query:
+        from django.utils.http import urlencode
+
+        url += "?" + urlencode(query)
+    return url
+
+
+@require_POST
+@portal_page
+@operators_only
+def node_location(request, node_id):
+    node = visible_node(request, node_id)
+    data = {field: request.POST[field] for field in services.LOCATION_FIELDS if field in request.POST}
+    serializer = LocationSerializer(data=data)
+    if not serializer.is_valid():
+        for field, problems in error_messages(ValidationError(serializer.errors)).items():
+            messages.error(request, f"{field}: {' '.join(problems)}")
+        return redirect(back_to(node.pk))
+    services.set_location(node, {k: v.strip() for k, v in serializer.validated_data.items()})
+    messages.success(request, "Location saved.")
+    return redirect(back_to(node.pk))
+
+
+@require_POST
+@portal_page
+@operators_only
+def node_tenant(request, node_id):
+    node = visible_node(request, node_id)
+    serializer = TenantAssignmentSerializer(data={
+        "tenant": request.POST.get("tenant") or None, "version": request.POST.get("version"), "mode": request.POST.get("mode", "drain"),
+    })
+    if not serializer.is_valid():
+        for field, problems in error_messages(ValidationError(serializer.errors)).items():
+            messages.error(request, f"{field}: {' '.join(problems)}")
+        return redirect(back_to(node.pk))
+    data = serializer.validated_data
+    tenant = None
+    if data["tenant"] is not None:
+        tenant = Tenant.objects.filter(slug=data["tenant"]).first()
+        if tenant is None:
+            messages.error(request, f"tenant: No tenant '{data['tenant']}'.")
+            return redirect(back_to(node.pk))
+    try:
+        result = services.assign_tenant(node, tenant, expected_version=data["version"], mode=data["mode"])
+    except Conflict as exc:
+        messages.error(request, str(exc.detail))
+        return redirect(back_to(node.pk))
+    owner = tenant.name if tenant else "shared"
+    if result.mode == "evict":
+        stopping = ", ".join(f"#{pk}" for pk in result.stopping) or "none"
+        left = sorted(set(result.other_tenant_tasks) - set(result.stopping))
+        messages.success(request, f"Node is now {owner}. Asked to stop: {stopping}."
+                         + (f" Could not be stopped now: {', '.join(f'#{pk}' for pk in left)}." if left else ""))
+        return redirect(back_to(node.pk))
+    messages.success(request, f"Node is now {owner}.")
+    if result.other_tenant_tasks:
+        # drain first; the page offers to stop the other tenants' tasks now instead
+        return redirect(back_to(node.pk, others=",".join(str(pk) for pk in result.other_tenant_tasks)))
+    return redirect(back_to(node.pk))
+
+
+@require_POST
+@portal_page
+def node_delete(request, node_id):
+    principal = request.principal
+    node = visible_node(request, node_id)
+    if not may_delete(principal, node):
+        raise PermissionDenied("Only platform operators, or a tenant's admins for its dedicated nodes, can delete nodes.")
+    try:
+        deleted = services.delete_node(node)
+    except Conflict as exc:
+        messages.error(request, str(exc.detail))  # the 409 reason, word for word
+        return redirect(back_to(node.pk))
+    messages.success(request, f"Deleted node '{deleted.node_id}'.")
+    return redirect("portal:nodes")
+
+
+# --- the node monitor -----------------------------------------------------------------------
+
+READINGS = ("utilization", "memory_used_mb", "temperature", "power_w")
+
+
+def supported(gpus, reading: str) -> bool:
+    """A reading is supported when some card reports it (the agent lists what it read in
+    metrics_available; an agent that sends no list read what it sent)."""
+    return any(reading in (gpu.metrics_available or []) or (not gpu.metrics_available and getattr(gpu, reading) is not None)
+               for gpu in gpus)
+
+
+def live_readings(node: Node, gpus: list) -> dict:
+    present = [gpu for gpu in gpus if not gpu.lost_at]
+
+    def values(reading):
+        return [getattr(gpu, reading) for gpu in present if getattr(gpu, reading) is not None]
+
+    def mean(items):
+        return sum(items) / len(items) if items else None
+
+    used = values("memory_used_mb")
+    totals = [gpu.memory_total_mb for gpu in present if gpu.memory_total_mb]
+    return {
+        "supported": {reading: supported(present, reading) for reading in READINGS},
+        "utilization": mean(values("utilization")),
+        "memory_used_mb": sum(used) if used else None,
+        "memory_total_mb": sum(totals) if totals else None,
+        "memory_percent": 100.0 * sum(used) / sum(totals) if used and totals else None,
+        "temperature": max(values("temperature"), default=None),
+        "power_w": sum(values("power_w")) if values("power_w") else None,
+        "cpu_used": node.cpu_used,
+        "memory_used": node.memory_used,
+    }
+
+
+@portal_page
+def node_monitor(request):
+    principal = request.principal
+    q = request.GET.get("q", "").strip()[:200]
+    listed = selectors.node_list(principal, q=q).order_by("name", "id").only("id", "name", "status")
+    alive = list(listed.filter(status__in=ALIVE)[:MONITOR_LIST_LIMIT])
+    offline = list(listed.exclude(status__in=ALIVE)[:MONITOR_LIST_LIMIT])
+    wanted = request.GET.get("node")
+    if wanted:
+        node = visible_node(request, wanted)
+    else:
+        first = (alive or offline or [None])[0]
+        node = Node.objects.get(pk=first.pk) if first else None
+    hours = choice(request.GET.get("hours", ""), MONITOR_RANGES, "1")
+    context = {"q": q, "alive": alive, "offline": offline, "node": node, "hours": hours, "ranges": MONITOR_RANGES}
+    if node is not None:
+        gpus = list(node.gpus.order_by("index"))
+        indices = [str(gpu.index) for gpu in gpus]
+        gpu = choice(request.GET.get("gpu", ""), indices, "all")
+        shown = gpus if gpu == "all" else [g for g in gpus if str(g.index) == gpu]
+        context |= {
+            "gpus": gpus, "gpu": gpu, "live": live_readings(node, shown),
+            "energy": metrics.energy(node.pk, int(hours), node.heartbeat_interval),
+            "chart_data": {
+                "node_id": node.pk, "hours": int(hours), "gpu": gpu,
+                "supported": {reading: supported(shown, reading) for reading in READINGS},
+                "history": metrics.history(node.pk, int(hours)),
+                "metrics_url": reverse("node-metrics", args=[node.pk]),
+                "energy_url": reverse("node-energy", args=[node.pk]),
+                "node_url": reverse("node-detail", args=[node.pk]),
+            },
+        }
+    return render(request, "portal/node_monitor.html", context)
+
+
+# --- the environment ------------------------------------------------------------------------
+
+
+@portal_page
+def environment(request):
+    principal = request.principal
+    tab = choice(request.GET.get("tab", ""), ENVIRONMENT_TABS, "alive")
+    page = paginate(request, selectors.nodes_by_liveness(principal, tab).select_related("tenant").order_by("name", "id"), 50)
+    return render(request, "portal/environment.html", {
+        "summary": selectors.environment_summary(principal), "tab": tab, "tabs": ENVIRONMENT_TABS, "page": page,
+    })

@@ -1,0 +1,195 @@
+"""Task pages. The form is decoded into the API's shape and validated by the API's own
+TaskCreateSerializer, then submitted through apps.tasks.submission like POST
+/api/v1/tasks: the same rules and the same messages."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+from rest_framework import exceptions as api_errors
+
+from apps.core.errors import Conflict
+from apps.nodes.choices import GpuVendor
+from apps.portal.access import portal_page
+from apps.portal.pages.common import choice, error_messages, flatten, paginate
+from apps.tasks import services
+from apps.tasks.api.serializers import TaskCreateSerializer
+from apps.tasks.choices import TaskKind, TaskStatus
+from apps.tasks.models import Task
+from apps.tasks.selectors import task_list as tasks_for
+from apps.tasks.submission import submit_task
+from apps.tenants.choices import Role
+from apps.tenants.models import Tenant
+
+CANCELLABLE = services.CANCEL_FROM
+STOPPABLE = services.STOP_FROM
+
+REMOVED_BY = {
+    "unavailable": "not online, or cannot run tasks",
+    "tenant": "dedicated to another tenant",
+    "load": "over the load thresholds",
+    "capacity": "not enough free GPUs or GPU memory",
+    "tenant_sharing": "its cards are shared with tenants this one may not share with",
+    "rdma": "no RDMA",
+    "nvlink": "no NVLink domain large enough",
+    "ports": "no free inference port",
+}
+REASON_CODES = {
+    "NoSchedulableNodes": "No node can take tasks at the moment.",
+    "InsufficientResources": "No node has room for it at the moment.",
+    "NoTenantEligibleGPU": "The only cards with room are shared with tenants this one may not share with.",
+    "PreemptionPending": "Lower-priority tasks are being preempted to make room; it is placed once they have stopped.",
+}
+
+
+# --- the form ---------------------------------------------------------------------------------
+
+def lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def pairs(text: str) -> dict:
+    """NAME=value lines; a value that is a JSON object is passed as is (the API's secret
+    reference {"secret": "<name>"})."""
+    result = {}
+    for line in lines(text):
+        name, _, value = line.partition("=")
+        value = value.strip()
+        if value.startswith("{"):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        result[name.strip()] = value
+    return result
+
+
+def form_to_request(post, principal) -> dict:
+    """The form's fields as the JSON body POST /api/v1/tasks takes. Optional fields left
+    empty are omitted, so the API's defaults apply."""
+    data = {
+        "name": post.get("name", "").strip(), "kind": post.get("kind", TaskKind.JOB), "image": post.get("image", "").strip(),
+        "command": lines(post.get("command", "")), "env": pairs(post.get("env", "")), "labels": pairs(post.get("labels", "")),
+        "preemptible": post.get("preemptible") == "on",
+    }
+    for field in ("gpu_required", "gpu_memory_mb", "gpu_type", "priority", "timeout_seconds", "checkpoint_path"):
+        value = post.get(field, "").strip()
+        if value:
+            data[field] = value
+    ports = [p.strip() for p in post.get("ports", "").split(",") if p.strip()]
+    if ports:
+        data["ports"] = ports
+    if principal.is_operator and post.get("tenant"):
+        data["tenant"] = post["tenant"]
+    return data
+
+
+def may_create(principal) -> bool:
+    return principal.is_operator or (principal.is_tenant and principal.has_tenant_role(principal.tenant, Role.MEMBER))
+
+
+@portal_page
+def task_new(request):
+    principal = request.principal
+    if not may_create(principal):
+        raise PermissionDenied("Viewers cannot create tasks.")
+    errors: dict[str, list[str]] = {}
+    if request.method == "POST":
+        serializer = TaskCreateSerializer(data=form_to_request(request.POST, principal))
+        try:
+            serializer.is_valid(raise_exception=True)
+            task = submit_task(principal, serializer.validated_data)
+        except api_errors.ValidationError as exc:
+            errors = error_messages(exc)
+        except (api_errors.PermissionDenied, Conflict) as exc:
+            errors = {"__all__": flatten(exc.detail)}
+        except Http404:
+            errors = {"tenant": ["Not found."]}
+        else:
+            messages.success(request, f"Task #{task.pk} queued.")
+            return redirect("portal:task", task.pk)
+    return render(request, "portal/task_new.html", {
+        "form": request.POST if request.method == "POST" else {}, "errors": errors,
+        "kinds": TaskKind.choices, "vendors": GpuVendor.choices,
+        "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
+    }, status=400 if errors else 200)
+
+
+# --- list and detail ----------------------------------------------------------------------------
+
+@portal_page
+def task_list(request):
+    principal = request.principal
+    filters = {
+        "status": choice(request.GET.get("status", ""), TaskStatus.values),
+        "kind": choice(request.GET.get("kind", ""), TaskKind.values),
+        "node_id": request.GET.get("node", "").strip()[:128],
+        "tenant_slug": request.GET.get("tenant", "").strip()[:40] if principal.is_operator else "",
+        "q": request.GET.get("q", "").strip()[:200],
+    }
+    page = paginate(request, tasks_for(principal, **filters).order_by("-created_at", "-id"), 50)
+    return render(request, "portal/tasks.html", {
+        "page": page, "filters": filters, "statuses": TaskStatus.values, "kinds": TaskKind.values,
+        "tenants": Tenant.objects.order_by("name") if principal.is_operator else [], "may_create": may_create(principal),
+    })
+
+
+def explanation(task: Task) -> dict | None:
+    reason = task.schedule_reason or {}
+    if not reason:
+        return None
+    removed = reason.get("removed_by") or {}
+    preemption = reason.get("preemption") or {}
+    return {
+        "code": reason.get("code", ""),
+        "text": REASON_CODES.get(reason.get("code", ""), reason.get("code", "")),
+        "cause": REASON_CODES.get(reason.get("cause", ""), reason.get("cause", "")),
+        "removed": [(REMOVED_BY.get(key, key), count) for key, count in removed.items()],
+        "preemption": preemption,
+        "at": reason.get("at", ""),
+    }
+
+
+def history(task: Task) -> list[dict]:
+    """What happened to the task: its lifecycle times and its recorded events, in order."""
+    items = [{"at": task.created_at, "kind": "created", "message": f"Queued by {task.created_by or 'an API key'}."}]
+    if task.started_at:
+        items.append({"at": task.started_at, "kind": "started", "message": "Running on its node."})
+    items += [{"at": e.created_at, "kind": e.kind, "message": e.message, "node": e.node_id} for e in task.events.all()[:200]]
+    if task.finished_at:
+        items.append({"at": task.finished_at, "kind": task.status, "message": f"Ended as {task.status}."})
+    return sorted(items, key=lambda item: item["at"])
+
+
+@portal_page
+def task_detail(request, pk):
+    principal = request.principal
+    task = get_object_or_404(Task.objects.visible_to(principal).select_related("tenant", "node", "created_by"), pk=pk)
+    cards = sorted(task.allocations.values_list("gpu_index", flat=True))
+    return render(request, "portal/task_detail.html", {
+        "task": task, "cards": cards, "explanation": explanation(task), "history": history(task),
+        "may_stop": principal.has_tenant_role(task.tenant, Role.MEMBER) and task.status in CANCELLABLE + STOPPABLE,
+        "stop_label": "Cancel" if task.status in CANCELLABLE else "Stop",
+        "command": " ".join(task.command or []),
+    })
+
+
+@require_POST
+@portal_page
+def task_stop(request, pk):
+    principal = request.principal
+    task = get_object_or_404(Task.objects.visible_to(principal), pk=pk)
+    if not principal.has_tenant_role(task.tenant, Role.MEMBER):
+        raise PermissionDenied("Viewers cannot stop tasks.")
+    try:
+        task = services.stop_task(task)
+    except Conflict as exc:
+        messages.error(request, str(exc.detail))
+    else:
+        messages.success(request, f"Task #{task.pk} is {task.status}.")
+    return redirect("portal:task", task.pk)

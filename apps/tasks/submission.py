@@ -1,0 +1,55 @@
+"""Submitting a task: what POST /api/v1/tasks and the portal's task form both do with
+the data TaskCreateSerializer validated (the tenant, the role, the tenant's secrets, the
+default timeout), before services.create_task. One place, so both say the same."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.shortcuts import get_object_or_404
+from django_tenants.utils import schema_context
+from rest_framework.exceptions import PermissionDenied, ValidationError
+
+from apps.confidential.models import Secret
+from apps.tasks import services
+from apps.tasks.models import Task
+from apps.tenants.choices import Role
+from apps.tenants.models import Tenant
+
+
+def tenant_for(principal, slug: str | None) -> Tenant:
+    """The tenant a task runs for: the caller's own, or (operators) the one named."""
+    if slug is None:
+        if principal.is_tenant:
+            return principal.tenant
+        raise ValidationError({"tenant": ["Required: the slug of the tenant the task runs for."]})
+    return get_object_or_404(Tenant.objects.visible_to(principal), slug=slug)
+
+
+def check_secrets(tenant: Tenant, env: dict, registry_auth: dict | None) -> None:
+    """Every secret the task references must exist in the tenant's own schema."""
+    wanted = {("env", value["secret"]) for value in env.values() if isinstance(value, dict)}
+    if registry_auth:
+        wanted.add(("registry_auth", registry_auth["password"]["secret"]))
+    if not wanted:
+        return
+    with schema_context(tenant.schema_name):
+        known = set(Secret.objects.filter(name__in={name for _, name in wanted}).values_list("name", flat=True))
+    problems: dict[str, list[str]] = {}
+    for field, name in sorted(wanted):
+        if name not in known:
+            problems.setdefault(field, []).append(f"No secret named {name!r} in tenant '{tenant.slug}'.")
+    if problems:
+        raise ValidationError(problems)
+
+
+def submit_task(principal, validated: dict) -> Task:
+    """Queue a task from TaskCreateSerializer's validated data. Raises ValidationError
+    (400), PermissionDenied (403), Http404 and Conflict (409, quota) as the API answers."""
+    data = dict(validated)
+    tenant = tenant_for(principal, data.pop("tenant", None))
+    if not principal.has_tenant_role(tenant, Role.MEMBER):
+        raise PermissionDenied("Viewers cannot create tasks.")
+    check_secrets(tenant, data["env"], data.get("registry_auth"))
+    if "timeout_seconds" not in data:
+        data["timeout_seconds"] = settings.HETEROFLOW_TASK_TIMEOUT_SECONDS
+    return services.create_task(tenant=tenant, created_by=principal.user, **data)

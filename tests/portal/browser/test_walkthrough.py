@@ -1,0 +1,450 @@
+"""The portal in a real browser: Chromium driven by Playwright against the control plane
+under uvicorn. An operator and a tenant member sign in and walk the pages; every page
+is saved as a screenshot under test-artefacts/screenshots/.
+
+The cluster is real: nodes register by heartbeats posted to the live server (one loses
+a card on the way), tasks are submitted through the form and placed by a real scheduler
+cycle. Only the monitor's past hour is written straight into node_metrics, in the rows'
+own shape: a heartbeat cannot be sent in the past.
+
+One browser for the module, one signed-in context per person. The data is committed
+once for the module (the server process sees only committed rows) and removed at the
+end, so the module leaves the test database as it found it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import requests
+
+CHROMIUM = os.environ.get("HETEROFLOW_CHROMIUM", "/usr/bin/chromium")
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install -r requirements/dev.txt)"
+)
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium; .ci/run installs it)", allow_module_level=True)
+
+from django.conf import settings  # noqa: E402
+from django.contrib.contenttypes.models import ContentType  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, connections  # noqa: E402
+
+from apps.alerts.choices import AlertScope, AlertType, Severity  # noqa: E402
+from apps.alerts.models import Alert  # noqa: E402
+from apps.alerts.services import raise_alert  # noqa: E402
+from apps.core.clock import utcnow  # noqa: E402
+from apps.nodes.models import Node  # noqa: E402
+from apps.nodes.services import assign_tenant  # noqa: E402
+from apps.scheduler.services import run_cycle  # noqa: E402
+from apps.tasks.models import Task  # noqa: E402
+from apps.tasks.services import create_task  # noqa: E402
+from apps.tenants.models import ApiKey, Tenant  # noqa: E402
+from apps.tenants.services import add_member, create_tenant  # noqa: E402
+from tests.factories import OperatorFactory, UserFactory  # noqa: E402
+from tests.live import start_control_plane, stop_process, wait_until  # noqa: E402
+from tests.nodes.payloads import gpu_stat, heartbeat  # noqa: E402
+
+# The mark makes pytest-django set up the test database; each test then runs in a
+# transaction of its own that the server cannot see, so what a test changes for the
+# server to show is done through `committed` (a thread: its own connection, autocommit).
+pytestmark = [pytest.mark.browser, pytest.mark.django_db]
+
+REPO = Path(__file__).resolve().parents[3]
+SCREENSHOTS = REPO / "test-artefacts" / "screenshots"
+PASSWORD = "pw-for-browser-tests"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic",
+                 "--disable-dev-shm-usage"]  # containers often have a small /dev/shm
+WAIT_MS = 10_000  # the longest any single expectation waits
+
+
+def committed(function, *args, **kwargs):
+    """Run `function` on a connection of its own (a thread's), so its writes commit and
+    the server sees them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    def run():
+        try:
+            return function(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result()
+
+
+def beat(url: str, node_id: str, payload: dict) -> None:
+    response = requests.post(f"{url}/api/v1/nodes/{node_id}/heartbeat", json=payload,
+                             headers={"X-API-Key": settings.HETEROFLOW_AGENT_SECRET}, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+def backfill_history(node_id: str, gpus: int, minutes: int = 60) -> None:
+    """The node's past hour, one row every 20 s, as the heartbeat writes them."""
+    now = utcnow()
+    rows = []
+    for step in range(minutes * 3, 0, -1):
+        wave = (step % 30) / 30
+        cards = [{"i": i, "u": round(20 + 60 * wave + i, 1), "m": 20480 + 4096 * i, "t": 50 + 10 * wave, "p": 250 + 100 * wave}
+                 for i in range(gpus)]
+        rows.append((node_id, now - timedelta(seconds=20 * step), 20 + 30 * wave, 40 + 10 * wave, json.dumps(cards)))
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus) VALUES (%s, %s, %s, %s, %s::jsonb)", rows
+        )
+
+
+def build_cluster(url: str) -> dict:
+    operator = OperatorFactory(username="ops", password=PASSWORD)
+    orbit = create_tenant(name="Orbit Labs", slug="orbit")
+    vega = create_tenant(name="Vega AI", slug="vega")
+    member = UserFactory(username="orbit-dev", password=PASSWORD)
+    add_member(orbit, username=member.username, role="member")
+    add_member(vega, username=member.username, role="viewer")  # a second tenant: the switcher shows
+    UserFactory(username="vega-dev", password=PASSWORD)
+    add_member(vega, username="vega-dev", role="admin")
+    # nodes register by heartbeat; gpu-a100-01 then loses card 3 (absent three beats running)
+    a100 = [gpu_stat(i, model="NVIDIA A100-SXM4-80GB", memory_total_mb=81920) for i in range(4)]
+    beat(url, "gpu-a100-01", heartbeat(gpu_stats=a100, hostname="gpu-a100-01", internal_ip="10.0.0.11"))
+    for _ in range(3):
+        beat(url, "gpu-a100-01", heartbeat(gpu_stats=a100[:3], hostname="gpu-a100-01", internal_ip="10.0.0.11"))
+    beat(url, "gpu-h100-02", heartbeat(gpus=8, hostname="gpu-h100-02", internal_ip="10.0.0.12"))
+    ascend = [gpu_stat(i, vendor="ascend", model="Ascend 910B", memory_total_mb=65536,
+                       metrics_available=["utilization", "memory_used_mb"]) for i in range(8)]
+    for card in ascend:  # not read: absent, never null or 0
+        del card["temperature"], card["power_w"]
+    beat(url, "npu-910b-03", heartbeat(gpu_stats=ascend, hostname="npu-910b-03", internal_ip="10.0.0.13",
+                                       inference_engines=["mindie"], inference_engine_versions={"mindie": "2.0"}))
+    beat(url, "gpu-vega-04", heartbeat(gpus=2, hostname="gpu-vega-04", internal_ip="10.0.0.14"))
+    for node_id, name in (("gpu-a100-01", "a100-01"), ("gpu-h100-02", "h100-02"), ("npu-910b-03", "ascend-03"),
+                          ("gpu-vega-04", "vega-04")):
+        Node.objects.filter(pk=node_id).update(name=name)
+    vega_node = Node.objects.get(pk="gpu-vega-04")
+    assign_tenant(vega_node, vega, expected_version=vega_node.version)
+    backfill_history("gpu-h100-02", 8)
+    # another tenant's task, and alerts for each audience
+    vega_task = create_task(tenant=vega, name="vega-secret-job", image="busybox", gpu_required=1)
+    raise_alert(type=AlertType.QUOTA_EXCEEDED, severity=Severity.WARNING, scope=AlertScope.TENANT, key="quota:orbit",
+                tenant_id=orbit.pk, message="Orbit Labs asked for 12 GPUs; its quota is 8.")
+    assert Alert.objects.filter(type=AlertType.GPU_LOST, node_id="gpu-a100-01", gpu_index=3).exists()
+    return {"operator": operator, "member": member, "orbit": orbit, "vega": vega, "vega_task": vega_task}
+
+
+def clean_database() -> None:
+    """Remove what the module committed: tenants through the ORM (which drops their
+    schemas), then every public table, as a transactional test's teardown does."""
+    Task.objects.all().delete()
+    Node.objects.all().delete()
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM node_metrics")
+    for tenant in Tenant.objects.all():
+        tenant.delete(force_drop=True)
+    call_command("flush", interactive=False, verbosity=0)  # post_migrate puts the content types back
+    ContentType.objects.clear_cache()
+
+
+@pytest.fixture(scope="module")
+def live(django_db_setup, django_db_blocker):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with django_db_blocker.unblock():
+        server, url = start_control_plane()
+        # Playwright's sync API keeps an event loop in this thread; the test's own database
+        # calls are plain synchronous ones between browser steps. (Set after the server
+        # started: it must not inherit this.)
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+        try:
+            data = build_cluster(url)
+            with sync_api.sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                try:
+                    yield {"url": url, "browser": browser, **data}
+                finally:
+                    browser.close()
+                    # while Playwright's loop runs, Django keeps the tests' connection
+                    # apart from this thread's own: close it, or it outlives the run
+                    connections.close_all()
+        finally:
+            stop_process(server)
+            clean_database()
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+class Person:
+    """A signed-in browser context of one user: it goes to pages and saves screenshots."""
+
+    def __init__(self, live, username: str, role: str):
+        self.url, self.role = live["url"], role
+        self.context = live["browser"].new_context(viewport={"width": 1360, "height": 900}, base_url=live["url"])
+        self.context.set_default_timeout(WAIT_MS)
+        self.page = self.context.new_page()
+        self.shots = 0
+        self.page.goto("/portal/")
+        sync_api.expect(self.page).to_have_url(re.compile(r"/portal/login/\?next="))
+        self.page.fill("#id_username", username)
+        self.page.fill("#id_password", PASSWORD)
+        self.page.click("button[type=submit]")
+        sync_api.expect(self.page.locator("#status-bar")).to_be_visible()
+
+    def go(self, path: str):
+        response = self.page.goto(path)
+        return response.status
+
+    def shot(self, name: str) -> Path:
+        self.shots += 1
+        path = SCREENSHOTS / f"{self.role}-{self.shots:02d}-{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture(scope="module")
+def operator(live):
+    person = Person(live, "ops", "operator")
+    yield person
+    person.close()
+
+
+@pytest.fixture(scope="module")
+def member(live):
+    person = Person(live, "orbit-dev", "member")
+    yield person
+    person.close()
+
+
+def status_numbers(page) -> dict:
+    return {name: int(page.locator(f'[data-status="{name}"]').inner_text())
+            for name in ("gpus-online", "tasks-running", "alerts-active")}
+
+
+expect = sync_api.expect
+
+
+# --- the operator ---------------------------------------------------------------------------------
+
+def test_operator_dashboard_and_status_bar(operator):
+    page = operator.page
+    operator.go("/portal/")
+    expect(page.locator("h1")).to_have_text("Welcome, ops")
+    # 3 + 8 + 8 + 2 cards online, less none: a100-01's lost card is not online
+    assert status_numbers(page) == {"gpus-online": 21, "tasks-running": 0, "alerts-active": 2}
+    expect(page.locator('[data-dash="nodes"]')).to_have_text("4")
+    operator.shot("dashboard")
+
+
+def test_operator_nodes_search_open_and_edit_location(operator):
+    page = operator.page
+    operator.go("/portal/nodes/")
+    expect(page.locator(".node-card")).to_have_count(4)
+    expect(page.locator('[data-summary="lost"]')).to_have_text("1")
+    expect(page.locator('[data-summary="total"]')).to_have_text("22")
+    operator.shot("nodes")
+    page.fill("#q", "A100")
+    page.click(".toolbar button[type=submit]")
+    expect(page.locator(".node-card")).to_have_count(1)
+    page.click('.node-card[data-node="gpu-a100-01"]')
+    expect(page).to_have_url(re.compile(r"/portal/nodes/gpu-a100-01/$"))
+    expect(page.locator('tr[data-gpu="3"] .badge')).to_have_text("lost")
+    page.fill("#region", "eu-north")
+    page.fill("#zone", "az2")
+    page.fill("#rack", "r42")
+    page.click("#location-form button[type=submit]")
+    expect(page.locator(".messages")).to_contain_text("Location saved.")
+    expect(page.locator("[data-location]")).to_have_text("eu-north / az2 / r42")
+    node = Node.objects.get(pk="gpu-a100-01")
+    assert (node.region, node.zone, node.rack) == ("eu-north", "az2", "r42")
+    operator.shot("node-detail")
+
+
+def charts_drawn(page, chart: str) -> int:
+    locator = page.locator(f'#{chart}[data-state="drawn"]')
+    expect(locator).to_have_count(1)
+    expect(locator.locator("canvas")).to_have_count(1)
+    return int(locator.get_attribute("data-points"))
+
+
+def test_operator_node_monitor_switches_range_with_charts(operator):
+    page = operator.page
+    operator.go("/portal/nodes/monitor/?node=gpu-h100-02")
+    assert charts_drawn(page, "chart-utilization") > 100  # an hour at 10 s buckets
+    page.click('[data-range="6"]')
+    expect(page.locator('[data-range="6"]')).to_have_attribute("aria-current", "true")
+    six_hours = charts_drawn(page, "chart-utilization")
+    assert 50 < six_hours < 400
+    for chart in ("chart-memory", "chart-temperature", "chart-host", "chart-power"):
+        assert charts_drawn(page, chart) > 50
+    expect(page.locator('[data-energy="kwh"]')).not_to_have_text("—")
+    page.select_option("#gpu", "3")
+    expect(page).to_have_url(re.compile(r"gpu=3"))
+    assert charts_drawn(page, "chart-utilization") == six_hours
+    operator.shot("node-monitor")
+    # auto-refresh reads the node's JSON with the session and redraws (the 90 s tick, called now)
+    with page.expect_response(lambda r: "/api/v1/nodes/metrics/gpu-h100-02?hours=6" in r.url) as answer:
+        page.evaluate("window.heteroflowMonitor.refresh()")
+    assert answer.value.status == 200 and len(answer.value.json()["points"]) == six_hours
+    expect(page.locator("#updated")).to_contain_text(f"{six_hours} points, 60 s each")
+    # the Ascend cards report no temperature: "not supported", not a flat zero
+    operator.go("/portal/nodes/monitor/?node=npu-910b-03")
+    expect(page.locator('[data-live="temperature"]')).to_have_text("not supported")
+    expect(page.locator('#chart-temperature[data-state="unsupported"]')).to_have_count(1)
+    expect(page.locator('#chart-utilization[data-state="drawn"]')).to_have_count(1)
+
+
+def test_operator_environment(operator):
+    page = operator.page
+    operator.go("/portal/environment/")
+    expect(page.locator('[data-summary="nodes"]')).to_have_text("4")
+    expect(page.locator('[data-summary="gpus-lost"]')).to_have_text("1")
+    expect(page.locator("tr[data-node]")).to_have_count(4)
+    operator.shot("environment")
+    page.click('[data-tab="offline"]')
+    expect(page.locator("tr[data-node]")).to_have_count(0)
+
+
+def test_operator_resolves_the_lost_gpu_alert(operator):
+    page = operator.page
+    operator.go("/portal/alerts/?type=GPU_LOST")
+    expect(page.locator("tr[data-alert]")).to_have_count(1)
+    operator.shot("alerts")
+    page.click("tr[data-alert] a")
+    expect(page.locator("[data-alert-state]")).to_have_text("ACTIVE")
+    page.click("button:has-text('Resolve')")
+    expect(page.locator("[data-alert-state]")).to_have_text("RESOLVED")
+    operator.shot("alert-detail")
+    expect(page.locator('[data-status="alerts-active"]')).to_have_text("1")
+
+
+# --- the tenant member ----------------------------------------------------------------------------
+
+def test_member_dashboard_is_narrowed_to_the_tenant(member):
+    page = member.page
+    member.go("/portal/")
+    expect(page.locator("main")).to_contain_text("Acting in tenant Orbit Labs as member")
+    # shared nodes only (not vega-04), and no node or GPU alert
+    assert status_numbers(page) == {"gpus-online": 19, "tasks-running": 0, "alerts-active": 1}
+    member.shot("dashboard")
+
+
+def test_member_nodes_without_operator_tools(member):
+    page = member.page
+    member.go("/portal/nodes/")
+    expect(page.locator(".node-card")).to_have_count(3)
+    page.fill("#q", "910B")
+    page.click(".toolbar button[type=submit]")
+    expect(page.locator(".node-card")).to_have_count(1)
+    member.shot("nodes")
+    page.click(".node-card")
+    expect(page.locator("h1")).to_contain_text("ascend-03")
+    expect(page.locator("#location-form")).to_have_count(0)
+    expect(page.locator("text=Delete node")).to_have_count(0)
+    member.shot("node-detail")
+    assert member.go("/portal/nodes/gpu-vega-04/") == 404
+
+
+def test_member_node_monitor_and_environment(member):
+    page = member.page
+    member.go("/portal/nodes/monitor/?node=gpu-h100-02")
+    page.click('[data-range="24"]')
+    expect(page.locator('[data-range="24"]')).to_have_attribute("aria-current", "true")
+    # an hour of history in 5-minute buckets
+    assert 10 <= charts_drawn(page, "chart-utilization") <= 13
+    assert 10 <= charts_drawn(page, "chart-host") <= 13
+    member.shot("node-monitor")
+    assert member.go("/portal/nodes/monitor/?node=gpu-vega-04") == 404
+    member.go("/portal/environment/?tab=all")
+    expect(page.locator("tr[data-node]")).to_have_count(3)
+    member.shot("environment")
+
+
+def test_member_submits_a_task_and_sees_it_scheduled(member):
+    page = member.page
+    member.go("/portal/tasks/new/")
+    page.fill("#image", "busybox")
+    page.fill("#gpu_required", "65")
+    page.click("#task-form button[type=submit]")
+    expect(page.locator('[data-errors="name"]')).to_have_text("This field may not be blank.")
+    expect(page.locator('[data-errors="gpu_required"]')).to_have_text("Ensure this value is less than or equal to 64.")
+    member.shot("task-form-errors")
+    page.fill("#name", "finetune-qwen")
+    page.fill("#gpu_required", "2")
+    page.fill("#command", "python\ntrain.py\n--epochs=1")
+    page.click("#task-form button[type=submit]")
+    expect(page.locator("[data-task-status]")).to_have_text("pending")
+    task_id = int(re.search(r"/portal/tasks/(\d+)/", page.url).group(1))
+    wait_until(lambda: task_id in committed(run_cycle).bound, 20, "the task to be placed")
+    task = Task.objects.select_related("node").get(pk=task_id)
+    page.reload()
+    expect(page.locator("[data-task-status]")).to_have_text("scheduled")
+    expect(page.locator('[data-explanation="placed"]')).to_contain_text(task.node.name)
+    member.shot("task-scheduled")
+    member.go("/portal/tasks/")
+    expect(page.locator(f'tr[data-task="{task_id}"]')).to_contain_text("scheduled")
+    member.shot("tasks")
+
+
+def test_member_acknowledges_an_alert(member):
+    page = member.page
+    member.go("/portal/alerts/")
+    expect(page.locator("tr[data-alert]")).to_have_count(1)
+    page.click("tr[data-alert] a")
+    expect(page.locator("button:has-text('Resolve')")).to_have_count(0)  # tenant admins and operators only
+    page.click("button:has-text('Acknowledge')")
+    expect(page.locator("[data-alert-ack]")).to_contain_text("by orbit-dev")
+    member.shot("alert-detail")
+
+
+def test_member_creates_and_revokes_an_api_key(member):
+    page = member.page
+    member.go("/portal/keys/")
+    page.fill("#key-name", "notebook")
+    page.click("#key-form button[type=submit]")
+    key = page.locator("[data-new-key]").inner_text()
+    assert key.startswith("sk-tenant-")
+    member.shot("api-key-created")
+    answer = requests.get(f"{member.url}/api/v1/tasks", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    assert answer.status_code == 200
+    member.go("/portal/keys/")
+    expect(page.locator("[data-new-key]")).to_have_count(0)  # shown once
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click('tr[data-key="notebook"] button:has-text("Revoke")')
+    expect(page.locator('tr[data-key="notebook"]')).to_contain_text("revoked")
+    member.shot("api-keys")
+    answer = requests.get(f"{member.url}/api/v1/tasks", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    assert answer.status_code == 401
+    assert ApiKey.objects.get(name="notebook").revoked_at is not None
+
+
+def test_member_cannot_open_another_tenants_task_until_switching(member, live):
+    page = member.page
+    vega_task = live["vega_task"].pk
+    assert member.go(f"/portal/tasks/{vega_task}/") == 404
+    expect(page.locator("h1")).to_have_text("Not found")
+    member.shot("other-tenant-task-404")
+    member.go("/portal/tasks/")
+    expect(page.locator(f'tr[data-task="{vega_task}"]')).to_have_count(0)
+    page.select_option("#tenant-switch", "vega")
+    expect(page.locator("main")).to_contain_text("Acting in tenant Vega AI as viewer")
+    member.go(f"/portal/tasks/{vega_task}/")
+    expect(page.locator("h1")).to_contain_text("vega-secret-job")
+    page.select_option("#tenant-switch", "orbit")
+    expect(page.locator("main")).to_contain_text("Acting in tenant Orbit Labs as member")
+
+
+def test_operator_sees_the_placed_task_on_the_nodes_page(operator):
+    page = operator.page
+    operator.go("/portal/nodes/")
+    # the member's task holds two cards; the same cycle placed Vega's one-card task
+    expect(page.locator('[data-summary="busy"]')).to_have_text("3")
+    expect(page.locator('[data-summary="success-rate"]')).to_have_text("100.0%")
+    expect(page.locator(".gpu-cell.busy")).to_have_count(3)
+    tasks = [int(n) for n in page.locator("[data-tasks]").all_inner_texts()]
+    assert sorted(tasks, reverse=True) == tasks == [1, 1, 0, 0]  # the default order: most tasks first
+    operator.shot("nodes-busy")  # the README's picture
