@@ -150,14 +150,14 @@ def test_a_running_task_with_nothing_here_is_reported_as_a_fact_not_failed(serve
     executor.close()
 
 
-def test_nothing_is_reported_lost_when_the_runtime_cannot_be_listed(server, runtime, monkeypatch):
+def test_nothing_is_reported_lost_when_the_runtime_cannot_be_listed(server, tmp_path):
     server.answer("/api/v1/tasks", (200, {"results": [{"id": 31, "status": "running"}]}))
-    executor = executor_for(server, runtime)
 
-    def broken():
-        raise OSError("engine not answering")
+    class Unlistable(ProcessRuntime):
+        def tasks(self):
+            raise OSError("engine not answering")
 
-    monkeypatch.setattr(runtime, "tasks", broken)
+    executor = executor_for(server, Unlistable(tmp_path / "unlistable"))
     assert Reconciler(executor).run_once()["lost"] == []
     assert not any(r["path"].endswith("/container-lost") for r in server.requests)
     executor.close()

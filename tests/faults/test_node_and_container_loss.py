@@ -28,7 +28,7 @@ from apps.tenants.services import create_tenant, issue_platform_key
 from heteroflow_agent.runtime.process import ProcessRuntime
 from tests.factories import OperatorFactory
 from tests.faults.cluster import ControlPlane
-from tests.live import start_agent, start_control_plane, stop_process, wait_until
+from tests.live import agent_log, start_agent, start_control_plane, stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 AGENT = {"X-API-Key": settings.HETEROFLOW_AGENT_SECRET}
@@ -41,6 +41,17 @@ def stop_tasks_of(data_dir) -> None:
     for task_id in runtime.tasks():
         runtime.stop(task_id, 1)
         runtime.remove(task_id)
+
+
+def vanish(data_dir, task_id: int, graveyard) -> None:
+    """As if someone removed the task's container by hand: gone for the agent at once (its
+    folder moves away in one rename, so the agent never sees it merely exited), then
+    stopped and removed where it went."""
+    graveyard.mkdir(exist_ok=True)
+    (data_dir / "process-tasks" / f"task-{task_id}").rename(graveyard / f"task-{task_id}")
+    gone = ProcessRuntime(graveyard)
+    gone.stop(task_id, 1)
+    gone.remove(task_id)
 
 
 def statuses() -> dict[str, int]:
@@ -141,29 +152,30 @@ def test_a_vanished_task_is_reported_and_the_server_requeues_it(tmp_path):
         set_plugin_options("resource-filter", extra={"cpu_percent_max": 100, "memory_percent_max": 100})
         task = create_task(tenant=tenant, name="svc", command=["sleep", "300"], gpu_required=0)
 
-        def runs():
+        def runs(times: int = 1):
+            """Running, and started by the agent (its start has returned: moving the task's
+            folder away in the middle of the start would be a failed start, not a loss)."""
             run_cycle()
             task.refresh_from_db()
-            return task.status == "running" and task.pk in runtime.tasks()
+            started = agent_log(agent).count(f"task {task.pk} started")
+            return task.status == "running" and task.pk in runtime.tasks() and started >= times
 
         # 1. it vanishes while the agent watches it
         wait_until(runs, 40, "the task running")
-        runtime.stop(task.pk, 1)
-        runtime.remove(task.pk)
-        wait_until(lambda: TaskEvent.objects.filter(task=task, kind="container_lost_pending").exists(), 30,
+        vanish(data_dir, task.pk, tmp_path / "gone")
+        wait_until(lambda: TaskEvent.objects.filter(task=task, kind="container_lost_pending").exists(), 45,
                    "the agent's report and the server's verdict")
         alert = Alert.objects.get(type="TASK_REQUEUED", task=task)
         assert alert.scope == "task" and alert.tenant_id == tenant.pk
-        wait_until(runs, 40, "the task running again")
+        wait_until(lambda: runs(2), 40, "the task running again")
 
         # 2. it vanishes while no agent runs: the next agent's reconcile finds it
         stop_process(agent)
-        runtime.stop(task.pk, 1)
-        runtime.remove(task.pk)
+        vanish(data_dir, task.pk, tmp_path / "gone-again")
         agent = start_agent(url, data_dir, **QUICK)
         wait_until(lambda: TaskEvent.objects.filter(task=task, kind="container_lost_pending").count() == 2, 40,
                    "the reconcile's report")
-        wait_until(runs, 40, "the task running a third time")
+        wait_until(lambda: runs(1), 40, "the task running a third time")  # a new agent, a new log
         history = list(task.events.values_list("kind", flat=True))
         assert history.count("container_lost_pending") == 2 and "container_lost_failed" not in history
         assert task.status == "running" and task.gpu_seconds == 0.0  # a CPU task holds no cards
