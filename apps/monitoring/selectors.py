@@ -14,6 +14,7 @@ from apps.alerts.models import Alert
 from apps.core.clock import utcnow
 from apps.core.models import JobRun
 from apps.monitoring import hostmetrics, probes
+from apps.monitoring.models import ServerMetric
 from apps.monitoring.services import previous_sample
 from apps.nodes.choices import ALIVE, NodeStatus
 from apps.nodes.models import Gpu, Node
@@ -71,6 +72,23 @@ def history(hours: int, *, host: str = "", now: datetime | None = None) -> dict:
         "until": now,
         "hosts": [{"host": name, "points": points} for name, points in series.items()],
     }
+
+
+LATEST_WITHIN = timedelta(hours=1)
+LATEST_MAX_HOSTS = 50
+
+
+def latest_samples(*, within: timedelta = LATEST_WITHIN, now: datetime | None = None) -> list[ServerMetric]:
+    """The newest stored sample of each host that sampled within `within` (a host silent
+    for longer has gone: stopped, or a container recreated under a new name), by host.
+    One index-backed query; at most LATEST_MAX_HOSTS hosts."""
+    now = now or utcnow()
+    latest = (
+        ServerMetric.objects.filter(at__gt=now - within, at__lte=now)
+        .order_by("host", "-at")
+        .distinct("host")
+    )
+    return list(latest[:LATEST_MAX_HOSTS])
 
 
 def live(now: datetime | None = None) -> dict:

@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import views
-from apps.portal.pages import account, alerts, nodes, tasks
+from apps.portal.pages import account, alerts, nodes, server, tasks
 
 app_name = "portal"
 urlpatterns = [
@@ -10,6 +10,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="portal/login.html", redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tenant/", views.switch_tenant, name="switch-tenant"),
+    path("server/hosts/", server.server_hosts, name="server-hosts"),
     # nodes
     path("nodes/", nodes.node_list, name="nodes"),
     path("nodes/monitor/", nodes.node_monitor, name="node-monitor"),

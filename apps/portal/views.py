@@ -9,6 +9,7 @@ from apps.alerts.selectors import alert_stats
 from apps.core.authentication import SESSION_TENANT_KEY
 from apps.nodes.selectors import environment_summary, gpu_summary, node_list
 from apps.portal.access import portal_page
+from apps.portal.pages import server
 from apps.tasks.selectors import task_stats
 from apps.tasks.services import quota_use
 from apps.tenants.models import Membership
@@ -23,11 +24,14 @@ def home(request):
     quota = None
     if principal.is_tenant:
         quota = {"tenant": principal.tenant, "use": quota_use(principal.tenant)}
+    # the server monitoring panel: operators only, and only then are its reads made
+    panel = server.panel_context(request) if principal.is_operator else None
     return render(request, "portal/home.html", {
         "cluster": environment_summary(principal), "gpus": gpu_summary(principal), "tasks": task_stats(principal),
         "alerts": alert_stats(principal), "quota": quota,
         "nodes": nodes[:NODES_ON_HOME], "more_nodes": len(nodes) > NODES_ON_HOME,
-    })
+        "server_panel": panel,
+    }, status=400 if panel and panel.get("error") else 200)
 
 
 @require_POST

@@ -1,4 +1,4 @@
-// The node monitor's charts (uPlot, served from static/vendor: no CDN). The page renders
+// The node monitor's charts (drawn with static/portal/charts.js over uPlot). The page renders
 // the first data; with auto-refresh on, every 90 s it reads the same API the page used
 // (GET /api/v1/nodes/metrics/<id>, /api/v1/nodes/<id>/energy, /api/v1/nodes/<id>) with
 // the session, and redraws. A reading no card reports is "not supported"; a range
@@ -7,7 +7,7 @@
   "use strict";
   var REFRESH_MS = 90 * 1000;
   var data = JSON.parse(document.getElementById("monitor-data").textContent);
-  var charts = {};
+  var charts = window.HeteroflowCharts;  // static/portal/charts.js
 
   function mean(xs) { return xs.length ? xs.reduce(function (a, b) { return a + b; }, 0) / xs.length : null; }
   function sum(xs) { return xs.length ? xs.reduce(function (a, b) { return a + b; }, 0) : null; }
@@ -38,42 +38,17 @@
       labels: [data.gpu === "all" ? "all cards" : "GPU " + data.gpu], colors: ["#dc2626"] },
   ];
 
-  function note(box, text) {
-    var old = box.querySelector(".uplot, .empty");
-    if (old) old.remove();
-    var p = document.createElement("p");
-    p.className = "empty";
-    p.textContent = text;
-    box.appendChild(p);
-    box.dataset.points = "0";
-    box.dataset.state = text === "not supported" ? "unsupported" : "empty";
-  }
-
   function draw(history) {
     var points = history.points || [];
     var xs = points.map(function (p) { return Date.parse(p.at) / 1000; });
     SPECS.forEach(function (spec) {
       var box = document.getElementById(spec.id);
       if (!box) return;
-      if (spec.reading && !data.supported[spec.reading]) { note(box, "not supported"); return; }
+      if (spec.reading && !data.supported[spec.reading]) { charts.note(box, "not supported", "unsupported"); return; }
       var ys = spec.series(points);
-      var filled = ys[0].filter(function (v) { return v !== null && v !== undefined; }).length;
-      if (!filled) { if (charts[spec.id]) { charts[spec.id].destroy(); delete charts[spec.id]; } note(box, "— no data in this range"); return; }
-      var empty = box.querySelector(".empty");
-      if (empty) empty.remove();
-      var series = [{}].concat(spec.labels.map(function (label, i) {
-        return { label: label, stroke: spec.colors[i], width: 2, spanGaps: false };
-      }));
-      var payload = [xs].concat(ys);
-      if (charts[spec.id]) {
-        charts[spec.id].setData(payload);
-      } else {
-        var opts = { width: Math.max(300, box.clientWidth - 20), height: 200, series: series,
-                     scales: spec.range ? { y: { range: spec.range } } : {}, legend: { show: true } };
-        charts[spec.id] = new uPlot(opts, payload, box);
-      }
-      box.dataset.points = String(filled);
-      box.dataset.state = "drawn";
+      charts.draw(box, xs, spec.labels.map(function (label, i) {
+        return { label: label, color: spec.colors[i], values: ys[i] };
+      }), { range: spec.range });
     });
     var updated = document.getElementById("updated");
     updated.textContent = "Updated " + new Date().toLocaleTimeString() + " · " + points.length + " points, " +

@@ -166,6 +166,17 @@ def test_collection_and_pruning_are_separate_periodic_jobs():
     assert "monitoring.collect_server_metrics" not in schedule  # each worker sends it to its own host
 
 
+def test_latest_samples_are_each_hosts_newest_within_the_hour():
+    for host, minutes_ago in (("cp-1", 3), ("cp-1", 1), ("cp-2", 59), ("cp-3", 61), ("cp-0", -2)):
+        services.record_sample(host, sample(cpu_percent=float(minutes_ago)), T0 - timedelta(minutes=minutes_ago))
+    from apps.monitoring.selectors import latest_samples
+
+    latest = latest_samples(now=T0)
+    # by host; cp-3 silent for over an hour is gone; a sample dated after `now` is not "newest"
+    assert [(row.host, row.cpu_percent) for row in latest] == [("cp-1", 1.0), ("cp-2", 59.0)]
+    assert [row.host for row in latest_samples(now=T0, within=timedelta(minutes=2))] == ["cp-1"]
+
+
 # --- the API ---------------------------------------------------------------------------------
 
 SERVER_ENDPOINTS = ["/api/v1/server/metrics", "/api/v1/server/metrics/history", "/api/v1/server/health-check",

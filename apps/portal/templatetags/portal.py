@@ -12,9 +12,14 @@ def dash(value):
     return DASH if value is None or value == "" else value
 
 
+def missing(value) -> bool:
+    """None, or "" (what a template gives for a variable that does not resolve)."""
+    return value is None or value == ""
+
+
 @register.filter
 def pct(value, digits=0):
-    if value is None:
+    if missing(value):
         return DASH
     return f"{float(value):.{int(digits)}f}%"
 
@@ -34,7 +39,7 @@ def get(mapping, key):
 @register.filter
 def level(value, limits="60,80"):
     """ok / warn / high for threshold colouring (e.g. 60 and 80 percent)."""
-    if value is None:
+    if missing(value):
         return "none"
     warn, high = (float(x) for x in str(limits).split(","))
     return "high" if value > high else "warn" if value > warn else "ok"
@@ -52,3 +57,36 @@ def query(context, **changes):
             params[key] = value
     encoded = urlencode(sorted((k, v) for k in params for v in params.getlist(k)))
     return "?" + encoded if encoded else "?"
+
+
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+@register.filter
+def bytes_iec(value):
+    """1536 -> "1.5 KiB"; missing data is "—". (server_panel.js's bytes() says the same.)"""
+    if missing(value):
+        return DASH
+    value, unit = float(value), 0
+    while abs(value) >= 1024 and unit < len(BYTE_UNITS) - 1:
+        value, unit = value / 1024, unit + 1
+    return f"{value:.0f} {BYTE_UNITS[unit]}" if unit == 0 else f"{value:.1f} {BYTE_UNITS[unit]}"
+
+
+@register.filter
+def byte_rate(value):
+    return DASH if missing(value) else f"{bytes_iec(value)}/s"
+
+
+@register.filter
+def duration(seconds):
+    """Seconds as "3 d 4 h 12 min" (from the largest part that is not 0; under a minute "42 s")."""
+    if missing(seconds):
+        return DASH
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    parts = [(seconds // 86400, "d"), (seconds % 86400 // 3600, "h"), (seconds % 3600 // 60, "min")]
+    while parts and parts[0][0] == 0:
+        parts.pop(0)
+    return " ".join(f"{n} {unit}" for n, unit in parts)

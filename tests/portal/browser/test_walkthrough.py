@@ -5,7 +5,9 @@ is saved as a screenshot under test-artefacts/screenshots/.
 The cluster is real: nodes register by heartbeats posted to the live server (one loses
 a card on the way), tasks are submitted through the form and placed by a real scheduler
 cycle. Only the monitor's past hour is written straight into node_metrics, in the rows'
-own shape: a heartbeat cannot be sent in the past.
+own shape: a heartbeat cannot be sent in the past. The control-plane hosts' past week is
+stored through the monitoring service that collects host samples (this host's newest one
+read from the machine itself).
 
 One browser for the module, one signed-in context per person. The data is committed
 once for the module (the server process sees only committed rows) and removed at the
@@ -38,6 +40,8 @@ from apps.alerts.choices import AlertScope, AlertType, Severity  # noqa: E402
 from apps.alerts.models import Alert  # noqa: E402
 from apps.alerts.services import raise_alert  # noqa: E402
 from apps.core.clock import utcnow  # noqa: E402
+from apps.monitoring import hostmetrics  # noqa: E402
+from apps.monitoring import services as monitoring_services  # noqa: E402
 from apps.nodes.models import Node  # noqa: E402
 from apps.nodes.services import assign_tenant  # noqa: E402
 from apps.scheduler.services import run_cycle  # noqa: E402
@@ -101,6 +105,52 @@ def backfill_history(node_id: str, gpus: int, minutes: int = 60) -> None:
         )
 
 
+OTHER_HOST = "cp-standby"
+GAP_MINUTES = (35, 50)  # the other host stored nothing then: a gap in its lines, not zeros
+
+
+def backfill_server_samples() -> None:
+    """This host and another over the past week, through the service that stores host
+    samples (rates computed from each host's previous sample). Every 30 s for the last two
+    hours; before that as often as each range's buckets need (5 min back to 6 h, 15 min to
+    24 h, 30 min to 7 days), which keeps the module's set-up short. This host's newest
+    sample is a real reading of the machine, and its past counters lead up to the real
+    ones, so the rates stay true across the real reading."""
+    now = utcnow()
+    this_host = hostmetrics.host_name()
+    real, _window = hostmetrics.read_host()
+    seconds_ago = [s for s in range(168 * 3600 - 1800, 24 * 3600, -1800)] + [s for s in range(24 * 3600, 6 * 3600, -900)]
+    seconds_ago += [s for s in range(6 * 3600, 2 * 3600, -300)] + [s for s in range(2 * 3600, 0, -30)]
+    mine_rate = min(50_000, (real.net_recv_bytes or 0) // (8 * 86400))  # bytes/s the counters grew by
+    standby_in, standby_out = 10_000_000, 5_000_000
+    previous = seconds_ago[0]
+    for n, ago in enumerate(seconds_ago):
+        at = now - timedelta(seconds=ago)
+        wave = (n % 20) / 20
+        mine = hostmetrics.HostSample(
+            cpu_percent=round(15 + 50 * wave, 1), memory_percent=round(45 + 10 * wave, 1), memory_used_bytes=29 << 30,
+            memory_total_bytes=64 << 30, disk_percent=61.0, disk_used_bytes=305 << 30, disk_total_bytes=500 << 30,
+            load_1=round(1 + 2 * wave, 2), load_5=1.5, load_15=1.2,
+            net_recv_bytes=None if real.net_recv_bytes is None else real.net_recv_bytes - mine_rate * ago,
+            net_sent_bytes=None if real.net_sent_bytes is None else real.net_sent_bytes - mine_rate // 4 * ago,
+            uptime_seconds=None, cpu_temperature_celsius=round(48 + 10 * wave, 1),
+        )
+        monitoring_services.collect_server_metrics(at, read=lambda sample=mine: (sample, 1.0))
+        standby_in += int((60_000 + 60_000 * wave) * (previous - ago))  # 59 to 117 KiB/s received
+        standby_out += int(30_000 * (previous - ago))
+        previous = ago
+        if GAP_MINUTES[0] * 60 <= ago < GAP_MINUTES[1] * 60:
+            continue
+        monitoring_services.record_sample(OTHER_HOST, hostmetrics.HostSample(
+            cpu_percent=round(70 + 20 * wave, 1), memory_percent=72.0, memory_used_bytes=46 << 30, memory_total_bytes=64 << 30,
+            disk_percent=38.5, disk_used_bytes=190 << 30, disk_total_bytes=500 << 30, load_1=round(3 + wave, 2), load_5=3.2,
+            load_15=3.1, net_recv_bytes=standby_in, net_sent_bytes=standby_out, uptime_seconds=9 * 86400 - ago,
+            cpu_temperature_celsius=None,
+        ), at)
+    assert monitoring_services.collect_server_metrics(now, read=lambda: (real, 1.0))  # the machine's own reading
+    assert this_host != OTHER_HOST
+
+
 def build_cluster(url: str) -> dict:
     operator = OperatorFactory(username="ops", password=PASSWORD)
     orbit = create_tenant(name="Orbit Labs", slug="orbit")
@@ -129,6 +179,7 @@ def build_cluster(url: str) -> dict:
     vega_node = Node.objects.get(pk="gpu-vega-04")
     assign_tenant(vega_node, vega, expected_version=vega_node.version)
     backfill_history("gpu-h100-02", 8)
+    backfill_server_samples()
     # another tenant's task, and alerts for each audience
     vega_task = create_task(tenant=vega, name="vega-secret-job", image="busybox", gpu_required=1)
     raise_alert(type=AlertType.QUOTA_EXCEEDED, severity=Severity.WARNING, scope=AlertScope.TENANT, key="quota:orbit",
@@ -240,6 +291,84 @@ def test_operator_dashboard_and_status_bar(operator):
     operator.shot("dashboard")
 
 
+def charts_drawn(page, chart: str) -> int:
+    locator = page.locator(f'#{chart}[data-state="drawn"]')
+    expect(locator).to_have_count(1)
+    expect(locator.locator("canvas")).to_have_count(1)
+    return int(locator.get_attribute("data-points"))
+
+
+def test_operator_dashboard_server_panel(operator):
+    page = operator.page
+    this_host = hostmetrics.host_name()
+    operator.go("/portal/")
+    panel = page.locator("#server-panel")
+    expect(panel).to_be_visible()
+    # a set of cards per host, as stored; this host's newest sample is the machine's own
+    expect(panel.locator(".host-card")).to_have_count(2)
+    mine = panel.locator(f'.host-card[data-host="{this_host}"]')
+    other = panel.locator(f'.host-card[data-host="{OTHER_HOST}"]')
+    expect(mine.locator('[data-reading="cpu"]')).to_have_text(re.compile(r"^\d+%$"))
+    expect(mine.locator('[data-detail="memory"]')).to_have_text(re.compile(r"^[\d.]+ [KMGT]iB / [\d.]+ [KMGT]iB$"))
+    expect(mine.locator('[data-reading="temperature"]')).to_have_text(re.compile(r"^(\d+ °C|no sensor)$"))
+    expect(other.locator('[data-reading="temperature"]')).to_have_text("no sensor")
+    expect(other.locator('[data-reading="net-out"]')).to_have_text("↑ 29.3 KiB/s")  # 30,000 B/s
+    expect(other.locator('[data-reading="uptime"]')).to_have_text("8 d 23 h 59 min")
+    expect(other.locator('[data-reading="cpu"]')).to_have_class(re.compile(r"\b(warn|high)\b"))  # 70 to 90 %
+    # the six-point health check and its verdict
+    checks = panel.locator("#server-checks tr[data-check]")
+    expect(checks).to_have_count(6)
+    assert checks.evaluate_all("rows => rows.map(r => r.dataset.check)") == [
+        "database", "storage", "scheduler", "gpu_nodes", "broker", "configuration"]
+    expect(panel.locator('#server-checks tr[data-check="database"] .badge')).to_have_text("ok")
+    expect(panel.locator("[data-verdict]")).to_have_text(re.compile(r"^(healthy|degraded|unhealthy)$"))
+    # the hour's charts, one line per host; the other host's silent quarter hour is a gap
+    expect(panel.locator('#server-charts[data-hours="1"]')).to_have_count(1)
+    assert 59 <= charts_drawn(page, "server-cpu") <= 61
+    for chart in ("server-memory", "server-disk", "server-network", "server-load"):
+        assert charts_drawn(page, chart) >= 59
+    expect(panel.locator("#server-network")).to_have_attribute("data-series", "4")  # in and out, per host
+    standby = sorted([this_host, OTHER_HOST]).index(OTHER_HOST)
+    xs, *lines = page.evaluate("window.heteroflowServerPanel.chartData('server-cpu')")
+    assert len(lines) == 2 and all(len(line) == len(xs) for line in lines)
+    assert 0 not in lines[standby] and None in lines[standby][1:-2]  # a gap inside the hour, never a 0
+    assert sum(v is None for v in lines[standby]) >= GAP_MINUTES[1] - GAP_MINUTES[0] - 1
+    # the standby has no sensor: its temperature line is all gaps, not a line at 0 °C
+    assert charts_drawn(page, "server-temperature") >= 59
+    _xs, *temperatures = page.evaluate("window.heteroflowServerPanel.chartData('server-temperature')")
+    assert set(temperatures[standby]) == {None} and 0 not in temperatures[1 - standby]
+    operator.shot("dashboard-server-panel")
+
+    # the range switch reads the history API with the session and redraws
+    for hours, low, high in (("6", 70, 73), ("168", 160, 169), ("24", 94, 97)):
+        with page.expect_response(lambda r, hours=hours: f"/api/v1/server/metrics/history?hours={hours}" in r.url) as answer:
+            page.click(f'[data-server-range="{hours}"]')
+        assert answer.value.status == 200
+        expect(panel.locator(f'#server-charts[data-hours="{hours}"]')).to_have_count(1)
+        expect(panel.locator(f'[data-server-range="{hours}"]')).to_have_attribute("aria-current", "true")
+        expect(page).to_have_url(re.compile(rf"\?hours={hours}"))
+        assert low <= charts_drawn(page, "server-cpu") <= high
+        expect(panel.locator("#server-cpu")).to_have_attribute("data-series", "2")
+        if hours == "168":
+            operator.shot("dashboard-server-panel-7d")
+
+    # the 30 s refresh (called now): stored samples, the live reading of the host that
+    # answered, the health check; the same six checks drawn by the script
+    with page.expect_response(lambda r: r.url.endswith("/api/v1/server/metrics")) as live:
+        page.evaluate("window.heteroflowServerPanel.refresh()")
+    assert live.value.status == 200 and live.value.json()["host"] == this_host
+    expect(mine).to_have_attribute("data-source", "live")
+    expect(mine.locator('[data-field="stamp"]')).to_have_text("live")
+    expect(mine.locator('[data-field="platform"]')).to_contain_text("answered the refresh")
+    expect(other).to_have_attribute("data-source", "sample")
+    expect(page.locator("#server-updated")).to_have_text(re.compile(r"^Cards and health check updated .*\.$"))
+    expect(page.locator("#server-updated")).not_to_contain_text("Could not read")
+    expect(checks).to_have_count(6)
+    # a range the panel does not offer is refused
+    assert operator.go("/portal/?hours=5") == 400
+    expect(page.locator("[data-server-error]")).to_contain_text("not a range of the server panel")
+
+
 def test_operator_nodes_search_open_and_edit_location(operator):
     page = operator.page
     operator.go("/portal/nodes/")
@@ -262,13 +391,6 @@ def test_operator_nodes_search_open_and_edit_location(operator):
     node = Node.objects.get(pk="gpu-a100-01")
     assert (node.region, node.zone, node.rack) == ("eu-north", "az2", "r42")
     operator.shot("node-detail")
-
-
-def charts_drawn(page, chart: str) -> int:
-    locator = page.locator(f'#{chart}[data-state="drawn"]')
-    expect(locator).to_have_count(1)
-    expect(locator.locator("canvas")).to_have_count(1)
-    return int(locator.get_attribute("data-points"))
 
 
 def test_operator_node_monitor_switches_range_with_charts(operator):
@@ -330,6 +452,11 @@ def test_member_dashboard_is_narrowed_to_the_tenant(member):
     expect(page.locator("main")).to_contain_text("Acting in tenant Orbit Labs as member")
     # shared nodes only (not vega-04), and no node or GPU alert
     assert status_numbers(page) == {"gpus-online": 19, "tasks-running": 0, "alerts-active": 1}
+    # no server panel, and none of its data with this session
+    expect(page.locator("#server-panel")).to_have_count(0)
+    for path in ("/portal/server/hosts/", "/api/v1/server/metrics", "/api/v1/server/metrics/history?hours=1",
+                 "/api/v1/server/health-check"):
+        assert member.context.request.get(path).status == 403, path
     member.shot("dashboard")
 
 
