@@ -37,6 +37,31 @@ class Tenant(TenantMixin):
     def __str__(self):
         return self.name
 
+    def create_schema(self, check_if_exists=False, sync_schema=True, verbosity=1):
+        """The tenant's schema with only what lives there (TENANT_APPS) migrated: about
+        50 ms, where django-tenants' default replays every app's migrations in it (4 s per
+        tenant, for tables the router keeps in public anyway). The other apps' migrations
+        are recorded in the schema by the next `migrate_schemas`, where they are no-ops."""
+        from django.apps import apps
+        from django.conf import settings
+        from django.core.management import call_command
+        from django.db import connection
+        from django_tenants.postgresql_backend.base import _check_schema_name
+        from django_tenants.utils import schema_exists
+
+        _check_schema_name(self.schema_name)
+        if check_if_exists and schema_exists(self.schema_name):
+            return False
+        with connection.cursor() as cursor:
+            cursor.execute(f'CREATE SCHEMA "{self.schema_name}"')
+        if sync_schema:
+            for config in apps.get_app_configs():
+                if config.name in settings.TENANT_APPS:
+                    call_command("migrate_schemas", config.label, tenant=True, schema_name=self.schema_name,
+                                 interactive=False, verbosity=verbosity)
+        connection.set_schema_to_public()
+        return True
+
 
 class Domain(DomainMixin):
     """Required by django-tenants; requests are not routed by host name here."""

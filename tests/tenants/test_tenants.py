@@ -39,6 +39,29 @@ def test_creating_a_tenant_creates_its_migrated_schema(world, api):
         assert AuditEvent.objects.filter(action="tenant.created").count() == 1
 
 
+def test_a_new_tenant_schema_holds_only_its_own_apps_and_a_later_migrate_completes_it(world):
+    """Creating a tenant migrates only TENANT_APPS in its schema (fast); the next
+    migrate_schemas records the rest there without creating a shared table in it."""
+    from django.core.management import call_command
+    from django.db import connection
+
+    from apps.tenants.services import create_tenant
+
+    tenant = create_tenant(name="Quick", slug="quick")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT DISTINCT app FROM t_quick.django_migrations")
+        assert {app for (app,) in cursor.fetchall()} == {"confidential"}
+        cursor.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 't_quick'")
+        before = {name for (name,) in cursor.fetchall()}
+    call_command("migrate_schemas", tenant=True, schema_name=tenant.schema_name, interactive=False, verbosity=0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 't_quick'")
+        assert {name for (name,) in cursor.fetchall()} == before  # nothing shared landed in the tenant's schema
+        cursor.execute("SELECT count(DISTINCT app) FROM t_quick.django_migrations")
+        assert cursor.fetchone()[0] > 5
+    connection.set_schema_to_public()
+
+
 @pytest.mark.parametrize(
     "body",
     [
