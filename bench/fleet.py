@@ -53,6 +53,7 @@ async def run(args) -> dict:
         pool.put_nowait(Connection(port))
     stats = {"nodes": args.nodes, "beats": 0, "failures": {}, "max_gap_seconds": 0.0}
     last_sent = [None] * args.nodes
+    heard: set[int] = set()  # nodes whose beat the server has taken
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -71,7 +72,9 @@ async def run(args) -> dict:
         finally:
             pool.put_nowait(conn)
         stats["beats"] += 1
-        if status != 200:
+        if status == 200:
+            heard.add(n)
+        else:
             stats["failures"][str(status)] = stats["failures"].get(str(status), 0) + 1
 
     started = loop.time()
@@ -93,7 +96,7 @@ async def run(args) -> dict:
         pending.add(task)
         task.add_done_callback(pending.discard)
         heapq.heappush(due, (at + args.interval * rng.uniform(1 - args.jitter, 1 + args.jitter), n))
-        if ready_marker and stats["beats"] >= args.nodes and not ready_marker.exists():
+        if ready_marker and len(heard) == args.nodes and not ready_marker.exists():
             ready_marker.write_text("registered\n")
     if pending:
         await asyncio.wait(pending, timeout=10)
@@ -112,7 +115,7 @@ def main() -> int:
     parser.add_argument("--prefix", default="sim", help="node ids are <prefix>-00000 …")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--ready-file", help="written once every node has sent a beat")
+    parser.add_argument("--ready-file", help="written once the server has taken a beat from every node")
     args = parser.parse_args()
     if not 0 <= args.jitter < 1:
         parser.error("--jitter must be in [0, 1)")

@@ -26,6 +26,7 @@ from apps.alerts.failures import sweep
 from apps.alerts.models import Alert
 from apps.core.clock import utcnow
 from apps.nodes.models import Node
+from apps.nodes.services import refresh_node_statuses
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import run_cycle, set_plugin_options
 from apps.tasks.models import Task, TaskEvent
@@ -107,11 +108,14 @@ def test_a_rack_of_1000_nodes_going_silent_requeues_each_task_exactly_once(tmp_p
         assert alerts.filter(type="TASK_REQUEUED").count() == RACK
         assert not alerts.filter(type="NODE_OFFLINE", node_id__startswith="row-").exists()
 
+        # the health checker has marked the rack offline by now (a minute of silence)
+        refresh_node_statuses(now=utcnow() + timedelta(seconds=61))
+        assert online("rack") == 0
         # the rack comes back: online on its next beat, alerts recovered by the next sweep
         back = Fleet(url, tmp_path, nodes=RACK, prefix="rack", interval=5)
         try:
             back.wait_registered()
-            wait_until(lambda: online("rack") == RACK, 30, "the rack online again")
+            assert online("rack") == RACK
             assert sorted(sweep().recovered) == sorted(Node.objects.filter(pk__startswith="rack-").values_list("pk", flat=True))
             assert not Alert.objects.filter(type="NODE_OFFLINE", state="ACTIVE").exists()
         finally:
@@ -125,12 +129,12 @@ def test_a_rack_of_1000_nodes_going_silent_requeues_each_task_exactly_once(tmp_p
 
 
 def test_500_nodes_beating_with_jitter_raise_no_node_offline(tmp_path, settings):
-    """Beats every 2.5 s ± 20 % (5 s scaled down, to see more beats in less time) for 45 s,
+    """Beats every 2.5 s ± 20 % (5 s scaled down, to see more beats in less time) for 30 s,
     with sweeps every 2 s against a threshold of 15 s: six intervals, where production
     has nine (45 s for 5 s beats)."""
     settings.HETEROFLOW_NODE_OFFLINE_SECONDS = 15
     server, url = start_control_plane()
-    fleet = Fleet(url, tmp_path, nodes=500, prefix="flap", interval=2.5, jitter=0.2, duration=45)
+    fleet = Fleet(url, tmp_path, nodes=500, prefix="flap", interval=2.5, jitter=0.2, duration=30)
     try:
         fleet.wait_registered()
         sweeps = 0
@@ -145,7 +149,7 @@ def test_500_nodes_beating_with_jitter_raise_no_node_offline(tmp_path, settings)
                 pass
         figures = fleet.finish()
         print(f"\nflapping: {figures}, {sweeps} sweeps")
-        assert figures["beats"] >= 500 * 45 / 2.5 * 0.8 and not figures["failures"], figures
+        assert figures["beats"] >= 500 * 30 / 2.5 * 0.8 and not figures["failures"], figures
         assert figures["max_gap_seconds"] < settings.HETEROFLOW_NODE_OFFLINE_SECONDS
         assert not Alert.objects.filter(type="NODE_OFFLINE").exists()
         assert not Node.objects.filter(pk__startswith="flap-").exclude(status="online").exists()
