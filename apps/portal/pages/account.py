@@ -14,7 +14,7 @@ from rest_framework import exceptions as api_errors
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.portal.access import portal_page
-from apps.portal.pages.common import error_messages, flatten, paginate
+from apps.portal.pages.common import error_messages, flatten, paginate, through_api
 from apps.tenants import services
 from apps.tenants.api.serializers import ApiKeyCreateSerializer, MemberCreateSerializer, MemberUpdateSerializer
 from apps.tenants.choices import KeyScope, Role
@@ -61,14 +61,8 @@ def keys(request):
         raise PermissionDenied("You are not a member of any tenant.")
     errors, issued = {}, None
     if request.method == "POST":
-        serializer = ApiKeyCreateSerializer(data=key_request(request.POST, principal))
-        try:
-            serializer.is_valid(raise_exception=True)
-            issued = issue(principal, serializer.validated_data)
-        except api_errors.ValidationError as exc:
-            errors = error_messages(exc)
-        except (api_errors.PermissionDenied, Conflict) as exc:
-            errors = {"__all__": flatten(exc.detail)}
+        issued, errors = through_api(ApiKeyCreateSerializer, key_request(request.POST, principal),
+                                     lambda data: issue(principal, data))
     listed = ApiKey.objects.visible_to(principal).select_related("tenant", "user").order_by("-created_at", "-id")
     response = render(request, "portal/keys.html", {
         "page": paginate(request, listed, 50), "errors": errors, "issued": issued, "roles": Role.choices,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from django.core.paginator import Paginator
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
+
+from apps.core.errors import Conflict
 
 PAGE_SIZE = 24
 
@@ -31,3 +33,17 @@ def flatten(messages) -> list[str]:
     if isinstance(messages, list):
         return [text for item in messages for text in flatten(item)]
     return [str(messages)]
+
+
+def through_api(serializer_class, data: dict, act):
+    """A form handled as the API handles the same request: validated by the API's own
+    serializer, then `act(validated_data)`. Returns (result, errors), errors by field
+    in the API's words ("__all__" for a refusal or a conflict)."""
+    serializer = serializer_class(data=data)
+    try:
+        serializer.is_valid(raise_exception=True)
+        return act(serializer.validated_data), {}
+    except ValidationError as exc:
+        return None, error_messages(exc)
+    except (PermissionDenied, Conflict) as exc:
+        return None, {"__all__": flatten(exc.detail)}

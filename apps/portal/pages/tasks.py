@@ -11,12 +11,11 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
-from rest_framework import exceptions as api_errors
 
 from apps.core.errors import Conflict
 from apps.nodes.choices import GpuVendor
 from apps.portal.access import portal_page
-from apps.portal.pages.common import choice, error_messages, flatten, paginate
+from apps.portal.pages.common import choice, paginate, through_api
 from apps.tasks import services
 from apps.tasks.api.serializers import TaskCreateSerializer
 from apps.tasks.choices import TaskKind, TaskStatus
@@ -100,17 +99,12 @@ def task_new(request):
         raise PermissionDenied("Viewers cannot create tasks.")
     errors: dict[str, list[str]] = {}
     if request.method == "POST":
-        serializer = TaskCreateSerializer(data=form_to_request(request.POST, principal))
         try:
-            serializer.is_valid(raise_exception=True)
-            task = submit_task(principal, serializer.validated_data)
-        except api_errors.ValidationError as exc:
-            errors = error_messages(exc)
-        except (api_errors.PermissionDenied, Conflict) as exc:
-            errors = {"__all__": flatten(exc.detail)}
+            task, errors = through_api(TaskCreateSerializer, form_to_request(request.POST, principal),
+                                       lambda data: submit_task(principal, data))
         except Http404:
             errors = {"tenant": ["Not found."]}
-        else:
+        if not errors:
             messages.success(request, f"Task #{task.pk} queued.")
             return redirect("portal:task", task.pk)
     return render(request, "portal/task_new.html", {
