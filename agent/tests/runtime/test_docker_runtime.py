@@ -175,10 +175,19 @@ def test_running_state(runtime, run):
     assert state.exit_code is None and state.finished_at is None and state.started_at is not None
 
 
+def wait_for_output(runtime, task_id, text, timeout=10.0):
+    """Until the task has printed `text` (say, that its signal trap is installed)."""
+    deadline = time.monotonic() + timeout
+    while text not in runtime.logs_tail(task_id):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"task {task_id} did not print {text!r} within {timeout} s")
+        time.sleep(0.05)
+
+
 def test_stop_ends_a_task_that_honours_sigterm_within_the_grace(runtime, run):
-    task_id = run(["sh", "-c", "trap 'echo got-term; exit 0' TERM; sleep 300 & wait"])
+    task_id = run(["sh", "-c", "trap 'echo got-term; exit 0' TERM; echo trap-set; sleep 300 & wait"])
     wait_running(runtime, task_id)
-    time.sleep(0.3)  # let the shell install its trap
+    wait_for_output(runtime, task_id, "trap-set")
     started = time.monotonic()
     runtime.stop(task_id, grace_seconds=10)
     assert time.monotonic() - started < 5
@@ -189,13 +198,13 @@ def test_stop_ends_a_task_that_honours_sigterm_within_the_grace(runtime, run):
 
 @pytest.mark.parametrize(
     "command",
-    [["sleep", "300"], ["sh", "-c", "trap '' TERM; while true; do sleep 1; done"]],
+    [["sh", "-c", "echo trap-set; exec sleep 300"], ["sh", "-c", "trap '' TERM; echo trap-set; while true; do sleep 1; done"]],
     ids=["sleep-as-pid-1", "traps-term"],
 )
 def test_stop_kills_after_the_grace(runtime, run, command):
     task_id = run(command)
     wait_running(runtime, task_id)
-    time.sleep(0.3)
+    wait_for_output(runtime, task_id, "trap-set")  # sleep is pid 1, or the trap is installed
     started = time.monotonic()
     runtime.stop(task_id, grace_seconds=1)
     elapsed = time.monotonic() - started
@@ -244,7 +253,6 @@ def test_labels_network_and_no_auto_remove(runtime, run, docker_engine):
     assert labels[MANAGED_LABEL] == "true" and labels[TASK_ID_LABEL] == str(task_id)  # ours win
     assert attrs["HostConfig"]["NetworkMode"] == "host"
     assert not attrs["HostConfig"].get("AutoRemove")
-    time.sleep(0.2)
     assert runtime.state(task_id) is not None  # still there after it exited
 
 
