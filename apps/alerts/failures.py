@@ -189,15 +189,20 @@ def sweep_offline_nodes(now=None) -> SweepResult:
     cutoff = now - timedelta(seconds=silence)
     result = SweepResult()
     # (a node never heard from, registered by hand, has nothing to lose and raises nothing)
-    silent = sorted(Node.objects.filter(last_heartbeat_at__lt=cutoff).values_list("pk", flat=True))
+    # only the newly silent: a node already under an active NODE_OFFLINE costs nothing more
+    newly_silent = sorted(
+        Node.objects.filter(last_heartbeat_at__lt=cutoff)
+        .exclude(pk__in=Alert.objects.filter(type=AlertType.NODE_OFFLINE, state=AlertState.ACTIVE).values("node_id"))
+        .values_list("pk", flat=True)
+    )
     alive = Node.objects.filter(last_heartbeat_at__gte=cutoff).values_list("pk", flat=True)
     raised = raise_alerts([
         NewAlert(type=AlertType.NODE_OFFLINE, severity=Severity.ERROR, scope=AlertScope.NODE,
                  key=f"node-offline:{node_id}", node_id=node_id,
                  message=f"Node {node_id} has not sent a heartbeat for more than {silence} s.")
-        for node_id in silent
+        for node_id in newly_silent
     ])
-    result.offline = [node_id for node_id in silent if f"node-offline:{node_id}" in raised]
+    result.offline = [node_id for node_id in newly_silent if f"node-offline:{node_id}" in raised]
     with connection.cursor() as cursor:
         cursor.execute(
             """UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
@@ -207,10 +212,11 @@ def sweep_offline_nodes(now=None) -> SweepResult:
             [AlertState.RECOVERED, now, now, AlertType.NODE_OFFLINE, AlertState.ACTIVE, cutoff],
         )
         result.recovered = sorted(node_id for (node_id,) in cursor.fetchall())
-    if not silent:
-        return result
+    # every silent node's tasks, not only the newly silent's: a move that lost a race
+    # last time is tried again
     stranded = list(
-        Task.objects.filter(node_id__in=silent, status__in=(*REQUEUED_WHEN_NODE_LOST, *ENDED_WHEN_NODE_LOST))
+        Task.objects.filter(node__last_heartbeat_at__lt=cutoff,
+                            status__in=(*REQUEUED_WHEN_NODE_LOST, *ENDED_WHEN_NODE_LOST))
         .values_list("pk", "status", "node_id", "name", "tenant_id")
     )
     if not stranded:
