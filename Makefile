@@ -4,13 +4,17 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: up test install stores clean-data bench bench-scheduler bench-agent bench-sweep
+.PHONY: up test lint install stores clean-data bench bench-scheduler bench-agent bench-sweep
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
 
 test: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher test -- $(PYTEST_ARGS)
+
+lint: $(DEPS_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 install: $(DEPS_STAMP)
 
