@@ -49,10 +49,10 @@ class Verdict(enum.StrEnum):
 
 # The nodes the failure policy counts on (liveness.heard_since) with enough cards of the
 # type for the task.
-CAPACITY_SQL = """
+CAPACITY_SQL = f"""
     SELECT n.status, n.executable
     FROM nodes AS n
-    WHERE n.last_heartbeat_at >= %(cutoff)s AND n.status <> 'offline'
+    WHERE {liveness.heard_from_sql('n.last_heartbeat_at', '%(cutoff)s')} AND n.status <> 'offline'
       AND (SELECT count(*) FROM gpus AS g
            WHERE g.node_id = n.id AND g.lost_at IS NULL AND (%(gpu_type)s = '' OR g.vendor = %(gpu_type)s)
           ) >= %(gpus)s
@@ -203,9 +203,9 @@ def sweep_offline_nodes(now=None) -> SweepResult:
     result.offline = [node_id for node_id in newly_silent if alert_keys.node_offline(node_id) in raised]
     with connection.cursor() as cursor:
         cursor.execute(
-            """UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
+            f"""UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
                FROM nodes AS n
-               WHERE a.type = %s AND a.state = %s AND n.id = a.node_id AND n.last_heartbeat_at >= %s
+               WHERE a.type = %s AND a.state = %s AND n.id = a.node_id AND {liveness.heard_from_sql('n.last_heartbeat_at')}
                RETURNING a.node_id""",
             [AlertState.RECOVERED, now, now, AlertType.NODE_OFFLINE, AlertState.ACTIVE, cutoff],
         )
@@ -263,10 +263,10 @@ def sweep_stalled_tasks(now=None) -> list[LostRun]:
         )
         # absent from a beat sent after it started running: the clock starts
         cursor.execute(
-            """UPDATE tasks AS t SET missing_since = %(now)s
+            f"""UPDATE tasks AS t SET missing_since = %(now)s
                FROM nodes AS n
                WHERE t.status = 'running' AND t.missing_since IS NULL AND n.id = t.node_id
-                 AND n.last_heartbeat_at >= %(cutoff)s AND n.last_heartbeat_at > t.updated_at
+                 AND {liveness.heard_from_sql('n.last_heartbeat_at', '%(cutoff)s')} AND n.last_heartbeat_at > t.updated_at
                  AND n.live_task_ids IS NOT NULL AND NOT n.live_task_ids @> to_jsonb(t.id)""",
             {"now": now, "cutoff": cutoff},
         )

@@ -142,6 +142,12 @@ def not_given_up_sql(column: str = "last_heartbeat_at") -> str:
     return f"({column} IS NULL OR {column} >= %s)"
 
 
+def heard_from_sql(column: str = "last_heartbeat_at", param: str = "%s") -> str:
+    """Heard from recently enough that the failure policy counts on the node (a NULL is
+    not), for a raw query; `param` is bound to heard_since(now)."""
+    return f"{column} >= {param}"
+
+
 def given_up_q(now: datetime, field: str = "last_heartbeat_at") -> Q:
     """`given_up` for the ORM (`field` may run through a relation: node__last_heartbeat_at)."""
     return Q(**{f"{field}__lt": heard_since(now)})

@@ -62,12 +62,14 @@ def check_agreement(now):
         sql_status = dict(cursor.fetchall())
         cursor.execute(f"SELECT id FROM nodes WHERE {liveness.not_given_up_sql()}", [liveness.heard_since(now)])
         schedulable_by_silence = {node_id for (node_id,) in cursor.fetchall()}
+        cursor.execute(f"SELECT id FROM nodes WHERE {liveness.heard_from_sql()}", [liveness.heard_since(now)])
+        heard_by_sql = {node_id for (node_id,) in cursor.fetchall()}
     assert sql_status == expected_status
 
     # the ORM forms the sweep uses
     assert set(Node.objects.filter(liveness.given_up_q(now)).values_list("pk", flat=True)) == expected_given_up
     heard = set(Node.objects.filter(liveness.heard_from_q(now)).values_list("pk", flat=True))
-    assert heard == set(expected_status) - expected_given_up - never_heard
+    assert heard == heard_by_sql == set(expected_status) - expected_given_up - never_heard
     assert schedulable_by_silence == set(expected_status) - expected_given_up
 
     # the health checker writes what status_at says, and each model agrees
