@@ -205,7 +205,8 @@ def sweep_offline_nodes(now=None) -> SweepResult:
         cursor.execute(
             f"""UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
                FROM nodes AS n
-               WHERE a.type = %s AND a.state = %s AND n.id = a.node_id AND {liveness.heard_from_sql('n.last_heartbeat_at')}
+               WHERE a.type = %s AND a.state = %s AND n.id = a.node_id
+                 AND {liveness.heard_from_sql('n.last_heartbeat_at')}
                RETURNING a.node_id""",
             [AlertState.RECOVERED, now, now, AlertType.NODE_OFFLINE, AlertState.ACTIVE, cutoff],
         )
@@ -266,7 +267,8 @@ def sweep_stalled_tasks(now=None) -> list[LostRun]:
             f"""UPDATE tasks AS t SET missing_since = %(now)s
                FROM nodes AS n
                WHERE t.status = 'running' AND t.missing_since IS NULL AND n.id = t.node_id
-                 AND {liveness.heard_from_sql('n.last_heartbeat_at', '%(cutoff)s')} AND n.last_heartbeat_at > t.updated_at
+                 AND {liveness.heard_from_sql('n.last_heartbeat_at', '%(cutoff)s')}
+                 AND n.last_heartbeat_at > t.updated_at
                  AND n.live_task_ids IS NOT NULL AND NOT n.live_task_ids @> to_jsonb(t.id)""",
             {"now": now, "cutoff": cutoff},
         )
@@ -328,6 +330,7 @@ def check_scheduler(now=None) -> bool:
         return False
     since = f"since {last:%Y-%m-%d %H:%M:%S} UTC" if last else "ever"
     raise_alert(type=AlertType.SCHEDULER_STALLED, severity=Severity.CRITICAL, scope=AlertScope.CLUSTER,
-                key=alert_keys.SCHEDULER_STALLED, details={"last_cycle_finished_at": last.isoformat() if last else None},
+                key=alert_keys.SCHEDULER_STALLED,
+                details={"last_cycle_finished_at": last.isoformat() if last else None},
                 message=f"No scheduler cycle has finished {since} while tasks wait in the queue.")
     return True

@@ -151,7 +151,8 @@ WITH node AS (
     FROM node
 ), raised AS (
     INSERT INTO alerts (type, severity, scope, state, key, node_id, gpu_index, message, details, created_at, updated_at)
-    SELECT '{AlertType.GPU_LOST}', '{Severity.ERROR}', '{AlertScope.GPU}', 'ACTIVE', {alert_keys.gpu_lost_sql('%(id)s', 'j.index')}, %(id)s, j.index,
+    SELECT '{AlertType.GPU_LOST}', '{Severity.ERROR}', '{AlertScope.GPU}', 'ACTIVE',
+           {alert_keys.gpu_lost_sql('%(id)s', 'j.index')}, %(id)s, j.index,
            format('GPU %%s of node %%s is lost (%%s).', j.index, %(id)s, j.lost_basis),
            jsonb_build_object('basis', j.lost_basis), %(now)s, %(now)s
     FROM judged AS j WHERE j.is_lost AND NOT j.was_lost

@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from rest_framework.exceptions import ValidationError
 
+from apps.alerts import keys as alert_keys
 from apps.core.cas import check_transition
 from apps.core.errors import Conflict
 from apps.core.clock import utcnow
@@ -519,7 +520,6 @@ def force_overdue_preemptions(now=None) -> list[int]:
     agent's confirmation is moved back to the queue through the same CAS, and its cards
     are released; a late confirmation then loses and changes nothing. Each forced task
     raises PREEMPTION_TIMEOUT."""
-    from apps.alerts import keys as alert_keys
     from apps.alerts.choices import AlertScope, AlertType, Severity
     from apps.alerts.services import raise_alert
     from apps.tasks.services import requeue_preempted

@@ -82,7 +82,8 @@ def _alert_failures(task_ids) -> None:
 
     raise_alerts([
         NewAlert(
-            type=AlertType.TASK_FAILED, severity=Severity.WARNING, scope=AlertScope.TASK, key=alert_keys.task_failed(pk),
+            type=AlertType.TASK_FAILED, severity=Severity.WARNING, scope=AlertScope.TASK,
+            key=alert_keys.task_failed(pk),
             message=f"Task {name} ({pk}) failed" + (f": {error[:300]}" if error else ""),
             node_id=node_id or "", task_id=pk, tenant_id=tenant_id, details={"exit_code": exit_code},
         )
