@@ -262,8 +262,18 @@ METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_
 HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS = env.float(
     "HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS", 0.0 if HETEROFLOW_ENV == "test" else 5.0, low=0.0, high=60.0
 )
+# --- node liveness (apps/nodes/liveness.py, docs/nodes.md#node-status) ------------------
+# The node list's status: suspect after this much silence, offline after that much.
+HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS = env.int("HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS", 30, low=10, high=3_600)
+HETEROFLOW_NODE_STATUS_OFFLINE_SECONDS = env.int("HETEROFLOW_NODE_STATUS_OFFLINE_SECONDS", 60, low=15, high=7_200)
+if HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS >= HETEROFLOW_NODE_STATUS_OFFLINE_SECONDS:
+    raise ImproperlyConfigured(
+        f"HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS ({HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS}) must be less than "
+        f"HETEROFLOW_NODE_STATUS_OFFLINE_SECONDS ({HETEROFLOW_NODE_STATUS_OFFLINE_SECONDS})"
+    )
 # --- failure handling (docs/failures.md) -----------------------------------------------
-# A node silent this long is offline for the alert sweep: NODE_OFFLINE, tasks requeued.
+# A node silent this long is given up by the failure policy: NODE_OFFLINE, tasks
+# requeued, nothing more placed on it (whatever its status still shows).
 HETEROFLOW_NODE_OFFLINE_SECONDS = env.int("HETEROFLOW_NODE_OFFLINE_SECONDS", 45, low=10, high=3_600)
 # How often the alert sweep runs (beat's period and its guard's).
 HETEROFLOW_ALERT_SWEEP_SECONDS = env.int("HETEROFLOW_ALERT_SWEEP_SECONDS", 30, low=5, high=600)

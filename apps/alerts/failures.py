@@ -17,15 +17,17 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
+from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertState, AlertType, Severity
 from apps.alerts.models import Alert
 from apps.alerts.services import NewAlert, raise_alert, raise_alerts, recover_alert
 from apps.core.clock import utcnow
+from apps.nodes import liveness
 from apps.nodes.choices import NodeStatus
 from apps.nodes.models import Node
 from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task
-from apps.tasks.services import QUOTA_ALERT_KEY, move_tasks, quota_problems, quota_use
+from apps.tasks.services import move_tasks, quota_problems, quota_use, record_event, record_events, task_event
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +36,6 @@ REQUEUED_WHEN_NODE_LOST = (S.RUNNING, S.SCHEDULED, S.STARTING, S.WAKING)
 ENDED_WHEN_NODE_LOST = {S.STOPPING: S.STOPPED, S.DRAINING: S.COMPLETED}
 # a task the agent no longer has a container (or process) for
 LOST_RUN_STATUSES = (S.RUNNING, S.STARTING)
-
-
-def offline_after() -> timedelta:
-    return timedelta(seconds=settings.HETEROFLOW_NODE_OFFLINE_SECONDS)
 
 
 # --- adjudication: requeue, fail, or cannot tell -------------------------------------------
@@ -49,11 +47,12 @@ class Verdict(enum.StrEnum):
     UNDECIDED = "undecided"  # the evidence is unclear: change nothing, ask again next round
 
 
-# The nodes heard from recently with enough cards of the type for the task.
-CAPACITY_SQL = """
+# The nodes the failure policy counts on (liveness.heard_since) with enough cards of the
+# type for the task.
+CAPACITY_SQL = f"""
     SELECT n.status, n.executable
     FROM nodes AS n
-    WHERE n.last_heartbeat_at >= %(cutoff)s AND n.status <> 'offline'
+    WHERE {liveness.heard_from_sql('n.last_heartbeat_at', '%(cutoff)s')} AND n.status <> 'offline'
       AND (SELECT count(*) FROM gpus AS g
            WHERE g.node_id = n.id AND g.lost_at IS NULL AND (%(gpu_type)s = '' OR g.vendor = %(gpu_type)s)
           ) >= %(gpus)s
@@ -63,7 +62,7 @@ CAPACITY_SQL = """
 def capacity_verdict(*, gpus: int, gpu_type: str = "", now=None) -> Verdict:
     """Whether live capacity exists for a task of `gpus` cards (of `gpu_type`). Any
     database error is UNDECIDED: fail closed, never fail a task on a hiccup."""
-    cutoff = (now or utcnow()) - offline_after()
+    cutoff = liveness.heard_since(now or utcnow())
     try:
         # a savepoint, so that a failed check leaves the caller's transaction usable
         with transaction.atomic(), connection.cursor() as cursor:
@@ -134,16 +133,14 @@ CAUSES = {
 
 
 def _record(task_id: int, kind: str, node_id: str, message: str) -> None:
-    from apps.tasks.models import TaskEvent
-
-    TaskEvent.objects.create(task_id=task_id, kind=kind, message=message[:2000], node_id=node_id)
+    record_event(Task(pk=task_id), kind=kind, message=message, node_id=node_id)
 
 
 def _requeue_alert(pk, name, tenant_id, node_id, why) -> NewAlert:
     # one alert per requeue: the key carries the moment, so a task requeued again later alerts again
     return NewAlert(
         type=AlertType.TASK_REQUEUED, severity=Severity.WARNING, scope=AlertScope.TASK,
-        key=f"task-requeued:{pk}:{utcnow().timestamp():.3f}",
+        key=alert_keys.task_requeued(pk, utcnow()),
         message=f"Task {name} ({pk}) was requeued: {why} on node {node_id}.",
         node_id=node_id or "", task_id=pk, tenant_id=tenant_id, details={"cause": why},
     )
@@ -177,7 +174,8 @@ def sweep(now=None) -> SweepResult:
 
 
 def sweep_offline_nodes(now=None) -> SweepResult:
-    """A node silent for longer than HETEROFLOW_NODE_OFFLINE_SECONDS (45 s) raises
+    """A node the failure policy gives up (liveness.given_up: silent for longer than
+    HETEROFLOW_NODE_OFFLINE_SECONDS, 45 s, whatever its status shows) raises
     NODE_OFFLINE and its tasks are handled by state: running / scheduled / starting /
     waking go back to the queue (cards released, one event and one TASK_REQUEUED each);
     stopping ends as stopped and draining as completed; sleeping and preempting are left
@@ -185,29 +183,30 @@ def sweep_offline_nodes(now=None) -> SweepResult:
     tasks fail instead of waiting for a node that may never come. A node heard from
     again recovers its alert."""
     now = now or utcnow()
-    silence = settings.HETEROFLOW_NODE_OFFLINE_SECONDS
-    cutoff = now - timedelta(seconds=silence)
+    silence = liveness.give_up_seconds()
+    cutoff = liveness.heard_since(now)
     result = SweepResult()
     # (a node never heard from, registered by hand, has nothing to lose and raises nothing)
     # only the newly silent: a node already under an active NODE_OFFLINE costs nothing more
     newly_silent = sorted(
-        Node.objects.filter(last_heartbeat_at__lt=cutoff)
+        Node.objects.filter(liveness.given_up_q(now))
         .exclude(pk__in=Alert.objects.filter(type=AlertType.NODE_OFFLINE, state=AlertState.ACTIVE).values("node_id"))
         .values_list("pk", flat=True)
     )
-    alive = Node.objects.filter(last_heartbeat_at__gte=cutoff).values_list("pk", flat=True)
+    alive = Node.objects.filter(liveness.heard_from_q(now)).values_list("pk", flat=True)
     raised = raise_alerts([
         NewAlert(type=AlertType.NODE_OFFLINE, severity=Severity.ERROR, scope=AlertScope.NODE,
-                 key=f"node-offline:{node_id}", node_id=node_id,
+                 key=alert_keys.node_offline(node_id), node_id=node_id,
                  message=f"Node {node_id} has not sent a heartbeat for more than {silence} s.")
         for node_id in newly_silent
     ])
-    result.offline = [node_id for node_id in newly_silent if f"node-offline:{node_id}" in raised]
+    result.offline = [node_id for node_id in newly_silent if alert_keys.node_offline(node_id) in raised]
     with connection.cursor() as cursor:
         cursor.execute(
-            """UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
+            f"""UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
                FROM nodes AS n
-               WHERE a.type = %s AND a.state = %s AND n.id = a.node_id AND n.last_heartbeat_at >= %s
+               WHERE a.type = %s AND a.state = %s AND n.id = a.node_id
+                 AND {liveness.heard_from_sql('n.last_heartbeat_at')}
                RETURNING a.node_id""",
             [AlertState.RECOVERED, now, now, AlertType.NODE_OFFLINE, AlertState.ACTIVE, cutoff],
         )
@@ -215,7 +214,7 @@ def sweep_offline_nodes(now=None) -> SweepResult:
     # every silent node's tasks, not only the newly silent's: a move that lost a race
     # last time is tried again
     stranded = list(
-        Task.objects.filter(node__last_heartbeat_at__lt=cutoff,
+        Task.objects.filter(liveness.given_up_q(now, "node__last_heartbeat_at"),
                             status__in=(*REQUEUED_WHEN_NODE_LOST, *ENDED_WHEN_NODE_LOST))
         .values_list("pk", "status", "node_id", "name", "tenant_id")
     )
@@ -227,8 +226,6 @@ def sweep_offline_nodes(now=None) -> SweepResult:
         status = row[1]
         target = ENDED_WHEN_NODE_LOST.get(status) or (S.FAILED if nobody_alive else S.PENDING)
         by_move.setdefault((status, target), []).append(row)
-    from apps.tasks.models import TaskEvent
-
     for (source, target), rows in sorted(by_move.items()):
         changes = {"node": None, "host_port": None} if target == S.PENDING else {}
         if target == S.FAILED:
@@ -236,11 +233,11 @@ def sweep_offline_nodes(now=None) -> SweepResult:
         with transaction.atomic():
             moved = set(move_tasks([row[0] for row in rows], [source], target, **changes))
             won = [row for row in rows if row[0] in moved]
-            TaskEvent.objects.bulk_create([
-                TaskEvent(task_id=pk, kind=f"node_lost_{target}", node_id=node_id,
-                          message=f"node {node_id} silent for more than {silence} s: {target}")
+            record_events(
+                task_event(pk, kind=f"node_lost_{target}", node_id=node_id,
+                           message=f"node {node_id} silent for more than {silence} s: {target}")
                 for pk, _, node_id, _, _ in won
-            ])
+            )
             if target == S.PENDING:
                 raise_alerts([
                     _requeue_alert(pk, name, tenant_id, node_id, f"its node was silent for more than {silence} s")
@@ -256,7 +253,7 @@ def sweep_stalled_tasks(now=None) -> list[LostRun]:
     HETEROFLOW_STALLED_TASK_SECONDS is adjudicated like a vanished container. A node
     that does not report live tasks (no executor) is never judged this way."""
     now = now or utcnow()
-    cutoff = now - offline_after()
+    cutoff = liveness.heard_since(now)
     with connection.cursor() as cursor:
         # listed again (or no longer running there): the clock stops
         cursor.execute(
@@ -267,10 +264,11 @@ def sweep_stalled_tasks(now=None) -> list[LostRun]:
         )
         # absent from a beat sent after it started running: the clock starts
         cursor.execute(
-            """UPDATE tasks AS t SET missing_since = %(now)s
+            f"""UPDATE tasks AS t SET missing_since = %(now)s
                FROM nodes AS n
                WHERE t.status = 'running' AND t.missing_since IS NULL AND n.id = t.node_id
-                 AND n.last_heartbeat_at >= %(cutoff)s AND n.last_heartbeat_at > t.updated_at
+                 AND {liveness.heard_from_sql('n.last_heartbeat_at', '%(cutoff)s')}
+                 AND n.last_heartbeat_at > t.updated_at
                  AND n.live_task_ids IS NOT NULL AND NOT n.live_task_ids @> to_jsonb(t.id)""",
             {"now": now, "cutoff": cutoff},
         )
@@ -310,12 +308,9 @@ def recover_quota_alerts() -> list[int]:
     active = Alert.objects.filter(type=AlertType.QUOTA_EXCEEDED, state=AlertState.ACTIVE).values_list("tenant_id", flat=True)
     for tenant in Tenant.objects.filter(pk__in=list(active)):
         if not quota_problems(tenant, quota_use(tenant), gpus=1, gpu_memory_mb=0):
-            if recover_alert(QUOTA_ALERT_KEY.format(tenant.pk)):
+            if recover_alert(alert_keys.quota_exceeded(tenant.pk)):
                 recovered.append(tenant.pk)
     return recovered
-
-
-SCHEDULER_STALLED_KEY = "scheduler-stalled"
 
 
 def check_scheduler(now=None) -> bool:
@@ -331,10 +326,11 @@ def check_scheduler(now=None) -> bool:
     fresh = last is not None and now - last <= limit
     waiting = Task.objects.filter(status=S.PENDING, created_at__lte=now - limit).exists()
     if fresh or not waiting:
-        recover_alert(SCHEDULER_STALLED_KEY)
+        recover_alert(alert_keys.SCHEDULER_STALLED)
         return False
     since = f"since {last:%Y-%m-%d %H:%M:%S} UTC" if last else "ever"
     raise_alert(type=AlertType.SCHEDULER_STALLED, severity=Severity.CRITICAL, scope=AlertScope.CLUSTER,
-                key=SCHEDULER_STALLED_KEY, details={"last_cycle_finished_at": last.isoformat() if last else None},
+                key=alert_keys.SCHEDULER_STALLED,
+                details={"last_cycle_finished_at": last.isoformat() if last else None},
                 message=f"No scheduler cycle has finished {since} while tasks wait in the queue.")
     return True

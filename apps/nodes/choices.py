@@ -46,9 +46,7 @@ class ExecMode(models.TextChoices):
     NONE = "none"
 
 
-# Thresholds of the node state machine (seconds since the last heartbeat).
-SUSPECT_AFTER_SECONDS = 30
-OFFLINE_AFTER_SECONDS = 60
+# (the thresholds of the node state machine are settings, used by apps/nodes/liveness.py)
 # Lost-GPU judgement: consecutive beats.
 LOST_AFTER_BEATS = 3
 RECOVERED_AFTER_BEATS = 2

@@ -19,8 +19,10 @@ from datetime import datetime
 import orjson
 from psycopg.types.json import Jsonb, set_json_dumps
 
+from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
-from apps.nodes.choices import LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS, NodeStatus
+from apps.nodes import liveness
+from apps.nodes.choices import LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS
 from apps.nodes.normalize import gpu_model
 
 set_json_dumps(lambda obj: orjson.dumps(obj).decode())
@@ -149,7 +151,8 @@ WITH node AS (
     FROM node
 ), raised AS (
     INSERT INTO alerts (type, severity, scope, state, key, node_id, gpu_index, message, details, created_at, updated_at)
-    SELECT '{AlertType.GPU_LOST}', '{Severity.ERROR}', '{AlertScope.GPU}', 'ACTIVE', 'GPU_LOST:' || %(id)s || ':' || j.index, %(id)s, j.index,
+    SELECT '{AlertType.GPU_LOST}', '{Severity.ERROR}', '{AlertScope.GPU}', 'ACTIVE',
+           {alert_keys.gpu_lost_sql('%(id)s', 'j.index')}, %(id)s, j.index,
            format('GPU %%s of node %%s is lost (%%s).', j.index, %(id)s, j.lost_basis),
            jsonb_build_object('basis', j.lost_basis), %(now)s, %(now)s
     FROM judged AS j WHERE j.is_lost AND NOT j.was_lost
@@ -157,7 +160,7 @@ WITH node AS (
 ), recovered AS (
     UPDATE alerts SET state = 'RECOVERED', ended_at = %(now)s, updated_at = %(now)s
     WHERE state = 'ACTIVE' AND key IN (
-        SELECT 'GPU_LOST:' || %(id)s || ':' || j.index FROM judged AS j WHERE j.was_lost AND NOT j.is_lost)
+        SELECT {alert_keys.gpu_lost_sql('%(id)s', 'j.index')} FROM judged AS j WHERE j.was_lost AND NOT j.is_lost)
 )
 SELECT EXISTS (SELECT 1 FROM node), (SELECT old_ip FROM node),
        (SELECT COALESCE(jsonb_agg(jsonb_build_array(j.index, j.is_lost, j.lost_basis)), '[]'::jsonb)
@@ -205,7 +208,7 @@ GPU_COUNT_UPDATE = "UPDATE nodes SET gpu_count = (SELECT count(*) FROM gpus WHER
 
 def beat_params(node_id: str, payload: dict, peer_ip: str | None, now: datetime) -> dict:
     executable = payload.get("executable", True)
-    farewell = bool(payload.get("shutting_down"))
+    signed_off_at = now if payload.get("shutting_down") else None
     stats = payload.get("gpu_stats", ())
     readings = []
     for stat in stats:
@@ -217,10 +220,11 @@ def beat_params(node_id: str, payload: dict, peer_ip: str | None, now: datetime)
         "id": node_id,
         "now": now,
         "last_heartbeat_at": now,
-        # a farewell (the agent is stopping): offline now; its tasks are judged by the
-        # usual silence rules, so an agent restart does not disturb them
-        "status": NodeStatus.OFFLINE if farewell else (NodeStatus.ONLINE if executable else NodeStatus.DEGRADED),
-        "signed_off_at": now if farewell else None,
+        # heard from just now: online or degraded, or offline at once after a farewell (the
+        # agent is stopping; its tasks are judged by the usual silence rules, so an agent
+        # restart does not disturb them)
+        "status": liveness.status_at(now, executable, now, signed_off_at=signed_off_at),
+        "signed_off_at": signed_off_at,
         "ip": peer_ip,
         "internal_ip": payload.get("internal_ip"),
         "cpu_used": payload.get("cpu_used"),

@@ -1,19 +1,13 @@
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import models
 from django.db.models import Q
 
 from apps.core.scoping import ScopedQuerySet
-from apps.nodes.choices import (
-    OFFLINE_AFTER_SECONDS,
-    SUSPECT_AFTER_SECONDS,
-    ExecMode,
-    GpuState,
-    LostBasis,
-    NodeStatus,
-)
+from apps.nodes import liveness
+from apps.nodes.choices import ExecMode, GpuState, LostBasis, NodeStatus
 
 
 class NodeQuerySet(ScopedQuerySet):
@@ -23,15 +17,6 @@ class NodeQuerySet(ScopedQuerySet):
         if principal is not None and principal.is_tenant:
             return self.filter(Q(tenant__isnull=True) | Q(tenant=principal.tenant.pk))
         return super().visible_to(principal)
-
-
-def status_at(last_heartbeat_at: datetime | None, executable: bool, now: datetime) -> str:
-    """The node state machine: the one definition, mirrored set-wise by the health checker."""
-    if last_heartbeat_at is None or now - last_heartbeat_at >= timedelta(seconds=OFFLINE_AFTER_SECONDS):
-        return NodeStatus.OFFLINE
-    if now - last_heartbeat_at >= timedelta(seconds=SUSPECT_AFTER_SECONDS):
-        return NodeStatus.SUSPECT
-    return NodeStatus.ONLINE if executable else NodeStatus.DEGRADED
 
 
 class Node(models.Model):
@@ -114,7 +99,7 @@ class Node(models.Model):
         return self.name
 
     def status_at(self, now: datetime) -> str:
-        return status_at(self.last_heartbeat_at, self.executable, now)
+        return liveness.status_at(self.last_heartbeat_at, self.executable, now, signed_off_at=self.signed_off_at)
 
 
 class Gpu(models.Model):

@@ -3,32 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import connection, transaction
 
 from rest_framework.exceptions import NotFound
 
+from apps.alerts import keys as alert_keys
 from apps.alerts.services import recover_alert
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
-from apps.nodes.choices import OFFLINE_AFTER_SECONDS, SUSPECT_AFTER_SECONDS, NodeStatus
+from apps.nodes import liveness
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.core import CORDON_LABEL
 from apps.tasks.choices import ACTIVE, TaskStatus
 from apps.tasks.models import Task
 from apps.tasks.services import move_tasks
 
-# The state machine of models.status_at, set-wise: one statement for the whole fleet,
-# touching only the rows whose status changes.
+# liveness.status_at, set-wise: one statement for the whole fleet, touching only the rows
+# whose status changes.
 REFRESH_STATUSES = f"""
     WITH computed AS (
-        SELECT id, CASE
-            WHEN last_heartbeat_at IS NULL OR last_heartbeat_at <= %(offline)s THEN '{NodeStatus.OFFLINE}'
-            WHEN signed_off_at >= last_heartbeat_at THEN '{NodeStatus.OFFLINE}'
-            WHEN last_heartbeat_at <= %(suspect)s THEN '{NodeStatus.SUSPECT}'
-            WHEN executable THEN '{NodeStatus.ONLINE}'
-            ELSE '{NodeStatus.DEGRADED}' END AS status
+        SELECT id, {liveness.STATUS_SQL} AS status
         FROM nodes
     )
     UPDATE nodes AS n SET status = c.status FROM computed c
@@ -42,10 +38,7 @@ def refresh_node_statuses(now: datetime | None = None) -> dict[str, list[str]]:
     by new status, so per-change work is linear in changes, not in nodes."""
     now = now or utcnow()
     with connection.cursor() as cursor:
-        cursor.execute(
-            REFRESH_STATUSES,
-            {"offline": now - timedelta(seconds=OFFLINE_AFTER_SECONDS), "suspect": now - timedelta(seconds=SUSPECT_AFTER_SECONDS)},
-        )
+        cursor.execute(REFRESH_STATUSES, liveness.status_params(now))
         changed: dict[str, list[str]] = {}
         for node_id, status in cursor.fetchall():
             changed.setdefault(status, []).append(node_id)
@@ -90,7 +83,7 @@ def forget_lost_gpu(node: Node, index: int) -> None:
             raise Conflict(f"GPU {index} of node '{node.pk}' is not lost; only lost cards can be removed.", "gpu_not_lost")
         gpu.delete()
         Node.objects.filter(pk=node.pk).update(gpu_count=Gpu.objects.filter(node=node).count())
-        recover_alert(f"GPU_LOST:{node.pk}:{index}")
+        recover_alert(alert_keys.gpu_lost(node.pk, index))
 
 
 LOCATION_FIELDS = ("region", "zone", "rack")

@@ -20,10 +20,12 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from rest_framework.exceptions import ValidationError
 
+from apps.alerts import keys as alert_keys
 from apps.core.cas import check_transition
 from apps.core.errors import Conflict
 from apps.core.clock import utcnow
 from apps.monitoring import metrics
+from apps.nodes import liveness
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.core import (
     PREEMPT_STAGES,
@@ -194,18 +196,17 @@ def sharing_rule():
 # --- the snapshot -----------------------------------------------------------------------
 
 
-# A node the alert sweep would call offline (silent for HETEROFLOW_NODE_OFFLINE_SECONDS)
-# takes nothing, even while its status is still "suspect": otherwise a task requeued from
-# it would be placed straight back on it, and requeued again by the next sweep.
-NODES_SQL = """
+# A node the failure policy has given up takes nothing, whatever its status still shows
+# (apps/nodes/liveness.py): a task requeued from it would be placed straight back on it.
+NODES_SQL = f"""
     SELECT id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used
-    FROM nodes WHERE status = ANY(%s) AND executable AND (last_heartbeat_at IS NULL OR last_heartbeat_at >= %s)
+    FROM nodes WHERE status = ANY(%s) AND executable AND {liveness.not_given_up_sql("last_heartbeat_at")}
 """
-GPUS_SQL = """
+GPUS_SQL = f"""
     SELECT g.node_id, g.index, g.vendor, g.memory_total_mb, g.memory_used_mb, g.utilization, g.temperature,
            g.lost_at IS NOT NULL
     FROM gpus g JOIN nodes n ON n.id = g.node_id
-    WHERE n.status = ANY(%s) AND n.executable AND (n.last_heartbeat_at IS NULL OR n.last_heartbeat_at >= %s)
+    WHERE n.status = ANY(%s) AND n.executable AND {liveness.not_given_up_sql("n.last_heartbeat_at")}
 """
 PORTS_USED = "SELECT node_id, count(*) FROM tasks WHERE host_port IS NOT NULL AND status = ANY(%s) GROUP BY node_id"
 # the ledger is bounded by the number of cards: read it whole
@@ -244,7 +245,7 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
     they are 40,000 objects to build."""
     global _gpu_rows
     statuses = sorted(SCHEDULABLE_STATUSES)
-    heard_since = utcnow() - timedelta(seconds=django_settings.HETEROFLOW_NODE_OFFLINE_SECONDS)
+    heard_since = liveness.heard_since(utcnow())
     with connection.cursor() as cursor:
         cursor.execute(NODES_SQL, [statuses, heard_since])
         nodes = {
@@ -535,7 +536,7 @@ def force_overdue_preemptions(now=None) -> list[int]:
         node_id, tenant_id = overdue[pk]
         raise_alert(
             type=AlertType.PREEMPTION_TIMEOUT, severity=Severity.WARNING, scope=AlertScope.TASK, task_id=pk,
-            key=f"preemption-timeout:task:{pk}",
+            key=alert_keys.preemption_timeout(pk),
             message=f"Task {pk} was not confirmed stopped on node {node_id} within 60 s of its preemption; "
                     f"its cards were released and it was requeued.",
             node_id=node_id or "", tenant_id=tenant_id, details={"task_id": pk},

@@ -7,13 +7,14 @@ from django.db import transaction
 from django.db.models import Count, F, Sum
 from django.db.models.functions import Coalesce, Greatest
 
+from apps.alerts import keys as alert_keys
 from apps.confidential.services import read_secret
 from apps.core import locks
 from apps.core.cas import transition
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS, TaskStatus as S
-from apps.tasks.models import Task
+from apps.tasks.models import Task, TaskEvent
 
 # moves after which a task holds nothing on a node any more
 OFF_NODE = frozenset(TERMINAL) | {S.PENDING}
@@ -81,7 +82,8 @@ def _alert_failures(task_ids) -> None:
 
     raise_alerts([
         NewAlert(
-            type=AlertType.TASK_FAILED, severity=Severity.WARNING, scope=AlertScope.TASK, key=f"task-failed:{pk}",
+            type=AlertType.TASK_FAILED, severity=Severity.WARNING, scope=AlertScope.TASK,
+            key=alert_keys.task_failed(pk),
             message=f"Task {name} ({pk}) failed" + (f": {error[:300]}" if error else ""),
             node_id=node_id or "", task_id=pk, tenant_id=tenant_id, details={"exit_code": exit_code},
         )
@@ -128,9 +130,6 @@ def create_task(*, tenant, created_by=None, **fields) -> Task:
     raise Conflict(message, "quota_exceeded")
 
 
-QUOTA_ALERT_KEY = "quota-exceeded:tenant:{}"
-
-
 def _alert_quota(tenant, message: str) -> None:
     """One active QUOTA_EXCEEDED per tenant; the alert sweep recovers it once the tenant
     is under its quota again."""
@@ -138,7 +137,7 @@ def _alert_quota(tenant, message: str) -> None:
     from apps.alerts.services import raise_alert
 
     raise_alert(type=AlertType.QUOTA_EXCEEDED, severity=Severity.WARNING, scope=AlertScope.TENANT,
-                key=QUOTA_ALERT_KEY.format(tenant.pk), message=f"A task was refused. {message}", tenant_id=tenant.pk)
+                key=alert_keys.quota_exceeded(tenant.pk), message=f"A task was refused. {message}", tenant_id=tenant.pk)
 
 
 def _schedule_now():
@@ -233,10 +232,21 @@ def resolve_registry_auth(task: Task) -> dict | None:
     return {"registry": auth["registry"], "username": auth["username"], "password": password}
 
 
-def record_event(task: Task, *, kind: str, message: str, details: dict | None = None, node_id: str | None = None):
-    from apps.tasks.models import TaskEvent
+def task_event(task_id: int, *, kind: str, message: str, details: dict | None = None, node_id: str | None = None):
+    """A TaskEvent not yet saved, shaped the one way (the message cut to its column)."""
+    return TaskEvent(task_id=task_id, kind=kind, message=message[:2000], details=details or {}, node_id=node_id)
 
-    return TaskEvent.objects.create(task=task, kind=kind, message=message[:2000], details=details or {}, node_id=node_id)
+
+def record_event(task: Task, *, kind: str, message: str, details: dict | None = None, node_id: str | None = None):
+    event = task_event(task.pk, kind=kind, message=message, details=details, node_id=node_id)
+    event.task = task
+    event.save(force_insert=True)
+    return event
+
+
+def record_events(events) -> list:
+    """Many task_event()s in one INSERT (a sweep after a rack fails writes hundreds)."""
+    return TaskEvent.objects.bulk_create(list(events))
 
 
 # --- requeue (operators: the admin, node maintenance) ---------------------------------------

@@ -7,7 +7,8 @@ import pytest
 from apps.alerts.models import Alert
 from apps.core.clock import utcnow
 from apps.core.guard import Outcome
-from apps.nodes.models import Gpu, Node, status_at
+from apps.nodes.liveness import status_at
+from apps.nodes.models import Gpu, Node
 from apps.nodes.services import refresh_node_statuses
 from tests.nodes.payloads import gpu_stat, heartbeat as payload
 
