@@ -21,11 +21,13 @@ from apps.alerts.choices import AlertScope, AlertState, AlertType, Severity
 from apps.alerts.models import Alert
 from apps.alerts.services import NewAlert, raise_alert, raise_alerts, recover_alert
 from apps.core.clock import utcnow
+from apps.core.models import JobRun
 from apps.nodes.choices import NodeStatus
 from apps.nodes.models import Node
 from apps.tasks.choices import TaskStatus as S
-from apps.tasks.models import Task
+from apps.tasks.models import Task, TaskEvent
 from apps.tasks.services import QUOTA_ALERT_KEY, move_tasks, quota_problems, quota_use
+from apps.tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -134,8 +136,6 @@ CAUSES = {
 
 
 def _record(task_id: int, kind: str, node_id: str, message: str) -> None:
-    from apps.tasks.models import TaskEvent
-
     TaskEvent.objects.create(task_id=task_id, kind=kind, message=message[:2000], node_id=node_id)
 
 
@@ -227,8 +227,6 @@ def sweep_offline_nodes(now=None) -> SweepResult:
         status = row[1]
         target = ENDED_WHEN_NODE_LOST.get(status) or (S.FAILED if nobody_alive else S.PENDING)
         by_move.setdefault((status, target), []).append(row)
-    from apps.tasks.models import TaskEvent
-
     for (source, target), rows in sorted(by_move.items()):
         changes = {"node": None, "host_port": None} if target == S.PENDING else {}
         if target == S.FAILED:
@@ -304,8 +302,6 @@ def fail_overdue_queue(now=None) -> list[int]:
 
 def recover_quota_alerts() -> list[int]:
     """QUOTA_EXCEEDED ends once the tenant could queue a one-GPU task again."""
-    from apps.tenants.models import Tenant
-
     recovered = []
     active = Alert.objects.filter(type=AlertType.QUOTA_EXCEEDED, state=AlertState.ACTIVE).values_list("tenant_id", flat=True)
     for tenant in Tenant.objects.filter(pk__in=list(active)):
@@ -322,8 +318,6 @@ def check_scheduler(now=None) -> bool:
     """SCHEDULER_STALLED while tasks wait and no scheduler cycle finished for
     HETEROFLOW_SCHEDULER_STALLED_SECONDS anywhere in the cluster; recovered by the next
     sweep after a cycle. Returns whether it is stalled."""
-    from apps.core.models import JobRun
-
     now = now or utcnow()
     limit = timedelta(seconds=settings.HETEROFLOW_SCHEDULER_STALLED_SECONDS)
     run = JobRun.objects.filter(key="scheduler.tick").only("last_finished_at").first()

@@ -12,12 +12,11 @@ from rest_framework.exceptions import NotFound
 from apps.alerts.services import recover_alert
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
-from apps.nodes.choices import OFFLINE_AFTER_SECONDS, SUSPECT_AFTER_SECONDS, NodeStatus
+from apps.nodes.choices import CORDON_LABEL, OFFLINE_AFTER_SECONDS, SUSPECT_AFTER_SECONDS, NodeStatus
 from apps.nodes.models import Gpu, Node
-from apps.scheduler.core import CORDON_LABEL
 from apps.tasks.choices import ACTIVE, TaskStatus
 from apps.tasks.models import Task
-from apps.tasks.services import move_tasks
+from apps.tasks.services import move_tasks, requeue_tasks
 
 # The state machine of models.status_at, set-wise: one statement for the whole fleet,
 # touching only the rows whose status changes.
@@ -188,8 +187,6 @@ def start_maintenance(node: Node) -> OutOfService:
     """The node takes no new task and its tasks move elsewhere: not yet started, back to
     the queue at once; starting or running, stopped by the agent and then queued again
     (as a preemption). Sleeping, paused and ending tasks are left alone."""
-    from apps.tasks.services import requeue_tasks
-
     with transaction.atomic():
         _set_cordon(node, "maintenance")
         on_node = list(Task.objects.filter(node=node, status__in=ACTIVE).values_list("pk", flat=True))
