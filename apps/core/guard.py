@@ -122,8 +122,9 @@ def periodic_job(name: str, *, every: float, host_name: Callable[[], str] | None
             host = declared.host_name() if declared.host_name else None
             return run_periodic(name, work, respect_period=not immediate, host=host).outcome
 
-        job.__name__, job.__qualname__, job.__module__ = work.__name__, work.__qualname__, work.__module__
-        job.__doc__ = work.__doc__
+        if work.__name__.isidentifier():  # Celery compiles a stub by this name (not for a lambda)
+            job.__name__, job.__qualname__ = work.__name__, work.__qualname__
+        job.__module__, job.__doc__ = work.__module__, work.__doc__
         return shared_task(name=name)(job)
 
     return declare
