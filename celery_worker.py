@@ -1,4 +1,5 @@
-"""The Celery app. Jobs live in each app's `jobs.py`; beat's schedule in heteroflow/beat.py.
+"""The Celery app. Jobs live in each app's `jobs.py`; beat's schedule is built from the
+periodic jobs declared there (heteroflow/beat.py).
 
 Start a worker with `celery -A celery_worker worker`, beat with `celery -A celery_worker beat`.
 """
@@ -19,8 +20,9 @@ from apps.monitoring import processes  # noqa: E402
 processes.install(app)
 
 
-@app.on_after_configure.connect
+@app.on_after_finalize.connect
 def _install_beat_schedule(sender, **kwargs):
+    # after finalizing: Django is set up and the jobs modules (the declarations) imported
     from heteroflow.beat import beat_schedule
 
     sender.conf.beat_schedule = beat_schedule()

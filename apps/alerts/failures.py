@@ -22,12 +22,14 @@ from apps.alerts.choices import AlertScope, AlertState, AlertType, Severity
 from apps.alerts.models import Alert
 from apps.alerts.services import NewAlert, raise_alert, raise_alerts, recover_alert
 from apps.core.clock import utcnow
+from apps.core.models import JobRun
 from apps.nodes import liveness
 from apps.nodes.choices import NodeStatus
 from apps.nodes.models import Node
 from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task
 from apps.tasks.services import move_tasks, quota_problems, quota_use, record_event, record_events, task_event
+from apps.tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -302,8 +304,6 @@ def fail_overdue_queue(now=None) -> list[int]:
 
 def recover_quota_alerts() -> list[int]:
     """QUOTA_EXCEEDED ends once the tenant could queue a one-GPU task again."""
-    from apps.tenants.models import Tenant
-
     recovered = []
     active = Alert.objects.filter(type=AlertType.QUOTA_EXCEEDED, state=AlertState.ACTIVE).values_list("tenant_id", flat=True)
     for tenant in Tenant.objects.filter(pk__in=list(active)):
@@ -317,8 +317,6 @@ def check_scheduler(now=None) -> bool:
     """SCHEDULER_STALLED while tasks wait and no scheduler cycle finished for
     HETEROFLOW_SCHEDULER_STALLED_SECONDS anywhere in the cluster; recovered by the next
     sweep after a cycle. Returns whether it is stalled."""
-    from apps.core.models import JobRun
-
     now = now or utcnow()
     limit = timedelta(seconds=settings.HETEROFLOW_SCHEDULER_STALLED_SECONDS)
     run = JobRun.objects.filter(key="scheduler.tick").only("last_finished_at").first()

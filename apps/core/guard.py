@@ -5,6 +5,12 @@ tick. `run_guarded` lets exactly one of them run it: inside one transaction it t
 transaction-level advisory lock for the job's key (a concurrent runner gets BUSY at once,
 it never queues behind the first) and then reads the job's last-run row; a tick that
 arrives before most of the period has passed is EARLY and does nothing.
+
+A periodic job is declared once, with `@periodic_job(name, every=...)` on its body in
+its app's jobs.py: that registers the Celery task under the name, runs the body under
+the guard keyed by the name with `every` as its period, and records the declaration
+that beat's schedule (heteroflow/beat.py) and the per-host timers
+(apps.monitoring.processes) are built from.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery import shared_task
 from django.db import transaction
 
 from apps.core import locks
 from apps.core.clock import utcnow
+from apps.core.enqueue import import_job_modules
 from apps.core.models import JobRun
 from apps.monitoring import metrics
 
@@ -82,14 +90,58 @@ def _run_guarded(key, every, work, *, now, respect_period) -> GuardResult:
         return GuardResult(Outcome.RAN, value)
 
 
+@dataclass(frozen=True)
+class PeriodicJob:
+    name: str  # the Celery task's name, beat's entry and the guard's key
+    every: float  # seconds: beat's period and the guard's minimum gap, so they never disagree
+    # A per-host job is about the machine it runs on (its host metrics): beat, which sends
+    # each tick to whichever worker takes it first, cannot drive it. Every worker sends it
+    # to its own host's queue on its own timer instead, and the guard key carries the
+    # host (`host_name()`), so each host runs it once per period.
+    host_name: Callable[[], str] | None = None
+
+    @property
+    def per_host(self) -> bool:
+        return self.host_name is not None
+
+
+_DECLARED: dict[str, PeriodicJob] = {}
+
+
+def periodic_job(name: str, *, every: float, host_name: Callable[[], str] | None = None):
+    """Declare a periodic job: `@periodic_job("alerts.sweep", every=30)` on a function of
+    no arguments. Returns the Celery task `name`; run as `task()` or by beat it runs the
+    function under the guard and answers the outcome; `task(immediate=True)` is an
+    on-demand run, not held back by the period (still never two at once)."""
+    if name in _DECLARED:
+        raise ValueError(f"periodic job {name!r} is declared twice")
+    declared = _DECLARED[name] = PeriodicJob(name, float(every), host_name)
+
+    def declare(work: Callable[[], Any]):
+        def job(immediate: bool = False) -> str:
+            host = declared.host_name() if declared.host_name else None
+            return run_periodic(name, work, respect_period=not immediate, host=host).outcome
+
+        if work.__name__.isidentifier():  # Celery compiles a stub by this name (not for a lambda)
+            job.__name__, job.__qualname__ = work.__name__, work.__qualname__
+        job.__module__, job.__doc__ = work.__module__, work.__doc__
+        return shared_task(name=name)(job)
+
+    return declare
+
+
+def declared_jobs() -> dict[str, PeriodicJob]:
+    """Every periodic job, by name (imports the apps' jobs modules first)."""
+    import_job_modules()
+    return dict(_DECLARED)
+
+
 def run_periodic(
     key: str, work: Callable[[], Any], *, now: datetime | None = None, respect_period: bool = True, host: str | None = None
 ) -> GuardResult:
-    """Run a job declared in heteroflow/beat.py under its own guard and period; a
-    per-host job under one guard per host."""
-    from heteroflow.beat import PERIODIC_JOBS
-
-    every = timedelta(seconds=PERIODIC_JOBS[key].every)
+    """Run `work` under the guard and period of the periodic job `key`; a per-host job
+    under one guard per host."""
+    every = timedelta(seconds=declared_jobs()[key].every)
     return run_guarded(per_host_key(key, host) if host else key, every, work, now=now, respect_period=respect_period)
 
 

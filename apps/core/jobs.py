@@ -1,8 +1,7 @@
-from celery import shared_task
 from django.contrib.sessions.models import Session
 
 from apps.core.clock import utcnow
-from apps.core.guard import run_periodic
+from apps.core.guard import periodic_job
 
 
 def purge_expired_sessions() -> int:
@@ -10,6 +9,4 @@ def purge_expired_sessions() -> int:
     return deleted
 
 
-@shared_task(name="core.purge_expired_sessions")
-def purge_expired_sessions_job() -> str:
-    return run_periodic("core.purge_expired_sessions", purge_expired_sessions).outcome
+purge_expired_sessions_job = periodic_job("core.purge_expired_sessions", every=3600)(purge_expired_sessions)

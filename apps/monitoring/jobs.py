@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-from celery import shared_task
-
-from apps.core.guard import run_periodic
+from apps.core.guard import periodic_job
 from apps.monitoring import hostmetrics
+from apps.monitoring.services import collect_server_metrics, prune_server_metrics
 
-COLLECT = "monitoring.collect_server_metrics"
-PRUNE = "monitoring.prune_server_metrics"
-
-
-@shared_task(name=COLLECT)
-def collect_server_metrics_job() -> str:
-    from apps.monitoring.services import collect_server_metrics
-
-    return run_periodic(COLLECT, collect_server_metrics, host=hostmetrics.host_name()).outcome
-
-
-@shared_task(name=PRUNE)
-def prune_server_metrics_job() -> str:
-    from apps.monitoring.services import prune_server_metrics
-
-    return run_periodic(PRUNE, prune_server_metrics).outcome
+# Sampling is about the host that runs it: every worker sends it to its own host's queue.
+collect_server_metrics_job = periodic_job(
+    "monitoring.collect_server_metrics", every=30, host_name=hostmetrics.host_name
+)(collect_server_metrics)
+prune_server_metrics_job = periodic_job("monitoring.prune_server_metrics", every=3600)(prune_server_metrics)

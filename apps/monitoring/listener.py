@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from django.db import connections
 
-from apps.monitoring import access, exposition
+from apps.monitoring import access, exposition, probes
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +115,6 @@ class MetricsListener:
 
 
 def database_readiness() -> tuple[bool, str]:
-    from apps.monitoring import probes
-
     if probes.database_answers():
         return True, "database answers"
     return False, "database unreachable"

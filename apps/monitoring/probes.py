@@ -11,6 +11,7 @@ import psycopg
 
 from apps.core.clock import utcnow
 from apps.core.db import libpq_params
+from apps.core.models import JobRun
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ def database_answers(timeout: float = DATABASE_TIMEOUT_SECONDS) -> bool:
 
 
 def scheduler_state(now=None) -> str:
-    from apps.core.models import JobRun
-
     now = now or utcnow()
     run = JobRun.objects.filter(key=SCHEDULER_JOB_KEY).only("last_finished_at").first()
     if run is None or run.last_finished_at is None:

@@ -3,8 +3,9 @@
 - worker: an exporter (HETEROFLOW_WORKER_METRICS_ADDR) in the main process, summing
   what its pool processes count (PROMETHEUS_MULTIPROC_DIR); task runs and durations.
 - beat: an exporter (HETEROFLOW_BEAT_METRICS_ADDR); the ticks it sends.
-- every worker consumes its host's own queue and sends the per-host jobs of
-  heteroflow/beat.py there on its own timer, once at start and then every period.
+- every worker consumes its host's own queue and sends the per-host periodic jobs
+  (declared with `host_name`, apps.core.guard) there on its own timer, once at start and
+  then every period.
 """
 
 from __future__ import annotations
@@ -14,8 +15,14 @@ import time
 from functools import partial
 
 from celery import bootsteps, signals
+from django.conf import settings
 
 from apps.monitoring import metrics
+from apps.monitoring.hostmetrics import host_name
+from heteroflow.beat import host_queue
+
+# celery_worker imports this module before Django is set up (a worker's and beat's first
+# import), so what loads models is imported inside the functions, which run later.
 
 logger = logging.getLogger(__name__)
 
@@ -24,21 +31,18 @@ _exporters: list = []
 
 
 def per_host_jobs() -> dict:
-    from heteroflow.beat import PERIODIC_JOBS
+    from apps.core.guard import declared_jobs  # loads models: see the top
 
-    return {key: job for key, job in PERIODIC_JOBS.items() if job.per_host}
+    return {name: job for name, job in declared_jobs().items() if job.per_host}
 
 
 def own_host_queue() -> str:
-    from apps.monitoring.hostmetrics import host_name
-    from heteroflow.beat import host_queue
-
     return host_queue(host_name())
 
 
 def send_per_host(app, key: str, every: float) -> None:
     try:
-        app.send_task(per_host_jobs()[key].task, queue=own_host_queue(), expires=every)
+        app.send_task(key, queue=own_host_queue(), expires=every)
     except Exception:  # the broker is away: the next period tries again
         logger.warning("could not send the per-host job %s", key, exc_info=True)
 
@@ -67,9 +71,7 @@ def consume_own_host_queue(sender=None, instance=None, **kwargs):
 
 
 def start_exporter(setting: str, name: str, **kwargs):
-    from django.conf import settings
-
-    from apps.monitoring import exposition, listener
+    from apps.monitoring import exposition, listener  # load models: see the top
 
     started = listener.start(getattr(settings, setting), source=exposition.PROCESS_GROUP, name=name)
     if started is not None:

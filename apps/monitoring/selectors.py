@@ -18,6 +18,7 @@ from apps.monitoring.models import ServerMetric
 from apps.monitoring.services import previous_sample
 from apps.nodes.choices import ALIVE, NodeStatus
 from apps.nodes.models import Gpu, Node
+from apps.scheduler.services import plugin_table
 from apps.tasks.choices import ACTIVE, TaskStatus
 from apps.tasks.models import Task
 
@@ -193,7 +194,5 @@ def health_detail_for(principal, now: datetime | None = None) -> dict:
         },
     }
     if principal.is_operator:
-        from apps.scheduler.services import plugin_table
-
         detail["checks"]["plugins"] = plugin_table()
     return detail

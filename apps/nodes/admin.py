@@ -12,8 +12,8 @@ from rest_framework.exceptions import APIException
 from apps.core.admin_tools import DeleteThroughServiceMixin, refusal
 from apps.core.errors import Conflict
 from apps.nodes import services
+from apps.nodes.choices import CORDON_LABEL
 from apps.nodes.models import Gpu, Node
-from apps.scheduler.core import CORDON_LABEL
 
 
 def gpu_state(gpu: Gpu) -> str:

@@ -50,3 +50,8 @@ class ExecMode(models.TextChoices):
 # Lost-GPU judgement: consecutive beats.
 LOST_AFTER_BEATS = 3
 RECOVERED_AFTER_BEATS = 2
+
+# A node an operator took out of service (drain or maintenance, apps.nodes.services)
+# carries this label: the scheduler gives it no new task. Labels merge by key, so the
+# agents' beats leave it in place.
+CORDON_LABEL = "heteroflow.cordon"

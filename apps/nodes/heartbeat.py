@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import orjson
+from django.core.cache import cache
 from psycopg.types.json import Jsonb, set_json_dumps
 
 from apps.alerts import keys as alert_keys
@@ -24,6 +26,8 @@ from apps.alerts.choices import AlertScope, AlertType, Severity
 from apps.nodes import liveness
 from apps.nodes.choices import LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS
 from apps.nodes.normalize import gpu_model
+
+logger = logging.getLogger(__name__)
 
 set_json_dumps(lambda obj: orjson.dumps(obj).decode())
 
@@ -321,3 +325,15 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
                 raise RuntimeError(f"heartbeat of {node_id}: the node row did not match after the slow path")
     outcome.gpu_changes = [GpuChange(index, lost, basis) for index, lost, basis in changes]
     return outcome
+
+
+NODE_ADDRESS_CACHE_KEY = "node-address:{node_id}"
+
+
+def forget_node_address(node_id: str) -> None:
+    """A node's public IP changed: whatever caches its address (the gateway's backend
+    table) must look it up again."""
+    try:
+        cache.delete(NODE_ADDRESS_CACHE_KEY.format(node_id=node_id))
+    except Exception:  # Redis holds nothing that cannot be lost
+        logger.warning("could not invalidate the cached address of node %s", node_id)

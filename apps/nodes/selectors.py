@@ -3,6 +3,9 @@ from django.db.models.functions import Coalesce
 
 from apps.nodes.choices import ALIVE, NodeStatus
 from apps.nodes.models import Gpu, Node
+from apps.scheduler.models import GpuAllocation
+from apps.tasks.choices import ACTIVE
+from apps.tasks.models import Task
 
 
 def node_list(principal, *, q: str = "", status: str = "", gpu_type: str = ""):
@@ -52,10 +55,6 @@ NODE_SORTS = {
 def with_load(nodes):
     """Each node with its active tasks, GPUs held (cards in the ledger) and mean GPU
     utilisation: three correlated subqueries, evaluated only for the rows returned."""
-    from apps.scheduler.models import GpuAllocation
-    from apps.tasks.choices import ACTIVE
-    from apps.tasks.models import Task
-
     active = Task.objects.filter(node=OuterRef("pk"), status__in=ACTIVE).order_by().values("node")
     held = GpuAllocation.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
     busy = (
@@ -80,8 +79,6 @@ def node_cards(principal, *, q: str = "", sort: str = "tasks"):
 def gpu_summary(principal) -> dict:
     """The node page's strip: every card of the visible nodes, as busy (held by a task),
     idle or lost. A lost card still counts in the total, never as busy or idle."""
-    from apps.scheduler.models import GpuAllocation
-
     gpus = Gpu.objects.filter(node__in=Node.objects.visible_to(principal))
     held = GpuAllocation.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
     counts = gpus.annotate(held=Exists(held)).aggregate(

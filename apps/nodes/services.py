@@ -14,11 +14,11 @@ from apps.alerts.services import recover_alert
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes import liveness
+from apps.nodes.choices import CORDON_LABEL
 from apps.nodes.models import Gpu, Node
-from apps.scheduler.core import CORDON_LABEL
 from apps.tasks.choices import ACTIVE, TaskStatus
 from apps.tasks.models import Task
-from apps.tasks.services import move_tasks
+from apps.tasks.services import move_tasks, requeue_tasks
 
 # liveness.status_at, set-wise: one statement for the whole fleet, touching only the rows
 # whose status changes.
@@ -181,8 +181,6 @@ def start_maintenance(node: Node) -> OutOfService:
     """The node takes no new task and its tasks move elsewhere: not yet started, back to
     the queue at once; starting or running, stopped by the agent and then queued again
     (as a preemption). Sleeping, paused and ending tasks are left alone."""
-    from apps.tasks.services import requeue_tasks
-
     with transaction.atomic():
         _set_cordon(node, "maintenance")
         on_node = list(Task.objects.filter(node=node, status__in=ACTIVE).values_list("pk", flat=True))

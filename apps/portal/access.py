@@ -11,7 +11,11 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from rest_framework import exceptions as api_errors
 
+from apps.alerts.selectors import alert_stats
 from apps.core.authentication import principal_for_session
+from apps.nodes.selectors import gpus_online
+from apps.tasks.choices import TaskStatus
+from apps.tasks.models import Task
 from apps.tenants.choices import Role
 
 
@@ -51,11 +55,6 @@ def require_role(principal, tenant, minimum: Role, message: str) -> None:
 
 def status_bar(principal) -> dict:
     """GPUs online, tasks running, active alerts: narrowed to what the principal sees."""
-    from apps.alerts.selectors import alert_stats
-    from apps.nodes.selectors import gpus_online
-    from apps.tasks.choices import TaskStatus
-    from apps.tasks.models import Task
-
     return {
         "gpus_online": gpus_online(principal),
         "tasks_running": Task.objects.visible_to(principal).filter(status=TaskStatus.RUNNING).count(),

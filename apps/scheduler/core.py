@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from apps.nodes.choices import CORDON_LABEL
 from apps.scheduler import nvlink
 
 NEUTRAL = 50.0
@@ -119,10 +120,6 @@ class Failure:
 # --- the built-in filter chain ------------------------------------------------------------
 
 SCHEDULABLE_STATUSES = frozenset({"online", "suspect"})
-# A node an operator took out of service (drain or maintenance, apps.nodes.services)
-# carries this label: it takes no new task. Labels merge by key, so the agents' beats
-# leave it in place.
-CORDON_LABEL = "heteroflow.cordon"
 
 
 def in_service(node: NodeSnap) -> bool:

@@ -21,6 +21,8 @@ from django.db.models import F, Q
 from rest_framework.exceptions import ValidationError
 
 from apps.alerts import keys as alert_keys
+from apps.alerts.choices import AlertScope, AlertType, Severity
+from apps.alerts.services import raise_alert
 from apps.core.cas import check_transition
 from apps.core.errors import Conflict
 from apps.core.clock import utcnow
@@ -43,10 +45,11 @@ from apps.scheduler.core import (
     place,
     plan_preemption,
 )
+from apps.scheduler.ledger import ALLOCATE
 from apps.scheduler.models import GpuAllocation, PluginConfig
 from apps.tasks.choices import HOLDING, TRANSITIONS, TaskKind, TaskStatus as S
 from apps.tasks.models import Task
-from apps.tasks.services import move_tasks
+from apps.tasks.services import move_tasks, requeue_preempted
 from apps.tenants.models import TenantGroup
 
 BATCH_SIZE = 200
@@ -367,13 +370,6 @@ def assign_host_ports(decisions: list[Decision], tasks: dict[int, TaskReq], node
     return ports
 
 
-ALLOCATE = """
-    INSERT INTO gpu_allocations (task_id, node_id, gpu_index, tenant_id, memory_mb, created_at)
-    SELECT v.task_id, v.node_id, v.gpu_index, v.tenant_id, v.memory_mb, %s
-    FROM unnest(%s::bigint[], %s::text[], %s::int[], %s::bigint[], %s::bigint[]) AS v(task_id, node_id, gpu_index, tenant_id, memory_mb)
-"""
-
-
 def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, settings: PluginSettings | None = None) -> tuple[list[int], list[int]]:
     """Bind a cycle's decisions in one transaction: lock their nodes (in id order, so
     concurrent schedulers queue rather than deadlock), drop the decisions the live ledger
@@ -440,12 +436,6 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
                 ])
     bound = [d.task_id for d in decisions if d.task_id in won]
     return bound, [d.task_id for d in decisions if d.task_id not in won]
-
-
-def release(task_ids) -> int:
-    """Give back what tasks held (terminal, or back to the queue)."""
-    deleted, _ = GpuAllocation.objects.filter(task_id__in=list(task_ids)).delete()
-    return deleted
 
 
 # --- one cycle --------------------------------------------------------------------------
@@ -520,10 +510,6 @@ def force_overdue_preemptions(now=None) -> list[int]:
     agent's confirmation is moved back to the queue through the same CAS, and its cards
     are released; a late confirmation then loses and changes nothing. Each forced task
     raises PREEMPTION_TIMEOUT."""
-    from apps.alerts.choices import AlertScope, AlertType, Severity
-    from apps.alerts.services import raise_alert
-    from apps.tasks.services import requeue_preempted
-
     cutoff = (now or utcnow()) - PREEMPTION_GRACE
     overdue = {
         pk: (node_id, tenant_id)

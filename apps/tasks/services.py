@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Sum
 from django.db.models.functions import Coalesce, Greatest
 
 from apps.alerts import keys as alert_keys
+from apps.alerts.choices import AlertScope, AlertType, Severity
+from apps.alerts.services import NewAlert, raise_alert, raise_alerts
 from apps.confidential.services import read_secret
 from apps.core import locks
-from apps.core.cas import transition
+from apps.core.cas import IllegalTransition, transition
 from apps.core.clock import utcnow
+from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
+from apps.scheduler.ledger import release
 from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS, TaskStatus as S
 from apps.tasks.models import Task, TaskEvent
 
@@ -38,8 +42,6 @@ def move_tasks(task_ids, from_statuses, to_status, **changes) -> list[int]:
     with transaction.atomic():
         won = transition(Task, TRANSITIONS, ids, from_statuses, to_status, **changes)
         if won and to_status in OFF_NODE:
-            from apps.scheduler.services import release
-
             _count_gpu_time(won, now)
             release(won)
             if to_status in TERMINAL:
@@ -50,8 +52,6 @@ def move_tasks(task_ids, from_statuses, to_status, **changes) -> list[int]:
 
 
 def _count_gpu_time(task_ids, now) -> None:
-    from django.db import connection
-
     with connection.cursor() as cursor:
         cursor.execute(
             """UPDATE tasks SET gpu_seconds = gpu_seconds
@@ -64,8 +64,6 @@ def _count_gpu_time(task_ids, now) -> None:
 
 def _settle_usage(task_ids, now) -> None:
     """Once per task: the unique task_id makes a second settlement a no-op."""
-    from django.db import connection
-
     with connection.cursor() as cursor:
         cursor.execute(
             """INSERT INTO usage_records (task_id, tenant_id, gpus, gpu_seconds, ended_status, settled_at)
@@ -77,9 +75,6 @@ def _settle_usage(task_ids, now) -> None:
 
 
 def _alert_failures(task_ids) -> None:
-    from apps.alerts.choices import AlertScope, AlertType, Severity
-    from apps.alerts.services import NewAlert, raise_alerts
-
     raise_alerts([
         NewAlert(
             type=AlertType.TASK_FAILED, severity=Severity.WARNING, scope=AlertScope.TASK,
@@ -123,7 +118,7 @@ def create_task(*, tenant, created_by=None, **fields) -> Task:
         problems = quota_problems(tenant, quota_use(tenant), gpus=gpus, gpu_memory_mb=memory)
         if not problems:
             task = Task.objects.create(tenant=tenant, created_by=created_by, **fields)
-            transaction.on_commit(_schedule_now)
+            enqueue("scheduler.tick", immediate=True)  # a cycle now, once the task is committed
             return task
     message = f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}."
     _alert_quota(tenant, message)
@@ -133,17 +128,8 @@ def create_task(*, tenant, created_by=None, **fields) -> Task:
 def _alert_quota(tenant, message: str) -> None:
     """One active QUOTA_EXCEEDED per tenant; the alert sweep recovers it once the tenant
     is under its quota again."""
-    from apps.alerts.choices import AlertScope, AlertType, Severity
-    from apps.alerts.services import raise_alert
-
     raise_alert(type=AlertType.QUOTA_EXCEEDED, severity=Severity.WARNING, scope=AlertScope.TENANT,
                 key=alert_keys.quota_exceeded(tenant.pk), message=f"A task was refused. {message}", tenant_id=tenant.pk)
-
-
-def _schedule_now():
-    from apps.scheduler.jobs import schedule_now
-
-    schedule_now()
 
 
 # Asking a task to stop: queued tasks are cancelled outright; tasks with a container
@@ -179,8 +165,6 @@ def agent_report(task: Task, *, from_status: str, to_status: str, exit_code=None
     """An agent's report, as a CAS from the status it saw. False: it lost (someone moved
     the task first, or the same report was already applied); nothing changed."""
     if to_status not in AGENT_MOVES.get(from_status, frozenset()):
-        from apps.core.cas import IllegalTransition
-
         raise IllegalTransition(f"an agent cannot move a task from {from_status} to {to_status}")
     changes: dict = {}
     if to_status == S.RUNNING:

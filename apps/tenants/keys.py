@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 
 from apps.tenants.choices import KEY_PREFIX, KeyScope
+from apps.tenants.models import ApiKey
 
 SECRET_BYTES = 32
 DISPLAY_CHARS = 8  # characters after the prefix kept in clear, to tell keys apart
@@ -35,8 +36,6 @@ def scope_of(key: str) -> KeyScope | None:
 
 
 def find_usable(key: str, *, now: datetime):
-    from apps.tenants.models import ApiKey
-
     if scope_of(key) is None:
         return None
     api_key = (
@@ -49,8 +48,6 @@ def find_usable(key: str, *, now: datetime):
 
 def touch(api_key, *, now: datetime, resolution: timedelta) -> None:
     """Record use, at most once per `resolution`, so a busy key does not write per request."""
-    from apps.tenants.models import ApiKey
-
     if api_key.last_used_at and now - api_key.last_used_at < resolution:
         return
     ApiKey.objects.filter(pk=api_key.pk).filter(

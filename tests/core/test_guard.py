@@ -108,7 +108,10 @@ def test_a_failing_job_rolls_back_its_writes_but_records_the_failure():
 
 
 def test_declared_jobs_use_their_beat_period():
-    from heteroflow.beat import PERIODIC_JOBS, beat_schedule
+    from apps.core.guard import declared_jobs
+    from heteroflow.beat import beat_schedule
+
+    PERIODIC_JOBS = declared_jobs()
 
     assert run_periodic("core.purge_expired_sessions", lambda: 0).outcome == Outcome.RAN
     assert run_periodic("core.purge_expired_sessions", lambda: 0).outcome == Outcome.EARLY

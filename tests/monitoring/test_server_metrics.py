@@ -156,7 +156,10 @@ def test_pruning_keeps_the_configured_retention(settings):
 
 
 def test_collection_and_pruning_are_separate_periodic_jobs():
-    from heteroflow.beat import PERIODIC_JOBS, beat_schedule
+    from apps.core.guard import declared_jobs
+    from heteroflow.beat import beat_schedule
+
+    PERIODIC_JOBS = declared_jobs()
 
     collect, prune = PERIODIC_JOBS["monitoring.collect_server_metrics"], PERIODIC_JOBS["monitoring.prune_server_metrics"]
     assert (collect.every, collect.per_host) == (30.0, True)

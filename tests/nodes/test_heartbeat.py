@@ -67,7 +67,7 @@ def test_forwarded_header_counts_only_behind_a_trusted_proxy(settings):
 def test_an_ip_change_invalidates_the_cached_backend_address(agents):
     from django.core.cache import cache
 
-    from apps.nodes.jobs import NODE_ADDRESS_CACHE_KEY
+    from apps.nodes.heartbeat import NODE_ADDRESS_CACHE_KEY
 
     agents.send("node-d", payload(), peer="198.51.100.20")
     key = NODE_ADDRESS_CACHE_KEY.format(node_id="node-d")

@@ -20,6 +20,7 @@ from apps.alerts.models import NotificationChannel, NotificationDelivery, Operat
 from apps.confidential.models import ChannelCredentials, ChannelSecret
 from apps.confidential.services import record_audit
 from apps.core.clock import utcnow
+from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
 
 UPDATABLE = frozenset({"name", "url", "recipients", "min_severity", "types", "enabled"})
@@ -164,11 +165,5 @@ def send_test(channel: NotificationChannel, *, principal) -> NotificationDeliver
             payload={"alert": None, "message": f"A test notification from HeteroFlow for channel '{channel.name}'."},
         )
         _audit(channel, principal, "alert_channel.tested", delivery_id=delivery.pk)
-        transaction.on_commit(lambda: _enqueue(delivery.pk))
+        enqueue("alerts.deliver_notification", delivery.pk)
     return delivery
-
-
-def _enqueue(delivery_id: int) -> None:
-    from apps.alerts.jobs import enqueue_delivery
-
-    enqueue_delivery(delivery_id)

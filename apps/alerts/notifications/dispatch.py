@@ -19,6 +19,7 @@ from django.db.models import Q
 from apps.alerts.choices import SEVERITY_RANK, NotificationEvent
 from apps.alerts.models import Alert, NotificationChannel
 from apps.core.clock import utcnow
+from apps.core.enqueue import enqueue
 from apps.core.principals import Principal, PrincipalKind
 from apps.tenants.choices import Role
 
@@ -92,9 +93,8 @@ def dispatch_notifications(now=None, *, batch_size: int = BATCH_SIZE, max_batche
         with connection.cursor() as cursor:
             cursor.execute(REQUEUE, {"now": now, "overdue": now - REQUEUE_AFTER, "limit": REQUEUE_LIMIT})
             result.requeued = sorted(pk for (pk,) in cursor.fetchall())
-        queued = result.deliveries + result.requeued
-        if queued:
-            transaction.on_commit(lambda: _enqueue(queued))
+        for delivery_id in result.deliveries + result.requeued:
+            enqueue("alerts.deliver_notification", delivery_id)
     return result
 
 
@@ -102,13 +102,6 @@ def _claim(event: str, now, limit: int) -> list[int]:
     with connection.cursor() as cursor:
         cursor.execute(CLAIM[event], {"now": now, "limit": limit})
         return sorted(pk for (pk,) in cursor.fetchall())
-
-
-def _enqueue(delivery_ids: list[int]) -> None:
-    from apps.alerts.jobs import enqueue_delivery
-
-    for delivery_id in delivery_ids:
-        enqueue_delivery(delivery_id)
 
 
 def tenant_viewer(tenant) -> Principal:

@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.core.clock import utcnow
 from apps.core.db import libpq_params
+from apps.core.enqueue import enqueue
 from apps.core.errors import error_body
 from apps.monitoring.metrics import record_heartbeat
 from apps.nodes import heartbeat
@@ -185,14 +186,12 @@ class HeartbeatApp:
     def after_beat(self, outcome) -> None:
         """Follow-ups that talk to Redis run in a thread, off the event loop: a slow or
         absent Redis must never hold heartbeats up."""
-        from apps.nodes import jobs
-
         loop = asyncio.get_running_loop()
         if outcome.ip_changed:
-            loop.run_in_executor(None, jobs.forget_node_address, outcome.node_id)
+            loop.run_in_executor(None, heartbeat.forget_node_address, outcome.node_id)
         self._beats += 1
         if self._beats % PRUNE_EVERY_BEATS == 0:
-            loop.run_in_executor(None, jobs.request_metrics_prune)
+            loop.run_in_executor(None, enqueue, "nodes.prune_metrics")
 
 
 def orjson_or_400(body: bytes):

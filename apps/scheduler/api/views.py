@@ -1,3 +1,4 @@
+from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
@@ -7,6 +8,8 @@ from rest_framework.views import APIView
 from apps.core.permissions import IsOperator
 from apps.core.serializers import StrictSerializer
 from apps.scheduler import services
+from apps.scheduler.core import TaskReq, place
+from apps.tenants.models import Tenant
 
 class PluginRow(serializers.Serializer):
     name = serializers.CharField()
@@ -80,11 +83,6 @@ class DryRunView(APIView):
 
     @extend_schema(request=DryRunSerializer, responses=DryRunAnswer)
     def post(self, request):
-        from django.shortcuts import get_object_or_404
-
-        from apps.scheduler.core import TaskReq, place
-        from apps.tenants.models import Tenant
-
         serializer = DryRunSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)

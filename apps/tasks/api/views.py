@@ -7,6 +7,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.alerts.failures import LOST_RUN_STATUSES, Verdict, adjudicate_lost_runs
 from apps.core.cas import IllegalTransition
 from apps.core.errors import Conflict
 from apps.tasks import services
@@ -197,8 +198,6 @@ class ContainerLostView(APIView):
     @extend_schema(request=s.ContainerLostSerializer,
                    responses={200: s.ContainerLostVerdictSerializer, 202: s.ContainerLostVerdictSerializer})
     def post(self, request, pk):
-        from apps.alerts.failures import LOST_RUN_STATUSES, Verdict, adjudicate_lost_runs
-
         serializer = s.ContainerLostSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         node_id = serializer.validated_data["node_id"]
