@@ -80,11 +80,8 @@ def node_cards(principal, *, q: str = "", sort: str = "tasks"):
 def gpu_summary(principal) -> dict:
     """The node page's strip: every card of the visible nodes, as busy (held by a task),
     idle or lost. A lost card still counts in the total, never as busy or idle."""
-    from apps.scheduler.models import GpuAllocation
-
     gpus = Gpu.objects.filter(node__in=Node.objects.visible_to(principal))
-    held = GpuAllocation.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
-    counts = gpus.annotate(held=Exists(held)).aggregate(
+    counts = gpus.with_state().aggregate(
         total=Count("id"),
         lost=Count("id", filter=Q(lost_at__isnull=False)),
         busy=Count("id", filter=Q(lost_at__isnull=True, held=True)),
