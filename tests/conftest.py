@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from apps.tenants import services
 from apps.tenants.choices import Role
 from tests.factories import OperatorFactory, UserFactory
+from tests.nodes.agents import Agents
 
 PASSWORD = "pw-for-tests-only"
 
@@ -64,5 +65,9 @@ def api():
     return APIClient()
 
 
-def bearer(key: str) -> dict:
-    return {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+@pytest.fixture
+def agents():
+    """Heartbeats through the real ASGI route (tests/nodes/agents.py)."""
+    agents = Agents()
+    yield agents
+    agents.close()

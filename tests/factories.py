@@ -1,6 +1,18 @@
+"""Factories for the rows tests start from: users, nodes with their GPUs, tasks in any
+status on a node, alerts. They write rows as they are, past the services, so a test can
+start from any state; a test of a service's own writes calls the service."""
+
+from __future__ import annotations
+
 import factory
 from django.contrib.auth import get_user_model
 
+from apps.alerts.choices import AlertType, Severity
+from apps.alerts.models import Alert
+from apps.core.clock import utcnow
+from apps.nodes.choices import NodeStatus
+from apps.nodes.models import Gpu, Node
+from apps.scheduler.models import GpuAllocation
 from apps.tasks.models import Task
 
 
@@ -25,3 +37,37 @@ class TaskFactory(factory.django.DjangoModelFactory):
         model = Task
 
     name = factory.Sequence(lambda n: f"task-{n}")
+
+
+def make_node(node_id: str, gpus: int = 8, *, vendor: str = "nvidia", model: str = "H100", memory_total_mb: int | None = 81920,
+              **fields) -> Node:
+    """A node that beat just now (online unless `status` says otherwise) with `gpus` cards,
+    indices 0…gpus-1, and its GPU summary (count, type) as the heartbeat leaves it.
+    `fields` are the node's other columns."""
+    fields = {"name": node_id, "status": NodeStatus.ONLINE, "last_heartbeat_at": utcnow(), "gpu_count": gpus,
+              "gpu_type": vendor if gpus else "", **fields}
+    node = Node.objects.create(id=node_id, **fields)
+    Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor=vendor, model=model, memory_total_mb=memory_total_mb)
+                            for i in range(gpus))
+    return node
+
+
+def make_task(tenant, **fields) -> Task:
+    """A task of `tenant` written as it is, in any status and on any node (`status=`,
+    `node=`), without the scheduler; name "t" and image "x" unless given."""
+    return TaskFactory(tenant=tenant, **{"name": "t", "image": "x", **fields})
+
+
+def make_alert(**fields) -> Alert:
+    """An alert row as it is (no notification, no dedup): ACTIVE unless `state` says
+    otherwise; `type`, `severity`, `key`, `message` have placeholders."""
+    return Alert.objects.create(**{"type": AlertType.GPU_LOST, "severity": Severity.WARNING, "key": "k", "message": "m",
+                                   **fields})
+
+
+def make_task_holding(node: Node, tenant, status: str, card: int = 0) -> Task:
+    """A task in `status` on `node` holding card `card` in the scheduler's ledger, as a
+    bind leaves it (named after its status)."""
+    task = make_task(tenant, name=status, status=status, node=node)
+    GpuAllocation.objects.create(task=task, node=node, gpu_index=card, tenant=tenant)
+    return task

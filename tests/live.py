@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
+    """A port nothing listens on (bound, then let go): free for a server to take, closed
+    for a client to knock on."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -16,6 +16,7 @@ from urllib.parse import quote
 import pytest
 import requests
 
+from tests.headers import bearer_http
 from tests.live import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,7 +121,7 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
         scraped = requests.get(f"{base}/metrics", timeout=10)
         assert scraped.status_code == 200 and "heteroflow_scheduler_running" in scraped.text
 
-        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        headers = bearer_http(ADMIN_KEY)
         # the local agent registered this machine as a node, under the id it keeps
         kept = data_dir / "agent" / "node-id"
         node_id = wait_until(lambda: kept.exists() and kept.read_text().strip(), 60, "the local agent's node id")
@@ -140,10 +141,10 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
     try:
         text = "".join(output)
         assert "with password:" not in text  # shown once, never again
-        tenants = requests.get(f"{base}/api/v1/tenants", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
+        tenants = requests.get(f"{base}/api/v1/tenants", headers=bearer_http(ADMIN_KEY), timeout=10)
         assert [t["slug"] for t in tenants.json()["results"]] == ["lab"]
         # the same machine comes back as the same node
-        nodes = requests.get(f"{base}/api/v1/nodes", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10).json()
+        nodes = requests.get(f"{base}/api/v1/nodes", headers=bearer_http(ADMIN_KEY), timeout=10).json()
         assert [n["id"] for n in nodes["results"]] == [node_id]
     finally:
         stop(again)

@@ -15,8 +15,9 @@ import time
 from heteroflow_agent import config as agent_config
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.collect import ContainerEngine
-from heteroflow_agent.executor import Executor, Reconciler
+from heteroflow_agent.executor import Executor
 from heteroflow_agent.heartbeat import Heartbeat, TaskReport
+from heteroflow_agent.reconcile import Reconciler
 from heteroflow_agent.version import current
 
 logger = logging.getLogger("heteroflow_agent")

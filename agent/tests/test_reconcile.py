@@ -9,7 +9,8 @@ import time
 import pytest
 
 from heteroflow_agent.client import ServerClient
-from heteroflow_agent.executor import Executor, Outcome, Reconciler
+from heteroflow_agent.executor import Executor, Outcome
+from heteroflow_agent.reconcile import Reconciler
 from heteroflow_agent.runtime import TaskSpec
 from heteroflow_agent.runtime.process import ProcessRuntime
 
@@ -169,7 +170,7 @@ def test_a_container_vanishing_under_watch_is_reported_lost_and_not_failed(serve
     server.answer("/api/v1/tasks/41", *[(200, task)] * 50)
     server.answer("/api/v1/tasks/41/container-lost", (202, {"task_id": 41, "verdict": "undecided", "status": "running"}))
     executor = executor_for(server, runtime)
-    executor._launch_watch(task, time.time())
+    executor.watch_adopted(task, time.time())
     runtime.stop(41, 1)
     runtime.remove(41)  # gone without a trace, as when someone removes the container by hand
     assert wait_for(lambda: any(r["path"].endswith("/container-lost") for r in server.requests))

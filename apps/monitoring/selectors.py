@@ -17,6 +17,7 @@ from apps.monitoring import hostmetrics, probes
 from apps.monitoring.models import ServerMetric
 from apps.monitoring.services import previous_sample
 from apps.nodes.choices import ALIVE, NodeStatus
+from apps.nodes.gpu_state import state_sql
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.services import plugin_table
 from apps.tasks.choices import ACTIVE, TaskStatus
@@ -118,12 +119,8 @@ def nodes_by_status_and_gpu_type() -> list[tuple[str, str, int]]:
     return list(Node.objects.order_by().values_list("status", "gpu_type").annotate(n=Count("id")))
 
 
-GPU_STATES_SQL = """
-    SELECT g.vendor,
-           CASE WHEN g.lost_at IS NOT NULL THEN 'lost'
-                WHEN EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.node_id = g.node_id AND a.gpu_index = g.index) THEN 'busy'
-                ELSE 'available' END AS state,
-           count(*)
+GPU_STATES_SQL = f"""
+    SELECT g.vendor, {state_sql("g")} AS state, count(*)
     FROM gpus g GROUP BY 1, 2
 """
 

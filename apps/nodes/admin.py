@@ -12,12 +12,13 @@ from rest_framework.exceptions import APIException
 from apps.core.admin_tools import DeleteThroughServiceMixin, refusal
 from apps.core.errors import Conflict
 from apps.nodes import services
-from apps.nodes.choices import CORDON_LABEL
+from apps.nodes.choices import CORDON_LABEL, GpuState
 from apps.nodes.models import Gpu, Node
 
 
 def gpu_state(gpu: Gpu) -> str:
-    if gpu.lost_at:
+    """The card's state (read with Gpu.objects.with_state()), a lost one with since when and why."""
+    if gpu.state == GpuState.LOST:
         return f"LOST since {gpu.lost_at:%Y-%m-%d %H:%M} ({gpu.get_lost_basis_display() or 'unknown basis'})"
     return gpu.state
 
@@ -32,6 +33,9 @@ class GpuInline(admin.TabularInline):
 
     def has_add_permission(self, request, obj=None):
         return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).with_state()
 
     @admin.display(description="state")
     def state_shown(self, gpu):
@@ -178,6 +182,9 @@ class GpuAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).with_state()
 
     def has_delete_permission(self, request, obj=None):
         return False  # only a lost card can be removed: the action below

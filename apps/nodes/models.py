@@ -3,11 +3,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from apps.core.scoping import ScopedQuerySet
 from apps.nodes import liveness
-from apps.nodes.choices import ExecMode, GpuState, LostBasis, NodeStatus
+from apps.nodes.choices import ExecMode, LostBasis, NodeStatus
+from apps.nodes.gpu_state import gpu_state
 
 
 class NodeQuerySet(ScopedQuerySet):
@@ -102,6 +103,16 @@ class Node(models.Model):
         return liveness.status_at(self.last_heartbeat_at, self.executable, now, signed_off_at=self.signed_off_at)
 
 
+class GpuQuerySet(models.QuerySet):
+    def with_state(self):
+        """The cards with `held` (the scheduler's ledger has a holder on the card), read
+        in the same query as the cards, so that `state` asks nothing more per card. The
+        ledger is reached through the node's reverse relation: the scheduler's models
+        import these, never the other way."""
+        ledger = Node._meta.get_field("allocations").related_model
+        return self.annotate(held=Exists(ledger.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))))
+
+
 class Gpu(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveIntegerField()
@@ -124,6 +135,8 @@ class Gpu(models.Model):
     lost_basis = models.CharField(max_length=24, choices=LostBasis.choices, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = GpuQuerySet.as_manager()
+
     class Meta:
         db_table = "gpus"
         ordering = ["node_id", "index"]
@@ -134,10 +147,12 @@ class Gpu(models.Model):
 
     @property
     def state(self) -> str:
-        """Lost overrides; busy when the scheduler's ledger has a holder on the card."""
-        if self.lost_at:
-            return GpuState.LOST
-        return GpuState.BUSY if self.node.allocations.filter(gpu_index=self.index).exists() else GpuState.AVAILABLE
+        """apps.nodes.gpu_state's rule. Read a list of cards with `Gpu.objects.with_state()`;
+        a present card read without it asks the ledger on its own."""
+        held = getattr(self, "held", None)
+        if held is None and self.lost_at is None:
+            held = Gpu.objects.with_state().values_list("held", flat=True).get(pk=self.pk)
+        return gpu_state(lost=self.lost_at is not None, held=bool(held))
 
 
 class NodeMetric(models.Model):

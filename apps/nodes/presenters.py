@@ -9,6 +9,7 @@ from __future__ import annotations
 import orjson
 from django.db import connection
 
+from apps.nodes.gpu_state import state_sql
 from apps.tasks.choices import ACTIVE
 
 NODE_COLUMNS = [
@@ -24,7 +25,7 @@ GPU_COLUMNS = [
     "index", "uuid", "vendor", "model", "memory_total_mb", "compute_capability", "utilization",
     "memory_used_mb", "temperature", "power_w", "metrics_available", "lost_at", "lost_basis",
 ]
-GPU_COMPUTED = ["state"]
+GPU_COMPUTED = ["state"]  # apps.nodes.gpu_state's rule, in SQL
 
 TIMESTAMP_COLUMNS = {"registered_at", "last_heartbeat_at", "lost_at"}
 
@@ -51,11 +52,7 @@ FROM (
         LEFT JOIN LATERAL (
             SELECT json_agg(row_to_json(x) ORDER BY x.index) AS gpus, count(*) FILTER (WHERE x.state = 'lost') AS lost
             FROM (
-                SELECT {", ".join(_select("gpus", c) for c in GPU_COLUMNS)},
-                       CASE WHEN gpus.lost_at IS NOT NULL THEN 'lost'
-                            WHEN EXISTS (SELECT 1 FROM gpu_allocations AS a
-                                         WHERE a.node_id = gpus.node_id AND a.gpu_index = gpus.index) THEN 'busy'
-                            ELSE 'available' END AS state
+                SELECT {", ".join(_select("gpus", c) for c in GPU_COLUMNS)}, {state_sql("gpus")} AS state
                 FROM gpus WHERE gpus.node_id = n.id
             ) AS x
         ) AS g ON true

@@ -80,8 +80,7 @@ def gpu_summary(principal) -> dict:
     """The node page's strip: every card of the visible nodes, as busy (held by a task),
     idle or lost. A lost card still counts in the total, never as busy or idle."""
     gpus = Gpu.objects.filter(node__in=Node.objects.visible_to(principal))
-    held = GpuAllocation.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
-    counts = gpus.annotate(held=Exists(held)).aggregate(
+    counts = gpus.with_state().aggregate(
         total=Count("id"),
         lost=Count("id", filter=Q(lost_at__isnull=False)),
         busy=Count("id", filter=Q(lost_at__isnull=True, held=True)),

@@ -3,13 +3,12 @@ and tenant alerts; node, GPU and cluster alerts are for operators), filters,
 pagination, stats, acknowledge and resolve."""
 
 import pytest
-from django.conf import settings
 
 from apps.alerts.choices import AlertScope, AlertType, Severity
 from apps.alerts.models import Alert
 from apps.alerts.services import raise_alert
-from tests.conftest import bearer
-from tests.scheduler.test_cycle import make_task
+from tests.factories import make_task
+from tests.headers import AGENT, bearer
 
 pytestmark = pytest.mark.django_db
 
@@ -59,7 +58,7 @@ def test_an_alert_out_of_sight_is_404_never_403(api, world, alerts):
 
 
 def test_the_agent_key_and_strangers_get_nothing(api, world, alerts):
-    assert api.get("/api/v1/alerts", HTTP_X_API_KEY=settings.HETEROFLOW_AGENT_SECRET).status_code in (401, 403)
+    assert api.get("/api/v1/alerts", **AGENT).status_code in (401, 403)
     assert api.get("/api/v1/alerts").status_code in (401, 403)
     assert api.get("/api/v1/alerts/stats").status_code in (401, 403)
 

@@ -5,13 +5,12 @@ schema, the audit log, and the admin."""
 from __future__ import annotations
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django_tenants.utils import schema_context
 
 from apps.alerts.models import NotificationChannel, NotificationDelivery
 from apps.confidential.models import AuditEvent
-from tests.conftest import bearer
+from tests.headers import AGENT, bearer
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +23,7 @@ def as_(world, api, who):
     if who == "anonymous":
         return {}
     if who == "agent":
-        return {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET}
+        return AGENT
     if who == "operator":
         return bearer(world.operator_key)
     if who.endswith("-session"):

@@ -4,7 +4,6 @@ tasks, the queue time-out, GPU-seconds settled once, and the alerts each raises.
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 
 from apps.alerts.failures import (
     Verdict, adjudicate_lost_runs, capacity_verdict, check_scheduler, fail_overdue_queue, recover_quota_alerts,
@@ -17,12 +16,10 @@ from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation
 from apps.tasks import services
 from apps.tasks.models import Task, UsageRecord
-from tests.alerts.test_offline_sweep import on
-from tests.conftest import bearer
-from tests.scheduler.test_cycle import make_node, make_task
+from tests.factories import make_node, make_task, make_task_holding
+from tests.headers import AGENT, bearer
 
 pytestmark = pytest.mark.django_db
-AGENT = {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET}
 
 
 def lost(api, task, node_id="n1", **body):
@@ -34,7 +31,7 @@ def lost(api, task, node_id="n1", **body):
 
 def test_a_vanished_container_is_requeued_while_a_node_could_run_it(api, world):
     node = make_node("n1", gpus=2)
-    task = on(node, world.tenants["acme"], "running")
+    task = make_task_holding(node, world.tenants["acme"], "running")
     response = lost(api, task, detail="docker ps shows nothing")
     assert response.status_code == 200
     assert response.json() == {"task_id": task.pk, "verdict": "requeue", "status": "pending"}
@@ -51,7 +48,7 @@ def test_a_vanished_container_is_requeued_while_a_node_could_run_it(api, world):
 def test_a_vanished_container_fails_when_no_node_could_run_it(api, world):
     node = make_node("n1", gpus=1, executable=False, status="degraded")  # alive, but cannot take work
     make_node("small", gpus=1)  # online, but too small
-    task = on(node, world.tenants["acme"], "running")
+    task = make_task_holding(node, world.tenants["acme"], "running")
     Task.objects.filter(pk=task.pk).update(gpu_required=2)
     Gpu.objects.create(node=node, index=1, vendor="nvidia")
     response = lost(api, task)
@@ -63,7 +60,7 @@ def test_a_vanished_container_fails_when_no_node_could_run_it(api, world):
 
 def test_when_it_cannot_be_told_nothing_changes_and_the_agent_asks_again(api, world):
     node = make_node("n1", gpus=1, status="suspect")  # neither surely alive nor dead
-    task = on(node, world.tenants["acme"], "running")
+    task = make_task_holding(node, world.tenants["acme"], "running")
     response = lost(api, task)
     assert response.status_code == 202 and response.json()["verdict"] == "undecided"
     task.refresh_from_db()
@@ -83,7 +80,7 @@ def test_a_database_error_is_undecided_never_a_failure(world, monkeypatch):
 def test_only_the_agent_of_the_tasks_node_may_report_it_lost(api, world):
     node = make_node("n1", gpus=1)
     make_node("n2", gpus=1)
-    task = on(node, world.tenants["acme"], "running")
+    task = make_task_holding(node, world.tenants["acme"], "running")
     assert lost(api, task, node_id="n2").status_code == 404  # not on that node: not its business
     people = api.post(f"/api/v1/tasks/{task.pk}/container-lost", {"node_id": "n1"}, format="json",
                       **bearer(world.keys["acme-admin"]))
@@ -96,7 +93,7 @@ def test_only_the_agent_of_the_tasks_node_may_report_it_lost(api, world):
 
 def test_a_task_no_longer_running_there_is_a_conflict(api, world):
     node = make_node("n1", gpus=1)
-    task = on(node, world.tenants["acme"], "stopping")
+    task = make_task_holding(node, world.tenants["acme"], "stopping")
     assert lost(api, task).status_code == 409
 
 
@@ -110,7 +107,7 @@ def beat(node_id, live, at):
 def test_a_running_task_its_live_node_stops_listing_is_requeued_after_60_s(world):
     now = utcnow()
     node = make_node("n1", gpus=2)
-    listed, missing = on(node, world.tenants["acme"], "running", 0), on(node, world.tenants["acme"], "running", 1)
+    listed, missing = make_task_holding(node, world.tenants["acme"], "running", 0), make_task_holding(node, world.tenants["acme"], "running", 1)
     Task.objects.filter(pk__in=[listed.pk, missing.pk]).update(updated_at=now - timedelta(seconds=5))
     beat("n1", [listed.pk], now)
     assert sweep_stalled_tasks(now) == []  # the clock starts
@@ -131,7 +128,7 @@ def test_a_running_task_its_live_node_stops_listing_is_requeued_after_60_s(world
 def test_a_task_listed_again_stops_the_clock(world):
     now = utcnow()
     node = make_node("n1", gpus=1)
-    task = on(node, world.tenants["acme"], "running")
+    task = make_task_holding(node, world.tenants["acme"], "running")
     Task.objects.filter(pk=task.pk).update(updated_at=now - timedelta(seconds=5))
     beat("n1", [], now)
     sweep_stalled_tasks(now)
@@ -146,7 +143,7 @@ def test_a_task_listed_again_stops_the_clock(world):
 def test_a_node_that_does_not_say_what_is_alive_never_stalls_its_tasks(world):
     now = utcnow()
     node = make_node("n1", gpus=1)
-    task = on(node, world.tenants["acme"], "running")
+    task = make_task_holding(node, world.tenants["acme"], "running")
     Task.objects.filter(pk=task.pk).update(updated_at=now - timedelta(seconds=5))
     for seconds in (0, 61, 200):
         beat("n1", None, now + timedelta(seconds=seconds))
@@ -158,7 +155,7 @@ def test_a_node_that_does_not_say_what_is_alive_never_stalls_its_tasks(world):
 def test_a_beat_sent_before_the_claim_does_not_count(world):
     now = utcnow()
     node = make_node("n1", gpus=1)
-    task = on(node, world.tenants["acme"], "running")
+    task = make_task_holding(node, world.tenants["acme"], "running")
     Task.objects.filter(pk=task.pk).update(updated_at=now)
     beat("n1", [], now - timedelta(seconds=2))  # sent before the task was claimed
     sweep_stalled_tasks(now)
@@ -198,7 +195,7 @@ def test_a_queue_timeout_of_zero_waits_forever(world, settings):
 
 def test_gpu_seconds_count_every_run_and_are_settled_once_when_the_task_ends(world):
     node = make_node("n1", gpus=2)
-    task = on(node, world.tenants["acme"], "scheduled")
+    task = make_task_holding(node, world.tenants["acme"], "scheduled")
     Task.objects.filter(pk=task.pk).update(gpu_required=2)
     t0 = utcnow()
     assert services.move_tasks(task.pk, ["scheduled"], "running", running_since=t0 - timedelta(seconds=100))
@@ -223,7 +220,7 @@ def test_ending_in_place_on_a_lost_node_settles_usage_too(world):
     now = utcnow()
     node = make_node("lost", gpus=1)
     make_node("alive", gpus=1)
-    task = on(node, world.tenants["acme"], "stopping")
+    task = make_task_holding(node, world.tenants["acme"], "stopping")
     Task.objects.filter(pk=task.pk).update(running_since=now - timedelta(seconds=300))
     Node.objects.filter(pk="lost").update(last_heartbeat_at=now - timedelta(seconds=50))
     assert sweep_offline_nodes(now=now).finished == [task.pk]
@@ -290,7 +287,7 @@ def test_an_idle_scheduler_with_nothing_waiting_is_not_stalled(world):
 
 def test_adjudication_answers_every_task_asked_about(world):
     node = make_node("n1", gpus=1)
-    running = on(node, world.tenants["acme"], "running")
+    running = make_task_holding(node, world.tenants["acme"], "running")
     outcomes = adjudicate_lost_runs([running.pk, 999_999], node_id="n1", cause="container_lost")
     assert [(o.task_id, o.verdict, o.moved) for o in outcomes] == [
         (running.pk, Verdict.REQUEUE, True), (999_999, Verdict.UNDECIDED, False)

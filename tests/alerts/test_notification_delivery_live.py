@@ -22,7 +22,7 @@ from apps.core.principals import Principal, PrincipalKind
 from apps.tenants.services import issue_platform_key
 from celery_worker import app as celery_app
 from tests.alerts.receivers import start_http_receiver, stop_http_receiver
-from tests.conftest import bearer
+from tests.headers import bearer
 from tests.factories import OperatorFactory
 from tests.live import wait_until
 

@@ -29,7 +29,7 @@ from apps.core.errors import Conflict
 from apps.core.principals import Principal, PrincipalKind
 from apps.tenants.choices import Role
 from tests.alerts.receivers import HANG, start_http_receiver, start_smtp_server, stop_http_receiver, stop_smtp_server
-from tests.factories import TaskFactory
+from tests.factories import TaskFactory, make_alert
 from tests.live import REPO, free_port
 
 pytestmark = pytest.mark.django_db
@@ -141,8 +141,8 @@ def test_a_tenant_channel_gets_what_its_tenant_may_see_and_an_operator_channel_e
     # a node alert that names a tenant (its task ran there) is still about a node
     acme_node = node_alert("n2", tenant=acme)
     # an alert written straight into the table, as the heartbeat writes GPU_LOST
-    direct = Alert.objects.create(type=AlertType.GPU_LOST, severity=Severity.ERROR, scope=AlertScope.GPU,
-                                  key="GPU_LOST:n3:1", node_id="n3", gpu_index=1, message="GPU 1 of node n3 is lost.")
+    direct = make_alert(type=AlertType.GPU_LOST, severity=Severity.ERROR, scope=AlertScope.GPU,
+                        key="GPU_LOST:n3:1", node_id="n3", gpu_index=1, message="GPU 1 of node n3 is lost.")
 
     dispatch_notifications()
     assert delivered_alerts(acme_hook) == {acme_task.pk, quota.pk}

@@ -4,7 +4,6 @@ tasks are handled by state; a node heard from again recovers the alert."""
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 
 from apps.alerts.jobs import sweep_job
 from apps.alerts.models import Alert
@@ -13,17 +12,10 @@ from apps.core.clock import utcnow
 from apps.nodes.models import Node
 from apps.scheduler.models import GpuAllocation
 from apps.tasks.models import Task
-from tests.scheduler.test_cycle import make_node
+from tests.factories import make_node, make_task_holding
+from tests.headers import AGENT
 
 pytestmark = pytest.mark.django_db
-AGENT = {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET}
-
-
-def on(node, tenant, status, card=0):
-    """A task in `status` holding card `card` of `node`."""
-    task = Task.objects.create(tenant=tenant, name=status, image="x", status=status, node=node)
-    GpuAllocation.objects.create(task=task, node=node, gpu_index=card, tenant=tenant)
-    return task
 
 
 def test_a_silent_nodes_tasks_are_handled_by_state(world):
@@ -35,7 +27,7 @@ def test_a_silent_nodes_tasks_are_handled_by_state(world):
     Node.objects.filter(pk="lost").update(last_heartbeat_at=now - timedelta(seconds=46))
     Node.objects.filter(pk="alive").update(last_heartbeat_at=now)
     statuses = ("running", "scheduled", "starting", "waking", "stopping", "draining", "sleeping", "preempting")
-    tasks = {status: on(lost, acme, status, card) for card, status in enumerate(statuses)}
+    tasks = {status: make_task_holding(lost, acme, status, card) for card, status in enumerate(statuses)}
     result = sweep_offline_nodes(now=now)
     assert result.offline == ["lost"]
     assert sorted(result.requeued) == sorted(tasks[s].pk for s in ("running", "scheduled", "starting", "waking"))
@@ -61,7 +53,7 @@ def test_a_late_report_from_the_lost_node_changes_nothing(api, world):
     make_node("alive", gpus=1)  # somewhere to run it again
 
     Node.objects.filter(pk="lost").update(last_heartbeat_at=now - timedelta(seconds=50))
-    task = on(lost, acme, "running")
+    task = make_task_holding(lost, acme, "running")
     sweep_offline_nodes(now=now)
     late = {"node_id": "lost", "from_status": "running", "status": "completed", "exit_code": 0}
     assert api.put(f"/api/v1/tasks/{task.pk}", late, format="json", **AGENT).status_code == 409
@@ -74,7 +66,7 @@ def test_with_no_node_alive_the_tasks_fail_instead_of_waiting_forever(world):
     lost = make_node("only", gpus=1)
 
     Node.objects.filter(pk="only").update(last_heartbeat_at=now - timedelta(seconds=120))
-    task = on(lost, world.tenants["acme"], "running")
+    task = make_task_holding(lost, world.tenants["acme"], "running")
     assert sweep_offline_nodes(now=now).failed == [task.pk]
     task.refresh_from_db()
     assert task.status == "failed" and "no node in the cluster is alive" in task.error_message
@@ -96,7 +88,7 @@ def test_a_node_silent_for_less_than_45_seconds_is_left_alone(world):
     node = make_node("slow", gpus=1)
 
     Node.objects.filter(pk="slow").update(last_heartbeat_at=now - timedelta(seconds=44))
-    task = on(node, world.tenants["acme"], "running")
+    task = make_task_holding(node, world.tenants["acme"], "running")
     assert sweep_offline_nodes(now=now).offline == []
     task.refresh_from_db()
     assert task.status == "running" and not Alert.objects.exists()

@@ -5,10 +5,9 @@ principal's scope → 404 · unknown fields → 400 naming each; bad input write
 """
 
 import pytest
-from django.conf import settings
 
 from apps.tenants.models import ApiKey, Membership, Tenant
-from tests.conftest import bearer
+from tests.headers import AGENT, bearer
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +26,7 @@ def credentials(world, api, who):
         api.force_login(world.operator)
         return {}
     if who == "agent":
-        return {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET}
+        return AGENT
     if who == "bad-agent":
         return {"HTTP_X_API_KEY": "not-the-agent-secret"}
     if who.endswith("-session"):

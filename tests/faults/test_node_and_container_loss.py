@@ -28,10 +28,10 @@ from apps.tenants.services import create_tenant, issue_platform_key
 from heteroflow_agent.runtime.process import ProcessRuntime
 from tests.factories import OperatorFactory
 from tests.faults.cluster import ControlPlane
+from tests.headers import AGENT_HTTP, bearer_http
 from tests.live import agent_log, start_agent, start_control_plane, stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-AGENT = {"X-API-Key": settings.HETEROFLOW_AGENT_SECRET}
 OFFLINE_SECONDS, SWEEP_SECONDS = 20, 5
 
 
@@ -74,7 +74,7 @@ def test_three_of_ten_agents_killed_across_a_control_plane_restart(tmp_path):
         key = issue_platform_key(user=OperatorFactory(username="ops"), name="ops").key
         submitted = []
         for n in range(10):
-            response = requests.post(f"{plane.url}/api/v1/tasks", headers={"Authorization": f"Bearer {key}"}, timeout=10, json={
+            response = requests.post(f"{plane.url}/api/v1/tasks", headers=bearer_http(key), timeout=10, json={
                 "tenant": "lab", "name": f"job-{n}", "image": "busybox", "command": ["sleep", "300"], "gpu_required": 1,
             })
             assert response.status_code == 201, response.text
@@ -117,7 +117,7 @@ def test_three_of_ten_agents_killed_across_a_control_plane_restart(tmp_path):
         assert not GpuAllocation.objects.filter(node_id__in=victims).exists()
 
         # a report from a dead node that was only cut off: refused, and it changes nothing
-        late = requests.put(f"{plane.url}/api/v1/tasks/{lost[0]}", headers=AGENT, timeout=10, json={
+        late = requests.put(f"{plane.url}/api/v1/tasks/{lost[0]}", headers=AGENT_HTTP, timeout=10, json={
             "node_id": node_of[lost[0]], "from_status": "running", "status": "completed", "exit_code": 0,
         })
         assert late.status_code in (404, 409)

@@ -8,6 +8,7 @@ import pytest
 from apps.core.clock import utcnow
 from apps.core.models import JobRun
 from apps.monitoring import probes
+from tests.live import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -36,14 +37,8 @@ def unreachable(monkeypatch, host, port):
     monkeypatch.setattr(probes, "database_params", pointing_elsewhere)
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_health_is_503_when_the_database_refuses_connections(client, monkeypatch):
-    unreachable(monkeypatch, "127.0.0.1", closed_port())
+    unreachable(monkeypatch, "127.0.0.1", free_port())
     response = client.get("/health")
     assert response.status_code == 503
     assert response.json() == {"status": "unhealthy"}

@@ -1,39 +1,26 @@
 """The six-point health check (operators) and the caller-scoped health detail."""
 
-import socket
 import pytest
 
 from apps.core.clock import utcnow
 from apps.core.models import JobRun
 from apps.monitoring import checks, probes
-from apps.nodes.models import Gpu, Node
+from apps.nodes.models import Gpu
 from apps.scheduler.models import GpuAllocation
-from apps.tasks.models import Task
-from tests.conftest import bearer
+from tests.factories import make_node, make_task
+from tests.headers import AGENT, bearer
+from tests.live import free_port
 
 pytestmark = pytest.mark.django_db
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def scheduler_ticked():
     JobRun.objects.create(key=probes.SCHEDULER_JOB_KEY, last_started_at=utcnow(), last_finished_at=utcnow())
 
 
-def make_node(node_id, gpus=2, tenant=None, status="online"):
-    node = Node.objects.create(id=node_id, name=node_id, status=status, tenant=tenant, gpu_count=gpus,
-                               gpu_type="nvidia" if gpus else "", last_heartbeat_at=utcnow())
-    Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor="nvidia", model="H100") for i in range(gpus))
-    return node
-
-
 def test_the_check_names_six_dimensions_and_a_verdict(world, api):
     scheduler_ticked()
-    make_node("g1")
+    make_node("g1", gpus=2)
     body = api.get("/api/v1/server/health-check", **bearer(world.operator_key)).json()
     assert [check["name"] for check in body["checks"]] == ["database", "storage", "scheduler", "gpu_nodes", "broker", "configuration"]
     statuses = {check["name"]: check["status"] for check in body["checks"]}
@@ -52,12 +39,12 @@ def test_a_cluster_without_scheduler_or_gpu_nodes_is_degraded_and_says_why(world
 
 def test_the_broker_check_really_pings():
     assert checks.check_broker().status == "ok"
-    failed = checks.check_broker(f"redis://127.0.0.1:{closed_port()}/0", timeout=0.5)
+    failed = checks.check_broker(f"redis://127.0.0.1:{free_port()}/0", timeout=0.5)
     assert failed.status == "error" and "PING" in failed.message and failed.suggestion
 
 
 def test_the_database_check_runs_a_query():
-    make_node("g1")
+    make_node("g1", gpus=2)
     result = checks.check_database()
     assert result.status == "ok" and result.details["nodes"] == 1
 
@@ -91,7 +78,7 @@ def test_scheduler_evaluation_has_one_path_per_outcome(running, pending, oldest,
 def test_a_backlog_shows_in_the_scheduler_check(world):
     scheduler_ticked()
     for _ in range(11):
-        Task.objects.create(tenant=world.tenants["acme"], name="t", image="x")
+        make_task(world.tenants["acme"])
     result = checks.check_scheduler(utcnow())
     assert result.status == "warning" and result.details["pending"] == 11
 
@@ -129,10 +116,10 @@ def cluster(world):
     make_node("beta-box", gpus=8, tenant=beta)
     make_node("gone", gpus=1, status="offline")
     Gpu.objects.filter(node_id="shared", index=3).update(lost_at=utcnow())
-    running = Task.objects.create(tenant=acme, name="a", image="x", status="running", node_id="shared", gpu_required=1)
+    running = make_task(acme, name="a", status="running", node_id="shared", gpu_required=1)
     GpuAllocation.objects.create(task=running, node_id="shared", gpu_index=0, tenant=acme)
-    Task.objects.create(tenant=acme, name="b", image="x")
-    beta_task = Task.objects.create(tenant=beta, name="c", image="x", status="running", node_id="beta-box", gpu_required=2)
+    make_task(acme, name="b")
+    beta_task = make_task(beta, name="c", status="running", node_id="beta-box", gpu_required=2)
     for index in (0, 1):
         GpuAllocation.objects.create(task=beta_task, node_id="beta-box", gpu_index=index, tenant=beta)
 
@@ -155,7 +142,7 @@ def test_health_detail_is_narrowed_to_what_the_caller_may_see(world, api, cluste
 
 @pytest.mark.parametrize("who,expected", [("anonymous", 401), ("agent", 403), ("acme-viewer", 200), ("operator", 200)])
 def test_health_detail_needs_a_person(world, api, settings, who, expected):
-    headers = {"anonymous": {}, "agent": {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET},
+    headers = {"anonymous": {}, "agent": AGENT,
                "operator": bearer(world.operator_key)}.get(who, None)
     response = api.get("/api/v1/health/detail", **(headers if headers is not None else bearer(world.keys[who])))
     assert response.status_code == expected
@@ -170,7 +157,7 @@ def test_health_detail_status_follows_the_scheduler(world, api):
 
 def test_unauthenticated_detail_probe_carries_no_error_text(client, monkeypatch):
     real = probes.database_params
-    monkeypatch.setattr(probes, "database_params", lambda **o: real(**o) | {"host": "127.0.0.1", "port": str(closed_port())})
+    monkeypatch.setattr(probes, "database_params", lambda **o: real(**o) | {"host": "127.0.0.1", "port": str(free_port())})
     response = client.get("/health/detail")
     assert response.status_code == 503
     assert response.json() == {"status": "unhealthy", "database": "unreachable", "scheduler": "unknown"}

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from apps.monitoring import access, exposition, listener, probes
 from apps.monitoring.models import ServerMetric
 from heteroflow.envvars import Env
+from tests.headers import AGENT_HTTP
 from tests.live import REPO, free_port, server_env, start_control_plane, stop_process, wait_until
-from tests.monitoring.test_health_check import closed_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,7 +49,7 @@ def test_two_web_workers_report_one_set_of_counters_on_both_ports(tmp_path):
     try:
         from tests.nodes.payloads import heartbeat
 
-        agent = {"X-API-Key": settings.HETEROFLOW_AGENT_SECRET}
+        agent = AGENT_HTTP
         applied = requests.post(f"{url}/api/v1/nodes/live-mp-1/heartbeat", json=heartbeat(2), headers=agent, timeout=10)
         assert applied.status_code == 200, applied.text
         for _ in range(6):
@@ -93,7 +93,7 @@ def test_readiness_says_why_when_the_database_does_not_answer(own_listener, monk
     base = own_listener(readiness=listener.database_readiness)
     assert requests.get(f"{base}/readyz", timeout=10).status_code == 200
     real = probes.database_params
-    monkeypatch.setattr(probes, "database_params", lambda **o: real(**o) | {"host": "127.0.0.1", "port": str(closed_port())})
+    monkeypatch.setattr(probes, "database_params", lambda **o: real(**o) | {"host": "127.0.0.1", "port": str(free_port())})
     response = requests.get(f"{base}/readyz", timeout=10)
     assert response.status_code == 503
     assert response.json() == {"status": "unready", "reason": "database unreachable"}

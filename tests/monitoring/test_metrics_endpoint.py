@@ -15,14 +15,14 @@ import yaml
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from apps.alerts.models import Alert
 from apps.core.clock import utcnow
 from apps.core.models import JobRun
 from apps.monitoring import access, selectors
-from apps.nodes.models import Gpu, Node
+from apps.nodes.models import Gpu
 from apps.scheduler.jobs import tick_job
 from apps.scheduler.models import GpuAllocation
 from apps.tasks.models import Task
+from tests.factories import make_alert, make_node, make_task
 
 pytestmark = pytest.mark.django_db
 
@@ -147,13 +147,6 @@ def test_openmetrics_is_served_when_asked(client):
 # --- the cluster snapshot ---------------------------------------------------------------------
 
 
-def make_node(node_id, gpus, status="online", vendor="nvidia"):
-    node = Node.objects.create(id=node_id, name=node_id, status=status, gpu_count=gpus, gpu_type=vendor if gpus else "",
-                               last_heartbeat_at=utcnow())
-    Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor=vendor, model="m") for i in range(gpus))
-    return node
-
-
 def test_the_snapshot_counts_the_cluster(client, world):
     acme = world.tenants["acme"]
     make_node("n1", 4)
@@ -162,14 +155,14 @@ def test_the_snapshot_counts_the_cluster(client, world):
     make_node("cpu", 0)
     make_node("odd", 1, vendor="made-up-vendor")
     Gpu.objects.filter(node_id="n1", index=3).update(lost_at=utcnow())
-    running = Task.objects.create(tenant=acme, name="r", image="x", status="running", node_id="n1", gpu_required=1)
+    running = make_task(acme, name="r", status="running", node_id="n1", gpu_required=1)
     GpuAllocation.objects.create(task=running, node_id="n1", gpu_index=0, tenant=acme)
-    old = Task.objects.create(tenant=acme, name="p1", image="x")
+    old = make_task(acme, name="p1")
     Task.objects.filter(pk=old.pk).update(created_at=utcnow() - timedelta(minutes=10))
-    Task.objects.create(tenant=acme, name="p2", image="x")
-    Alert.objects.create(type="NODE_OFFLINE", severity="critical", key="node:n2", node_id="n2", message="m")
-    Alert.objects.create(type="GPU_LOST", severity="warning", key="gpu:n1:3", node_id="n1", message="m")
-    Alert.objects.create(type="GPU_LOST", severity="warning", key="gpu:n1:2", node_id="n1", message="m", state="RECOVERED")
+    make_task(acme, name="p2")
+    make_alert(type="NODE_OFFLINE", severity="critical", key="node:n2", node_id="n2", message="m")
+    make_alert(type="GPU_LOST", severity="warning", key="gpu:n1:3", node_id="n1", message="m")
+    make_alert(type="GPU_LOST", severity="warning", key="gpu:n1:2", node_id="n1", message="m", state="RECOVERED")
     JobRun.objects.create(key="scheduler.tick", last_started_at=utcnow(), last_finished_at=utcnow(), last_outcome="ran")
     JobRun.objects.create(key="monitoring.collect_server_metrics@cp-1", last_finished_at=utcnow() - timedelta(minutes=1),
                           last_outcome="ran")
@@ -217,15 +210,6 @@ def sample_value(name, **labels):
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-@pytest.fixture
-def agents():
-    from tests.nodes.conftest import Agents
-
-    agents = Agents()
-    yield agents
-    agents.close()
-
-
 def test_rejected_heartbeats_are_counted_by_reason(agents, client):
     """Rejections only: an applied beat commits on the route's own connection, so that
     one is counted in test_live_processes.py, whose tests clean up after themselves."""
@@ -248,7 +232,7 @@ def test_rejected_heartbeats_are_counted_by_reason(agents, client):
 
 def test_scheduling_is_counted_once_the_bind_commits(world, django_capture_on_commit_callbacks):
     make_node("n1", 2)
-    task = Task.objects.create(tenant=world.tenants["acme"], name="t", image="x", gpu_required=1)
+    task = make_task(world.tenants["acme"], gpu_required=1)
     Task.objects.filter(pk=task.pk).update(created_at=utcnow() - timedelta(seconds=90))
     before = {
         "scheduled": sample_value("heteroflow_tasks_scheduled_total"),

@@ -11,7 +11,7 @@ from apps.core.guard import Outcome, per_host_key, run_periodic
 from apps.core.models import JobRun
 from apps.monitoring import hostmetrics, services
 from apps.monitoring.models import ServerMetric
-from tests.conftest import bearer
+from tests.headers import AGENT, bearer
 
 pytestmark = pytest.mark.django_db
 
@@ -191,7 +191,7 @@ SERVER_ENDPOINTS = ["/api/v1/server/metrics", "/api/v1/server/metrics/history", 
     ("anonymous", 401), ("agent", 403), ("acme-admin", 403), ("acme-viewer", 403), ("operator", 200),
 ])
 def test_server_endpoints_are_for_platform_operators_only(world, api, settings, path, who, expected):
-    fixed = {"anonymous": {}, "agent": {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET}, "operator": bearer(world.operator_key)}
+    fixed = {"anonymous": {}, "agent": AGENT, "operator": bearer(world.operator_key)}
     headers = fixed[who] if who in fixed else bearer(world.keys[who])
     response = api.get(path, **headers)
     assert response.status_code == expected, response.content

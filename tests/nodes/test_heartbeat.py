@@ -11,7 +11,8 @@ import time_machine
 from apps.core.clock import utcnow
 from apps.nodes import heartbeat
 from apps.nodes.models import Gpu, Node
-from tests.nodes.conftest import AGENT
+from tests.headers import AGENT_HTTP
+from tests.nodes.agents import Agents
 from tests.nodes.payloads import gpu_stat, heartbeat as payload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,21 +45,19 @@ def test_first_heartbeat_registers_the_node_with_its_gpus(agents):
 
 
 def test_public_ip_is_the_tcp_source_never_a_forwarded_header(agents):
-    agents.send("node-b", payload(), peer="198.51.100.8", headers=AGENT | {"X-Forwarded-For": "1.2.3.4", "X-Real-IP": "1.2.3.4"})
+    agents.send("node-b", payload(), peer="198.51.100.8", headers=AGENT_HTTP | {"X-Forwarded-For": "1.2.3.4", "X-Real-IP": "1.2.3.4"})
     assert Node.objects.get(pk="node-b").ip == "198.51.100.8"
     agents.send("node-b", payload(), peer="198.51.100.9")
     assert Node.objects.get(pk="node-b").ip == "198.51.100.9"  # refreshed on every beat
 
 
 def test_forwarded_header_counts_only_behind_a_trusted_proxy(settings):
-    from tests.nodes.conftest import Agents
-
     settings.HETEROFLOW_TRUSTED_PROXIES = ["10.0.0.0/8"]
     agents = Agents()
     try:
-        agents.send("node-c", payload(), peer="10.1.2.3", headers=AGENT | {"X-Forwarded-For": "9.9.9.9, 203.0.113.50, 10.9.9.9"})
+        agents.send("node-c", payload(), peer="10.1.2.3", headers=AGENT_HTTP | {"X-Forwarded-For": "9.9.9.9, 203.0.113.50, 10.9.9.9"})
         assert Node.objects.get(pk="node-c").ip == "203.0.113.50"
-        agents.send("node-c", payload(), peer="192.0.2.1", headers=AGENT | {"X-Forwarded-For": "203.0.113.99"})
+        agents.send("node-c", payload(), peer="192.0.2.1", headers=AGENT_HTTP | {"X-Forwarded-For": "203.0.113.99"})
         assert Node.objects.get(pk="node-c").ip == "192.0.2.1"
     finally:
         agents.close()
@@ -216,7 +215,7 @@ def test_a_malformed_payload_is_refused_naming_each_field(agents, changes, field
 
 
 def test_bad_json_bad_ids_and_a_mismatched_body_id_are_refused(agents):
-    assert agents.send("node-z", content=b"{nope", headers=AGENT | {"Content-Type": "application/json"}).json()["error"]["code"] == "parse_error"
+    assert agents.send("node-z", content=b"{nope", headers=AGENT_HTTP | {"Content-Type": "application/json"}).json()["error"]["code"] == "parse_error"
     assert agents.send("bad id!", payload(), path="/api/v1/nodes/bad%20id!/heartbeat").status_code == 400
     assert agents.send("node-z", payload(node_id="other")).status_code == 400
     assert agents.send("node-z", [1, 2]).status_code == 400
@@ -243,7 +242,7 @@ def test_the_heartbeat_gets_the_host_check_and_the_https_redirect(agents, settin
     response = agents.send("node-h1", payload())
     assert response.status_code == 301 and response.headers["location"] == "https://testserver/api/v1/nodes/node-h1/heartbeat"
     settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    assert agents.send("node-h1", payload(), headers=AGENT | {"X-Forwarded-Proto": "https"}).status_code == 200
+    assert agents.send("node-h1", payload(), headers=AGENT_HTTP | {"X-Forwarded-Proto": "https"}).status_code == 200
 
 
 def test_server_time_is_utc_with_z(agents):

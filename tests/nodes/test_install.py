@@ -31,7 +31,6 @@ from django.core.management.base import CommandError
 
 from apps.nodes import distribution
 
-AGENT = {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET}
 HOST_ARCH = distribution.normalize_arch(platform.machine())
 OTHER_ARCH = "aarch64" if HOST_ARCH == "x86_64" else "x86_64"
 REPO = Path(settings.BASE_DIR)

@@ -1,17 +1,15 @@
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.db import connection
 
 from apps.core.clock import utcnow
 from apps.nodes.models import Gpu, Node
 from apps.tasks.choices import ACTIVE, TaskStatus
-from tests.conftest import bearer
+from tests.headers import AGENT, bearer
 from tests.factories import TaskFactory
 
 pytestmark = pytest.mark.django_db
-AGENT = {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET}
 
 
 @pytest.fixture

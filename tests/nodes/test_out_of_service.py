@@ -4,20 +4,16 @@ off a node carrying the cordon label, and the agents' beats leave that label alo
 
 import pytest
 
-from apps.nodes.models import Gpu, Node
+from apps.nodes.models import Node
 from apps.nodes.services import drain_node, return_to_service, start_maintenance
 from apps.scheduler.core import CORDON_LABEL, NodeSnap, PluginSettings, TaskReq, GpuSnap, place
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import run_cycle
-from apps.core.clock import utcnow
 from apps.tasks.models import Task
 from apps.tasks.services import agent_report, create_task
+from tests.factories import make_node
 
-
-def make_node(id, gpus=2):
-    node = Node.objects.create(id=id, name=id, status="online", last_heartbeat_at=utcnow(), labels={"topology": "pcie"})
-    Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor="nvidia", model="H100", memory_total_mb=81920) for i in range(gpus))
-    return node
+PCIE = {"topology": "pcie"}
 
 
 def test_the_core_keeps_off_a_cordoned_node():
@@ -30,7 +26,7 @@ def test_the_core_keeps_off_a_cordoned_node():
 @pytest.mark.django_db
 def test_drain_takes_no_new_task_and_leaves_the_running_ones(world):
     acme = world.tenants["acme"]
-    node = make_node("n1")
+    node = make_node("n1", gpus=2, labels=PCIE)
     first = create_task(tenant=acme, name="a", image="x", gpu_required=1)
     assert run_cycle().bound == [first.pk]
     first.refresh_from_db()
@@ -49,13 +45,13 @@ def test_drain_takes_no_new_task_and_leaves_the_running_ones(world):
 @pytest.mark.django_db
 def test_maintenance_moves_the_tasks_elsewhere(world):
     acme = world.tenants["acme"]
-    node = make_node("n1")
+    node = make_node("n1", gpus=2, labels=PCIE)
     waiting = create_task(tenant=acme, name="scheduled", image="x", gpu_required=1)
     running = create_task(tenant=acme, name="running", image="x", gpu_required=1)
     assert sorted(run_cycle().bound) == [waiting.pk, running.pk]
     running.refresh_from_db()
     assert agent_report(running, from_status="scheduled", to_status="running")
-    make_node("n2")
+    make_node("n2", gpus=2, labels=PCIE)
     result = start_maintenance(node)
     assert (result.requeued, result.stopping) == ([waiting.pk], [running.pk])
     waiting.refresh_from_db()

@@ -10,6 +10,7 @@ from apps.core.guard import Outcome
 from apps.nodes.liveness import status_at
 from apps.nodes.models import Gpu, Node
 from apps.nodes.services import refresh_node_statuses
+from tests.nodes.agents import Agents
 from tests.nodes.payloads import gpu_stat, heartbeat as payload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,8 +112,6 @@ def test_a_collector_wide_error_judges_nothing(agents):
 
 
 def test_the_counters_survive_a_restart_of_the_control_plane(agents):
-    from tests.nodes.conftest import Agents
-
     agents.send("n6", payload(gpus=2))
     agents.send("n6", payload(gpus=1))
     agents.send("n6", payload(gpus=1))

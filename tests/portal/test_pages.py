@@ -12,7 +12,7 @@ from apps.scheduler.services import run_cycle
 from apps.tasks import services as task_services
 from apps.tasks.models import Task
 from apps.tenants.models import ApiKey, Membership
-from tests.conftest import bearer
+from tests.headers import bearer, tenant_header
 
 pytestmark = pytest.mark.django_db
 
@@ -410,4 +410,4 @@ def test_a_user_of_no_tenant_sees_nothing_and_a_foreign_tenant_header_is_refused
     page(loner, "/portal/tasks/new/", 403)
     page(loner, "/portal/keys/", 403)
     member = signed_in(client, world.users["acme-member"])
-    assert member.get("/portal/", HTTP_X_HETEROFLOW_TENANT="beta").status_code == 403
+    assert member.get("/portal/", **tenant_header("beta")).status_code == 403

@@ -18,6 +18,7 @@ from apps.scheduler.models import GpuAllocation
 from apps.tasks.choices import HOLDING
 from apps.tasks.models import Task
 from apps.tenants import services as tenant_services
+from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[2]
@@ -58,8 +59,7 @@ def test_four_schedulers_never_double_bind():
     try:
         now = utcnow()
         for n in range(50):
-            node = Node.objects.create(id=f"p{n:02d}", name=f"p{n:02d}", status="online", last_heartbeat_at=now)
-            Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor="nvidia", memory_total_mb=81920) for i in range(8))
+            make_node(f"p{n:02d}", gpus=8, model="", last_heartbeat_at=now)
         Task.objects.bulk_create(
             Task(tenant=tenant, name=f"t{i}", image="x", gpu_required=1 + i % 2, priority=i % 100) for i in range(2000)
         )

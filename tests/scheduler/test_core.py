@@ -4,30 +4,14 @@ import pytest
 
 from apps.scheduler.core import (
     GpuSnap,
-    NodeSnap,
     PluginSettings,
-    TaskReq,
     layout_score,
     place,
     score_rdma,
     score_topology,
     utilisation,
 )
-
-
-def gpus(n, vendor="nvidia", memory=81920, **kw):
-    return [GpuSnap(index=i, vendor=vendor, memory_total_mb=memory, **kw) for i in range(n)]
-
-
-def node(id, n=8, status="online", **kw):
-    return NodeSnap(id=id, status=status, executable=kw.pop("executable", True), gpus=kw.pop("gpus", gpus(n)), **kw)
-
-
-def task(id=1, gpus=1, tenant=1, **kw):
-    return TaskReq(id=id, tenant_id=tenant, gpu_required=gpus, **kw)
-
-
-SAME_TENANT_ONLY = lambda a, b: a == b  # noqa: E731
+from tests.scheduler.snapshots import SAME_TENANT_ONLY, gpus, node, task
 
 
 @pytest.mark.parametrize(

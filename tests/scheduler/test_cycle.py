@@ -1,34 +1,18 @@
 """The scheduler's shell against the database: snapshot, bind, ledger, explain."""
 
 import pytest
-from django.db.models import Sum
 
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation, PluginConfig
 from apps.scheduler.services import run_cycle
-from apps.tasks.choices import HOLDING
 from apps.tasks.models import Task
 from apps.tasks.services import agent_report, stop_task
 from apps.core.clock import utcnow
-from tests.conftest import bearer
+from tests.factories import make_node, make_task
+from tests.headers import bearer
+from tests.scheduler.ledger import ledger_agrees
 
 pytestmark = pytest.mark.django_db
-
-
-def make_node(id, gpus=8, **kw):
-    node = Node.objects.create(id=id, name=id, status=kw.pop("status", "online"), last_heartbeat_at=utcnow(), **kw)
-    Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor="nvidia", model="H100", memory_total_mb=81920) for i in range(gpus))
-    return node
-
-
-def make_task(tenant, **kw):
-    return Task.objects.create(tenant=tenant, name=kw.pop("name", "t"), image="x", **kw)
-
-
-def ledger_agrees():
-    held = Task.objects.filter(status__in=HOLDING).aggregate(n=Sum("gpu_required"))["n"] or 0
-    whole = GpuAllocation.objects.filter(memory_mb__isnull=True).count()
-    return held == whole
 
 
 def test_a_cycle_binds_in_queue_order_and_keeps_the_ledger(world):

@@ -1,7 +1,7 @@
 import pytest
 
 from apps.scheduler.services import plugin_settings
-from tests.conftest import bearer
+from tests.headers import bearer
 
 pytestmark = pytest.mark.django_db
 

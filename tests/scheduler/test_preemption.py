@@ -4,7 +4,7 @@ the node that needs the fewest victims, and waiting for what is already being fr
 import pytest
 
 from apps.scheduler.core import Occupant, PluginSettings, occupants_by_node, plan_preemption
-from tests.scheduler.test_core import SAME_TENANT_ONLY, node, task
+from tests.scheduler.snapshots import SAME_TENANT_ONLY, node, task
 
 
 def held(node_snap, *holders):

@@ -5,7 +5,6 @@ Also the host ports of inference tasks."""
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 
 from apps.alerts.models import Alert
 from apps.scheduler import services
@@ -14,10 +13,11 @@ from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import force_overdue_preemptions, run_cycle
 from apps.tasks.models import Task
 from apps.tasks.services import agent_report, stop_task
-from tests.scheduler.test_cycle import ledger_agrees, make_node, make_task
+from tests.factories import make_node, make_task
+from tests.headers import AGENT, bearer
+from tests.scheduler.ledger import ledger_agrees
 
 pytestmark = pytest.mark.django_db
-AGENT = {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET}
 
 
 def running(task):
@@ -105,8 +105,8 @@ def test_the_watchdog_job_is_guarded_and_runs(world):
 
 
 def test_preemption_disabled_evicts_nobody(api, world, busy_node):
-    api.put("/api/v1/plugins/preempt", {"extra": {"preempt_stage": "disabled"}}, format="json", **{
-        "HTTP_AUTHORIZATION": f"Bearer {world.operator_key}"})
+    api.put("/api/v1/plugins/preempt", {"extra": {"preempt_stage": "disabled"}}, format="json",
+            **bearer(world.operator_key))
     high = make_task(world.tenants["acme"], name="high", gpu_required=2, priority=90)
     result = run_cycle()
     assert not result.preemptions and result.failed[high.pk]["code"] == "InsufficientResources"
@@ -131,7 +131,7 @@ def test_inference_tasks_get_distinct_host_ports_and_give_them_back(api, world):
     run_cycle()
     ports = {t.name: t.host_port for t in Task.objects.all()}
     assert sorted([ports["svc1"], ports["svc2"]]) == [8000, 8001] and ports["job"] is None
-    shown = api.get(f"/api/v1/tasks/{first.pk}", **{"HTTP_AUTHORIZATION": f"Bearer {world.keys['acme-viewer']}"}).json()
+    shown = api.get(f"/api/v1/tasks/{first.pk}", **bearer(world.keys["acme-viewer"])).json()
     assert shown["host_port"] == ports["svc1"]
     first.refresh_from_db()
     stop_task(first)  # scheduled → cancelled: its port is free again

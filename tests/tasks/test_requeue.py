@@ -3,21 +3,18 @@ stopped by the agent first like a preemption; anything else is refused or left a
 
 import pytest
 
-from apps.core.clock import utcnow
 from apps.core.errors import Conflict
-from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import run_cycle
 from apps.tasks.services import agent_report, create_task, requeue_task, stop_task
+from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def node(world):
-    node = Node.objects.create(id="n1", name="n1", status="online", last_heartbeat_at=utcnow())
-    Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor="nvidia", memory_total_mb=81920) for i in range(2))
-    return node
+    return make_node("n1", gpus=2, model="")
 
 
 def test_a_scheduled_task_goes_straight_back_to_the_queue(world, node):

@@ -4,10 +4,9 @@ from django.conf import settings
 from apps.confidential.services import put_secret
 from apps.nodes.models import Node
 from apps.tasks.models import Task
-from tests.conftest import bearer
+from tests.headers import AGENT, bearer
 
 pytestmark = pytest.mark.django_db
-AGENT = {"HTTP_X_API_KEY": settings.HETEROFLOW_AGENT_SECRET}
 JOB = {"name": "train-resnet", "image": "registry.local/resnet:1", "command": ["python", "train.py"], "gpu_required": 2}
 
 

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from apps.core.clock import utcnow
 from apps.tenants import keys
 from apps.tenants.models import ApiKey, Membership
-from tests.conftest import bearer
+from tests.headers import bearer, tenant_header
 
 pytestmark = pytest.mark.django_db
 User = get_user_model()
@@ -154,8 +154,8 @@ def test_session_users_pick_their_tenant(world, api):
     api.post("/api/v1/tenants/beta/members", {"username": "acme-viewer", "role": "admin"}, format="json", **bearer(world.operator_key))
     api.force_login(world.users["acme-viewer"])
     assert api.get("/api/v1/me").json()["tenant"] == "acme"  # alphabetical default
-    assert api.get("/api/v1/me", HTTP_X_HETEROFLOW_TENANT="beta").json()["role"] == "admin"
-    response = api.get("/api/v1/me", HTTP_X_HETEROFLOW_TENANT="gamma")
+    assert api.get("/api/v1/me", **tenant_header("beta")).json()["role"] == "admin"
+    response = api.get("/api/v1/me", **tenant_header("gamma"))
     assert response.status_code == 403
 
 

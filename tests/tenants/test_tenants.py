@@ -8,7 +8,7 @@ from apps.tasks.choices import ACTIVE, TERMINAL
 from apps.tenants import services
 from apps.tenants.models import Tenant
 from apps.tenants.selectors import tenants_may_share
-from tests.conftest import bearer
+from tests.headers import bearer
 from tests.factories import TaskFactory
 
 pytestmark = pytest.mark.django_db

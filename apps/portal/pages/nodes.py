@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Exists, OuterRef, Prefetch
+from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -19,7 +19,6 @@ from apps.nodes.choices import ALIVE
 from apps.nodes.models import Gpu, Node
 from apps.portal.access import operators_only, portal_page
 from apps.portal.pages.common import choice, error_messages, paginate
-from apps.scheduler.models import GpuAllocation
 from apps.tasks.choices import ACTIVE
 from apps.tasks.models import Task
 from apps.tasks.selectors import scheduling_summary
@@ -34,13 +33,8 @@ ENVIRONMENT_TABS = {"alive": "Online (checkable)", "offline": "Offline", "all": 
 
 
 def gpus_with_state():
-    """A node's cards with `held`: whether the scheduler's ledger has a holder on it."""
-    held = GpuAllocation.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
-    return Gpu.objects.annotate(held=Exists(held)).order_by("index")
-
-
-def gpu_state(gpu) -> str:
-    return "lost" if gpu.lost_at else "busy" if gpu.held else "available"
+    """A node's cards, each with its `state` read in the same query."""
+    return Gpu.objects.with_state().order_by("index")
 
 
 def visible_node(request, node_id) -> Node:
@@ -56,8 +50,6 @@ def node_list(request):
     page = paginate(request, cards)
     for node in page:
         node.cards = list(node.gpus.all())
-        for gpu in node.cards:
-            gpu.shown_state = gpu_state(gpu)
         present = [gpu for gpu in node.cards if not gpu.lost_at]
         totals = [gpu.memory_total_mb for gpu in present if gpu.memory_total_mb]
         used = [gpu.memory_used_mb for gpu in present if gpu.memory_used_mb is not None]
@@ -91,8 +83,6 @@ def node_detail(request, node_id):
     principal = request.principal
     node = visible_node(request, node_id)
     gpus = list(gpus_with_state().filter(node=node))
-    for gpu in gpus:
-        gpu.shown_state = gpu_state(gpu)
     tasks = Task.objects.visible_to(principal).filter(node=node, status__in=ACTIVE).select_related("tenant").order_by("id")[:50]
     others = [int(x) for x in request.GET.get("others", "").split(",") if x.isdigit()]
     return render(request, "portal/node_detail.html", {

@@ -31,7 +31,6 @@ sync_api = pytest.importorskip(
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium; .ci/run installs it)", allow_module_level=True)
 
-from django.conf import settings  # noqa: E402
 from django.contrib.contenttypes.models import ContentType  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections  # noqa: E402
@@ -50,6 +49,7 @@ from apps.tasks.services import create_task  # noqa: E402
 from apps.tenants.models import ApiKey, Tenant  # noqa: E402
 from apps.tenants.services import add_member, create_tenant  # noqa: E402
 from tests.factories import OperatorFactory, UserFactory  # noqa: E402
+from tests.headers import AGENT_HTTP, bearer_http  # noqa: E402
 from tests.live import start_control_plane, stop_process, wait_until  # noqa: E402
 from tests.nodes.payloads import gpu_stat, heartbeat  # noqa: E402
 
@@ -86,7 +86,7 @@ def committed(function, *args, **kwargs):
 
 def beat(url: str, node_id: str, payload: dict) -> None:
     response = requests.post(f"{url}/api/v1/nodes/{node_id}/heartbeat", json=payload,
-                             headers={"X-API-Key": settings.HETEROFLOW_AGENT_SECRET}, timeout=10)
+                             headers=AGENT_HTTP, timeout=10)
     assert response.status_code == 200, response.text
 
 
@@ -536,7 +536,7 @@ def test_member_creates_and_revokes_an_api_key(member):
     key = page.locator("[data-new-key]").inner_text()
     assert key.startswith("sk-tenant-")
     member.shot("api-key-created")
-    answer = requests.get(f"{member.url}/api/v1/tasks", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    answer = requests.get(f"{member.url}/api/v1/tasks", headers=bearer_http(key), timeout=10)
     assert answer.status_code == 200
     member.go("/portal/keys/")
     expect(page.locator("[data-new-key]")).to_have_count(0)  # shown once
@@ -544,7 +544,7 @@ def test_member_creates_and_revokes_an_api_key(member):
     page.click('tr[data-key="notebook"] button:has-text("Revoke")')
     expect(page.locator('tr[data-key="notebook"]')).to_contain_text("revoked")
     member.shot("api-keys")
-    answer = requests.get(f"{member.url}/api/v1/tasks", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    answer = requests.get(f"{member.url}/api/v1/tasks", headers=bearer_http(key), timeout=10)
     assert answer.status_code == 401
     assert ApiKey.objects.get(name="notebook").revoked_at is not None
 

@@ -1,12 +1,12 @@
+"""Heartbeats sent through the real ASGI route, for the tests of the heartbeat and of
+what it counts (the `agents` fixture in tests/conftest.py is one of these)."""
+
 import asyncio
 
 import httpx
-import pytest
-from django.conf import settings
 
 from apps.nodes.api.heartbeat import HeartbeatApp
-
-AGENT = {"X-API-Key": settings.HETEROFLOW_AGENT_SECRET}
+from tests.headers import AGENT_HTTP
 
 
 async def _not_found(scope, receive, send):
@@ -22,7 +22,7 @@ class Agents:
         self.loop = asyncio.new_event_loop()
         self.app = HeartbeatApp(_not_found)
 
-    def send(self, node_id, payload=None, *, method="POST", headers=AGENT, peer="203.0.113.10", content=None, path=None):
+    def send(self, node_id, payload=None, *, method="POST", headers=AGENT_HTTP, peer="203.0.113.10", content=None, path=None):
         async def go():
             transport = httpx.ASGITransport(app=self.app, client=(peer, 40000))
             async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
@@ -36,10 +36,3 @@ class Agents:
     def close(self):
         self.loop.run_until_complete(self.app.close())
         self.loop.close()
-
-
-@pytest.fixture
-def agents():
-    agents = Agents()
-    yield agents
-    agents.close()
