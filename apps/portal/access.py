@@ -17,16 +17,18 @@ from apps.tenants.choices import Role
 
 def portal_page(view):
     """Signed-in users only (anonymous visitors go to the sign-in page); the view finds
-    the principal in `request.principal`."""
+    the principal in `request.principal`. A refusal raised the API's way (a tenant header
+    naming a tenant not theirs, a rule of apps.tenants.policy) is the page's 403, with
+    the same words."""
 
     @login_required
     @wraps(view)
     def wrapped(request, *args, **kwargs):
         try:
             request.principal = principal_for_session(request, request.user)
-        except api_errors.PermissionDenied as exc:  # a tenant header naming a tenant not theirs
+            return view(request, *args, **kwargs)
+        except api_errors.PermissionDenied as exc:
             raise PermissionDenied(str(exc.detail)) from None
-        return view(request, *args, **kwargs)
 
     return wrapped
 

@@ -7,6 +7,7 @@ from rest_framework.views import APIView
 from apps.core.permissions import IsOperator
 from apps.core.serializers import StrictSerializer
 from apps.scheduler import services
+from apps.tenants import policy
 
 class PluginRow(serializers.Serializer):
     name = serializers.CharField()
@@ -80,22 +81,13 @@ class DryRunView(APIView):
 
     @extend_schema(request=DryRunSerializer, responses=DryRunAnswer)
     def post(self, request):
-        from django.shortcuts import get_object_or_404
-
         from apps.scheduler.core import TaskReq, place
-        from apps.tenants.models import Tenant
 
         serializer = DryRunSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
-        slug = data.pop("tenant", None)
-        principal = request.auth
-        if slug is None:
-            if not principal.is_tenant:
-                raise ValidationError({"tenant": ["Required: the slug of the tenant the task would run for."]})
-            tenant = principal.tenant
-        else:
-            tenant = get_object_or_404(Tenant.objects.visible_to(principal), slug=slug)
+        tenant = policy.acting_tenant(request.auth, data.pop("tenant", None),
+                                      required="Required: the slug of the tenant the task would run for.")
         request_ = TaskReq(id=0, tenant_id=tenant.pk, **data)
         decisions, failures = place([request_], services.load_nodes(), services.plugin_settings(), services.sharing_rule())
         if decisions:
