@@ -37,13 +37,18 @@ class ScopedAPIView(GenericAPIView):
 
     model: type[models.Model] | None = None
 
+    def base_queryset(self) -> models.QuerySet:
+        return self.queryset.all() if self.queryset is not None else self.model._default_manager.all()
+
     def initial(self, request, *args, **kwargs):
-        super().initial(request, *args, **kwargs)
-        base = self.queryset if self.queryset is not None else self.model._default_manager.all()
-        self.scoped_queryset = visible(base, request.auth)
+        super().initial(request, *args, **kwargs)  # authentication and permissions first
+        self.scoped_queryset = visible(self.base_queryset(), request.auth)
 
     def get_queryset(self):
-        return self.scoped_queryset.all()
+        scoped = getattr(self, "scoped_queryset", None)
+        if scoped is None:  # no request went through initial (the schema generator asking for the model)
+            return self.base_queryset().none()
+        return scoped.all()
 
     def get_object(self):
         url_kwarg = self.lookup_url_kwarg or self.lookup_field

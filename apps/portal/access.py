@@ -12,7 +12,6 @@ from django.core.exceptions import PermissionDenied
 from rest_framework import exceptions as api_errors
 
 from apps.core.authentication import principal_for_session
-from apps.tenants.choices import Role
 
 
 def portal_page(view):
@@ -44,11 +43,6 @@ def operators_only(view):
         return view(request, *args, **kwargs)
 
     return wrapped
-
-
-def require_role(principal, tenant, minimum: Role, message: str) -> None:
-    if not principal.has_tenant_role(tenant, minimum):
-        raise PermissionDenied(message)
 
 
 def status_bar(principal) -> dict:
