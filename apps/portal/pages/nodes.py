@@ -80,7 +80,7 @@ def cached_models(node: Node) -> list[dict]:
 @portal_page
 def node_detail(request, node_id):
     principal = request.principal
-    node = get_visible_or_404(Node, request.principal, pk=node_id)
+    node = get_visible_or_404(Node, principal, pk=node_id)
     gpus = list(gpus_with_state().filter(node=node))
     for gpu in gpus:
         gpu.shown_state = gpu_state(gpu)

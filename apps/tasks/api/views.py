@@ -13,7 +13,7 @@ from apps.core.views import ScopedAPIView
 from apps.tasks import services
 from apps.tasks.api import serializers as s
 from apps.tasks.models import Task
-from apps.tasks.selectors import task_stats
+from apps.tasks.selectors import task_list, task_stats
 from apps.tasks.submission import submit_task
 from apps.tenants import policy
 
@@ -55,14 +55,8 @@ class TaskListView(generics.ListAPIView):
     serializer_class = s.TaskSerializer
 
     def get_queryset(self):
-        params = self.params
-        tasks = Task.objects.visible_to(self.request.auth).select_related("tenant", "created_by")
-        for field in ("status", "kind"):
-            if field in params:
-                tasks = tasks.filter(**{field: params[field]})
-        if "node_id" in params:
-            tasks = tasks.filter(node_id=params["node_id"])
-        return tasks.in_queue_order()
+        filters = {name: self.params[name] for name in ("status", "kind", "node_id") if name in self.params}
+        return task_list(self.request.auth, **filters).in_queue_order()
 
     @extend_schema(parameters=[s.TaskListQuerySerializer])
     def get(self, request, *args, **kwargs):

@@ -220,7 +220,7 @@ class MeView(APIView):
     @extend_schema(responses=s.PrincipalSerializer)
     def get(self, request):
         principal = request.auth
-        memberships = Membership.objects.filter(user=principal.user).select_related("tenant").order_by("tenant__name")
+        memberships = principal.user.memberships.by_tenant_name()
         return Response(
             {
                 "kind": principal.kind,
