@@ -87,7 +87,7 @@ class PrincipalSessionAuthentication(authentication.SessionAuthentication):
 def principal_for_session(request, user) -> Principal:
     if user.is_staff:
         return Principal(PrincipalKind.OPERATOR, user=user)
-    memberships = list(user.memberships.select_related("tenant").order_by("tenant__name"))
+    memberships = list(user.memberships.by_tenant_name())
     wanted = request.META.get(TENANT_HEADER) or request.session.get(SESSION_TENANT_KEY)
     if wanted:
         chosen = next((m for m in memberships if m.tenant.slug == wanted), None)

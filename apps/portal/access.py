@@ -16,21 +16,22 @@ from apps.core.authentication import principal_for_session
 from apps.nodes.selectors import gpus_online
 from apps.tasks.choices import TaskStatus
 from apps.tasks.models import Task
-from apps.tenants.choices import Role
 
 
 def portal_page(view):
     """Signed-in users only (anonymous visitors go to the sign-in page); the view finds
-    the principal in `request.principal`."""
+    the principal in `request.principal`. A refusal raised the API's way (a tenant header
+    naming a tenant not theirs, a rule of apps.tenants.policy) is the page's 403, with
+    the same words."""
 
     @login_required
     @wraps(view)
     def wrapped(request, *args, **kwargs):
         try:
             request.principal = principal_for_session(request, request.user)
-        except api_errors.PermissionDenied as exc:  # a tenant header naming a tenant not theirs
+            return view(request, *args, **kwargs)
+        except api_errors.PermissionDenied as exc:
             raise PermissionDenied(str(exc.detail)) from None
-        return view(request, *args, **kwargs)
 
     return wrapped
 
@@ -46,11 +47,6 @@ def operators_only(view):
         return view(request, *args, **kwargs)
 
     return wrapped
-
-
-def require_role(principal, tenant, minimum: Role, message: str) -> None:
-    if not principal.has_tenant_role(tenant, minimum):
-        raise PermissionDenied(message)
 
 
 def status_bar(principal) -> dict:

@@ -4,7 +4,6 @@ switch between, and the status bar (computed only when a page shows it)."""
 from django.utils.functional import SimpleLazyObject
 
 from apps.portal.access import status_bar
-from apps.tenants.models import Membership
 
 
 def portal(request):
@@ -13,8 +12,6 @@ def portal(request):
         return {}
     return {
         "principal": principal,
-        "memberships": SimpleLazyObject(
-            lambda: list(Membership.objects.filter(user=request.user).select_related("tenant").order_by("tenant__name"))
-        ),
+        "memberships": SimpleLazyObject(lambda: list(request.user.memberships.by_tenant_name())),
         "status": SimpleLazyObject(lambda: status_bar(principal)),
     }

@@ -12,7 +12,6 @@ from apps.portal.access import portal_page
 from apps.portal.pages import server
 from apps.tasks.selectors import task_stats
 from apps.tasks.services import quota_use
-from apps.tenants.models import Membership
 
 NODES_ON_HOME = 20
 
@@ -38,7 +37,7 @@ def home(request):
 @portal_page
 def switch_tenant(request):
     slug = request.POST.get("tenant", "")
-    if not Membership.objects.filter(user=request.user, tenant__slug=slug).exists():
+    if not request.user.memberships.filter(tenant__slug=slug).exists():
         raise Http404("No such tenant among yours.")
     request.session[SESSION_TENANT_KEY] = slug
     target = request.POST.get("next", "")

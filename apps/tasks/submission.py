@@ -5,24 +5,14 @@ default timeout), before services.create_task. One place, so both say the same."
 from __future__ import annotations
 
 from django.conf import settings
-from django.shortcuts import get_object_or_404
 from django_tenants.utils import schema_context
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ValidationError
 
 from apps.confidential.models import Secret
 from apps.tasks import services
 from apps.tasks.models import Task
-from apps.tenants.choices import Role
+from apps.tenants import policy
 from apps.tenants.models import Tenant
-
-
-def tenant_for(principal, slug: str | None) -> Tenant:
-    """The tenant a task runs for: the caller's own, or (operators) the one named."""
-    if slug is None:
-        if principal.is_tenant:
-            return principal.tenant
-        raise ValidationError({"tenant": ["Required: the slug of the tenant the task runs for."]})
-    return get_object_or_404(Tenant.objects.visible_to(principal), slug=slug)
 
 
 def check_secrets(tenant: Tenant, env: dict, registry_auth: dict | None) -> None:
@@ -46,9 +36,9 @@ def submit_task(principal, validated: dict) -> Task:
     """Queue a task from TaskCreateSerializer's validated data. Raises ValidationError
     (400), PermissionDenied (403), Http404 and Conflict (409, quota) as the API answers."""
     data = dict(validated)
-    tenant = tenant_for(principal, data.pop("tenant", None))
-    if not principal.has_tenant_role(tenant, Role.MEMBER):
-        raise PermissionDenied("Viewers cannot create tasks.")
+    tenant = policy.acting_tenant(principal, data.pop("tenant", None),
+                                  required="Required: the slug of the tenant the task runs for.")
+    policy.check_may_create_tasks(principal, tenant)
     check_secrets(tenant, data["env"], data.get("registry_auth"))
     if "timeout_seconds" not in data:
         data["timeout_seconds"] = settings.HETEROFLOW_TASK_TIMEOUT_SECONDS

@@ -89,6 +89,12 @@ class TenantGroup(models.Model):
 class MembershipQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 
+    def by_tenant_name(self):
+        """A user's tenants as a session chooses among them (the first is the default one,
+        apps.core.authentication.principal_for_session), GET /api/v1/me lists them and the
+        portal's switcher offers them: `user.memberships.by_tenant_name()`."""
+        return self.select_related("tenant").order_by("tenant__name")
+
 
 class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")

@@ -70,7 +70,7 @@ def test_filters_and_pagination(api, world, alerts):
     assert listed(api, "op", world, task_id=alerts["beta-task"].task_id) == {"beta-task"}
     assert listed(api, "op", world, node_id="n1") == {"node", "gpu", "acme-task", "beta-task"}
     assert listed(api, "acme-member", world, node_id="n1") == {"acme-task"}  # still narrowed
-    page = api.get("/api/v1/alerts", {"page_size": 2, "page": 2}, **bearer(world.operator_key)).json()
+    page = api.get("/api/v1/alerts", {"limit": 2, "offset": 2}, **bearer(world.operator_key)).json()
     assert page["count"] == 6 and len(page["results"]) == 2 and page["next"] and page["previous"]
     # newest first
     everything = api.get("/api/v1/alerts", **bearer(world.operator_key)).json()["results"]
@@ -79,7 +79,7 @@ def test_filters_and_pagination(api, world, alerts):
 
 @pytest.mark.parametrize("params, field", [
     ({"state": "OPEN"}, "state"), ({"type": "DISK_FULL"}, "type"), ({"scope": "galaxy"}, "scope"),
-    ({"task_id": "x"}, "task_id"), ({"page_size": 1000}, "page_size"), ({"colour": "red"}, "colour"),
+    ({"task_id": "x"}, "task_id"), ({"limit": 1000}, "limit"), ({"offset": -1}, "offset"), ({"colour": "red"}, "colour"),
     ({"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "until"), ({"since": "yesterday"}, "since"),
 ])
 def test_a_bad_filter_is_a_400_naming_it(api, world, alerts, params, field):

@@ -8,18 +8,18 @@ scope is 404. The agent key gets 403, as everywhere outside the agent endpoints.
 
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from apps.alerts.api import channel_serializers as s
 from apps.alerts.models import NotificationChannel
 from apps.alerts.notifications import channels as services
 from apps.alerts.notifications.selectors import channel_list, delivery_list, webhook_urls
+from apps.core.views import ScopedAPIView
+from apps.tenants import policy
 from apps.tenants.models import Tenant
 
 MANAGERS_ONLY = "Only this tenant's admins and platform operators can see or change its notification channels."
@@ -31,11 +31,16 @@ def require_channel_manager(request) -> None:
         raise PermissionDenied(MANAGERS_ONLY)
 
 
-def visible_channel(request, pk: int) -> NotificationChannel:
-    """404 outside the principal's scope, then 403 for a tenant's members and viewers."""
-    channel = get_object_or_404(channel_list(request.auth), pk=pk)
-    require_channel_manager(request)
-    return channel
+class ChannelView(ScopedAPIView):
+    """One channel by the id in its URL: 404 outside the principal's scope, then 403 for a
+    tenant's members and viewers."""
+
+    queryset = NotificationChannel.objects.select_related("tenant", "created_by")
+
+    def get_object(self):
+        channel = super().get_object()
+        require_channel_manager(self.request)
+        return channel
 
 
 def channel_body(channel: NotificationChannel, **extra) -> dict:
@@ -50,11 +55,7 @@ def _tenant_for_new_channel(principal, data: dict) -> Tenant | None:
         if principal.is_tenant:
             raise ValidationError({"tenant": ["Tenants' channels belong to their tenant; only operators have channels of no tenant."]})
         return None
-    # another tenant's slug reads as unknown: existence does not leak
-    tenant = Tenant.objects.visible_to(principal).filter(slug=slug).first()
-    if tenant is None:
-        raise ValidationError({"tenant": [f"No tenant '{slug}'."]})
-    return tenant
+    return policy.named_tenant(principal, slug)
 
 
 class ChannelListView(generics.ListAPIView):
@@ -86,14 +87,14 @@ class ChannelListView(generics.ListAPIView):
         return Response(body | {"secret": created.secret}, status=status.HTTP_201_CREATED)
 
 
-class ChannelDetailView(APIView):
+class ChannelDetailView(ChannelView):
     @extend_schema(responses=s.ChannelSerializer)
     def get(self, request, pk):
-        return Response(channel_body(visible_channel(request, pk)))
+        return Response(channel_body(self.get_object()))
 
     @extend_schema(request=s.ChannelUpdateSerializer, responses=s.ChannelSerializer)
     def patch(self, request, pk):
-        channel = visible_channel(request, pk)
+        channel = self.get_object()
         serializer = s.ChannelUpdateSerializer(data=request.data, context={"kind": channel.kind})
         serializer.is_valid(raise_exception=True)
         channel = services.update_channel(channel, principal=request.auth, **serializer.validated_data)
@@ -101,31 +102,31 @@ class ChannelDetailView(APIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request, pk):
-        services.delete_channel(visible_channel(request, pk), principal=request.auth)
+        services.delete_channel(self.get_object(), principal=request.auth)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class ChannelTestView(APIView):
+class ChannelTestView(ChannelView):
     @extend_schema(request=s.NoBodySerializer, responses={202: s.TestQueuedSerializer})
     def post(self, request, pk):
-        channel = visible_channel(request, pk)
+        channel = self.get_object()
         s.NoBodySerializer(data=request.data).is_valid(raise_exception=True)
         delivery = services.send_test(channel, principal=request.auth)
         return Response({"delivery": delivery.pk, "status": delivery.status}, status=status.HTTP_202_ACCEPTED)
 
 
-class ChannelRotateSecretView(APIView):
+class ChannelRotateSecretView(ChannelView):
     @extend_schema(request=s.NoBodySerializer, responses=s.ChannelSecretSerializer)
     def post(self, request, pk):
-        channel = visible_channel(request, pk)
+        channel = self.get_object()
         s.NoBodySerializer(data=request.data).is_valid(raise_exception=True)
         return Response({"id": channel.pk, "secret": services.rotate_secret(channel, principal=request.auth)})
 
 
-class ChannelDeliveryListView(generics.ListAPIView):
+class ChannelDeliveryListView(ChannelView):
     """The channel's deliveries, newest first."""
 
-    serializer_class = s.DeliverySerializer
-
-    def get_queryset(self):
-        return delivery_list(visible_channel(self.request, self.kwargs["pk"]))
+    @extend_schema(responses=s.DeliverySerializer(many=True))
+    def get(self, request, pk):
+        page = self.paginate_queryset(delivery_list(self.get_object()))
+        return self.get_paginated_response(s.DeliverySerializer(page, many=True).data)

@@ -2,7 +2,7 @@ from rest_framework import serializers
 
 from apps.alerts.choices import AlertScope, AlertState, AlertType, Severity
 from apps.alerts.models import Alert
-from apps.core.serializers import StrictSerializer
+from apps.core.pagination import PageQuerySerializer
 
 
 class AlertSerializer(serializers.ModelSerializer):
@@ -20,7 +20,7 @@ class AlertSerializer(serializers.ModelSerializer):
         ]
 
 
-class AlertListQuerySerializer(StrictSerializer):
+class AlertListQuerySerializer(PageQuerySerializer):
     state = serializers.ChoiceField(choices=AlertState.choices, required=False)
     type = serializers.ChoiceField(choices=AlertType.choices, required=False)
     severity = serializers.ChoiceField(choices=Severity.choices, required=False)
@@ -30,8 +30,6 @@ class AlertListQuerySerializer(StrictSerializer):
     since = serializers.DateTimeField(required=False, help_text="raised at or after (ISO 8601)")
     until = serializers.DateTimeField(required=False, help_text="raised before (ISO 8601)")
     acknowledged = serializers.BooleanField(required=False, allow_null=True, default=None)
-    page = serializers.IntegerField(min_value=1, required=False)
-    page_size = serializers.IntegerField(min_value=1, max_value=200, required=False)
 
     def validate(self, data):
         if data.get("since") and data.get("until") and data["since"] >= data["until"]:

@@ -1,7 +1,6 @@
 """The alerts API. What a caller sees is Alert.objects.visible_to: operators every alert,
 a tenant's people their own task and tenant alerts, never node or GPU alerts."""
 
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics
 from rest_framework.exceptions import PermissionDenied
@@ -12,7 +11,9 @@ from apps.alerts import selectors, services
 from apps.alerts.api import serializers as s
 from apps.alerts.models import Alert
 from apps.core.errors import Conflict
-from apps.tenants.choices import Role
+from apps.core.pagination import PAGE_PARAMS
+from apps.core.views import ScopedAPIView
+from apps.tenants import policy
 
 
 class AlertListView(generics.ListAPIView):
@@ -22,7 +23,7 @@ class AlertListView(generics.ListAPIView):
     def get(self, request, *args, **kwargs):
         query = s.AlertListQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        self.filters = {k: v for k, v in query.validated_data.items() if k not in ("page", "page_size")}
+        self.filters = {k: v for k, v in query.validated_data.items() if k not in PAGE_PARAMS}
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self):
@@ -37,35 +38,37 @@ class AlertStatsView(APIView):
         return Response(selectors.alert_stats(request.auth))
 
 
-def visible_alert(request, pk) -> Alert:
-    return get_object_or_404(Alert.objects.visible_to(request.auth), pk=pk)
+class AlertView(ScopedAPIView):
+    """One alert by the id in its URL, among those the caller may see (404 otherwise)."""
+
+    queryset = Alert.objects.all()
 
 
-class AlertDetailView(APIView):
+class AlertDetailView(AlertView):
     @extend_schema(responses=s.AlertSerializer)
     def get(self, request, pk):
-        return Response(s.AlertSerializer(visible_alert(request, pk)).data)
+        return Response(s.AlertSerializer(self.get_object()).data)
 
 
-class AlertAcknowledgeView(APIView):
+class AlertAcknowledgeView(AlertView):
     """Anyone who can see an active alert may say they are on it."""
 
     @extend_schema(request=None, responses=s.AlertSerializer)
     def post(self, request, pk):
-        alert = visible_alert(request, pk)
+        alert = self.get_object()
         if not services.acknowledge_alert(alert, request.auth.user) and alert.state != "ACTIVE":
             raise Conflict(f"Alert {alert.pk} is {alert.state}; only an active alert can be acknowledged.", "alert_ended")
         return Response(s.AlertSerializer(alert).data)
 
 
-class AlertResolveView(APIView):
+class AlertResolveView(AlertView):
     """Operators resolve any alert; a tenant admin resolves their tenant's own."""
 
     @extend_schema(request=None, responses=s.AlertSerializer)
     def post(self, request, pk):
-        alert = visible_alert(request, pk)
+        alert = self.get_object()
         principal = request.auth
-        if not principal.is_operator and not principal.has_tenant_role(alert.tenant, Role.ADMIN):
+        if not policy.may_resolve_alert(principal, alert):
             raise PermissionDenied("Only platform operators and the tenant's admins can resolve alerts.")
         if not services.resolve_alert(alert, principal.user):
             raise Conflict(f"Alert {alert.pk} is already {alert.state}.", "alert_ended")

@@ -2,6 +2,7 @@ import re
 
 from rest_framework import serializers
 
+from apps.core.pagination import PageQuerySerializer
 from apps.core.serializers import StrictSerializer
 from apps.nodes.choices import ExecMode, GpuState, GpuVendor, NodeStatus
 from apps.nodes.presenters import GPU_COLUMNS, GPU_COMPUTED, NODE_COLUMNS, NODE_COMPUTED
@@ -34,9 +35,7 @@ class NodeSerializer(serializers.ModelSerializer):
 LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")  # as in the heartbeat schema
 
 
-class NodeListQuerySerializer(StrictSerializer):
-    limit = serializers.IntegerField(min_value=1, max_value=500, default=50)
-    offset = serializers.IntegerField(min_value=0, default=0)
+class NodeListQuerySerializer(PageQuerySerializer):
     q = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     status = serializers.ChoiceField(choices=NodeStatus.choices, required=False, allow_blank=True, default="")
     gpu_type = serializers.ChoiceField(choices=GpuVendor.choices, required=False, allow_blank=True, default="")

@@ -1,19 +1,17 @@
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.exceptions import PermissionDenied, ValidationError
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.clock import utcnow
+from apps.core.pagination import Pagination
 from apps.core.permissions import IsAgent, IsOperator
+from apps.core.views import ScopedAPIView
 from apps.nodes import metrics, presenters, selectors, services
 from apps.nodes.api import serializers as s
 from apps.nodes.models import Node
-from apps.tenants.choices import Role
-from apps.tenants.models import Tenant
+from apps.tenants import policy
 
 
 class AgentAuthCheckView(APIView):
@@ -49,8 +47,11 @@ def query(serializer_class, request):
     return serializer.validated_data
 
 
-def visible_node(request, node_id) -> Node:
-    return get_object_or_404(Node.objects.visible_to(request.auth), pk=node_id)
+class NodeView(ScopedAPIView):
+    """One node by the id in its URL, among those the caller may see (404 otherwise)."""
+
+    queryset = Node.objects.all()
+    lookup_url_kwarg = "node_id"
 
 
 class NodeListView(APIView):
@@ -63,10 +64,9 @@ class NodeListView(APIView):
     def get(self, request):
         params = query(s.NodeListQuerySerializer, request)
         nodes = selectors.node_list(request.auth, q=params["q"], status=params["status"], gpu_type=params["gpu_type"])
-        paginator = LimitOffsetPagination()
-        paginator.default_limit, paginator.max_limit = 50, 500
-        paginator.request, paginator.limit, paginator.offset = request, paginator.get_limit(request), paginator.get_offset(request)
-        paginator.count, page = presenters.present_page(nodes, ("name", "id"), limit=paginator.limit, offset=paginator.offset)
+        paginator = Pagination()
+        limit, offset = paginator.window(request)
+        paginator.count, page = presenters.present_page(nodes, ("name", "id"), limit=limit, offset=offset)
         return paginator.get_paginated_response(page)
 
     @extend_schema(request=s.NodeUpsertSerializer, responses={200: s.NodeSerializer, 201: s.NodeSerializer})
@@ -79,10 +79,10 @@ class NodeListView(APIView):
         return Response(presenters.present_one(node), status=201 if created else 200)
 
 
-class NodeDetailView(APIView):
+class NodeDetailView(NodeView):
     @extend_schema(responses=s.NodeSerializer)
     def get(self, request, node_id):
-        return Response(presenters.present_one(visible_node(request, node_id)))
+        return Response(presenters.present_one(self.get_object()))
 
     @extend_schema(
         parameters=[OpenApiParameter("force", bool, description=(
@@ -91,40 +91,35 @@ class NodeDetailView(APIView):
         responses={200: inline_serializer("NodeDeleted", {"deleted": serializers.CharField(), "deleted_models": serializers.ListField(child=serializers.CharField())})},
     )
     def delete(self, request, node_id):
-        node = visible_node(request, node_id)
-        principal = request.auth
-        allowed = principal.is_operator or (
-            node.tenant_id is not None and principal.has_tenant_role(node.tenant, Role.ADMIN)
-        )
-        if not allowed:
-            raise PermissionDenied("Only platform operators, or a tenant's admins for its dedicated nodes, can delete nodes.")
+        node = self.get_object()
+        policy.check_may_delete_node(request.auth, node)
         force = request.query_params.get("force", "false").lower() in ("1", "true", "yes")
         deleted = services.delete_node(node, force=force)
         return Response({"deleted": deleted.node_id, "deleted_models": deleted.deleted_models})
 
 
-class NodeGpuView(APIView):
+class NodeGpuView(NodeView):
     permission_classes = [IsOperator]
 
     @extend_schema(responses={204: None})
     def delete(self, request, node_id, index):
-        services.forget_lost_gpu(visible_node(request, node_id), index)
+        services.forget_lost_gpu(self.get_object(), index)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class NodeLocationView(APIView):
+class NodeLocationView(NodeView):
     permission_classes = [IsOperator]
 
     @extend_schema(request=s.LocationSerializer, responses=s.NodeSerializer)
     def put(self, request, node_id):
-        node = visible_node(request, node_id)
+        node = self.get_object()
         serializer = s.LocationSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         services.set_location(node, {k: v.strip() for k, v in serializer.validated_data.items()})
         return Response(presenters.present_one(node))
 
 
-class NodeTenantView(APIView):
+class NodeTenantView(NodeView):
     permission_classes = [IsOperator]
 
     @extend_schema(
@@ -136,15 +131,11 @@ class NodeTenantView(APIView):
         }),
     )
     def put(self, request, node_id):
-        node = visible_node(request, node_id)
+        node = self.get_object()
         serializer = s.TenantAssignmentSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        tenant = None
-        if data["tenant"] is not None:
-            tenant = Tenant.objects.filter(slug=data["tenant"]).first()
-            if tenant is None:
-                raise ValidationError({"tenant": [f"No tenant '{data['tenant']}'."]})
+        tenant = None if data["tenant"] is None else policy.named_tenant(request.auth, data["tenant"])
         result = services.assign_tenant(node, tenant, expected_version=data["version"], mode=data["mode"])
         return Response({
             "node": presenters.present_one(result.node),
@@ -154,24 +145,24 @@ class NodeTenantView(APIView):
         })
 
 
-class NodeMetricsView(APIView):
+class NodeMetricsView(NodeView):
     @extend_schema(parameters=[s.HoursSerializer], responses=inline_serializer("NodeMetricsHistory", {
         "node_id": serializers.CharField(), "hours": serializers.IntegerField(), "bucket_seconds": serializers.IntegerField(),
         "points": serializers.ListField(child=serializers.DictField()),
     }))
     def get(self, request, node_id):
-        node = visible_node(request, node_id)
+        node = self.get_object()
         return Response(metrics.history(node.pk, query(s.HoursSerializer, request)["hours"]))
 
 
-class NodeEnergyView(APIView):
+class NodeEnergyView(NodeView):
     @extend_schema(parameters=[s.HoursSerializer], responses=inline_serializer("NodeEnergy", {
         "node_id": serializers.CharField(), "hours": serializers.IntegerField(),
         "gpu_energy_kwh": serializers.FloatField(allow_null=True), "gpu_power_avg_w": serializers.FloatField(allow_null=True),
         "gpu_power_max_w": serializers.FloatField(allow_null=True), "samples_with_power": serializers.IntegerField(),
     }))
     def get(self, request, node_id):
-        node = visible_node(request, node_id)
+        node = self.get_object()
         return Response(metrics.energy(node.pk, query(s.HoursSerializer, request)["hours"], node.heartbeat_interval))
 
 

@@ -4,23 +4,21 @@ apps.tenants.services (which hold the rules: role ceilings, last admin, who may 
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 from rest_framework import exceptions as api_errors
 
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
+from apps.core.views import get_visible_or_404
 from apps.portal.access import portal_page
 from apps.portal.pages.common import error_messages, flatten, paginate, through_api
-from apps.tenants import services
+from apps.tenants import policy, services
 from apps.tenants.api.serializers import ApiKeyCreateSerializer, MemberCreateSerializer, MemberUpdateSerializer
 from apps.tenants.choices import KeyScope, Role
 from apps.tenants.models import ApiKey, Membership, Tenant
-
-User = get_user_model()
 
 
 # --- API keys ---------------------------------------------------------------------------------
@@ -45,12 +43,9 @@ def key_request(post, principal) -> dict:
 def issue(principal, data: dict):
     if data["scope"] == KeyScope.PLATFORM:
         return services.issue_platform_key(user=principal.user, name=data["name"], expires_at=data.get("expires_at"))
-    owner = principal.user
-    if data.get("username"):
-        owner = User.objects.filter(username=data["username"]).first()
-        if owner is None:
-            raise api_errors.ValidationError({"username": [f"No user '{data['username']}'."]})
-    return services.issue_tenant_key(principal=principal, tenant=principal.tenant, owner=owner, name=data["name"],
+    return services.issue_tenant_key(principal=principal,
+                                     tenant=policy.acting_tenant(principal, None, required=policy.KEY_TENANT_REQUIRED),
+                                     owner=policy.key_owner(principal, data.get("username")), name=data["name"],
                                      role=data.get("role"), expires_at=data.get("expires_at"))
 
 
@@ -76,7 +71,7 @@ def keys(request):
 @portal_page
 def key_revoke(request, pk):
     principal = request.principal
-    api_key = get_object_or_404(ApiKey.objects.visible_to(principal), pk=pk)
+    api_key = get_visible_or_404(ApiKey, principal, pk=pk)
     try:
         services.revoke_key(api_key, principal=principal)
     except api_errors.PermissionDenied as exc:
@@ -92,8 +87,7 @@ def managed_tenant(request) -> Tenant:
     principal = request.principal
     if principal.is_operator:
         slug = request.GET.get("tenant") or request.POST.get("tenant")
-        tenants = Tenant.objects.order_by("name")
-        tenant = get_object_or_404(tenants, slug=slug) if slug else tenants.first()
+        tenant = policy.tenant_by_slug(principal, slug) if slug else Tenant.objects.order_by("name").first()
         if tenant is None:
             raise PermissionDenied("There are no tenants yet.")
         return tenant
@@ -137,8 +131,8 @@ def members(request):
 @portal_page
 def member_change(request, pk):
     principal = request.principal
-    membership = get_object_or_404(Membership.objects.visible_to(principal).select_related("tenant", "user"), pk=pk)
-    if not principal.has_tenant_role(membership.tenant, Role.ADMIN):
+    membership = get_visible_or_404(Membership.objects.select_related("tenant", "user"), principal, pk=pk)
+    if not policy.may_manage_tenant(principal, membership.tenant):
         raise PermissionDenied("Only this tenant's admins and platform operators can manage members.")
     try:
         if request.POST.get("action") == "remove":

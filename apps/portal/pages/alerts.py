@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.alerts.choices import AlertScope, AlertState, AlertType, Severity
@@ -13,13 +13,13 @@ from apps.alerts.models import Alert
 from apps.alerts.selectors import alert_list as alerts_for
 from apps.alerts.selectors import alert_stats
 from apps.alerts.services import acknowledge_alert, resolve_alert
+from apps.core.views import get_visible_or_404
 from apps.portal.access import portal_page
 from apps.portal.pages.common import choice, paginate
+from apps.tenants.policy import may_resolve_alert
 
-
-def may_resolve(principal) -> bool:
-    """Operators, and a tenant's admins for the alerts they can see."""
-    return principal.is_operator or principal.is_tenant_admin
+# the rows an alert's page reads (each lookup narrows them to the principal's scope)
+ALERTS = Alert.objects.select_related("task", "tenant")
 
 
 @portal_page
@@ -40,20 +40,16 @@ def alert_list(request):
     })
 
 
-def visible_alert(request, pk) -> Alert:
-    return get_object_or_404(Alert.objects.visible_to(request.principal).select_related("task", "tenant"), pk=pk)
-
-
 @portal_page
 def alert_detail(request, pk):
-    alert = visible_alert(request, pk)
-    return render(request, "portal/alert_detail.html", {"alert": alert, "may_resolve": may_resolve(request.principal)})
+    alert = get_visible_or_404(ALERTS, request.principal, pk=pk)
+    return render(request, "portal/alert_detail.html", {"alert": alert, "may_resolve": may_resolve_alert(request.principal, alert)})
 
 
 @require_POST
 @portal_page
 def alert_acknowledge(request, pk):
-    alert = visible_alert(request, pk)
+    alert = get_visible_or_404(ALERTS, request.principal, pk=pk)
     if acknowledge_alert(alert, request.user):
         messages.success(request, "Acknowledged.")
     else:
@@ -64,8 +60,8 @@ def alert_acknowledge(request, pk):
 @require_POST
 @portal_page
 def alert_resolve(request, pk):
-    alert = visible_alert(request, pk)
-    if not may_resolve(request.principal):
+    alert = get_visible_or_404(ALERTS, request.principal, pk=pk)
+    if not may_resolve_alert(request.principal, alert):
         raise PermissionDenied("Only platform operators and tenant admins can resolve alerts.")
     if resolve_alert(alert, request.user):
         messages.success(request, "Resolved.")

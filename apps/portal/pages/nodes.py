@@ -5,14 +5,14 @@ with the API's serializers, so a page says what the API would say."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
 from apps.core.errors import Conflict
+from apps.core.views import get_visible_or_404
 from apps.nodes import metrics, selectors, services
 from apps.nodes.api.serializers import LocationSerializer, TenantAssignmentSerializer
 from apps.nodes.choices import ALIVE
@@ -22,7 +22,7 @@ from apps.portal.pages.common import choice, error_messages, paginate
 from apps.tasks.choices import ACTIVE
 from apps.tasks.models import Task
 from apps.tasks.selectors import scheduling_summary
-from apps.tenants.choices import Role
+from apps.tenants import policy
 from apps.tenants.models import Tenant
 
 SORT_LABELS = {"tasks": "Tasks", "busy": "GPUs busy", "utilization": "Utilisation", "name": "Name"}
@@ -35,10 +35,6 @@ ENVIRONMENT_TABS = {"alive": "Online (checkable)", "offline": "Offline", "all": 
 def gpus_with_state():
     """A node's cards, each with its `state` read in the same query."""
     return Gpu.objects.with_state().order_by("index")
-
-
-def visible_node(request, node_id) -> Node:
-    return get_object_or_404(Node.objects.visible_to(request.principal), pk=node_id)
 
 
 @portal_page
@@ -73,15 +69,10 @@ def cached_models(node: Node) -> list[dict]:
     return found
 
 
-def may_delete(principal, node: Node) -> bool:
-    """As DELETE /api/v1/nodes/{id}: operators, or the tenant's admins for its own dedicated nodes."""
-    return principal.is_operator or (node.tenant_id is not None and principal.has_tenant_role(node.tenant, Role.ADMIN))
-
-
 @portal_page
 def node_detail(request, node_id):
     principal = request.principal
-    node = visible_node(request, node_id)
+    node = get_visible_or_404(Node, principal, pk=node_id)
     gpus = list(gpus_with_state().filter(node=node))
     tasks = Task.objects.visible_to(principal).filter(node=node, status__in=ACTIVE).select_related("tenant").order_by("id")[:50]
     others = [int(x) for x in request.GET.get("others", "").split(",") if x.isdigit()]
@@ -89,7 +80,7 @@ def node_detail(request, node_id):
         "node": node, "gpus": gpus, "tasks": tasks, "models": cached_models(node),
         "labels": sorted(node.labels.items()),
         "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
-        "can_delete": may_delete(principal, node),
+        "can_delete": policy.may_delete_node(principal, node),
         "other_tenant_tasks": others,
     })
 
@@ -107,7 +98,7 @@ def back_to(node_id: str, **query) -> str:
 @portal_page
 @operators_only
 def node_location(request, node_id):
-    node = visible_node(request, node_id)
+    node = get_visible_or_404(Node, request.principal, pk=node_id)
     data = {field: request.POST[field] for field in services.LOCATION_FIELDS if field in request.POST}
     serializer = LocationSerializer(data=data)
     if not serializer.is_valid():
@@ -123,7 +114,7 @@ def node_location(request, node_id):
 @portal_page
 @operators_only
 def node_tenant(request, node_id):
-    node = visible_node(request, node_id)
+    node = get_visible_or_404(Node, request.principal, pk=node_id)
     serializer = TenantAssignmentSerializer(data={
         "tenant": request.POST.get("tenant") or None, "version": request.POST.get("version"), "mode": request.POST.get("mode", "drain"),
     })
@@ -132,12 +123,12 @@ def node_tenant(request, node_id):
             messages.error(request, f"{field}: {' '.join(problems)}")
         return redirect(back_to(node.pk))
     data = serializer.validated_data
-    tenant = None
-    if data["tenant"] is not None:
-        tenant = Tenant.objects.filter(slug=data["tenant"]).first()
-        if tenant is None:
-            messages.error(request, f"tenant: No tenant '{data['tenant']}'.")
-            return redirect(back_to(node.pk))
+    try:
+        tenant = None if data["tenant"] is None else policy.named_tenant(request.principal, data["tenant"])
+    except ValidationError as exc:
+        for field, problems in error_messages(exc).items():
+            messages.error(request, f"{field}: {' '.join(problems)}")
+        return redirect(back_to(node.pk))
     try:
         result = services.assign_tenant(node, tenant, expected_version=data["version"], mode=data["mode"])
     except Conflict as exc:
@@ -161,9 +152,8 @@ def node_tenant(request, node_id):
 @portal_page
 def node_delete(request, node_id):
     principal = request.principal
-    node = visible_node(request, node_id)
-    if not may_delete(principal, node):
-        raise PermissionDenied("Only platform operators, or a tenant's admins for its dedicated nodes, can delete nodes.")
+    node = get_visible_or_404(Node, request.principal, pk=node_id)
+    policy.check_may_delete_node(principal, node)
     try:
         deleted = services.delete_node(node)
     except Conflict as exc:
@@ -218,7 +208,7 @@ def node_monitor(request):
     offline = list(listed.exclude(status__in=ALIVE)[:MONITOR_LIST_LIMIT])
     wanted = request.GET.get("node")
     if wanted:
-        node = visible_node(request, wanted)
+        node = get_visible_or_404(Node, principal, pk=wanted)
     else:
         first = (alive or offline or [None])[0]
         node = Node.objects.get(pk=first.pk) if first else None

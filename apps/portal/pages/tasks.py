@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
 from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.core.errors import Conflict
+from apps.core.views import get_visible_or_404
 from apps.nodes.choices import GpuVendor
 from apps.portal.access import portal_page
 from apps.portal.pages.common import choice, paginate, through_api
@@ -22,7 +22,7 @@ from apps.tasks.choices import TaskKind, TaskStatus
 from apps.tasks.models import Task
 from apps.tasks.selectors import task_list as tasks_for
 from apps.tasks.submission import submit_task
-from apps.tenants.choices import Role
+from apps.tenants import policy
 from apps.tenants.models import Tenant
 
 CANCELLABLE = services.CANCEL_FROM
@@ -89,14 +89,15 @@ def form_to_request(post, principal) -> dict:
 
 
 def may_create(principal) -> bool:
-    return principal.is_operator or (principal.is_tenant and principal.has_tenant_role(principal.tenant, Role.MEMBER))
+    """Whether the page offers the form: operators (for any tenant) and the members of the
+    principal's own tenant."""
+    return policy.may_create_tasks(principal, principal.tenant)
 
 
 @portal_page
 def task_new(request):
     principal = request.principal
-    if not may_create(principal):
-        raise PermissionDenied("Viewers cannot create tasks.")
+    policy.check_may_create_tasks(principal, principal.tenant)
     errors: dict[str, list[str]] = {}
     if request.method == "POST":
         try:
@@ -163,11 +164,11 @@ def history(task: Task) -> list[dict]:
 @portal_page
 def task_detail(request, pk):
     principal = request.principal
-    task = get_object_or_404(Task.objects.visible_to(principal).select_related("tenant", "node", "created_by"), pk=pk)
+    task = get_visible_or_404(Task.objects.select_related("tenant", "node", "created_by"), principal, pk=pk)
     cards = sorted(task.allocations.values_list("gpu_index", flat=True))
     return render(request, "portal/task_detail.html", {
         "task": task, "cards": cards, "explanation": explanation(task), "history": history(task),
-        "may_stop": principal.has_tenant_role(task.tenant, Role.MEMBER) and task.status in CANCELLABLE + STOPPABLE,
+        "may_stop": policy.may_stop_task(principal, task) and task.status in CANCELLABLE + STOPPABLE,
         "stop_label": "Cancel" if task.status in CANCELLABLE else "Stop",
         "command": " ".join(task.command or []),
     })
@@ -177,9 +178,8 @@ def task_detail(request, pk):
 @portal_page
 def task_stop(request, pk):
     principal = request.principal
-    task = get_object_or_404(Task.objects.visible_to(principal), pk=pk)
-    if not principal.has_tenant_role(task.tenant, Role.MEMBER):
-        raise PermissionDenied("Viewers cannot stop tasks.")
+    task = get_visible_or_404(Task, principal, pk=pk)
+    policy.check_may_stop_task(principal, task)
     try:
         task = services.stop_task(task)
     except Conflict as exc:

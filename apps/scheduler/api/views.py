@@ -1,4 +1,3 @@
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
@@ -9,7 +8,7 @@ from apps.core.permissions import IsOperator
 from apps.core.serializers import StrictSerializer
 from apps.scheduler import services
 from apps.scheduler.core import TaskReq, place
-from apps.tenants.models import Tenant
+from apps.tenants import policy
 
 class PluginRow(serializers.Serializer):
     name = serializers.CharField()
@@ -86,14 +85,8 @@ class DryRunView(APIView):
         serializer = DryRunSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
-        slug = data.pop("tenant", None)
-        principal = request.auth
-        if slug is None:
-            if not principal.is_tenant:
-                raise ValidationError({"tenant": ["Required: the slug of the tenant the task would run for."]})
-            tenant = principal.tenant
-        else:
-            tenant = get_object_or_404(Tenant.objects.visible_to(principal), slug=slug)
+        tenant = policy.acting_tenant(request.auth, data.pop("tenant", None),
+                                      required="Required: the slug of the tenant the task would run for.")
         request_ = TaskReq(id=0, tenant_id=tenant.pk, **data)
         decisions, failures = place([request_], services.load_nodes(), services.plugin_settings(), services.sharing_rule())
         if decisions:

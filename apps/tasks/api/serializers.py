@@ -2,6 +2,7 @@ import re
 
 from rest_framework import serializers
 
+from apps.core.pagination import LIMIT_HELP, MAX_LIMIT, PageQuerySerializer
 from apps.core.serializers import StrictSerializer
 from apps.tasks.choices import TaskKind, TaskStatus
 from apps.tasks.models import Task
@@ -99,13 +100,20 @@ class TaskSerializer(serializers.ModelSerializer):
         ]
 
 
-class TaskListQuerySerializer(StrictSerializer):
+AGENT_DEFAULT_LIMIT = 20
+AGENT_MAX_LIMIT = 100
+
+
+class TaskListQuerySerializer(PageQuerySerializer):
+    """People page with limit/offset; the agent key takes `limit` alone (at most 100, its
+    channel is not paged)."""
+
     status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
     kind = serializers.ChoiceField(choices=TaskKind.choices, required=False)
     node_id = serializers.CharField(max_length=128, required=False)
-    limit = serializers.IntegerField(min_value=1, max_value=100, required=False)
-    page = serializers.IntegerField(min_value=1, required=False)
-    page_size = serializers.IntegerField(min_value=1, max_value=200, required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_LIMIT, required=False,
+                                     help_text=f"{LIMIT_HELP} The agent key: at most {AGENT_MAX_LIMIT} tasks "
+                                               f"(default {AGENT_DEFAULT_LIMIT}), not paged.")
 
 
 LOG_TAIL_MAX_CHARS = 64 * 1024

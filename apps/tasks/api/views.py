@@ -2,7 +2,7 @@ from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -10,14 +10,13 @@ from rest_framework.views import APIView
 from apps.alerts.failures import LOST_RUN_STATUSES, Verdict, adjudicate_lost_runs
 from apps.core.cas import IllegalTransition
 from apps.core.errors import Conflict
+from apps.core.views import ScopedAPIView
 from apps.tasks import services
 from apps.tasks.api import serializers as s
 from apps.tasks.models import Task
-from apps.tasks.selectors import task_stats
+from apps.tasks.selectors import task_list, task_stats
 from apps.tasks.submission import submit_task
-from apps.tenants.choices import Role
-
-AGENT_DEFAULT_LIMIT = 20
+from apps.tenants import policy
 
 
 class PeopleOrAgent(BasePermission):
@@ -57,14 +56,8 @@ class TaskListView(generics.ListAPIView):
     serializer_class = s.TaskSerializer
 
     def get_queryset(self):
-        params = self.params
-        tasks = Task.objects.visible_to(self.request.auth).select_related("tenant", "created_by")
-        for field in ("status", "kind"):
-            if field in params:
-                tasks = tasks.filter(**{field: params[field]})
-        if "node_id" in params:
-            tasks = tasks.filter(node_id=params["node_id"])
-        return tasks.in_queue_order()
+        filters = {name: self.params[name] for name in ("status", "kind", "node_id") if name in self.params}
+        return task_list(self.request.auth, **filters).in_queue_order()
 
     @extend_schema(parameters=[s.TaskListQuerySerializer])
     def get(self, request, *args, **kwargs):
@@ -75,10 +68,12 @@ class TaskListView(generics.ListAPIView):
             missing = [name for name in ("node_id", "status") if name not in self.params]
             if missing:
                 raise ValidationError({name: ["The agent key must name the node and the status."] for name in missing})
+            if self.params.get("limit", 0) > s.AGENT_MAX_LIMIT:
+                raise ValidationError({"limit": [f"Ensure this value is less than or equal to {s.AGENT_MAX_LIMIT}."]})
             tasks = (
                 Task.objects.filter(node_id=self.params["node_id"], status=self.params["status"])
                 .select_related("tenant", "created_by")
-                .in_queue_order()[: self.params.get("limit", AGENT_DEFAULT_LIMIT)]
+                .in_queue_order()[: self.params.get("limit", s.AGENT_DEFAULT_LIMIT)]
             )
             return Response({"results": [agent_task(task) for task in tasks]})
         return super().get(request, *args, **kwargs)
@@ -91,7 +86,14 @@ class TaskListView(generics.ListAPIView):
         return Response(s.TaskSerializer(task).data, status=status.HTTP_201_CREATED)
 
 
-class TaskDetailView(APIView):
+class TaskView(ScopedAPIView):
+    """One task by the id in its URL, among those the caller may see (404 otherwise). The
+    agent key finds its node's tasks by node instead (it sees no task through the scope)."""
+
+    queryset = Task.objects.all()
+
+
+class TaskDetailView(TaskView):
     permission_classes = [PeopleOrAgent]
     agent_methods = ("GET", "PUT")
     agent_only_methods = ("PUT",)
@@ -107,7 +109,7 @@ class TaskDetailView(APIView):
             if not node_id:
                 raise ValidationError({"node_id": ["The agent key must name the node."]})
             return Response(agent_task(get_object_or_404(Task, pk=pk, node_id=node_id)))
-        return Response(s.TaskSerializer(get_object_or_404(Task.objects.visible_to(request.auth), pk=pk)).data)
+        return Response(s.TaskSerializer(self.get_object()).data)
 
     @extend_schema(request=s.AgentReportSerializer, responses=s.TaskSerializer)
     def put(self, request, pk):
@@ -132,12 +134,11 @@ class TaskDetailView(APIView):
         return Response(s.TaskSerializer(task).data)
 
 
-class TaskStopView(APIView):
+class TaskStopView(TaskView):
     @extend_schema(request=None, responses=s.TaskSerializer)
     def post(self, request, pk):
-        task = get_object_or_404(Task.objects.visible_to(request.auth), pk=pk)
-        if not request.auth.has_tenant_role(task.tenant, Role.MEMBER):
-            raise PermissionDenied("Viewers cannot stop tasks.")
+        task = self.get_object()
+        policy.check_may_stop_task(request.auth, task)
         return Response(s.TaskSerializer(services.stop_task(task)).data)
 
 
@@ -151,26 +152,27 @@ class TaskStatsView(APIView):
         return Response(task_stats(request.auth))
 
 
-class TaskLogsView(APIView):
+class TaskLogsView(TaskView):
     """The log tail the agent sent with the task's final report."""
 
     @extend_schema(responses=s.TaskLogsSerializer)
     def get(self, request, pk):
-        task = get_object_or_404(Task.objects.visible_to(request.auth), pk=pk)
+        task = self.get_object()
         return Response({"task_id": task.pk, "status": task.status, "log_tail": task.log_tail})
 
 
-class TaskEventsView(APIView):
+class TaskEventsView(TaskView):
     """A task's history. People read it (scoped like the task); the agent of the task's
-    node adds to it."""
+    node adds to it. The history is one answer of at most 500 events, not paged."""
 
+    pagination_class = None
     permission_classes = [PeopleOrAgent]
     agent_methods = ("POST",)
     agent_only_methods = ("POST",)
 
     @extend_schema(responses=s.TaskEventSerializer(many=True))
     def get(self, request, pk):
-        task = get_object_or_404(Task.objects.visible_to(request.auth), pk=pk)
+        task = self.get_object()
         return Response(s.TaskEventSerializer(task.events.all()[:500], many=True).data)
 
     @extend_schema(request=s.TaskEventCreateSerializer, responses={201: s.TaskEventSerializer})

@@ -1,30 +1,24 @@
 """Tenancy API. Views decode, scope and call services; the rules live in services.py."""
 
-from django.contrib.auth import get_user_model
 from django.shortcuts import get_object_or_404
 from django_tenants.utils import schema_context
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.confidential.models import AuditEvent
 from apps.core.permissions import IsOperator
-from apps.tenants import services
+from apps.core.views import ScopedAPIView, get_visible_or_404
+from apps.tenants import policy, services
 from apps.tenants.api import serializers as s
-from apps.tenants.choices import KeyScope, Role
+from apps.tenants.choices import KeyScope
 from apps.tenants.models import ApiKey, Membership, Tenant, TenantGroup
-
-User = get_user_model()
-
-
-def visible_tenant(request, slug: str) -> Tenant:
-    return get_object_or_404(Tenant.objects.visible_to(request.auth), slug=slug)
 
 
 def require_tenant_admin(request, tenant: Tenant) -> None:
-    if not request.auth.has_tenant_role(tenant, Role.ADMIN):
+    if not policy.may_manage_tenant(request.auth, tenant):
         raise PermissionDenied("Only this tenant's admins and platform operators can do this.")
 
 
@@ -43,14 +37,17 @@ class TenantListView(generics.ListCreateAPIView):
         return Response(s.TenantSerializer(tenant).data, status=status.HTTP_201_CREATED)
 
 
-class TenantDetailView(APIView):
+class TenantDetailView(ScopedAPIView):
+    queryset = Tenant.objects.all()
+    lookup_field = "slug"
+
     @extend_schema(responses=s.TenantSerializer)
     def get(self, request, slug):
-        return Response(s.TenantSerializer(visible_tenant(request, slug)).data)
+        return Response(s.TenantSerializer(self.get_object()).data)
 
     @extend_schema(request=s.TenantUpdateSerializer, responses=s.TenantSerializer)
     def patch(self, request, slug):
-        tenant = visible_tenant(request, slug)
+        tenant = self.get_object()
         if not request.auth.is_operator:
             raise PermissionDenied("Only platform operators can change a tenant or its quotas.")
         serializer = s.TenantUpdateSerializer(data=request.data, partial=True)
@@ -60,7 +57,7 @@ class TenantDetailView(APIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request, slug):
-        tenant = visible_tenant(request, slug)
+        tenant = self.get_object()
         if not request.auth.is_operator:
             raise PermissionDenied("Only platform operators can delete tenants.")
         services.delete_tenant(tenant)
@@ -71,7 +68,7 @@ class MemberListView(generics.ListAPIView):
     serializer_class = s.MemberSerializer
 
     def get_queryset(self):
-        tenant = visible_tenant(self.request, self.kwargs["slug"])
+        tenant = policy.tenant_by_slug(self.request.auth, self.kwargs["slug"])
         return (
             Membership.objects.visible_to(self.request.auth)
             .filter(tenant=tenant)
@@ -81,7 +78,7 @@ class MemberListView(generics.ListAPIView):
 
     @extend_schema(request=s.MemberCreateSerializer, responses={201: s.MemberCreatedSerializer})
     def post(self, request, slug):
-        tenant = visible_tenant(request, slug)
+        tenant = policy.tenant_by_slug(request.auth, slug)
         require_tenant_admin(request, tenant)
         serializer = s.MemberCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -95,11 +92,9 @@ class MemberListView(generics.ListAPIView):
 
 class MemberDetailView(APIView):
     def get_membership(self, request, slug, username):
-        tenant = visible_tenant(request, slug)
-        return get_object_or_404(
-            Membership.objects.visible_to(request.auth).select_related("user", "tenant"),
-            tenant=tenant,
-            user__username=username,
+        tenant = policy.tenant_by_slug(request.auth, slug)
+        return get_visible_or_404(
+            Membership.objects.select_related("user", "tenant"), request.auth, tenant=tenant, user__username=username
         )
 
     @extend_schema(responses=s.MemberSerializer)
@@ -129,7 +124,7 @@ class AuditLogView(generics.ListAPIView):
     serializer_class = s.AuditEventSerializer
 
     def list(self, request, slug):
-        tenant = visible_tenant(request, slug)
+        tenant = policy.tenant_by_slug(request.auth, slug)
         require_tenant_admin(request, tenant)
         with schema_context(tenant.schema_name):
             page = self.paginate_queryset(AuditEvent.objects.all())
@@ -156,8 +151,8 @@ class ApiKeyListView(generics.ListAPIView):
         else:
             issued = services.issue_tenant_key(
                 principal=principal,
-                tenant=self._tenant(principal, data.get("tenant")),
-                owner=self._owner(principal, data.get("username")),
+                tenant=policy.acting_tenant(principal, data.get("tenant"), required=policy.KEY_TENANT_REQUIRED),
+                owner=policy.key_owner(principal, data.get("username")),
                 name=data["name"],
                 role=data.get("role"),
                 expires_at=data.get("expires_at"),
@@ -165,33 +160,18 @@ class ApiKeyListView(generics.ListAPIView):
         body = s.ApiKeySerializer(issued.api_key).data | {"key": issued.key}
         return Response(body, status=status.HTTP_201_CREATED)
 
-    def _tenant(self, principal, slug):
-        if slug is None:
-            if principal.is_tenant:
-                return principal.tenant
-            raise ValidationError({"tenant": ["Required: the slug of the tenant the key belongs to."]})
-        return get_object_or_404(Tenant.objects.visible_to(principal), slug=slug)
-
-    def _owner(self, principal, username):
-        if username is None:
-            return principal.user
-        owner = User.objects.filter(username=username).first()
-        if owner is None:
-            raise ValidationError({"username": [f"No user '{username}'."]})
-        return owner
 
 
-class ApiKeyDetailView(APIView):
-    def get_key(self, request, pk):
-        return get_object_or_404(ApiKey.objects.visible_to(request.auth).select_related("tenant", "user"), pk=pk)
+class ApiKeyDetailView(ScopedAPIView):
+    queryset = ApiKey.objects.select_related("tenant", "user")
 
     @extend_schema(responses=s.ApiKeySerializer)
     def get(self, request, pk):
-        return Response(s.ApiKeySerializer(self.get_key(request, pk)).data)
+        return Response(s.ApiKeySerializer(self.get_object()).data)
 
     @extend_schema(responses={204: None})
     def delete(self, request, pk):
-        services.revoke_key(self.get_key(request, pk), principal=request.auth)
+        services.revoke_key(self.get_object(), principal=request.auth)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -240,7 +220,7 @@ class MeView(APIView):
     @extend_schema(responses=s.PrincipalSerializer)
     def get(self, request):
         principal = request.auth
-        memberships = Membership.objects.filter(user=principal.user).select_related("tenant").order_by("tenant__name")
+        memberships = principal.user.memberships.by_tenant_name()
         return Response(
             {
                 "kind": principal.kind,
