@@ -252,8 +252,10 @@ class FleetView:
     the task-independent part of its score; on first use its open cards and the cards
     with room left) and recomputed only for a node whose cards changed (`changed`)."""
 
-    def __init__(self, nodes: Sequence[NodeSnap], settings: PluginSettings, may_share: Callable[[int, int], bool]):
+    def __init__(self, nodes: Sequence[NodeSnap], settings: PluginSettings, may_share: Callable[[int, int], bool],
+                 scores: bool = True):
         self.nodes = list(nodes)
+        self.scores = scores  # False: a view that is only filtered (fits, preemption)
         self.settings = settings
         self.may_share = may_share
         count = len(self.nodes)
@@ -295,13 +297,14 @@ class FleetView:
         """The node's cards changed (a decision landed on it, or preemption put a copy
         with fewer holders in its place): recompute what depends on them."""
         node = self.nodes[position]
-        weights = self.settings.weights
         self.free[position] = free_whole_cards(node)
-        layout = self.settings.layout
-        score = weights.get(layout, 1.0) * layout_score(layout, utilisation(node))
-        if "rdma" in self.settings.enabled:
-            score += weights.get("rdma", 1.0) * score_rdma(node)
-        self.base_score[position] = score
+        if self.scores:
+            weights = self.settings.weights
+            layout = self.settings.layout
+            score = weights.get(layout, 1.0) * layout_score(layout, utilisation(node))
+            if "rdma" in self.settings.enabled:
+                score += weights.get("rdma", 1.0) * score_rdma(node)
+            self.base_score[position] = score
         self._open[position] = None
         self._partial[position] = None
         self._room[position] = {}
@@ -662,7 +665,7 @@ def _failure_code(removed: dict, total: int) -> str:
 
 def fits(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> bool:
     """Whether the chain lets the task onto this node as it is."""
-    return Chain.of(Ask.of(task, settings), FleetView([node], settings, may_share)).rejection(0) is None
+    return Chain.of(Ask.of(task, settings), FleetView([node], settings, may_share, scores=False)).rejection(0) is None
 
 
 # --- preemption -------------------------------------------------------------------------
@@ -741,7 +744,7 @@ def plan_preemption(
         return None
     occupied = [node for node in nodes if by_node.get(node.id)]
     # the chain, on each node as it would be without the tasks `gone`
-    fleet = FleetView(occupied, settings, may_share)
+    fleet = FleetView(occupied, settings, may_share, scores=False)
     chain = Chain.of(Ask.of(task, settings), fleet)
 
     def fits_without(position: int, gone: set[int]) -> bool:
@@ -759,12 +762,10 @@ def plan_preemption(
         )
         if not freeing and not candidates:
             continue
+        if chain.gate[position] is not None:
+            continue  # removed whatever it holds (unavailable, another tenant's, loaded)
         gone = set(freeing)
         found = fits_without(position, gone)
-        # Giving cards back never makes a node fail a filter it passed, so when evicting
-        # every candidate is not enough (or the node takes nothing), no shorter list is.
-        if not found and (not candidates or not fits_without(position, gone | {o.id for o in candidates})):
-            continue
         chosen: list[Occupant] = []
         for occupant in candidates:
             if found or (best is not None and len(chosen) >= best[0][0]):
