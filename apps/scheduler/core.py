@@ -1,17 +1,19 @@
 """The scheduler's pure core: a snapshot in, decisions with reasons out. No database,
 no clock, no Django: everything it needs is in the arguments, so it is tested directly.
 
-Pipeline per task (in queue order): the built-in filter chain (available node, tenant
-visibility, GPU type, capacity, cross-tenant sharing), the optional plugin filters
-(rdma: required), then the weighted score of the enabled score plugins; the best node
-wins (ties: node id). Each decision is applied to the snapshot at once, so later tasks
-of the same cycle see the capacity it took.
+Pipeline per task (in queue order): the filter chain (FILTERS: available node, tenant
+visibility, load, host ports, capacity and cross-tenant sharing, rdma: required, nvlink:
+required), then the weighted score of the enabled score plugins; the best node wins
+(ties: node id). Each decision is applied to the snapshot at once, so later tasks of the
+same cycle see the capacity it took. Placement, its explanation, `fits` and preemption
+planning all run the same chain.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from apps.nodes.choices import CORDON_LABEL
 from apps.scheduler import nvlink
@@ -111,13 +113,13 @@ class Decision:
 class Failure:
     task_id: int
     code: str  # NoSchedulableNodes | InsufficientResources | NoTenantEligibleGPU
-    removed: dict[str, int]  # filter name -> nodes it removed
+    removed: dict[str, int]  # removal reason -> nodes the chain removed for it
 
     def as_reason(self) -> dict:
         return {"code": self.code, "removed_by": self.removed}
 
 
-# --- the built-in filter chain ------------------------------------------------------------
+# --- what the filters check, node by node and card by card ----------------------------------
 
 SCHEDULABLE_STATUSES = frozenset({"online", "suspect"})
 
@@ -245,47 +247,64 @@ class FleetView:
     """Per-cycle bookkeeping that keeps each task's work small. Everything about a node
     that does not depend on the task is computed once per cycle (availability, load,
     the task-independent part of its score; on first use its open cards and the cards
-    with room left) and recomputed only for the node a decision lands on; a task
-    needing more whole cards than any node has free fails without a scan."""
+    with room left) and recomputed only for a node whose cards changed (`changed`)."""
 
-    def __init__(self, nodes: Sequence[NodeSnap], settings: PluginSettings):
+    def __init__(self, nodes: Sequence[NodeSnap], settings: PluginSettings, may_share: Callable[[int, int], bool],
+                 scores: bool = True):
         self.nodes = list(nodes)
+        self.scores = scores  # False: a view that is only filtered (fits, preemption)
         self.settings = settings
+        self.may_share = may_share
         count = len(self.nodes)
-        self.available = [in_service(node) for node in self.nodes]
-        self.overloaded = [overloaded(node, settings) for node in self.nodes]
-        self.rdma = [rdma_state(node) for node in self.nodes]
+        self._verdicts: dict = {}
+        self._gates: dict = {}
         # the one vendor of a node's cards (lower case), or None when they are mixed
         self.vendor = [_single_vendor(node) for node in self.nodes]
         self.free = [0] * count
         self.base_score = [0.0] * count
         self._open: list[list[GpuSnap] | None] = [None] * count
-        self._partial: list[list[GpuSnap] | None] = [None] * count
+        self._partial: list[list[tuple[GpuSnap, int]] | None] = [None] * count  # cards with room, and how much
         self._room: list[dict[tuple, int]] = [{} for _ in self.nodes]
         self._topology: list = [_UNKNOWN if nvlink.TOPOLOGY_LABEL in node.labels else None for node in self.nodes]
         for position in range(count):
-            self._refresh(position)
-        # how many nodes have each number of free cards: max_free without a scan
-        self.free_histogram = [0] * (max((len(node.gpus) for node in self.nodes), default=0) + 1)
-        for free in self.free:
-            self.free_histogram[free] += 1
-        self.max_free = self._max_free()
+            self.changed(position)
 
-    def _refresh(self, position: int) -> None:
+    def verdicts(self, key, verdict: Callable[[NodeSnap], str | None]) -> list[str | None]:
+        """`verdict` on every node (a removal reason or None), computed once per cycle
+        for each `key`: for the filters whose answer depends only on the node as the
+        cycle began and on the key (its tenant, say), not on the cards the cycle takes."""
+        found = self._verdicts.get(key)
+        if found is None:
+            found = self._verdicts[key] = [verdict(node) for node in self.nodes]
+        return found
+
+    def gate(self, parts: list[list[str | None]]) -> list[str | None]:
+        """Several filters' verdicts as one list: each node's first reason (cached by
+        the lists, which live as long as the view)."""
+        key = tuple(id(part) for part in parts)
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = parts[0] if parts else [None] * len(self.nodes)
+            for later in parts[1:]:
+                gate = [reason if reason is not None else then for reason, then in zip(gate, later)]
+            self._gates[key] = gate
+        return gate
+
+    def changed(self, position: int) -> None:
+        """The node's cards changed (a decision landed on it, or preemption put a copy
+        with fewer holders in its place): recompute what depends on them."""
         node = self.nodes[position]
-        weights = self.settings.weights
         self.free[position] = free_whole_cards(node)
-        layout = self.settings.layout
-        score = weights.get(layout, 1.0) * layout_score(layout, utilisation(node))
-        if "rdma" in self.settings.enabled:
-            score += weights.get("rdma", 1.0) * score_rdma(node)
-        self.base_score[position] = score
+        if self.scores:
+            weights = self.settings.weights
+            layout = self.settings.layout
+            score = weights.get(layout, 1.0) * layout_score(layout, utilisation(node))
+            if "rdma" in self.settings.enabled:
+                score += weights.get("rdma", 1.0) * score_rdma(node)
+            self.base_score[position] = score
         self._open[position] = None
         self._partial[position] = None
         self._room[position] = {}
-
-    def _max_free(self) -> int:
-        return next((free for free in range(len(self.free_histogram) - 1, -1, -1) if self.free_histogram[free]), 0)
 
     def open_cards(self, position: int, vendor: str) -> list[GpuSnap]:
         """The node's free whole cards of this vendor ("" any) below the load thresholds."""
@@ -301,7 +320,15 @@ class FleetView:
             return []
         return [gpu for gpu in cards if gpu.vendor.lower() == vendor]
 
-    def room_mb(self, position: int, vendor: str, tenant_id: int | None, may_share) -> int:
+    def whole_cards(self, position: int, vendor: str, memory_mb: int | None) -> list[GpuSnap]:
+        """The open cards a whole-card task could get: of its vendor, with at least its
+        gpu_memory_mb each (admission)."""
+        cards = self.open_cards(position, vendor)
+        if memory_mb:
+            cards = [gpu for gpu in cards if (gpu.memory_total_mb or 0) >= memory_mb]
+        return cards
+
+    def room_mb(self, position: int, vendor: str, tenant_id: int | None) -> int:
         """The most memory one card of this vendor could still give a memory-only task
         of this tenant (None: whoever holds the cards). Cached per node, so a task's
         feasibility check is a lookup; its cards are picked only on the winning node."""
@@ -311,14 +338,16 @@ class FleetView:
         if room is None:
             partial = self._partial[position]
             if partial is None:
+                settings = self.settings
                 partial = self._partial[position] = [
-                    gpu for gpu in self.nodes[position].gpus
-                    if not gpu.lost and not gpu.whole_taken and card_under_load(gpu, self.settings)
+                    (gpu, gpu.memory_free_mb(reserve_mb(gpu, settings))) for gpu in self.nodes[position].gpus
+                    if not gpu.lost and not gpu.whole_taken and card_under_load(gpu, settings)
                 ]
+            may_share = self.may_share
             room = cache[key] = max(
                 (
-                    gpu.memory_free_mb(reserve_mb(gpu, self.settings))
-                    for gpu in partial
+                    free
+                    for gpu, free in partial
                     if vendor_matches(gpu, vendor)
                     and (tenant_id is None or all(may_share(tenant_id, holder) for _, holder, _ in gpu.holders))
                 ),
@@ -333,16 +362,191 @@ class FleetView:
             topology = self._topology[position] = nvlink.parse(node.labels, [gpu.index for gpu in node.gpus])
         return topology
 
-    def took(self, position: int) -> None:
-        self.free_histogram[self.free[position]] -= 1
-        self._refresh(position)
-        self.free_histogram[self.free[position]] += 1
-        self.max_free = self._max_free()
-
 
 def _single_vendor(node: NodeSnap) -> str | None:
     vendors = {gpu.vendor.lower() for gpu in node.gpus}
     return vendors.pop() if len(vendors) == 1 else (None if vendors else "")
+
+
+# --- the filter chain -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Ask:
+    """A task's needs as the filters read them, derived once per task."""
+
+    task: TaskReq
+    need: int  # cards: the whole cards, or 1 for a share of one card
+    whole: bool  # whole cards (not a share, not a CPU-only task)
+    vendor: str  # gpu_type in lower case; "" any
+    rdma_required: bool
+    nvlink_required: bool
+
+    @classmethod
+    def of(cls, task: TaskReq, settings: PluginSettings) -> Ask:
+        need = needed_cards(task)
+        return cls(task, need, bool(need) and not task.memory_only, task.gpu_type.lower(),
+                   required(task, "rdma", settings), required(task, "nvlink", settings))
+
+
+def required(task: TaskReq, plugin: str, settings: PluginSettings) -> bool:
+    """The task's label `<plugin>: required`, when that plugin is enabled."""
+    return plugin in settings.enabled and str(task.labels.get(plugin, "")).lower() == "required"
+
+
+# A check answers, for the node at a position of the fleet, why the chain removes it
+# (the reason counted in `removed_by`) or None to let it through. It reads the fleet when
+# called: the fleet changes as decisions land.
+Check = Callable[[int], "str | None"]
+# The verdict on every node of the fleet, by position (FleetView.verdicts).
+Verdicts = list
+
+
+# A filter is a function (ask, fleet) that runs once per task and returns
+# - a Check, run once per node;
+# - or, when its answer depends only on the node as the cycle began (and on the task
+#   through a key: its tenant, say), fleet.verdicts(key, verdict on a node): computed once
+#   per cycle, looked up per node;
+# - or None when it has nothing to say about this task (a job needs no host port).
+
+
+def node_available(ask: Ask, fleet: FleetView) -> Verdicts:
+    """Online or suspect, executable, not cordoned."""
+    return fleet.verdicts("unavailable", lambda node: None if in_service(node) else "unavailable")
+
+
+def tenant_visible(ask: Ask, fleet: FleetView) -> Verdicts:
+    """A dedicated node takes only its tenant's tasks; a shared one (no tenant) anyone's."""
+    tenant = ask.task.tenant_id
+    return fleet.verdicts(("tenant", tenant), lambda node: "tenant" if node.tenant_id not in (None, tenant) else None)
+
+
+def under_load(ask: Ask, fleet: FleetView) -> Verdicts:
+    """Below the node's CPU and memory thresholds."""
+    settings = fleet.settings
+    return fleet.verdicts("load", lambda node: "load" if overloaded(node, settings) else None)
+
+
+def host_port(ask: Ask, fleet: FleetView) -> Check | None:
+    """An inference task needs a free host port on the node."""
+    if ask.task.kind != "inference":
+        return None
+    nodes = fleet.nodes
+    return lambda position: "ports" if (left := nodes[position].ports_free) is not None and left <= 0 else None
+
+
+def gpu_capacity(ask: Ask, fleet: FleetView) -> Check | None:
+    """Whole cards: enough free cards of the type, under the card thresholds, with
+    gpu_memory_mb each. A share: room for gpu_memory_mb on one card after the reserve,
+    where every holder may share with the task's tenant (a node where only the sharing
+    rule stands in the way counts as tenant_sharing)."""
+    need, vendor, memory = ask.need, ask.vendor, ask.task.gpu_memory_mb
+    if ask.whole:
+        free, open_cards, whole_cards = fleet.free, fleet.open_cards, fleet.whole_cards
+        if not memory:
+            return lambda position: "capacity" if free[position] < need or len(open_cards(position, vendor)) < need else None
+        return lambda position: "capacity" if free[position] < need or len(whole_cards(position, vendor, memory)) < need else None
+    if not need:
+        return None
+    room, tenant = fleet.room_mb, ask.task.tenant_id
+
+    def check(position: int) -> str | None:
+        if room(position, vendor, tenant) >= memory:
+            return None
+        return "tenant_sharing" if room(position, vendor, None) >= memory else "capacity"
+
+    return check
+
+
+def rdma_link(ask: Ask, fleet: FleetView) -> Verdicts | None:
+    """`rdma: required` removes the nodes labelled rdma: false (unknown ones pass)."""
+    if not ask.rdma_required:
+        return None
+    return fleet.verdicts("rdma", lambda node: "rdma" if rdma_state(node) is False else None)
+
+
+def nvlink_domain(ask: Ask, fleet: FleetView) -> Check | None:
+    """`nvlink: required` removes the nodes with topology data but no single NVLink
+    domain with enough free cards (no data: pass)."""
+    if not ask.nvlink_required:
+        return None
+    need, vendor, memory, whole = ask.need, ask.vendor, ask.task.gpu_memory_mb, ask.whole
+
+    def check(position: int) -> str | None:
+        free = [gpu.index for gpu in fleet.whole_cards(position, vendor, memory)] if whole else []
+        return None if nvlink.has_domain_for(fleet.topology(position), free, need) else "nvlink"
+
+    return check
+
+
+Filter = Callable[[Ask, FleetView], "Check | Verdicts | None"]
+# The chain, in order: a node is counted under the first filter that removes it. A new
+# filter is one function like those above and one line here (gang placement, slices).
+FILTERS: tuple[Filter, ...] = (
+    node_available,
+    tenant_visible,
+    under_load,
+    host_port,
+    gpu_capacity,
+    rdma_link,
+    nvlink_domain,
+)
+
+
+@dataclass(slots=True)
+class Chain:
+    """The chain for one task: the verdicts of the filters up to the first per-node
+    check merged into one list (`gate`), then the rest in order."""
+
+    gate: list[str | None]
+    checks: list[Check]
+
+    @classmethod
+    def of(cls, ask: Ask, fleet: FleetView) -> Chain:
+        leading: list[list[str | None]] = []
+        checks: list[Check] = []
+        for make in FILTERS:
+            answer = make(ask, fleet)
+            if answer is None:
+                continue
+            if isinstance(answer, Verdicts):
+                if not checks:
+                    leading.append(answer)
+                    continue
+                answer = answer.__getitem__
+            checks.append(answer)
+        return cls(fleet.gate(leading), checks)
+
+    def rejection(self, position: int) -> str | None:
+        """Why the chain removes the node at this position, or None when it passes."""
+        reason = self.gate[position]
+        if reason is None:
+            for check in self.checks:
+                reason = check(position)
+                if reason is not None:
+                    break
+        return reason
+
+
+# The order removed_by has always listed the built-in reasons in; a new filter's reasons
+# follow them, in the order they were first counted.
+REASON_ORDER = {reason: rank for rank, reason in enumerate(
+    ("unavailable", "tenant", "load", "capacity", "tenant_sharing", "rdma", "nvlink", "ports")
+)}
+
+
+def explained(removed: dict[str, int]) -> dict[str, int]:
+    return {reason: removed[reason] for reason in sorted(removed, key=lambda r: REASON_ORDER.get(r, len(REASON_ORDER)))}
+
+
+@dataclass(slots=True)
+class Candidate:
+    """The best feasible node so far for a task."""
+
+    score: float
+    node_id: str
+    position: int
+    group: list[int] | None  # the cards of the NVLink group it would get, with topology data
 
 
 def place(
@@ -355,130 +559,110 @@ def place(
     """`mark`, if given, is called before each task and once at the end (the benchmark
     times single decisions with it; the core itself reads no clock)."""
     decisions, failures = [], []
-    fleet = FleetView(nodes, settings)
+    fleet = FleetView(nodes, settings, may_share)
     total = len(fleet.nodes)
     limit = nodes_to_score(total)
-    weights = settings.weights
-    nvlink_on = "nvlink" in settings.enabled
-    topology_on = "topology" in settings.enabled
-    rdma_on = "rdma" in settings.enabled
     start = 0
     for task in tasks:
         if mark:
             mark()
-        removed = {"unavailable": 0, "tenant": 0, "load": 0, "capacity": 0, "tenant_sharing": 0, "rdma": 0, "nvlink": 0, "ports": 0}
-        best: tuple | None = None
-        needs_port = task.kind == "inference"
-        need = needed_cards(task)
-        memory_only = task.memory_only
-        whole = bool(need) and not memory_only
-        vendor = task.gpu_type.lower()
-        rdma_required = rdma_on and str(task.labels.get("rdma", "")).lower() == "required"
-        nvlink_required = nvlink_on and str(task.labels.get("nvlink", "")).lower() == "required"
-        located = topology_on and any(task.labels.get(level) for level in ("region", "zone", "rack"))
-        # the task-dependent parts of the score that are the same on every node
-        constant = 0.0
-        if topology_on and not located:
-            constant += weights.get("topology", 1.0) * NEUTRAL
-        if whole and need > fleet.max_free:
-            # No node has that many free cards: the answer needs no scan.
-            for position in range(total):
-                if not fleet.available[position]:
-                    removed["unavailable"] += 1
-                elif fleet.nodes[position].tenant_id not in (None, task.tenant_id):
-                    removed["tenant"] += 1
-                elif fleet.overloaded[position]:
-                    removed["load"] += 1
-                else:
-                    removed["capacity"] += 1
-            failures.append(Failure(task.id, _failure_code(removed, total), {k: v for k, v in removed.items() if v}))
-            continue
-        feasible = 0
-        examined = 0
-        for offset in range(total):
-            if feasible >= limit:
-                break
-            position = (start + offset) % total
-            node = fleet.nodes[position]
-            examined += 1
-            if not fleet.available[position]:
-                removed["unavailable"] += 1
-                continue
-            if node.tenant_id is not None and node.tenant_id != task.tenant_id:
-                removed["tenant"] += 1
-                continue
-            if fleet.overloaded[position]:
-                removed["load"] += 1
-                continue
-            if needs_port and node.ports_free is not None and node.ports_free <= 0:
-                removed["ports"] += 1
-                continue
-            cards: list[GpuSnap] = []
-            if whole:
-                if fleet.free[position] < need:
-                    removed["capacity"] += 1
-                    continue
-                cards = fleet.open_cards(position, vendor)
-                if task.gpu_memory_mb:
-                    cards = [gpu for gpu in cards if (gpu.memory_total_mb or 0) >= task.gpu_memory_mb]
-                if len(cards) < need:
-                    removed["capacity"] += 1
-                    continue
-            elif need:
-                if fleet.room_mb(position, vendor, task.tenant_id, may_share) < task.gpu_memory_mb:
-                    sharing = fleet.room_mb(position, vendor, None, may_share) >= task.gpu_memory_mb
-                    removed["tenant_sharing" if sharing else "capacity"] += 1
-                    continue
-            if rdma_required and fleet.rdma[position] is False:
-                removed["rdma"] += 1
-                continue
-            topology = fleet.topology(position) if whole and nvlink_on else None
-            free = [gpu.index for gpu in cards] if topology is not None or nvlink_required else None
-            if nvlink_required and not nvlink.has_domain_for(fleet.topology(position), free, need):
-                removed["nvlink"] += 1
-                continue
-            feasible += 1
-            group = nvlink.choose(topology, free, need) if topology is not None else None
-            score = fleet.base_score[position] + constant
-            if located:
-                score += weights.get("topology", 1.0) * score_topology(node, task)
-            if nvlink_on:
-                score += weights.get("nvlink", 1.0) * (nvlink.score(topology, free, group) if topology is not None else NEUTRAL)
-            if best is None or score > best[0] or (score == best[0] and node.id < best[1]):
-                best = (score, node.id, position, cards, group)
+        ask = Ask.of(task, settings)
+        best, removed, examined = search(ask, fleet, start, limit)
         # the next task starts where this one stopped looking, so sampling rotates
         start = (start + examined) % total if total else 0
         if best is None:
-            failures.append(Failure(task.id, _failure_code(removed, total), {k: v for k, v in removed.items() if v}))
-            continue
-        score, _, position, cards, group = best
-        node = fleet.nodes[position]
-        if group is not None:
-            by_index = {gpu.index: gpu for gpu in cards}
-            chosen = [by_index[index] for index in group]
-        elif memory_only:
-            chosen = pick_cards(shareable_cards(node, task, settings, may_share), 1)
+            failures.append(Failure(task.id, _failure_code(removed, total), explained(removed)))
         else:
-            chosen = pick_cards(cards, need)
-        memory = task.gpu_memory_mb if memory_only else None
-        if needs_port and node.ports_free is not None:
-            node.ports_free -= 1
-        for gpu in chosen:
-            gpu.holders.append((task.id, task.tenant_id, memory))
-        if chosen:
-            fleet.took(position)
-        decisions.append(Decision(task.id, node.id, [gpu.index for gpu in chosen], memory, score))
+            decisions.append(take(ask, fleet, best))
     if mark:
         mark()
     return decisions, failures
 
 
+def search(ask: Ask, fleet: FleetView, start: int, limit: int) -> tuple[Candidate | None, dict[str, int], int]:
+    """The nodes from `start` on, round the fleet, through the chain; the feasible ones
+    are scored, until `limit` were found. Returns the best, the removal counts and how
+    many nodes were looked at."""
+    chain = Chain.of(ask, fleet)
+    gate, checks = chain.gate, chain.checks
+    task, settings = ask.task, fleet.settings
+    weights = settings.weights
+    nvlink_on = "nvlink" in settings.enabled
+    topology_on = "topology" in settings.enabled
+    located = topology_on and any(task.labels.get(level) for level in ("region", "zone", "rack"))
+    # the task-dependent parts of the score that are the same on every node
+    constant = weights.get("topology", 1.0) * NEUTRAL if topology_on and not located else 0.0
+    topology_weight, nvlink_weight = weights.get("topology", 1.0), weights.get("nvlink", 1.0)
+    nodes, base_score = fleet.nodes, fleet.base_score
+    whole, need, vendor, memory = ask.whole, ask.need, ask.vendor, task.gpu_memory_mb
+    removed: dict[str, int] = {}
+    best: Candidate | None = None
+    feasible = examined = 0
+    for position in itertools.chain(range(start, len(nodes)), range(start)):
+        if feasible >= limit:
+            break
+        examined += 1
+        reason = gate[position]
+        if reason is None:
+            for check in checks:
+                reason = check(position)
+                if reason is not None:
+                    break
+        if reason is not None:
+            removed[reason] = removed.get(reason, 0) + 1
+        else:
+            feasible += 1
+            topology = fleet.topology(position) if whole and nvlink_on else None
+            group = None
+            score = base_score[position] + constant
+            if located:
+                score += topology_weight * score_topology(nodes[position], task)
+            if nvlink_on:
+                if topology is not None:
+                    free = [gpu.index for gpu in fleet.whole_cards(position, vendor, memory)]
+                    group = nvlink.choose(topology, free, need)
+                    score += nvlink_weight * nvlink.score(topology, free, group)
+                else:
+                    score += nvlink_weight * NEUTRAL
+            node_id = nodes[position].id
+            if best is None or score > best.score or (score == best.score and node_id < best.node_id):
+                best = Candidate(score, node_id, position, group)
+    return best, removed, examined
+
+
+def take(ask: Ask, fleet: FleetView, best: Candidate) -> Decision:
+    """Place the task on the best node: pick its cards and record it as their holder."""
+    task = ask.task
+    node = fleet.nodes[best.position]
+    cards = fleet.whole_cards(best.position, ask.vendor, task.gpu_memory_mb) if ask.whole else []
+    if best.group is not None:
+        by_index = {gpu.index: gpu for gpu in cards}
+        chosen = [by_index[index] for index in best.group]
+    elif task.memory_only:
+        chosen = pick_cards(shareable_cards(node, task, fleet.settings, fleet.may_share), 1)
+    else:
+        chosen = pick_cards(cards, ask.need)
+    memory = task.gpu_memory_mb if task.memory_only else None
+    if task.kind == "inference" and node.ports_free is not None:
+        node.ports_free -= 1
+    for gpu in chosen:
+        gpu.holders.append((task.id, task.tenant_id, memory))
+    if chosen:
+        fleet.changed(best.position)
+    return Decision(task.id, node.id, [gpu.index for gpu in chosen], memory, best.score)
+
+
 def _failure_code(removed: dict, total: int) -> str:
-    if removed["unavailable"] == total:
+    if removed.get("unavailable", 0) == total:
         return "NoSchedulableNodes"
-    if removed["tenant_sharing"] and not removed["capacity"]:
+    if removed.get("tenant_sharing") and not removed.get("capacity"):
         return "NoTenantEligibleGPU"
     return "InsufficientResources"
+
+
+def fits(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> bool:
+    """Whether the chain lets the task onto this node as it is."""
+    return Chain.of(Ask.of(task, settings), FleetView([node], settings, may_share, scores=False)).rejection(0) is None
 
 
 # --- preemption -------------------------------------------------------------------------
@@ -521,35 +705,13 @@ def may_preempt(task: TaskReq, occupant: Occupant, stage: str) -> bool:
 
 
 def _without(node: NodeSnap, gone: set[int]) -> NodeSnap:
-    """The node as it would be once the tasks `gone` gave their cards back."""
-    gpus = [
-        GpuSnap(gpu.index, gpu.vendor, gpu.memory_total_mb, gpu.lost, gpu.memory_used_mb, gpu.utilization, gpu.temperature,
-                [holder for holder in gpu.holders if holder[0] not in gone])
+    """The node as it would be once the tasks `gone` gave their cards back (a copy; the
+    cards none of them holds are shared with the node, never changed)."""
+    return replace(node, gpus=[
+        replace(gpu, holders=[holder for holder in gpu.holders if holder[0] not in gone])
+        if any(holder[0] in gone for holder in gpu.holders) else gpu
         for gpu in node.gpus
-    ]
-    return NodeSnap(node.id, node.status, node.executable, node.tenant_id, node.labels, node.region, node.zone, node.rack,
-                    node.cpu_used, node.memory_used, gpus)
-
-
-def fits(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> bool:
-    """Whether the task's cards could be found on this node as it is (capacity only:
-    the node-level filters are the caller's)."""
-    need = needed_cards(task)
-    if not need:
-        return True
-    if task.memory_only:
-        return bool(shareable_cards(node, task, settings, may_share))
-    vendor = task.gpu_type.lower()
-    free = [
-        gpu.index for gpu in node.gpus
-        if not gpu.lost and not gpu.holders and vendor_matches(gpu, vendor) and card_under_load(gpu, settings)
-        and (gpu.memory_total_mb or 0) >= (task.gpu_memory_mb or 0)
-    ]
-    if len(free) < need:
-        return False
-    if "nvlink" in settings.enabled and str(task.labels.get("nvlink", "")).lower() == "required":
-        return nvlink.has_domain_for(nvlink.parse(node.labels, [gpu.index for gpu in node.gpus]), free, need)
-    return True
+    ])
 
 
 def occupants_by_node(occupants: Sequence[Occupant]) -> dict[str, list[Occupant]]:
@@ -577,12 +739,19 @@ def plan_preemption(
     would not be enough anywhere, so nobody is evicted."""
     if task.kind == "training" or settings.preempt_stage not in VICTIM_STATUSES or settings.preempt_stage == "disabled":
         return None
-    rdma_required = "rdma" in settings.enabled and str(task.labels.get("rdma", "")).lower() == "required"
+    occupied = [node for node in nodes if by_node.get(node.id)]
+    # the chain, on each node as it would be without the tasks `gone`
+    fleet = FleetView(occupied, settings, may_share, scores=False)
+    chain = Chain.of(Ask.of(task, settings), fleet)
+
+    def fits_without(position: int, gone: set[int]) -> bool:
+        fleet.nodes[position] = _without(occupied[position], gone)
+        fleet.changed(position)
+        return chain.rejection(position) is None
+
     best: tuple | None = None
-    for node in nodes:
-        here = by_node.get(node.id)
-        if not here:
-            continue
+    for position, node in enumerate(occupied):
+        here = by_node[node.id]
         freeing = {o.id for o in here if o.status == FREEING or o.id in taken}
         candidates = sorted(
             (o for o in here if o.id not in freeing and may_preempt(task, o, settings.preempt_stage)),
@@ -590,23 +759,17 @@ def plan_preemption(
         )
         if not freeing and not candidates:
             continue
-        if not in_service(node) or overloaded(node, settings):
-            continue
-        if node.tenant_id is not None and node.tenant_id != task.tenant_id:
-            continue
-        if rdma_required and rdma_state(node) is False:
-            continue
-        if task.kind == "inference" and node.ports_free is not None and node.ports_free <= 0:
-            continue  # evicting jobs frees no host port
+        if chain.gate[position] is not None:
+            continue  # removed whatever it holds (unavailable, another tenant's, loaded)
         gone = set(freeing)
+        found = fits_without(position, gone)
         chosen: list[Occupant] = []
-        found = fits(_without(node, gone), task, settings, may_share)
         for occupant in candidates:
             if found or (best is not None and len(chosen) >= best[0][0]):
                 break  # enough, or already more victims than a plan elsewhere
             chosen.append(occupant)
             gone.add(occupant.id)
-            found = fits(_without(node, gone), task, settings, may_share)
+            found = fits_without(position, gone)
         if not found:
             continue
         rank = (len(chosen), sum(o.priority for o in chosen), node.id)
