@@ -18,14 +18,15 @@ import orjson
 from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.db.models import F, Q
+from psycopg.types.json import Jsonb
 from rest_framework.exceptions import ValidationError
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
 from apps.alerts.services import raise_alert
-from apps.core.cas import check_transition
-from apps.core.errors import Conflict
+from apps.core.cas import check_transition, compare_and_set
 from apps.core.clock import utcnow
+from apps.core.errors import Conflict
 from apps.monitoring import metrics
 from apps.nodes import liveness
 from apps.nodes.models import Gpu, Node
@@ -47,7 +48,8 @@ from apps.scheduler.core import (
 )
 from apps.scheduler.ledger import ALLOCATE
 from apps.scheduler.models import GpuAllocation, PluginConfig
-from apps.tasks.choices import HOLDING, TRANSITIONS, TaskKind, TaskStatus as S
+from apps.tasks.choices import HOLDING, TRANSITIONS, TaskKind
+from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task
 from apps.tasks.services import move_tasks, requeue_preempted
 from apps.tenants.models import TenantGroup
@@ -331,13 +333,6 @@ def next_batch(size: int = BATCH_SIZE) -> list[TaskReq]:
 # --- bind -------------------------------------------------------------------------------
 
 
-BIND_CAS = """
-    UPDATE tasks AS t SET status = %s, node_id = v.node_id, host_port = v.host_port, schedule_reason = '{}'::jsonb,
-        updated_at = %s
-    FROM unnest(%s::bigint[], %s::text[], %s::int[]) AS v(id, node_id, host_port)
-    WHERE t.id = v.id AND t.status = %s
-    RETURNING t.id, extract(epoch FROM t.updated_at - t.created_at)
-"""
 
 # Inference services are published on a host port of their node.
 INFERENCE_PORTS = range(8000, 9000)
@@ -378,7 +373,7 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
     ledger rows of the winners. Returns (bound, lost)."""
     if not decisions:
         return [], []
-    check_transition(TRANSITIONS, [S.PENDING], S.SCHEDULED)
+    check_transition(TRANSITIONS, [S.PENDING], S.SCHEDULED)  # before any lock is taken
     with transaction.atomic():
         node_ids = sorted({d.node_id for d in decisions})
         settings = settings or PluginSettings()
@@ -420,16 +415,18 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
             still_valid.append(decision)
         ports = assign_host_ports(still_valid, tasks, alive)
         still_valid = [d for d in still_valid if d.task_id in ports]
-        with connection.cursor() as cursor:
-            cursor.execute(BIND_CAS, [
-                S.SCHEDULED, utcnow(), [d.task_id for d in still_valid], [d.node_id for d in still_valid],
-                [ports[d.task_id] for d in still_valid], S.PENDING,
-            ])
-            bound_rows = cursor.fetchall()
-            won = {row[0] for row in bound_rows}
-            transaction.on_commit(partial(metrics.record_binds, [float(row[1]) for row in bound_rows]))
-            cards = [(d, index) for d in still_valid if d.task_id in won for index in d.gpu_indices]
-            if cards:
+        bound_rows = compare_and_set(
+            Task._meta.db_table, TRANSITIONS, [d.task_id for d in still_valid], [S.PENDING], S.SCHEDULED,
+            fixed={"schedule_reason": Jsonb({}), "updated_at": utcnow()},
+            per_row={"node_id": ("text", [d.node_id for d in still_valid]),
+                     "host_port": ("int", [ports[d.task_id] for d in still_valid])},
+            returning="extract(epoch FROM tasks.updated_at - tasks.created_at)",
+        )
+        won = {row[0] for row in bound_rows}
+        transaction.on_commit(partial(metrics.record_binds, [float(row[1]) for row in bound_rows]))
+        cards = [(d, index) for d in still_valid if d.task_id in won for index in d.gpu_indices]
+        if cards:
+            with connection.cursor() as cursor:
                 cursor.execute(ALLOCATE, [
                     utcnow(), [d.task_id for d, _ in cards], [d.node_id for d, _ in cards], [index for _, index in cards],
                     [tasks[d.task_id].tenant_id for d, _ in cards], [d.memory_mb for d, _ in cards],

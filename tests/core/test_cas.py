@@ -1,10 +1,17 @@
 """The compare-and-set transition helper, against the task state machine and real
 concurrent connections."""
 
+import inspect
+
 import pytest
-from apps.core.cas import IllegalTransition, transition
-from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS, TaskStatus as S
+from django.db.models import F
+
+from apps.core.cas import IllegalTransition, cas_sql, compare_and_set, transition
+from apps.scheduler import services as scheduler_services
+from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS
+from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task
+from tests.factories import make_node
 
 
 def test_the_table_covers_every_status_and_terminal_states_are_final():
@@ -54,3 +61,40 @@ class TestTransitions:
         assert sorted(won) == sorted(t.pk for t in pending)
         assert set(Task.objects.filter(pk__in=won).values_list("gpu_required", flat=True)) == {2}
         assert Task.objects.get(pk=cancelled.pk).gpu_required == 1
+
+    def test_a_reference_is_written_by_its_key_and_the_winners_come_in_key_order(self, tenant):
+        node = make_node("cas-n1", gpus=0)
+        tasks = [Task.objects.create(tenant=tenant, name=f"r{i}", status=S.SCHEDULED, node=node) for i in range(3)]
+        keys = [tasks[2].pk, tasks[0].pk, tasks[1].pk]
+        assert transition(Task, TRANSITIONS, keys, [S.SCHEDULED], S.PENDING, node=None) == sorted(keys)
+        assert set(Task.objects.filter(pk__in=keys).values_list("node_id", flat=True)) == {None}
+        assert transition(Task, TRANSITIONS, tasks[0].pk, [S.PENDING], S.SCHEDULED, node=node) == [tasks[0].pk]
+        assert Task.objects.get(pk=tasks[0].pk).node_id == "cas-n1"
+
+    def test_per_row_values_land_on_their_own_rows_and_losers_keep_theirs(self, tenant):
+        for name in ("cas-a", "cas-b"):
+            make_node(name, gpus=0)
+        first, second = (Task.objects.create(tenant=tenant, name=f"b{i}") for i in range(2))
+        taken = Task.objects.create(tenant=tenant, name="taken", status=S.CANCELLED)
+        won = compare_and_set(
+            Task._meta.db_table, TRANSITIONS, [second.pk, taken.pk, first.pk], [S.PENDING], S.SCHEDULED,
+            per_row={"node_id": ("text", ["cas-b", "cas-a", "cas-a"]), "host_port": ("int", [8001, 8002, None])},
+            returning="tasks.host_port",
+        )
+        assert won == sorted([(first.pk, None), (second.pk, 8001)])
+        rows = dict(Task.objects.filter(pk__in=[first.pk, second.pk, taken.pk]).values_list("pk", "node_id"))
+        assert rows == {first.pk: "cas-a", second.pk: "cas-b", taken.pk: None}
+
+    def test_an_expression_is_computed_from_the_row_itself(self, tenant):
+        tasks = [Task.objects.create(tenant=tenant, name=f"e{i}", status=S.RUNNING, preempt_count=i) for i in range(2)]
+        keys = [task.pk for task in tasks]
+        assert transition(Task, TRANSITIONS, keys, [S.RUNNING], S.PREEMPTING, preempt_count=F("preempt_count") + 1) == keys
+        assert list(Task.objects.filter(pk__in=keys).order_by("pk").values_list("preempt_count", flat=True)) == [1, 2]
+
+
+def test_one_statement_shape_for_every_move():
+    """transition and the scheduler's bind share the statement: no second CAS is written."""
+    assert "UPDATE tasks" not in inspect.getsource(scheduler_services.bind_all)
+    sql = cas_sql("tasks", fixed=[("updated_at", "%s")], per_row=[("node_id", "text")], returning="tasks.created_at")
+    assert sql.startswith("WITH won AS (SELECT id FROM tasks WHERE id = ANY(%s) AND status = ANY(%s) ORDER BY id FOR UPDATE)")
+    assert "unnest(%s::bigint[], %s::text[]) AS v(id, node_id)" in sql and sql.endswith("RETURNING tasks.id, tasks.created_at")
