@@ -146,7 +146,8 @@ async def run_load(
         between()
 
     say(
-        f"steady state: {nodes} nodes every {interval:g} s for {duration:g} s (offered {nodes / interval:.0f}/s, {size} bytes each)…"
+        f"steady state: {nodes} nodes every {interval:g} s for {duration:g} s "
+        f"(offered {nodes / interval:.0f}/s, {size} bytes each)…"
     )
     loop = asyncio.get_running_loop()
     t0 = loop.time() + 0.5
@@ -167,10 +168,8 @@ async def run_load(
     windows: dict[int, list[float]] = {}
     for due, latency in timeline:
         windows.setdefault(int((due - start) // interval), []).append(latency)
-    say(
-        "  p99 per %g s window: %s"
-        % (interval, ", ".join(f"{percentile(v, 0.99) * 1000:.0f}" for _, v in sorted(windows.items())))
-    )
+    window_p99s = ", ".join(f"{percentile(v, 0.99) * 1000:.0f}" for _, v in sorted(windows.items()))
+    say(f"  p99 per {interval:g} s window: {window_p99s}")
     return latencies, errors, elapsed
 
 
@@ -222,7 +221,8 @@ def table_counters(database_url: str) -> dict:
         ).fetchone()[0]
         rows = dict(
             conn.execute(
-                "SELECT relname, n_tup_upd + n_tup_ins FROM pg_stat_user_tables WHERE relname IN ('nodes', 'gpus') OR relname LIKE 'node_metrics_%'"
+                "SELECT relname, n_tup_upd + n_tup_ins FROM pg_stat_user_tables "
+                "WHERE relname IN ('nodes', 'gpus') OR relname LIKE 'node_metrics_%'"
             ).fetchall()
         )
     rows["node_metrics"] = sum(v for k, v in rows.items() if k.startswith("node_metrics_"))
@@ -270,29 +270,42 @@ def seed_nodes(database_url: str, count: int) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("TRUNCATE nodes CASCADE")
         conn.execute(
-            """
-            INSERT INTO nodes (id, name, status, ip, internal_ip, mac, hostname, os, cpu_cores, memory_gb, is_container,
-                docker_available, executable, exec_mode, error_message, agent_version, agent_git_commit, agent_build_time,
-                heartbeat_interval, gpu_type, gpu_model, gpu_count, gpu_collector_error, labels, gpu_capabilities,
-                inference_engines, inference_engine_versions, vllm_available, discovered_models, task_health, live_task_ids,
-                region, zone, rack, structure_hash, version, registered_at, last_heartbeat_at, updated_at)
-            SELECT 'seed-' || lpad(i::text, 6, '0'), 'node-' || lpad(i::text, 6, '0'), 'online', '198.18.0.1'::inet + i,
-                '10.0.0.1'::inet + i, '', 'h', 'linux', 128, 1024, false, true, true, 'docker', '', '2.4.1', 'abc', 'now',
-                5, 'nvidia', 'H100', 8, '', '{"heteroflow.network_zone": "vpc-a"}', '{}', '["vllm"]', '{}', true, '[]', '[]', '[]',
-                'cn-north', 'az' || (i %% 3), 'r' || (i %% 40), '', 1, now(), now(), now()
-            FROM generate_series(1, %s) AS i
-            """,
+            (
+                "\n"
+                "            INSERT INTO nodes (id, name, status, ip, internal_ip, mac, hostname, os, cpu_cores, "
+                "memory_gb, is_container,\n"
+                "                docker_available, executable, exec_mode, error_message, agent_version, "
+                "agent_git_commit, agent_build_time,\n"
+                "                heartbeat_interval, gpu_type, gpu_model, gpu_count, gpu_collector_error, labels, "
+                "gpu_capabilities,\n"
+                "                inference_engines, inference_engine_versions, vllm_available, discovered_models, "
+                "task_health, live_task_ids,\n"
+                "                region, zone, rack, structure_hash, version, registered_at, last_heartbeat_at, "
+                "updated_at)\n"
+                "            SELECT 'seed-' || lpad(i::text, 6, '0'), 'node-' || lpad(i::text, 6, '0'), 'online', "
+                "'198.18.0.1'::inet + i,\n"
+                "                '10.0.0.1'::inet + i, '', 'h', 'linux', 128, 1024, false, true, true, 'docker', '', "
+                "'2.4.1', 'abc', 'now',\n"
+                "                5, 'nvidia', 'H100', 8, '', '{\"heteroflow.network_zone\": \"vpc-a\"}', '{}', "
+                "'[\"vllm\"]', '{}', true, '[]', '[]', '[]',\n"
+                "                'cn-north', 'az' || (i %% 3), 'r' || (i %% 40), '', 1, now(), now(), now()\n"
+                "            FROM generate_series(1, %s) AS i\n"
+                "            "
+            ),
             [count],
         )
         conn.execute(
-            """
-            INSERT INTO gpus (node_id, index, uuid, vendor, model, memory_total_mb, compute_capability, utilization,
-                memory_used_mb, temperature, power_w, metrics_available, absent_streak, absent_basis, present_streak,
-                lost_basis, updated_at)
-            SELECT n.id, g, 'GPU-' || n.id || '-' || g, 'nvidia', 'NVIDIA H100 80GB HBM3', 81559, '9.0', 30, 1000, 50, 300,
-                '["utilization"]', 0, 0, 0, '', now()
-            FROM nodes n, generate_series(0, 7) AS g
-            """
+            "\n"
+            "            INSERT INTO gpus (node_id, index, uuid, vendor, model, memory_total_mb, "
+            "compute_capability, utilization,\n"
+            "                memory_used_mb, temperature, power_w, metrics_available, absent_streak, absent_basis, "
+            "present_streak,\n"
+            "                lost_basis, updated_at)\n"
+            "            SELECT n.id, g, 'GPU-' || n.id || '-' || g, 'nvidia', 'NVIDIA H100 80GB HBM3', 81559, "
+            "'9.0', 30, 1000, 50, 300,\n"
+            "                '[\"utilization\"]', 0, 0, 0, '', now()\n"
+            "            FROM nodes n, generate_series(0, 7) AS g\n"
+            "            "
         )
         conn.execute("ANALYZE nodes")
         conn.execute("ANALYZE gpus")
@@ -329,22 +342,25 @@ def health_pass(env: dict, database_url: str, silent: int) -> tuple[float, int, 
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("UPDATE nodes SET last_heartbeat_at = now(), status = 'online'")
         conn.execute(
-            "UPDATE nodes SET last_heartbeat_at = now() - interval '2 minutes' WHERE id IN (SELECT id FROM nodes ORDER BY id LIMIT %s)",
+            "UPDATE nodes SET last_heartbeat_at = now() - interval '2 minutes' "
+            "WHERE id IN (SELECT id FROM nodes ORDER BY id LIMIT %s)",
             [silent],
         )
-    code = r"""
-import time, django
-django.setup()
-from apps.nodes.services import refresh_node_statuses
-from django.db import connection
-def timed():
-    t = time.perf_counter(); changed = refresh_node_statuses(); return time.perf_counter() - t, sum(map(len, changed.values()))
-gone = timed()
-with connection.cursor() as c:
-    c.execute("UPDATE nodes SET last_heartbeat_at = now() WHERE status = 'offline'")
-back = timed()
-print(gone[0], gone[1], back[0], back[1])
-"""
+    code = (
+        "\n"
+        "import time, django\n"
+        "django.setup()\n"
+        "from apps.nodes.services import refresh_node_statuses\n"
+        "from django.db import connection\n"
+        "def timed():\n"
+        "    t = time.perf_counter(); changed = refresh_node_statuses(); "
+        "return time.perf_counter() - t, sum(map(len, changed.values()))\n"
+        "gone = timed()\n"
+        "with connection.cursor() as c:\n"
+        "    c.execute(\"UPDATE nodes SET last_heartbeat_at = now() WHERE status = 'offline'\")\n"
+        "back = timed()\n"
+        "print(gone[0], gone[1], back[0], back[1])\n"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
@@ -369,20 +385,25 @@ def run_heartbeats(args, port: int, secret: str, database_url: str, env: dict) -
     done = len(latencies)
     say("\n== heartbeats ==")
     say(
-        f"  heartbeats           {done} in {elapsed:.1f} s = {done / elapsed:.0f}/s (offered {args.nodes / args.interval:.0f}/s)"
+        f"  heartbeats           {done} in {elapsed:.1f} s = {done / elapsed:.0f}/s "
+        f"(offered {args.nodes / args.interval:.0f}/s)"
     )
     say(
-        f"  latency              p50 {percentile(latencies, 0.5) * 1000:.1f} ms, p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
+        f"  latency              p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
+        f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
     )
     say(f"  errors               {sum(errors.values())} {errors or ''}")
     commits = after["commits"] - before["commits"]
     say(
-        f"  per heartbeat        {commits / done:.2f} commits, {(after['nodes'] - before['nodes']) / done:.2f} node rows, "
-        f"{(after['gpus'] - before['gpus']) / done:.2f} GPU rows, {(after['node_metrics'] - before['node_metrics']) / done:.2f} metric rows"
+        f"  per heartbeat        {commits / done:.2f} commits, "
+        f"{(after['nodes'] - before['nodes']) / done:.2f} node rows, "
+        f"{(after['gpus'] - before['gpus']) / done:.2f} GPU rows, "
+        f"{(after['node_metrics'] - before['node_metrics']) / done:.2f} metric rows"
     )
     statements = statements_per_steady_beat(env)
     say(
-        f"  statements per steady-state beat: {len(statements)} ({' + '.join(statements)}: node UPDATE + GPU UPDATE + metrics INSERT as one statement)"
+        f"  statements per steady-state beat: {len(statements)} "
+        f"({' + '.join(statements)}: node UPDATE + GPU UPDATE + metrics INSERT as one statement)"
     )
 
 
@@ -441,7 +462,8 @@ def main() -> int:
         wait_for(f"http://127.0.0.1:{port}/health")
         where = ", ".join(stores.embedded) + " embedded" if stores.embedded else "from DATABASE_URL / REDIS_URL"
         say(
-            f"server: uvicorn, {args.workers} workers, production settings; data stores: {where}; machine: {os.cpu_count()} cores"
+            f"server: uvicorn, {args.workers} workers, production settings; "
+            f"data stores: {where}; machine: {os.cpu_count()} cores"
         )
 
         if not args.list_only:
@@ -453,7 +475,8 @@ def main() -> int:
                     "-c",
                     "import django; django.setup(); from django.contrib.auth import get_user_model; "
                     "from apps.tenants.services import issue_platform_key; "
-                    "u = get_user_model().objects.create_superuser('bench', 'b@x', 'x'); print(issue_platform_key(user=u, name='bench').key)",
+                    "u = get_user_model().objects.create_superuser('bench', 'b@x', 'x'); "
+                    "print(issue_platform_key(user=u, name='bench').key)",
                 ],
                 cwd=REPO,
                 env=env,
@@ -468,7 +491,8 @@ def main() -> int:
                 lat = time_list(port, key, count)
                 results[count] = percentile(lat, 0.99)
                 say(
-                    f"  {count:>6} nodes        p50 {percentile(lat, 0.5) * 1000:.1f} ms, p99 {results[count] * 1000:.1f} ms"
+                    f"  {count:>6} nodes        p50 {percentile(lat, 0.5) * 1000:.1f} ms, "
+                    f"p99 {results[count] * 1000:.1f} ms"
                 )
             say(f"  slowdown 100 → 10,000 nodes at p99: {results[10_000] / results[100]:.2f}x")
             say("\n== 1,000 nodes going silent together, then coming back (health-check passes) ==")
@@ -476,7 +500,8 @@ def main() -> int:
                 seed_nodes(database_url, count)
                 gone_s, gone_n, back_s, back_n = health_pass(env, database_url, silent=1_000)
                 say(
-                    f"  fleet {count:>6}: silent pass {gone_s * 1000:.1f} ms ({gone_n} changed), return pass {back_s * 1000:.1f} ms ({back_n} changed)"
+                    f"  fleet {count:>6}: silent pass {gone_s * 1000:.1f} ms ({gone_n} changed), "
+                    f"return pass {back_s * 1000:.1f} ms ({back_n} changed)"
                 )
         return 0
     finally:

@@ -63,28 +63,40 @@ def main() -> int:
         tenants = [create_tenant(name=f"Bench {i}", slug=f"bench-{i}") for i in range(3)]
         with connection.cursor() as cursor:
             cursor.execute(
-                """
-                INSERT INTO nodes (id, name, status, mac, hostname, os, is_container, docker_available, executable, exec_mode,
-                    error_message, agent_version, agent_git_commit, agent_build_time, heartbeat_interval, gpu_type, gpu_model,
-                    gpu_count, gpu_collector_error, labels, gpu_capabilities, inference_engines, inference_engine_versions,
-                    vllm_available, discovered_models, task_health, live_task_ids, region, zone, rack, structure_hash, version,
-                    registered_at, last_heartbeat_at, updated_at, cpu_used, memory_used)
-                SELECT 'bn-' || lpad(i::text, 5, '0'), 'bn-' || i, 'online', '', 'h', 'linux', false, true, true, 'docker', '',
-                    '2.4.1', 'abc', 'now', 5, 'nvidia', 'H100', 8, '',
-                    CASE WHEN i %% 4 = 0 THEN '{"rdma": "true", "rdma-speed": "200"}' ELSE '{}' END::jsonb,
-                    '{}', '[]', '{}', false, '[]', '[]', '[]', 'r' || (i %% 2), 'z' || (i %% 6), 'k' || (i %% 40), '', 1,
-                    now(), now(), now(), (i * 37) %% 90, (i * 53) %% 90
-                FROM generate_series(1, %s) AS i
-                """,
+                (
+                    "\n"
+                    "                INSERT INTO nodes (id, name, status, mac, hostname, os, is_container, "
+                    "docker_available, executable, exec_mode,\n"
+                    "                    error_message, agent_version, agent_git_commit, agent_build_time, "
+                    "heartbeat_interval, gpu_type, gpu_model,\n"
+                    "                    gpu_count, gpu_collector_error, labels, gpu_capabilities, inference_engines, "
+                    "inference_engine_versions,\n"
+                    "                    vllm_available, discovered_models, task_health, live_task_ids, region, zone, "
+                    "rack, structure_hash, version,\n"
+                    "                    registered_at, last_heartbeat_at, updated_at, cpu_used, memory_used)\n"
+                    "                SELECT 'bn-' || lpad(i::text, 5, '0'), 'bn-' || i, 'online', '', 'h', 'linux', "
+                    "false, true, true, 'docker', '',\n"
+                    "                    '2.4.1', 'abc', 'now', 5, 'nvidia', 'H100', 8, '',\n"
+                    '                    CASE WHEN i %% 4 = 0 THEN \'{"rdma": "true", '
+                    '"rdma-speed": "200"}\' ELSE \'{}\' END::jsonb,\n'
+                    "                    '{}', '[]', '{}', false, '[]', '[]', '[]', 'r' || (i %% 2), 'z' || (i %% 6), "
+                    "'k' || (i %% 40), '', 1,\n"
+                    "                    now(), now(), now(), (i * 37) %% 90, (i * 53) %% 90\n"
+                    "                FROM generate_series(1, %s) AS i\n"
+                    "                "
+                ),
                 [args.nodes],
             )
             cursor.execute(
-                """
-                INSERT INTO gpus (node_id, index, uuid, vendor, model, memory_total_mb, compute_capability, metrics_available,
-                    absent_streak, absent_basis, present_streak, lost_basis, updated_at, memory_used_mb)
-                SELECT n.id, g, '', 'nvidia', 'H100', 81920, '9.0', '[]', 0, 0, 0, '', now(), 1000
-                FROM nodes n, generate_series(0, 7) AS g
-                """
+                "\n"
+                "                INSERT INTO gpus (node_id, index, uuid, vendor, model, memory_total_mb, "
+                "compute_capability, metrics_available,\n"
+                "                    absent_streak, absent_basis, present_streak, lost_basis, updated_at, "
+                "memory_used_mb)\n"
+                "                SELECT n.id, g, '', 'nvidia', 'H100', 81920, '9.0', '[]', 0, 0, 0, '', now(), "
+                "1000\n"
+                "                FROM nodes n, generate_series(0, 7) AS g\n"
+                "                "
             )
         shapes = [
             {"gpu_required": 1},
@@ -103,7 +115,8 @@ def main() -> int:
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")  # as autovacuum would have by then: plans for the real row counts
         print(
-            f"{args.nodes} nodes × 8 GPUs, {args.tasks} pending tasks in {len(shapes)} shapes; machine: {os.cpu_count()} cores",
+            f"{args.nodes} nodes × 8 GPUs, {args.tasks} pending tasks in {len(shapes)} shapes; "
+            f"machine: {os.cpu_count()} cores",
             flush=True,
         )
 
@@ -120,10 +133,10 @@ def main() -> int:
                 snapshot,
                 services.plugin_settings(),
                 lambda a, b: a == b,
-                mark=lambda: marks.append(time.perf_counter()),
+                mark=lambda marks=marks: marks.append(time.perf_counter()),
             )
             decide_times.append(time.perf_counter() - started)
-            per_task += [later - earlier for earlier, later in zip(marks, marks[1:])]
+            per_task += [later - earlier for earlier, later in zip(marks, marks[1:], strict=False)]
 
         cycles, total_bound, cycle_times, queries = 0, 0, [], []
         started_all = time.perf_counter()
@@ -160,18 +173,21 @@ def main() -> int:
             all_bound.append(len(result.bound))
             idle = idle + 1 if not result.bound else 0
         elapsed = time.perf_counter() - started_all
-        binding = [t for t, p in zip(cycle_times, all_bound) if p]
+        binding = [t for t, p in zip(cycle_times, all_bound, strict=True) if p]
         full = cycle_times
         print(
-            f"  cycles                {cycles} ({total_bound} binds in {elapsed:.1f} s = {total_bound / elapsed:.0f} binds/s, "
+            f"  cycles                {cycles} ({total_bound} binds in {elapsed:.1f} s = "
+            f"{total_bound / elapsed:.0f} binds/s, "
             f"counting the cycles that found nothing more to place)"
         )
         print(
-            f"  sustained             {total_bound / sum(binding):.0f} binds/s over the {len(binding)} cycles that bound"
+            f"  sustained             {total_bound / sum(binding):.0f} binds/s "
+            f"over the {len(binding)} cycles that bound"
         )
         print(f"  time per 200-task cycle  p50 {percentile(full, 0.5) * 1000:.0f} ms, max {max(full) * 1000:.0f} ms")
         print(
-            f"  queries per cycle     p50 {percentile(queries, 0.5):.0f}, max {max(queries)} (the binds of a cycle are one transaction)"
+            f"  queries per cycle     p50 {percentile(queries, 0.5):.0f}, max {max(queries)} "
+            f"(the binds of a cycle are one transaction)"
         )
         if phases:
             split = ", ".join(
@@ -179,12 +195,14 @@ def main() -> int:
             )
             print(f"  where a binding cycle's time goes (p50, ms)  {split}")
         print(
-            f"  decision time per task  p50 {percentile(per_task, 0.5) * 1000:.2f} ms, p99 {percentile(per_task, 0.99) * 1000:.2f} ms"
+            f"  decision time per task  p50 {percentile(per_task, 0.5) * 1000:.2f} ms, "
+            f"p99 {percentile(per_task, 0.99) * 1000:.2f} ms"
             f" (in memory, {len(per_task)} decisions)"
         )
         best = min(decide_times)
         print(
-            f"  in-memory decisions for 200 tasks on {args.nodes} nodes  {best * 1000:.0f} ms ({best / len(batch) * 1000:.2f} ms per task; worst of 5 runs {max(decide_times) * 1000:.0f} ms)"
+            f"  in-memory decisions for 200 tasks on {args.nodes} nodes  {best * 1000:.0f} ms "
+            f"({best / len(batch) * 1000:.2f} ms per task; worst of 5 runs {max(decide_times) * 1000:.0f} ms)"
         )
         return 0
 

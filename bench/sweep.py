@@ -37,38 +37,54 @@ def seed(size: int, tenant) -> None:
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE alerts, task_events, usage_records, gpu_allocations, tasks, gpus, nodes CASCADE")
         cursor.execute(
-            """
-            INSERT INTO nodes (id, name, status, mac, hostname, os, is_container, docker_available, executable, exec_mode,
-                error_message, agent_version, agent_git_commit, agent_build_time, heartbeat_interval, gpu_type, gpu_model,
-                gpu_count, gpu_collector_error, labels, gpu_capabilities, inference_engines, inference_engine_versions,
-                vllm_available, discovered_models, task_health, region, zone, rack, structure_hash, version,
-                registered_at, last_heartbeat_at, updated_at)
-            SELECT 'sw-' || lpad(i::text, 5, '0'), 'sw-' || i, 'online', '', 'h', 'linux', false, true, true, 'docker', '',
-                '2.4.1', 'abc', 'now', 5, 'nvidia', 'H100', 8, '', '{}', '{}', '[]', '{}', false, '[]', '[]', '', '', '', '',
-                1, now(), now(), now()
-            FROM generate_series(1, %s) AS i
-            """,
+            (
+                "\n"
+                "            INSERT INTO nodes (id, name, status, mac, hostname, os, is_container, docker_available, "
+                "executable, exec_mode,\n"
+                "                error_message, agent_version, agent_git_commit, agent_build_time, heartbeat_interval, "
+                "gpu_type, gpu_model,\n"
+                "                gpu_count, gpu_collector_error, labels, gpu_capabilities, inference_engines, "
+                "inference_engine_versions,\n"
+                "                vllm_available, discovered_models, task_health, region, zone, rack, structure_hash, "
+                "version,\n"
+                "                registered_at, last_heartbeat_at, updated_at)\n"
+                "            SELECT 'sw-' || lpad(i::text, 5, '0'), 'sw-' || i, 'online', '', 'h', 'linux', false, "
+                "true, true, 'docker', '',\n"
+                "                '2.4.1', 'abc', 'now', 5, 'nvidia', 'H100', 8, '', '{}', '{}', '[]', '{}', false, "
+                "'[]', '[]', '', '', '', '',\n"
+                "                1, now(), now(), now()\n"
+                "            FROM generate_series(1, %s) AS i\n"
+                "            "
+            ),
             [size + HEALTHY],
         )
         cursor.execute(
-            """
-            INSERT INTO gpus (node_id, index, uuid, vendor, model, memory_total_mb, compute_capability, metrics_available,
-                absent_streak, absent_basis, present_streak, lost_basis, updated_at)
-            SELECT n.id, g, '', 'nvidia', 'H100', 81920, '9.0', '[]', 0, 0, 0, '', now()
-            FROM nodes n, generate_series(0, 7) AS g
-            """
+            "\n"
+            "            INSERT INTO gpus (node_id, index, uuid, vendor, model, memory_total_mb, "
+            "compute_capability, metrics_available,\n"
+            "                absent_streak, absent_basis, present_streak, lost_basis, updated_at)\n"
+            "            SELECT n.id, g, '', 'nvidia', 'H100', 81920, '9.0', '[]', 0, 0, 0, '', now()\n"
+            "            FROM nodes n, generate_series(0, 7) AS g\n"
+            "            "
         )
         cursor.execute(
-            """
-            INSERT INTO tasks (tenant_id, name, kind, status, image, command, env, volumes, ports, gpu_required, gpu_type,
-                priority, preemptible, labels, timeout_seconds, checkpoint_path, resume_from_checkpoint, node_id,
-                preempt_count, error_message, log_tail, schedule_reason, created_at, updated_at, started_at, running_since,
-                gpu_seconds)
-            SELECT %s, 'job-' || n.id, 'job', 'running', 'x', '[]', '{}', '[]', '[]', 1, '', 50, false, '{}', 7200, '', '',
-                n.id, 0, '', '', '{}', now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour',
-                now() - interval '1 hour', 0
-            FROM nodes n WHERE n.id <= 'sw-' || lpad(%s::text, 5, '0')
-            """,
+            (
+                "\n"
+                "            INSERT INTO tasks (tenant_id, name, kind, status, image, command, env, volumes, ports, "
+                "gpu_required, gpu_type,\n"
+                "                priority, preemptible, labels, timeout_seconds, checkpoint_path, "
+                "resume_from_checkpoint, node_id,\n"
+                "                preempt_count, error_message, log_tail, schedule_reason, created_at, updated_at, "
+                "started_at, running_since,\n"
+                "                gpu_seconds)\n"
+                "            SELECT %s, 'job-' || n.id, 'job', 'running', 'x', '[]', '{}', '[]', '[]', 1, '', 50, "
+                "false, '{}', 7200, '', '',\n"
+                "                n.id, 0, '', '', '{}', now() - interval '1 hour', now() - interval '1 hour', "
+                "now() - interval '1 hour',\n"
+                "                now() - interval '1 hour', 0\n"
+                "            FROM nodes n WHERE n.id <= 'sw-' || lpad(%s::text, 5, '0')\n"
+                "            "
+            ),
             [tenant.pk, size],
         )
         cursor.execute(

@@ -113,9 +113,11 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
         probe = (
             "import time; from apps.core.jobs import purge_expired_sessions_job as job; "
             "from apps.core.models import JobRun; job.delay(); deadline = time.monotonic() + 60\n"
-            "while time.monotonic() < deadline and not JobRun.objects.filter(key='core.purge_expired_sessions', runs__gte=1).exists():\n"
+            "while time.monotonic() < deadline and "
+            "not JobRun.objects.filter(key='core.purge_expired_sessions', runs__gte=1).exists():\n"
             "    time.sleep(0.2)\n"
-            "print('RUNS', JobRun.objects.filter(key='core.purge_expired_sessions').values_list('runs', flat=True).first())"
+            "print('RUNS', "
+            "JobRun.objects.filter(key='core.purge_expired_sessions').values_list('runs', flat=True).first())"
         )
         result = subprocess.run(
             [sys.executable, "manage.py", "shell", "-c", probe],
@@ -129,8 +131,10 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
         # each worker samples its own host as it starts; each process group keeps its
         # metrics in a folder of its own
         sampled = (
-            "import time, socket; from apps.monitoring.models import ServerMetric; deadline = time.monotonic() + 60\n"
-            "while time.monotonic() < deadline and not ServerMetric.objects.filter(host=socket.gethostname()).exists():\n"
+            "import time, socket; from apps.monitoring.models import ServerMetric; "
+            "deadline = time.monotonic() + 60\n"
+            "while time.monotonic() < deadline and "
+            "not ServerMetric.objects.filter(host=socket.gethostname()).exists():\n"
             "    time.sleep(0.2)\n"
             "print('SAMPLES', ServerMetric.objects.filter(host=socket.gethostname()).count())"
         )

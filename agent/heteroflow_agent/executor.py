@@ -285,8 +285,8 @@ class Executor:
             free = self.shm_free_mb()
             if free is not None and free < needed:
                 raise RuntimeError_(
-                    f"{engine} on {len(task.get('gpu_indices') or [])} cards needs {needed} MB of /dev/shm and the host "
-                    f"has {free} MB free; enlarge the host's /dev/shm (or set the task label shm_size_mb)"
+                    f"{engine} on {len(task.get('gpu_indices') or [])} cards needs {needed} MB of /dev/shm "
+                    f"and the host has {free} MB free; enlarge the host's /dev/shm (or set the task label shm_size_mb)"
                 )
         return None
 

@@ -19,7 +19,7 @@ from heteroflow_agent.runtime.process import ProcessRuntime
 def runtime(tmp_path):
     made = ProcessRuntime(tmp_path / "tasks")
     yield made
-    for task_id, state in made.tasks().items():
+    for task_id, _state in made.tasks().items():
         made.stop(task_id, 1)
         made.remove(task_id)
 

@@ -61,7 +61,7 @@ def raise_alerts(alerts: list[NewAlert]) -> set[str]:
             alert.message,
             json.dumps(alert.details),
         )
-        for column, value in zip(columns, values):
+        for column, value in zip(columns, values, strict=True):
             column.append(value)
     with connection.cursor() as cursor:
         cursor.execute(RAISE_SQL, columns)

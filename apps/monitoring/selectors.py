@@ -77,7 +77,7 @@ def history(hours: int, *, host: str = "", now: datetime | None = None) -> dict:
     series = defaultdict(list)
     for host_name, bucket, *values in rows:
         series[host_name].append(
-            {"at": bucket, **{name: _rounded(value) for name, value in zip(HISTORY_FIELDS, values)}}
+            {"at": bucket, **{name: _rounded(value) for name, value in zip(HISTORY_FIELDS, values, strict=True)}}
         )
     return {
         "hours": hours,

@@ -429,7 +429,8 @@ def build_agent_wheel(options: BuildOptions, say: Callable[[str], None]) -> tupl
         if cached and (cache / BUILD_INFO_NAME).is_file() and not options.rebuild:
             info = json.loads((cache / BUILD_INFO_NAME).read_text())
             say(
-                f"agent wheel: reusing {cached[0].name} ({info['version']}, {info['git_commit']}, built {info['build_time']})"
+                f"agent wheel: reusing {cached[0].name} "
+                f"({info['version']}, {info['git_commit']}, built {info['build_time']})"
             )
             return cached[0], info
         info = {

@@ -82,24 +82,31 @@ def history(node_id: str, hours: int, now: datetime | None = None) -> dict:
     step = bucket_seconds(hours)
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            WITH samples AS (
-                SELECT to_timestamp(floor(extract(epoch FROM at) / %(step)s) * %(step)s) AS bucket, cpu_used, memory_used, gpus
-                FROM node_metrics WHERE node_id = %(node)s AND at >= %(since)s AND at <= %(now)s
-            ), gpu AS (
-                SELECT s.bucket, (g->>'i')::int AS idx, avg((g->>'u')::float8) AS u, avg((g->>'m')::float8) AS m,
-                       avg((g->>'t')::float8) AS t, avg((g->>'p')::float8) AS p
-                FROM samples s, jsonb_array_elements(s.gpus) AS g GROUP BY s.bucket, idx
-            ), host AS (
-                SELECT bucket, avg(cpu_used) AS cpu, avg(memory_used) AS mem, count(*) AS n FROM samples GROUP BY bucket
-            )
-            SELECT h.bucket, h.cpu, h.mem, h.n,
-                   COALESCE(jsonb_agg(jsonb_build_object('index', gpu.idx, 'utilization', gpu.u, 'memory_used_mb', gpu.m,
-                                                         'temperature', gpu.t, 'power_w', gpu.p) ORDER BY gpu.idx)
-                            FILTER (WHERE gpu.idx IS NOT NULL), '[]'::jsonb)
-            FROM host h LEFT JOIN gpu ON gpu.bucket = h.bucket
-            GROUP BY h.bucket, h.cpu, h.mem, h.n ORDER BY h.bucket
-            """,
+            (
+                "\n"
+                "            WITH samples AS (\n"
+                "                SELECT to_timestamp(floor(extract(epoch FROM at) / %(step)s) * %(step)s) AS bucket, "
+                "cpu_used, memory_used, gpus\n"
+                "                FROM node_metrics WHERE node_id = %(node)s AND at >= %(since)s AND at <= %(now)s\n"
+                "            ), gpu AS (\n"
+                "                SELECT s.bucket, (g->>'i')::int AS idx, avg((g->>'u')::float8) AS u, "
+                "avg((g->>'m')::float8) AS m,\n"
+                "                       avg((g->>'t')::float8) AS t, avg((g->>'p')::float8) AS p\n"
+                "                FROM samples s, jsonb_array_elements(s.gpus) AS g GROUP BY s.bucket, idx\n"
+                "            ), host AS (\n"
+                "                SELECT bucket, avg(cpu_used) AS cpu, avg(memory_used) AS mem, "
+                "count(*) AS n FROM samples GROUP BY bucket\n"
+                "            )\n"
+                "            SELECT h.bucket, h.cpu, h.mem, h.n,\n"
+                "                   COALESCE(jsonb_agg(jsonb_build_object('index', gpu.idx, 'utilization', gpu.u, "
+                "'memory_used_mb', gpu.m,\n"
+                "                                                         'temperature', gpu.t, 'power_w', "
+                "gpu.p) ORDER BY gpu.idx)\n"
+                "                            FILTER (WHERE gpu.idx IS NOT NULL), '[]'::jsonb)\n"
+                "            FROM host h LEFT JOIN gpu ON gpu.bucket = h.bucket\n"
+                "            GROUP BY h.bucket, h.cpu, h.mem, h.n ORDER BY h.bucket\n"
+                "            "
+            ),
             {"step": step, "node": node_id, "since": now - timedelta(hours=hours), "now": now},
         )
         rows = cursor.fetchall()
@@ -125,15 +132,20 @@ def energy(node_id: str, hours: int, heartbeat_interval: int = 5, now: datetime 
     now = now or utcnow()
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            WITH samples AS (
-                SELECT at, (SELECT sum((g->>'p')::float8) FROM jsonb_array_elements(gpus) g WHERE g ? 'p') AS watts
-                FROM node_metrics WHERE node_id = %(node)s AND at >= %(since)s AND at <= %(now)s
-            ), spans AS (
-                SELECT watts, LEAST(COALESCE(extract(epoch FROM lead(at) OVER (ORDER BY at) - at), 0), %(max_span)s) AS seconds FROM samples
-            )
-            SELECT sum(watts * seconds) / 3600000.0, avg(watts), max(watts), count(watts) FROM spans WHERE watts IS NOT NULL
-            """,
+            (
+                "\n"
+                "            WITH samples AS (\n"
+                "                SELECT at, (SELECT sum((g->>'p')::float8) FROM jsonb_array_elements(gpus) g WHERE g ? "
+                "'p') AS watts\n"
+                "                FROM node_metrics WHERE node_id = %(node)s AND at >= %(since)s AND at <= %(now)s\n"
+                "            ), spans AS (\n"
+                "                SELECT watts, LEAST(COALESCE(extract(epoch FROM lead(at) OVER (ORDER BY at) - at), "
+                "0), %(max_span)s) AS seconds FROM samples\n"
+                "            )\n"
+                "            SELECT sum(watts * seconds) / 3600000.0, avg(watts), max(watts), "
+                "count(watts) FROM spans WHERE watts IS NOT NULL\n"
+                "            "
+            ),
             {"node": node_id, "since": now - timedelta(hours=hours), "now": now, "max_span": 3 * heartbeat_interval},
         )
         kwh, avg_w, max_w, samples = cursor.fetchone()

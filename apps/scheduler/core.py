@@ -296,7 +296,7 @@ class FleetView:
         if gate is None:
             gate = parts[0] if parts else [None] * len(self.nodes)
             for later in parts[1:]:
-                gate = [reason if reason is not None else then for reason, then in zip(gate, later)]
+                gate = [reason if reason is not None else then for reason, then in zip(gate, later, strict=True)]
             self._gates[key] = gate
         return gate
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 from apps.scheduler.models import GpuAllocation
 
 # One row per (task, card); the winners of bind's multi-row CAS, in the same statement batch.
-ALLOCATE = """
-    INSERT INTO gpu_allocations (task_id, node_id, gpu_index, tenant_id, memory_mb, created_at)
-    SELECT v.task_id, v.node_id, v.gpu_index, v.tenant_id, v.memory_mb, %s
-    FROM unnest(%s::bigint[], %s::text[], %s::int[], %s::bigint[], %s::bigint[]) AS v(task_id, node_id, gpu_index, tenant_id, memory_mb)
-"""
+ALLOCATE = (
+    "\n"
+    "    INSERT INTO gpu_allocations (task_id, node_id, gpu_index, tenant_id, memory_mb, created_at)\n"
+    "    SELECT v.task_id, v.node_id, v.gpu_index, v.tenant_id, v.memory_mb, %s\n"
+    "    FROM unnest(%s::bigint[], %s::text[], %s::int[], %s::bigint[], %s::bigint[]) "
+    "AS v(task_id, node_id, gpu_index, tenant_id, memory_mb)\n"
+)
 
 
 def release(task_ids) -> int:

@@ -281,6 +281,7 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
     heard_since = liveness.heard_since(utcnow())
     with connection.cursor() as cursor:
         cursor.execute(NODES_SQL, [statuses, heard_since])
+        node_rows = cursor.fetchall()
         nodes = {
             node_id: NodeSnap(
                 node_id,
@@ -295,7 +296,7 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
                 memory_used,
                 [],
             )
-            for node_id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used in cursor.fetchall()
+            for node_id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used in node_rows
         }
         rows = _gpu_rows
         fresh = rows is not None and time.monotonic() - rows.read_at < reuse_seconds and rows.nodes.issuperset(nodes)
@@ -337,10 +338,12 @@ QUEUE_SQL = """
     ORDER BY priority DESC, created_at, id LIMIT %s
 """
 AFTER_CURSOR = "AND (priority < %s OR (priority = %s AND (created_at, id) > (%s, %s)))"
-MOVE_CURSOR = """
-    INSERT INTO scheduler_queue_cursor (id, priority, created_at, task_id) VALUES (1, %s, %s, %s)
-    ON CONFLICT (id) DO UPDATE SET priority = EXCLUDED.priority, created_at = EXCLUDED.created_at, task_id = EXCLUDED.task_id
-"""
+MOVE_CURSOR = (
+    "\n"
+    "    INSERT INTO scheduler_queue_cursor (id, priority, created_at, task_id) VALUES (1, %s, %s, %s)\n"
+    "    ON CONFLICT (id) DO UPDATE SET priority = EXCLUDED.priority, created_at = EXCLUDED.created_at, "
+    "task_id = EXCLUDED.task_id\n"
+)
 
 
 def next_batch(size: int = BATCH_SIZE) -> list[TaskReq]:

@@ -28,7 +28,10 @@ class Task(models.Model):
     registry_auth = models.JSONField(
         null=True,
         blank=True,
-        help_text='private registry: {"registry", "username", "password": {"secret": "<name>"}}; the password stays in the tenant\'s secrets',
+        help_text=(
+            'private registry: {"registry", "username", "password": {"secret": "<name>"}}; '
+            "the password stays in the tenant's secrets"
+        ),
     )
     ports = models.JSONField(default=list, blank=True)
     health_probe = models.JSONField(null=True, blank=True)

@@ -128,7 +128,8 @@ def add_member(
 def _refuse_losing_last_admin(membership: Membership, new_role: str | None) -> None:
     if loses_last_admin(membership, new_role):
         raise Conflict(
-            f"'{membership.user.username}' is the last admin of '{membership.tenant.slug}'; make someone else admin first.",
+            f"'{membership.user.username}' is the last admin of '{membership.tenant.slug}'; "
+            "make someone else admin first.",
             "last_admin",
         )
 

@@ -73,7 +73,7 @@ def layer_of(module: str, patterns: dict[str, Layer]) -> tuple[str, Layer] | Non
     best = None
     for pattern, layer in patterns.items():
         wanted = pattern.split(".")
-        if len(wanted) > len(parts) or any(w not in ("*", p) for w, p in zip(wanted, parts)):
+        if len(wanted) > len(parts) or any(w not in ("*", p) for w, p in zip(wanted, parts, strict=False)):
             continue
         rank = (len(wanted), -wanted.count("*"))
         if best is None or rank > best[0]:
@@ -221,7 +221,7 @@ def test_every_job_asked_for_by_name_exists():
                 if name == "enqueue"
                 else [
                     after
-                    for before, after in zip(call.args, call.args[1:])
+                    for before, after in zip(call.args, call.args[1:], strict=False)
                     if isinstance(before, ast.Name) and before.id == "enqueue"
                 ]
             )

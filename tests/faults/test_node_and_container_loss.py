@@ -96,7 +96,7 @@ def test_three_of_ten_agents_killed_across_a_control_plane_restart(tmp_path):
         node_of = dict(Task.objects.values_list("pk", "node_id"))
         node_ids = sorted(Node.objects.values_list("pk", flat=True))
         # each agent's node id is in its data folder
-        agent_of = {(d / "node-id").read_text().strip(): (agent, d) for agent, d in zip(agents, dirs)}
+        agent_of = {(d / "node-id").read_text().strip(): (agent, d) for agent, d in zip(agents, dirs, strict=True)}
         victims = node_ids[:3]
         lost = sorted(pk for pk, node in node_of.items() if node in victims)
         kept = sorted(set(submitted) - set(lost))
@@ -148,18 +148,21 @@ def test_three_of_ten_agents_killed_across_a_control_plane_restart(tmp_path):
         assert late.status_code in (404, 409)
         assert Task.objects.get(pk=lost[0]).status == "pending"
     finally:
-        for agent, data_dir in zip(agents, dirs):
+        for agent, data_dir in zip(agents, dirs, strict=True):
             stop_process(agent)
             stop_tasks_of(data_dir)
         plane.stop()
 
 
-def _sweeps_run(plane, _seen={}) -> int:
+_SWEEPS_SEEN: dict[int, int] = {}  # per control plane, the count at the first call
+
+
+def _sweeps_run(plane) -> int:
     """How many alert sweeps finished since the first call (from the guard's record)."""
     from apps.core.models import JobRun
 
     runs = JobRun.objects.filter(key="alerts.sweep").values_list("runs", flat=True).first() or 0
-    first = _seen.setdefault(id(plane), runs)
+    first = _SWEEPS_SEEN.setdefault(id(plane), runs)
     return runs - first
 
 

@@ -338,7 +338,8 @@ def test_full_install_then_quick_and_force_updates(live_server, tmp_path, real_d
             str(python),
             "-c",
             "import json, requests, psutil, pynvml, docker; from heteroflow_agent import version; "
-            "v = version.current(); print(json.dumps([v.version, v.git_commit, v.build_time, requests.__version__, psutil.__version__]))",
+            "v = version.current(); "
+            "print(json.dumps([v.version, v.git_commit, v.build_time, requests.__version__, psutil.__version__]))",
         ],
         capture_output=True,
         text=True,

@@ -70,7 +70,7 @@ def gpus_of(node_id):
 def test_a_card_absent_for_three_beats_is_lost_and_alerted_then_recovers_after_two(agents):
     agents.send("n1", payload(gpus=2))
     without_1 = payload(gpus=0, gpu_stats=[gpu_stat(0)])
-    for beat in range(2):
+    for _beat in range(2):
         agents.send("n1", without_1)
         assert gpus_of("n1")[1].lost_at is None
     agents.send("n1", without_1)
@@ -111,7 +111,7 @@ def test_a_collector_wide_error_judges_nothing(agents):
     agents.send("n5", payload(gpus=2))
     agents.send("n5", payload(gpus=0, gpu_stats=[]))  # absent once
     broken = payload(gpus=0, gpu_stats=[], gpu_collector_error="nvidia-smi: not found")
-    for beat in range(5):
+    for _beat in range(5):
         agents.send("n5", broken)
     gpus = gpus_of("n5")
     assert all(g.lost_at is None and g.absent_streak == 1 for g in gpus.values())

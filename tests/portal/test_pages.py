@@ -213,7 +213,8 @@ def test_the_monitor_renders_history_energy_and_unsupported_metrics(client, worl
     with connection.cursor() as cursor:
         for i in range(24):
             cursor.execute(
-                "INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus) VALUES (%s, %s, %s, %s, %s::jsonb)",
+                "INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus) "
+                "VALUES (%s, %s, %s, %s, %s::jsonb)",
                 ["shared-2", now - timedelta(seconds=5 * i), 30.0, 45.0, '[{"i": 0, "u": 50, "m": 2048, "p": 300}]'],
             )
     Gpu.objects.filter(node_id="shared-2").update(

@@ -171,7 +171,7 @@ def test_a_zombie_is_removed_and_a_young_leftover_is_not(cluster):
         wait_until(lambda: old not in runtime.tasks(), 30, "the zombie to be removed")
         for _ in range(2):  # each heartbeat that gets through is followed by a sweep
             beat = Node.objects.get().last_heartbeat_at
-            wait_until(lambda: Node.objects.get().last_heartbeat_at > beat, 15, "another heartbeat")
+            wait_until(lambda beat=beat: Node.objects.get().last_heartbeat_at > beat, 15, "another heartbeat")
         assert young in runtime.tasks() and runtime.state(young).running
     finally:
         for task_id in runtime.tasks():

@@ -12,7 +12,6 @@ is_container), for callers that do not want to hold one.
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional, Tuple
 
 from .command import DEFAULT_TIMEOUT, find_command, run_tool
 from .detector import Detector

@@ -36,7 +36,7 @@ def parse_xpu_smi(text: str) -> list[Card]:
         cells = pipe_cells(line)
         if len(cells) != len(header):
             continue
-        row = dict(zip(header, cells))
+        row = dict(zip(header, cells, strict=True))
         dev = row.get("devid", "")
         if not dev.isdigit():
             continue

@@ -59,7 +59,7 @@ def parse_query_csv(text: str, fields: Sequence[str]) -> list[Card]:
         cells = [c.strip() for c in cells]
         if len(cells) != len(fields):
             continue
-        row = dict(zip(fields, cells))
+        row = dict(zip(fields, cells, strict=True))
         index = integer(row.get("index"))
         if index is None or not row["index"].strip().isdigit():
             continue
@@ -137,7 +137,7 @@ def parse_topology(text: str) -> dict | None:
         row = int(label.group(1))
         gpus.add(row)
         cells = tokens[1:]
-        for device, cell in zip(devices, cells):
+        for device, cell in zip(devices, cells, strict=False):
             col = re.fullmatch(r"GPU(\d+)", device)
             if col and re.fullmatch(r"NV\d+", cell) and int(col.group(1)) != row:
                 a, b = sorted((row, int(col.group(1))))

@@ -117,7 +117,8 @@ def test_a_row_with_an_unreadable_uuid_is_not_a_new_card(host):
     detector.detect()
     rows = fixture_text("nvidia/query_8x_a100.csv").splitlines()
     rows[3] = (
-        "3, [Unknown Error], NVIDIA A100-SXM4-80GB, [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], 8.0"
+        "3, [Unknown Error], NVIDIA A100-SXM4-80GB, [Unknown Error], [Unknown Error], "
+        "[Unknown Error], [Unknown Error], [Unknown Error], 8.0"
     )
     host.tool(
         "nvidia-smi",
@@ -431,7 +432,10 @@ def test_nvml_is_not_tried_against_a_scratch_root(host, monkeypatch):
 
 
 def test_rows_without_any_readable_uuid_are_a_collector_error_not_zero_cards(host):
-    rows = "0, [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error]\n"
+    rows = (
+        "0, [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], "
+        "[Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error]\n"
+    )
     host.tool("nvidia-smi", rule(text=rows, when=[QUERY], code=15))
     result = host.detector().detect()
     assert result.gpus == [] and result.collect_failures == []

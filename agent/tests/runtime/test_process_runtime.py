@@ -210,7 +210,10 @@ def test_stop_within_grace(runtime):
 
 
 def test_sigterm_trapped_is_killed_after_grace(runtime):
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(300)"
+    )
     runtime.start(spec(12, [PY, "-c", code]))
     log_line(runtime, 12, "ready")
     began = time.monotonic()

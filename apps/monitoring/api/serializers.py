@@ -83,7 +83,9 @@ class HealthCheckSerializer(serializers.Serializer):
 class HealthDetailSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "degraded", "unhealthy"])
     checks = serializers.DictField(
-        help_text="database, scheduler, gpu_resources (of the nodes you may see), tasks (yours), plugins (operators only)."
+        help_text=(
+            "database, scheduler, gpu_resources (of the nodes you may see), tasks (yours), plugins (operators only)."
+        )
     )
 
 

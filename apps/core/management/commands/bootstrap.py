@@ -66,7 +66,8 @@ class Command(BaseCommand):
     def _ensure_api_key(self, user, key: str) -> None:
         if keys.scope_of(key) != KeyScope.PLATFORM or len(key) < MIN_API_KEY_LENGTH:
             raise CommandError(
-                f"HETEROFLOW_ADMIN_API_KEY must start with 'sk-admin-' and be at least {MIN_API_KEY_LENGTH} characters long."
+                f"HETEROFLOW_ADMIN_API_KEY must start with 'sk-admin-' "
+                f"and be at least {MIN_API_KEY_LENGTH} characters long."
             )
         existing = ApiKey.objects.filter(key_hash=keys.hash_key(key)).first()
         if existing is None:

@@ -41,7 +41,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--refresh",
             action="store_true",
-            help="ask the package index again even when the wheelhouse can satisfy the pins (newer transitive dependencies)",
+            help=(
+                "ask the package index again even when the wheelhouse can satisfy the pins "
+                "(newer transitive dependencies)"
+            ),
         )
         parser.add_argument(
             "--rebuild",
@@ -70,7 +73,8 @@ class Command(BaseCommand):
             arch = distribution.normalize_arch(name)
             if arch is None:
                 raise CommandError(
-                    f"unknown architecture {name!r}: choose from {', '.join(distribution.SUPPORTED_ARCHES)} (or amd64, arm64)"
+                    f"unknown architecture {name!r}: "
+                    f"choose from {', '.join(distribution.SUPPORTED_ARCHES)} (or amd64, arm64)"
                 )
             if arch not in arches:
                 arches.append(arch)
@@ -103,15 +107,17 @@ class Command(BaseCommand):
         elapsed = time.monotonic() - started
         for arch, build in result.builds.items():
             say(
-                f"{arch}: served at {distribution.AGENT_PATH}/dist/{arch}/ ({distribution.SUMS_NAME} lists {len(build.sums)} files)"
+                f"{arch}: served at {distribution.AGENT_PATH}/dist/{arch}/ "
+                f"({distribution.SUMS_NAME} lists {len(build.sums)} files)"
             )
         if result.failures:
             raise CommandError(
-                f"build_agent_dist: {len(result.failures)} of {len(arches)} architectures failed after {elapsed:.1f} s:\n"
-                + "\n".join(result.failures.values())
+                f"build_agent_dist: {len(result.failures)} of {len(arches)} architectures "
+                f"failed after {elapsed:.1f} s:\n" + "\n".join(result.failures.values())
             )
         agent = result.agent
         say(
             f"done in {elapsed:.1f} s: agent {agent['version']} ({agent['git_commit']}, built {agent['build_time']}). "
-            f"Nodes install with: curl -fsSL http://<this server>:<port>{distribution.AGENT_PATH}/install.sh | sudo bash -s -- --key <agent key>"
+            f"Nodes install with: curl -fsSL http://<this server>:<port>{distribution.AGENT_PATH}/install.sh "
+            f"| sudo bash -s -- --key <agent key>"
         )
