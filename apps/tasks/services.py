@@ -19,7 +19,8 @@ from apps.core.clock import utcnow
 from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import release
-from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS, TaskStatus as S
+from apps.tasks.choices import TERMINAL, TRANSITIONS
+from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task, TaskEvent, TenantUsage
 
 logger = logging.getLogger(__name__)

@@ -8,11 +8,13 @@ import pytest
 from django.db.models import Count, F, Sum
 from django.db.models.functions import Coalesce, Greatest
 
-from apps.alerts.failures import adjudicate_lost_runs, fail_overdue_queue
+from apps.alerts.failures import adjudicate_lost_runs, fail_overdue_queue, sweep_offline_nodes
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
+from apps.nodes.models import Node
 from apps.tasks import services
-from apps.tasks.choices import ACTIVE, TRANSITIONS, TaskStatus as S
+from apps.tasks.choices import ACTIVE, TRANSITIONS
+from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task, TenantUsage
 from tests.factories import make_node, make_task
 
@@ -43,7 +45,9 @@ def test_the_counter_counts_exactly_the_statuses_the_quota_counts(world):
 
 
 def a_task(rng, tenant, statuses):
-    return Task.objects.filter(tenant=tenant, status__in=statuses).order_by("?").first()
+    """One of the tenant's tasks in `statuses`, chosen by `rng` (None: there is none)."""
+    ids = list(Task.objects.filter(tenant=tenant, status__in=statuses).order_by("pk").values_list("pk", flat=True))
+    return Task.objects.get(pk=rng.choice(ids)) if ids else None
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -51,6 +55,7 @@ def test_the_counter_equals_a_scan_after_random_creates_and_moves(world, seed):
     rng = random.Random(seed)
     tenant = world.tenants["acme"]
     node = make_node(f"counter-{seed}", gpus=8)
+    rack = make_node(f"counter-{seed}-rack", gpus=8)  # goes silent now and then
 
     def create():
         specs = [{"name": "r", "image": "x", "gpu_required": rng.randint(0, 3),
@@ -59,7 +64,7 @@ def test_the_counter_equals_a_scan_after_random_creates_and_moves(world, seed):
 
     def bind():
         if task := a_task(rng, tenant, [S.PENDING]):
-            services.move_tasks(task.pk, [S.PENDING], S.SCHEDULED, node=node)
+            services.move_tasks(task.pk, [S.PENDING], S.SCHEDULED, node=rng.choice([node, rack]))
 
     def start():
         if task := a_task(rng, tenant, [S.SCHEDULED]):
@@ -93,7 +98,12 @@ def test_the_counter_equals_a_scan_after_random_creates_and_moves(world, seed):
 
     def lost():
         if task := a_task(rng, tenant, [S.RUNNING]):
-            adjudicate_lost_runs([task.pk], node_id=node.pk, cause="container_lost")
+            adjudicate_lost_runs([task.pk], node_id=task.node_id, cause="container_lost")
+
+    def node_silent():  # the alert sweep requeues (or ends) what the silent node ran
+        Node.objects.filter(pk=rack.pk).update(last_heartbeat_at=utcnow() - timedelta(minutes=10))
+        sweep_offline_nodes()
+        Node.objects.filter(pk=rack.pk).update(last_heartbeat_at=utcnow())
 
     def queue_timeout():
         if rng.random() < 0.2:
@@ -108,7 +118,7 @@ def test_the_counter_equals_a_scan_after_random_creates_and_moves(world, seed):
             Task.objects.filter(pk=task.pk).update(gpu_required=rng.randint(0, 4), gpu_memory_mb=rng.choice([None, 500]))
 
     steps = [create] * 6 + [bind, bind, start, start, end, fail_any, stop, stopped, requeue, preempt, lost,
-                            queue_timeout, delete, edit]
+                            node_silent, queue_timeout, delete, edit]
     for step in range(150):
         rng.choice(steps)()
         assert services.quota_use(tenant) == scanned(tenant), f"after step {step}"
