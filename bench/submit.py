@@ -42,8 +42,16 @@ from heteroflow.embedded import ensure_data_stores  # noqa: E402
 
 DB_NAME = "heteroflow_bench_submit"
 TENANT = "bench"
-BODY = {"tenant": TENANT, "name": "sweep", "image": "registry.local/sweep:1", "command": ["python", "run.py"],
-        "env": {"LR": "0.1"}, "gpu_required": 1, "gpu_memory_mb": 16_000, "labels": {"team": "bench"}}
+BODY = {
+    "tenant": TENANT,
+    "name": "sweep",
+    "image": "registry.local/sweep:1",
+    "command": ["python", "run.py"],
+    "env": {"LR": "0.1"},
+    "gpu_required": 1,
+    "gpu_memory_mb": 16_000,
+    "labels": {"team": "bench"},
+}
 
 SETUP = r"""
 import sys, django
@@ -65,7 +73,9 @@ def say(message: str) -> None:
 
 
 def post(conn: http.client.HTTPConnection, path: str, body: bytes, key: str) -> tuple[int, bytes]:
-    conn.request("POST", path, body=body, headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    conn.request(
+        "POST", path, body=body, headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    )
     response = conn.getresponse()
     return response.status, response.read()
 
@@ -127,15 +137,18 @@ def active_tasks(database_url: str) -> tuple[int, int]:
     import psycopg
 
     with psycopg.connect(database_url, autocommit=True) as conn:
-        scanned = conn.execute("SELECT count(*) FROM tasks WHERE status <> ALL (%s)",
-                               [["completed", "failed", "cancelled", "stopped"]]).fetchone()[0]
+        scanned = conn.execute(
+            "SELECT count(*) FROM tasks WHERE status <> ALL (%s)", [["completed", "failed", "cancelled", "stopped"]]
+        ).fetchone()[0]
         counted = conn.execute("SELECT coalesce(sum(tasks), 0) FROM tenant_usage").fetchone()[0]
     return scanned, counted
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--existing", type=int, default=10_000, help="active tasks in the tenant before (multiple of 1,000)")
+    parser.add_argument(
+        "--existing", type=int, default=10_000, help="active tasks in the tenant before (multiple of 1,000)"
+    )
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of single creates")
     parser.add_argument("--batch", type=int, default=1000, help="tasks per batch request")
@@ -156,32 +169,67 @@ def main() -> int:
     env = server_env(database_url, stores.redis_url, scratch, secrets.token_urlsafe(24))
     server = None
     try:
-        subprocess.run([sys.executable, "manage.py", "migrate_schemas", "--noinput", "-v", "0"], cwd=REPO, env=env, check=True)
-        key = subprocess.run([sys.executable, "-c", SETUP, TENANT, str(args.existing)], cwd=REPO, env=env,
-                             capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate_schemas", "--noinput", "-v", "0"], cwd=REPO, env=env, check=True
+        )
+        key = (
+            subprocess.run(
+                [sys.executable, "-c", SETUP, TENANT, str(args.existing)],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         port = free_port()
         server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "heteroflow.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", str(args.workers), "--lifespan", "off", "--no-proxy-headers", "--no-access-log",
-             "--log-level", "warning"],
-            cwd=REPO, env=env, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "heteroflow.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                str(args.workers),
+                "--lifespan",
+                "off",
+                "--no-proxy-headers",
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
         )
         wait_for(f"http://127.0.0.1:{port}/health")
         where = ", ".join(stores.embedded) + " embedded" if stores.embedded else "from DATABASE_URL / REDIS_URL"
-        say(f"server: uvicorn, {args.workers} process(es), production settings; data stores: {where}; "
-            f"machine: {os.cpu_count()} cores; tenant '{TENANT}' with {active_tasks(database_url)[0]} active tasks")
+        say(
+            f"server: uvicorn, {args.workers} process(es), production settings; data stores: {where}; "
+            f"machine: {os.cpu_count()} cores; tenant '{TENANT}' with {active_tasks(database_url)[0]} active tasks"
+        )
 
         done, elapsed, latencies, errors = single_creates(port, key, args.clients, args.duration)
         say(f"\n== single creates: POST /api/v1/tasks, {args.clients} clients, {elapsed:.1f} s ==")
         say(f"  creates              {done} = {done / elapsed:.0f}/s (target >= 200/s)")
-        say(f"  latency              p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
-            f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms")
+        say(
+            f"  latency              p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
+            f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms"
+        )
         say(f"  errors               {sum(errors.values())} {errors or ''}")
 
         created, elapsed, latencies, errors = batches(port, key, args.batch, args.batches)
         say(f"\n== batches: POST /api/v1/tasks/batch, array of {args.batch}, {args.batches} in a row ==")
         say(f"  tasks                {created} in {elapsed:.1f} s = {created / elapsed:.0f}/s (target >= 2,000/s)")
-        say(f"  per batch            p50 {percentile(latencies, 0.5) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms")
+        say(
+            f"  per batch            p50 {percentile(latencies, 0.5) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms"
+        )
         say(f"  errors               {sum(errors.values())} {errors or ''}")
         scanned, counted = active_tasks(database_url)
         say(f"\n  active tasks after   {scanned} (counted by tenant_usage: {counted})")

@@ -39,16 +39,30 @@ class TaskFactory(factory.django.DjangoModelFactory):
     name = factory.Sequence(lambda n: f"task-{n}")
 
 
-def make_node(node_id: str, gpus: int = 8, *, vendor: str = "nvidia", model: str = "H100", memory_total_mb: int | None = 81920,
-              **fields) -> Node:
+def make_node(
+    node_id: str,
+    gpus: int = 8,
+    *,
+    vendor: str = "nvidia",
+    model: str = "H100",
+    memory_total_mb: int | None = 81920,
+    **fields,
+) -> Node:
     """A node that beat just now (online unless `status` says otherwise) with `gpus` cards,
     indices 0…gpus-1, and its GPU summary (count, type) as the heartbeat leaves it.
     `fields` are the node's other columns."""
-    fields = {"name": node_id, "status": NodeStatus.ONLINE, "last_heartbeat_at": utcnow(), "gpu_count": gpus,
-              "gpu_type": vendor if gpus else "", **fields}
+    fields = {
+        "name": node_id,
+        "status": NodeStatus.ONLINE,
+        "last_heartbeat_at": utcnow(),
+        "gpu_count": gpus,
+        "gpu_type": vendor if gpus else "",
+        **fields,
+    }
     node = Node.objects.create(id=node_id, **fields)
-    Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor=vendor, model=model, memory_total_mb=memory_total_mb)
-                            for i in range(gpus))
+    Gpu.objects.bulk_create(
+        Gpu(node=node, index=i, vendor=vendor, model=model, memory_total_mb=memory_total_mb) for i in range(gpus)
+    )
     return node
 
 
@@ -61,8 +75,9 @@ def make_task(tenant, **fields) -> Task:
 def make_alert(**fields) -> Alert:
     """An alert row as it is (no notification, no dedup): ACTIVE unless `state` says
     otherwise; `type`, `severity`, `key`, `message` have placeholders."""
-    return Alert.objects.create(**{"type": AlertType.GPU_LOST, "severity": Severity.WARNING, "key": "k", "message": "m",
-                                   **fields})
+    return Alert.objects.create(
+        **{"type": AlertType.GPU_LOST, "severity": Severity.WARNING, "key": "k", "message": "m", **fields}
+    )
 
 
 def make_task_holding(node: Node, tenant, status: str, card: int = 0) -> Task:

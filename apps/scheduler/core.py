@@ -85,7 +85,9 @@ class TaskReq:
 @dataclass(frozen=True)
 class PluginSettings:
     layout: str = "spread"  # or "binpack"; the two are mutually exclusive
-    weights: dict = field(default_factory=lambda: {"spread": 1.0, "binpack": 1.0, "topology": 1.0, "rdma": 1.0, "nvlink": 1.0})
+    weights: dict = field(
+        default_factory=lambda: {"spread": 1.0, "binpack": 1.0, "topology": 1.0, "rdma": 1.0, "nvlink": 1.0}
+    )
     enabled: frozenset = frozenset({"topology", "rdma", "nvlink"})
     gpu_reserve_mb: int = 500
     gpu_reserve_percent: float = 10.0
@@ -152,8 +154,11 @@ def shareable_cards(node: NodeSnap, task: TaskReq, settings: PluginSettings, may
     with the task's tenant."""
     vendor = task.gpu_type.lower()
     return [
-        gpu for gpu in node.usable_gpus()
-        if vendor_matches(gpu, vendor) and card_under_load(gpu, settings) and not gpu.whole_taken
+        gpu
+        for gpu in node.usable_gpus()
+        if vendor_matches(gpu, vendor)
+        and card_under_load(gpu, settings)
+        and not gpu.whole_taken
         and gpu.memory_free_mb(reserve_mb(gpu, settings)) >= task.gpu_memory_mb
         and all(may_share(task.tenant_id, holder_tenant) for _, holder_tenant, _ in gpu.holders)
     ]
@@ -293,7 +298,9 @@ class FleetView:
         if cards is None:
             settings = self.settings
             cards = self._open[position] = [
-                gpu for gpu in self.nodes[position].gpus if not gpu.lost and not gpu.holders and card_under_load(gpu, settings)
+                gpu
+                for gpu in self.nodes[position].gpus
+                if not gpu.lost and not gpu.holders and card_under_load(gpu, settings)
             ]
         if not vendor or vendor == self.vendor[position]:
             return cards
@@ -312,7 +319,8 @@ class FleetView:
             partial = self._partial[position]
             if partial is None:
                 partial = self._partial[position] = [
-                    gpu for gpu in self.nodes[position].gpus
+                    gpu
+                    for gpu in self.nodes[position].gpus
                     if not gpu.lost and not gpu.whole_taken and card_under_load(gpu, self.settings)
                 ]
             room = cache[key] = max(
@@ -366,7 +374,16 @@ def place(
     for task in tasks:
         if mark:
             mark()
-        removed = {"unavailable": 0, "tenant": 0, "load": 0, "capacity": 0, "tenant_sharing": 0, "rdma": 0, "nvlink": 0, "ports": 0}
+        removed = {
+            "unavailable": 0,
+            "tenant": 0,
+            "load": 0,
+            "capacity": 0,
+            "tenant_sharing": 0,
+            "rdma": 0,
+            "nvlink": 0,
+            "ports": 0,
+        }
         best: tuple | None = None
         needs_port = task.kind == "inference"
         need = needed_cards(task)
@@ -443,7 +460,9 @@ def place(
             if located:
                 score += weights.get("topology", 1.0) * score_topology(node, task)
             if nvlink_on:
-                score += weights.get("nvlink", 1.0) * (nvlink.score(topology, free, group) if topology is not None else NEUTRAL)
+                score += weights.get("nvlink", 1.0) * (
+                    nvlink.score(topology, free, group) if topology is not None else NEUTRAL
+                )
             if best is None or score > best[0] or (score == best[0] and node.id < best[1]):
                 best = (score, node.id, position, cards, group)
         # the next task starts where this one stopped looking, so sampling rotates
@@ -486,7 +505,11 @@ def _failure_code(removed: dict, total: int) -> str:
 PREEMPT_STAGES = ("disabled", "scheduled", "running")
 # The statuses a victim may be in, per preempt_stage: "running" (the default) takes only
 # running tasks; "scheduled" also tasks bound but not yet started.
-VICTIM_STATUSES = {"disabled": frozenset(), "scheduled": frozenset({"scheduled", "starting", "running"}), "running": frozenset({"running"})}
+VICTIM_STATUSES = {
+    "disabled": frozenset(),
+    "scheduled": frozenset({"scheduled", "starting", "running"}),
+    "running": frozenset({"running"}),
+}
 PREEMPTIBLE_KINDS = frozenset({"job"})  # training and inference are never victims
 FREEING = "preempting"
 
@@ -523,12 +546,31 @@ def may_preempt(task: TaskReq, occupant: Occupant, stage: str) -> bool:
 def _without(node: NodeSnap, gone: set[int]) -> NodeSnap:
     """The node as it would be once the tasks `gone` gave their cards back."""
     gpus = [
-        GpuSnap(gpu.index, gpu.vendor, gpu.memory_total_mb, gpu.lost, gpu.memory_used_mb, gpu.utilization, gpu.temperature,
-                [holder for holder in gpu.holders if holder[0] not in gone])
+        GpuSnap(
+            gpu.index,
+            gpu.vendor,
+            gpu.memory_total_mb,
+            gpu.lost,
+            gpu.memory_used_mb,
+            gpu.utilization,
+            gpu.temperature,
+            [holder for holder in gpu.holders if holder[0] not in gone],
+        )
         for gpu in node.gpus
     ]
-    return NodeSnap(node.id, node.status, node.executable, node.tenant_id, node.labels, node.region, node.zone, node.rack,
-                    node.cpu_used, node.memory_used, gpus)
+    return NodeSnap(
+        node.id,
+        node.status,
+        node.executable,
+        node.tenant_id,
+        node.labels,
+        node.region,
+        node.zone,
+        node.rack,
+        node.cpu_used,
+        node.memory_used,
+        gpus,
+    )
 
 
 def fits(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> bool:
@@ -541,8 +583,12 @@ def fits(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> 
         return bool(shareable_cards(node, task, settings, may_share))
     vendor = task.gpu_type.lower()
     free = [
-        gpu.index for gpu in node.gpus
-        if not gpu.lost and not gpu.holders and vendor_matches(gpu, vendor) and card_under_load(gpu, settings)
+        gpu.index
+        for gpu in node.gpus
+        if not gpu.lost
+        and not gpu.holders
+        and vendor_matches(gpu, vendor)
+        and card_under_load(gpu, settings)
         and (gpu.memory_total_mb or 0) >= (task.gpu_memory_mb or 0)
     ]
     if len(free) < need:

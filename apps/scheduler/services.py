@@ -24,8 +24,8 @@ from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
 from apps.alerts.services import raise_alert
 from apps.core.cas import check_transition
-from apps.core.errors import Conflict
 from apps.core.clock import utcnow
+from apps.core.errors import Conflict
 from apps.monitoring import metrics
 from apps.nodes import liveness
 from apps.nodes.models import Gpu, Node
@@ -47,7 +47,8 @@ from apps.scheduler.core import (
 )
 from apps.scheduler.ledger import ALLOCATE
 from apps.scheduler.models import GpuAllocation, PluginConfig
-from apps.tasks.choices import HOLDING, TRANSITIONS, TaskKind, TaskStatus as S
+from apps.tasks.choices import HOLDING, TRANSITIONS, TaskKind
+from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task
 from apps.tasks.services import move_tasks, requeue_preempted
 from apps.tenants.models import TenantGroup
@@ -93,11 +94,16 @@ def plugin_table() -> list[dict]:
     for name, spec in PLUGINS.items():
         config = stored.get(name)
         enabled = True if spec.locked else (config.enabled if config else spec.default_enabled)
-        table.append({
-            "name": name, "kind": spec.kind, "enabled": enabled, "locked": spec.locked,
-            "weight": config.weight if config else spec.default_weight,
-            "extra": spec.default_extra | (config.extra if config else {}),
-        })
+        table.append(
+            {
+                "name": name,
+                "kind": spec.kind,
+                "enabled": enabled,
+                "locked": spec.locked,
+                "weight": config.weight if config else spec.default_weight,
+                "extra": spec.default_extra | (config.extra if config else {}),
+            }
+        )
     return table
 
 
@@ -117,7 +123,13 @@ def plugin_settings() -> PluginSettings:
 
 
 # Load thresholds, configurable as the resource-filter plugin's `extra`.
-THRESHOLD_FIELDS = ("cpu_percent_max", "memory_percent_max", "gpu_memory_percent_max", "gpu_utilization_max", "gpu_temperature_max")
+THRESHOLD_FIELDS = (
+    "cpu_percent_max",
+    "memory_percent_max",
+    "gpu_memory_percent_max",
+    "gpu_utilization_max",
+    "gpu_temperature_max",
+)
 
 
 def set_plugin_enabled(name: str, enabled: bool) -> None:
@@ -134,19 +146,32 @@ def set_plugin_enabled(name: str, enabled: bool) -> None:
 
 # What each plugin's `extra` may hold: name -> check of the value (an error message or "")
 def _percent(value) -> str:
-    return "" if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 100 else "a number from 0 to 100"
+    return (
+        ""
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 100
+        else "a number from 0 to 100"
+    )
 
 
 def _temperature(value) -> str:
-    return "" if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 150 else "degrees Celsius, 0 to 150"
+    return (
+        ""
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 150
+        else "degrees Celsius, 0 to 150"
+    )
 
 
 EXTRA_OPTIONS: dict[str, dict] = {
     "resource-filter": {
-        "cpu_percent_max": _percent, "memory_percent_max": _percent, "gpu_memory_percent_max": _percent,
-        "gpu_utilization_max": _percent, "gpu_temperature_max": _temperature,
+        "cpu_percent_max": _percent,
+        "memory_percent_max": _percent,
+        "gpu_memory_percent_max": _percent,
+        "gpu_utilization_max": _percent,
+        "gpu_temperature_max": _temperature,
     },
-    "preempt": {"preempt_stage": lambda value: "" if value in PREEMPT_STAGES else f"one of {', '.join(PREEMPT_STAGES)}"},
+    "preempt": {
+        "preempt_stage": lambda value: "" if value in PREEMPT_STAGES else f"one of {', '.join(PREEMPT_STAGES)}"
+    },
 }
 
 
@@ -157,7 +182,9 @@ def checked_extra(name: str, extra: dict) -> dict:
     problems = {}
     for key, value in extra.items():
         if key not in options:
-            problems[key] = [f"'{name}' has no option '{key}'" + (f"; it has {', '.join(options)}." if options else ".")]
+            problems[key] = [
+                f"'{name}' has no option '{key}'" + (f"; it has {', '.join(options)}." if options else ".")
+            ]
         elif value is not None and (problem := options[key](value)):
             problems[key] = [f"Must be {problem}."]
     if problems:
@@ -175,7 +202,9 @@ def set_plugin_options(name: str, *, weight: float | None = None, extra: dict | 
         stored = PluginConfig.objects.filter(name=name).values_list("extra", flat=True).first() or {}
         defaults["extra"] = {key: value for key, value in (stored | extra).items() if value is not None}
     if defaults:
-        row, created = PluginConfig.objects.get_or_create(name=name, defaults={"enabled": PLUGINS[name].default_enabled, **defaults})
+        row, created = PluginConfig.objects.get_or_create(
+            name=name, defaults={"enabled": PLUGINS[name].default_enabled, **defaults}
+        )
         if not created:
             for option, value in defaults.items():
                 setattr(row, option, value)
@@ -252,8 +281,19 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
     with connection.cursor() as cursor:
         cursor.execute(NODES_SQL, [statuses, heard_since])
         nodes = {
-            node_id: NodeSnap(node_id, status, executable, tenant_id, orjson.loads(labels) if labels else {}, region, zone, rack,
-                              cpu_used, memory_used, [])
+            node_id: NodeSnap(
+                node_id,
+                status,
+                executable,
+                tenant_id,
+                orjson.loads(labels) if labels else {},
+                region,
+                zone,
+                rack,
+                cpu_used,
+                memory_used,
+                [],
+            )
             for node_id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used in cursor.fetchall()
         }
         rows = _gpu_rows
@@ -322,8 +362,16 @@ def next_batch(size: int = BATCH_SIZE) -> list[TaskReq]:
     # decided in queue order even when the batch wrapped around the cursor
     rows.sort(key=lambda row: (-row[5], row[8], row[0]))
     return [
-        TaskReq(id=task_id, tenant_id=tenant_id, gpu_required=gpu_required, gpu_memory_mb=gpu_memory_mb, gpu_type=gpu_type,
-                priority=priority, labels=orjson.loads(labels) if labels else {}, kind=kind)
+        TaskReq(
+            id=task_id,
+            tenant_id=tenant_id,
+            gpu_required=gpu_required,
+            gpu_memory_mb=gpu_memory_mb,
+            gpu_type=gpu_type,
+            priority=priority,
+            labels=orjson.loads(labels) if labels else {},
+            kind=kind,
+        )
         for task_id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, _ in rows
     ]
 
@@ -370,7 +418,9 @@ def assign_host_ports(decisions: list[Decision], tasks: dict[int, TaskReq], node
     return ports
 
 
-def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, settings: PluginSettings | None = None) -> tuple[list[int], list[int]]:
+def bind_all(
+    decisions: list[Decision], tasks: dict[int, TaskReq], may_share, settings: PluginSettings | None = None
+) -> tuple[list[int], list[int]]:
     """Bind a cycle's decisions in one transaction: lock their nodes (in id order, so
     concurrent schedulers queue rather than deadlock), drop the decisions the live ledger
     now contradicts (a node gone, a card taken, a holder this tenant may not share with),
@@ -394,8 +444,12 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
         # present, not lost, and under the card thresholds (a missing reading is no load)
         usable = set(
             Gpu.objects.filter(node_id__in=alive, lost_at__isnull=True)
-            .exclude(Q(utilization__gte=settings.gpu_utilization_max) | Q(temperature__gte=settings.gpu_temperature_max))
-            .exclude(memory_total_mb__gt=0, memory_used_mb__gte=F("memory_total_mb") * settings.gpu_memory_percent_max / 100)
+            .exclude(
+                Q(utilization__gte=settings.gpu_utilization_max) | Q(temperature__gte=settings.gpu_temperature_max)
+            )
+            .exclude(
+                memory_total_mb__gt=0, memory_used_mb__gte=F("memory_total_mb") * settings.gpu_memory_percent_max / 100
+            )
             .values_list("node_id", "index")
         )
         holders = defaultdict(list)
@@ -414,26 +468,42 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
             if decision.memory_mb is None and any(cards):
                 continue
             if decision.memory_mb is not None and any(
-                memory is None or not may_share(task.tenant_id, tenant_id) for card in cards for tenant_id, memory in card
+                memory is None or not may_share(task.tenant_id, tenant_id)
+                for card in cards
+                for tenant_id, memory in card
             ):
                 continue
             still_valid.append(decision)
         ports = assign_host_ports(still_valid, tasks, alive)
         still_valid = [d for d in still_valid if d.task_id in ports]
         with connection.cursor() as cursor:
-            cursor.execute(BIND_CAS, [
-                S.SCHEDULED, utcnow(), [d.task_id for d in still_valid], [d.node_id for d in still_valid],
-                [ports[d.task_id] for d in still_valid], S.PENDING,
-            ])
+            cursor.execute(
+                BIND_CAS,
+                [
+                    S.SCHEDULED,
+                    utcnow(),
+                    [d.task_id for d in still_valid],
+                    [d.node_id for d in still_valid],
+                    [ports[d.task_id] for d in still_valid],
+                    S.PENDING,
+                ],
+            )
             bound_rows = cursor.fetchall()
             won = {row[0] for row in bound_rows}
             transaction.on_commit(partial(metrics.record_binds, [float(row[1]) for row in bound_rows]))
             cards = [(d, index) for d in still_valid if d.task_id in won for index in d.gpu_indices]
             if cards:
-                cursor.execute(ALLOCATE, [
-                    utcnow(), [d.task_id for d, _ in cards], [d.node_id for d, _ in cards], [index for _, index in cards],
-                    [tasks[d.task_id].tenant_id for d, _ in cards], [d.memory_mb for d, _ in cards],
-                ])
+                cursor.execute(
+                    ALLOCATE,
+                    [
+                        utcnow(),
+                        [d.task_id for d, _ in cards],
+                        [d.node_id for d, _ in cards],
+                        [index for _, index in cards],
+                        [tasks[d.task_id].tenant_id for d, _ in cards],
+                        [d.memory_mb for d, _ in cards],
+                    ],
+                )
     bound = [d.task_id for d in decisions if d.task_id in won]
     return bound, [d.task_id for d in decisions if d.task_id not in won]
 
@@ -472,12 +542,15 @@ def load_occupants(stage: str) -> list[Occupant]:
     tasks already being preempted."""
     with connection.cursor() as cursor:
         cursor.execute(OCCUPANTS_SQL, [sorted(VICTIM_STATUSES[stage])])
-        return [Occupant(id, node_id, status, kind, preemptible, priority, float(created))
-                for id, node_id, status, kind, preemptible, priority, created in cursor.fetchall()]
+        return [
+            Occupant(id, node_id, status, kind, preemptible, priority, float(created))
+            for id, node_id, status, kind, preemptible, priority, created in cursor.fetchall()
+        ]
 
 
-def preempt_for(failures: list[Failure], tasks: dict[int, TaskReq], nodes: list[NodeSnap], settings: PluginSettings,
-                may_share) -> dict[int, PreemptionPlan]:
+def preempt_for(
+    failures: list[Failure], tasks: dict[int, TaskReq], nodes: list[NodeSnap], settings: PluginSettings, may_share
+) -> dict[int, PreemptionPlan]:
     """The preempt plugin, after placement: for each task that did not fit (in queue
     order), plan the minimal eviction, then move every planned victim running →
     preempting in one CAS. Nothing is released here: the cards stay counted until the
@@ -521,11 +594,16 @@ def force_overdue_preemptions(now=None) -> list[int]:
     for pk in forced:
         node_id, tenant_id = overdue[pk]
         raise_alert(
-            type=AlertType.PREEMPTION_TIMEOUT, severity=Severity.WARNING, scope=AlertScope.TASK, task_id=pk,
+            type=AlertType.PREEMPTION_TIMEOUT,
+            severity=Severity.WARNING,
+            scope=AlertScope.TASK,
+            task_id=pk,
             key=alert_keys.preemption_timeout(pk),
             message=f"Task {pk} was not confirmed stopped on node {node_id} within 60 s of its preemption; "
-                    f"its cards were released and it was requeued.",
-            node_id=node_id or "", tenant_id=tenant_id, details={"task_id": pk},
+            f"its cards were released and it was requeued.",
+            node_id=node_id or "",
+            tenant_id=tenant_id,
+            details={"task_id": pk},
         )
     return forced
 
@@ -576,12 +654,17 @@ def _run_cycle(batch_size: int) -> CycleResult:
         plan = result.preemptions.get(failure.task_id)
         if plan is not None:
             # the preemptor waits: next cycle binds against the real ledger
-            reason |= {"code": "PreemptionPending", "cause": failure.code,
-                       "preemption": {"node_id": plan.node_id, "victims": plan.victims}}
+            reason |= {
+                "code": "PreemptionPending",
+                "cause": failure.code,
+                "preemption": {"node_id": plan.node_id, "victims": plan.victims},
+            }
         result.failed[failure.task_id] = reason
     if result.failed:
         with connection.cursor() as cursor:
-            cursor.execute(EXPLAIN, [list(result.failed), [orjson.dumps(reason).decode() for reason in result.failed.values()]])
+            cursor.execute(
+                EXPLAIN, [list(result.failed), [orjson.dumps(reason).decode() for reason in result.failed.values()]]
+            )
     clock.lap("explain")
     return result
 

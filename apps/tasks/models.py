@@ -28,7 +28,8 @@ class Task(models.Model):
     env = models.JSONField(default=dict, blank=True, help_text='{"NAME": "value"} or {"NAME": {"secret": "name"}}')
     volumes = models.JSONField(default=list, blank=True)
     registry_auth = models.JSONField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text='private registry: {"registry", "username", "password": {"secret": "<name>"}}; the password stays in the tenant\'s secrets',
     )
     ports = models.JSONField(default=list, blank=True)
@@ -53,7 +54,9 @@ class Task(models.Model):
     preempt_count = models.PositiveIntegerField(default=0)
     exit_code = models.IntegerField(null=True, blank=True)
     error_message = models.TextField(blank=True, default="")
-    log_tail = models.TextField(blank=True, default="", help_text="the last lines of output, from the agent's final report")
+    log_tail = models.TextField(
+        blank=True, default="", help_text="the last lines of output, from the agent's final report"
+    )
     schedule_reason = models.JSONField(default=dict, blank=True, help_text="why the last cycle did not place it")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -64,7 +67,9 @@ class Task(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # GPU time: each run (claim to requeue or end) adds gpu_required × its length; the
     # total is settled once, when the task ends (UsageRecord)
-    running_since = models.DateTimeField(null=True, blank=True, help_text="start of the run not yet counted in gpu_seconds")
+    running_since = models.DateTimeField(
+        null=True, blank=True, help_text="start of the run not yet counted in gpu_seconds"
+    )
     gpu_seconds = models.FloatField(default=0.0)
     # running here but absent from its node's live_task_ids since (the stalled-task check)
     missing_since = models.DateTimeField(null=True, blank=True)
@@ -87,7 +92,8 @@ class Task(models.Model):
             models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_priority_0_100"),
             # a host port serves one task at a time on a node (kept for history once ended)
             models.UniqueConstraint(
-                fields=["node", "host_port"], condition=models.Q(status__in=HOLDING, host_port__isnull=False),
+                fields=["node", "host_port"],
+                condition=models.Q(status__in=HOLDING, host_port__isnull=False),
                 name="task_host_port_once_per_node",
             ),
             models.CheckConstraint(
@@ -155,7 +161,9 @@ class TenantUsage(models.Model):
     status, a delete, an edit of a task's GPUs. Written only by them; read through
     `services.quota_use` and locked through `TenantUsage.objects.locked`."""
 
-    tenant = models.OneToOneField("tenants.Tenant", primary_key=True, on_delete=models.CASCADE, related_name="quota_usage")
+    tenant = models.OneToOneField(
+        "tenants.Tenant", primary_key=True, on_delete=models.CASCADE, related_name="quota_usage"
+    )
     tasks = models.BigIntegerField(default=0, help_text="active tasks")
     gpus = models.BigIntegerField(default=0, help_text="GPUs the active tasks ask for")
     gpu_memory_mb = models.BigIntegerField(default=0, help_text="GPU memory they ask for, per GPU asked")

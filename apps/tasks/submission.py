@@ -37,8 +37,9 @@ def prepared(principal, validated: dict) -> tuple[Tenant, dict]:
     """The tenant a submission acts for and the task's fields, once the caller may create
     tasks there and the secrets it names exist."""
     data = dict(validated)
-    tenant = policy.acting_tenant(principal, data.pop("tenant", None),
-                                  required="Required: the slug of the tenant the task runs for.")
+    tenant = policy.acting_tenant(
+        principal, data.pop("tenant", None), required="Required: the slug of the tenant the task runs for."
+    )
     policy.check_may_create_tasks(principal, tenant)
     check_secrets(tenant, data["env"], data.get("registry_auth"))
     if "timeout_seconds" not in data:

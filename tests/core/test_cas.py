@@ -2,8 +2,10 @@
 concurrent connections."""
 
 import pytest
+
 from apps.core.cas import IllegalTransition, transition
-from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS, TaskStatus as S
+from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS
+from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task
 
 
@@ -50,7 +52,9 @@ class TestTransitions:
     def test_many_rows_at_once_report_the_winners_and_write_extra_fields(self, tenant):
         pending = [Task.objects.create(tenant=tenant, name=f"p{i}") for i in range(3)]
         cancelled = Task.objects.create(tenant=tenant, name="c", status=S.CANCELLED)
-        won = transition(Task, TRANSITIONS, [t.pk for t in pending] + [cancelled.pk], [S.PENDING], S.SCHEDULED, gpu_required=2)
+        won = transition(
+            Task, TRANSITIONS, [t.pk for t in pending] + [cancelled.pk], [S.PENDING], S.SCHEDULED, gpu_required=2
+        )
         assert sorted(won) == sorted(t.pk for t in pending)
         assert set(Task.objects.filter(pk__in=won).values_list("gpu_required", flat=True)) == {2}
         assert Task.objects.get(pk=cancelled.pk).gpu_required == 1

@@ -64,14 +64,24 @@ def test_four_schedulers_never_double_bind():
             Task(tenant=tenant, name=f"t{i}", image="x", gpu_required=1 + i % 2, priority=i % 100) for i in range(2000)
         )
         db = connection.settings_dict
-        env = dict(os.environ, DATABASE_URL=f"postgresql://{db['USER']}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}")
+        env = dict(
+            os.environ,
+            DATABASE_URL=f"postgresql://{db['USER']}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}",
+        )
         if db["HOST"] and db["HOST"].startswith("/"):
             from urllib.parse import quote
 
             env["DATABASE_URL"] = f"postgresql://{db['USER']}@{quote(db['HOST'], safe='')}/{db['NAME']}"
         start = time.time() + 3
         schedulers = [
-            subprocess.Popen([sys.executable, "-c", SCHEDULER, str(start)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [sys.executable, "-c", SCHEDULER, str(start)],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for _ in range(4)
         ]
         samples = 0

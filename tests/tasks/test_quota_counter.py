@@ -38,8 +38,11 @@ def test_the_counter_counts_exactly_the_statuses_the_quota_counts(world):
         task = make_task(tenant, status=status, gpu_required=2, gpu_memory_mb=100)
         after = services.quota_use(tenant)
         counted = status in ACTIVE
-        assert after == {"tasks": before["tasks"] + counted, "gpus": before["gpus"] + 2 * counted,
-                         "gpu_memory_mb": before["gpu_memory_mb"] + 200 * counted}, status
+        assert after == {
+            "tasks": before["tasks"] + counted,
+            "gpus": before["gpus"] + 2 * counted,
+            "gpu_memory_mb": before["gpu_memory_mb"] + 200 * counted,
+        }, status
         task.delete()
         assert services.quota_use(tenant) == before
 
@@ -58,8 +61,15 @@ def test_the_counter_equals_a_scan_after_random_creates_and_moves(world, seed):
     rack = make_node(f"counter-{seed}-rack", gpus=8)  # goes silent now and then
 
     def create():
-        specs = [{"name": "r", "image": "x", "gpu_required": rng.randint(0, 3),
-                  "gpu_memory_mb": rng.choice([None, 1000, 24_000])} for _ in range(rng.randint(1, 4))]
+        specs = [
+            {
+                "name": "r",
+                "image": "x",
+                "gpu_required": rng.randint(0, 3),
+                "gpu_memory_mb": rng.choice([None, 1000, 24_000]),
+            }
+            for _ in range(rng.randint(1, 4))
+        ]
         services.create_tasks(tenant, specs)
 
     def bind():
@@ -115,10 +125,27 @@ def test_the_counter_equals_a_scan_after_random_creates_and_moves(world, seed):
 
     def edit():  # an operator's edit in the admin
         if task := a_task(rng, tenant, list(S)):
-            Task.objects.filter(pk=task.pk).update(gpu_required=rng.randint(0, 4), gpu_memory_mb=rng.choice([None, 500]))
+            Task.objects.filter(pk=task.pk).update(
+                gpu_required=rng.randint(0, 4), gpu_memory_mb=rng.choice([None, 500])
+            )
 
-    steps = [create] * 6 + [bind, bind, start, start, end, fail_any, stop, stopped, requeue, preempt, lost,
-                            node_silent, queue_timeout, delete, edit]
+    steps = [create] * 6 + [
+        bind,
+        bind,
+        start,
+        start,
+        end,
+        fail_any,
+        stop,
+        stopped,
+        requeue,
+        preempt,
+        lost,
+        node_silent,
+        queue_timeout,
+        delete,
+        edit,
+    ]
     for step in range(150):
         rng.choice(steps)()
         assert services.quota_use(tenant) == scanned(tenant), f"after step {step}"

@@ -63,12 +63,15 @@ def test_racing_creates_and_batches_through_the_counter_never_overrun_the_quota(
     counter still equals a count of the rows."""
     tenant = services.create_tenant(name="Quota Crowd", slug="quota-crowd", max_concurrent_tasks=20, max_gpus=30)
     try:
+
         def submit(i):
             created = 0
             for k in range(6):
                 size = 3 if (i + k) % 2 else 1
                 try:
-                    created += len(create_tasks(tenant, [{"name": f"t{i}-{k}", "image": "x", "gpu_required": 1}] * size))
+                    created += len(
+                        create_tasks(tenant, [{"name": f"t{i}-{k}", "image": "x", "gpu_required": 1}] * size)
+                    )
                 except Conflict:
                     pass
             return created

@@ -34,11 +34,17 @@ def test_an_array_creates_count_tasks_and_lists_their_ids(api, world):
 
 
 def test_each_member_gets_its_index_in_its_environment_and_its_own_env_cannot_override_it(api, world):
-    body = batch(api, bearer(world.keys["acme-member"]), count=2,
-                 env={"HETEROFLOW_ARRAY_INDEX": "99", "HETEROFLOW_ARRAY_SIZE": "99", "LR": "0.1"}).json()
+    body = batch(
+        api,
+        bearer(world.keys["acme-member"]),
+        count=2,
+        env={"HETEROFLOW_ARRAY_INDEX": "99", "HETEROFLOW_ARRAY_SIZE": "99", "LR": "0.1"},
+    ).json()
     envs = [services.resolve_env(task)[0] for task in Task.objects.filter(pk__in=body["ids"]).order_by("array_index")]
     assert envs == [{"LR": "0.1", "HETEROFLOW_ARRAY_INDEX": str(i), "HETEROFLOW_ARRAY_SIZE": "2"} for i in range(2)]
-    single = services.create_task(tenant=world.tenants["acme"], name="one", image="x", env={"HETEROFLOW_ARRAY_INDEX": "7"})
+    single = services.create_task(
+        tenant=world.tenants["acme"], name="one", image="x", env={"HETEROFLOW_ARRAY_INDEX": "7"}
+    )
     assert services.resolve_env(single) == ({}, [])  # not a member: the variables are not set at all
 
 
@@ -94,7 +100,8 @@ def test_creates_ask_for_one_cycle_per_interval_and_one_at_its_end(world, django
             with django_capture_on_commit_callbacks(execute=True):
                 services.create_task(tenant=tenant, name=f"t{i}", image="x")
     assert enqueue.call_args_list == [
-        mock.call("scheduler.tick", immediate=True), mock.call("scheduler.tick", immediate=True, countdown=2),
+        mock.call("scheduler.tick", immediate=True),
+        mock.call("scheduler.tick", immediate=True, countdown=2),
     ]
     cache.delete(services.CYCLE_ASKED_KEY)
     with override_settings(HETEROFLOW_SUBMIT_TICK_SECONDS=0), mock.patch.object(services, "enqueue") as enqueue:
