@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: up test lint install stores clean-data bench bench-scheduler bench-agent bench-sweep
+.PHONY: up test lint install stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -44,3 +44,6 @@ bench-agent: $(DEPS_STAMP)
 
 bench-sweep: $(DEPS_STAMP)
 	$(BIN)/python bench/sweep.py $(BENCH_ARGS)
+
+bench-submit: $(DEPS_STAMP)
+	$(BIN)/python bench/submit.py $(BENCH_ARGS)

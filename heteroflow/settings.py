@@ -253,6 +253,13 @@ HETEROFLOW_HEARTBEAT_DB_POOL_SIZE = env.int("HETEROFLOW_HEARTBEAT_DB_POOL_SIZE",
 # --no-proxy-headers everywhere we start it, so it does not rewrite the peer itself).
 HETEROFLOW_TRUSTED_PROXIES = env.cidr_list("HETEROFLOW_TRUSTED_PROXIES", [])
 HETEROFLOW_TASK_TIMEOUT_SECONDS = env.int("HETEROFLOW_TASK_TIMEOUT_SECONDS", 7_200, low=60, high=31 * 86_400)
+# Submitting: the most tasks one POST /api/v1/tasks/batch creates, and how often creates
+# ask the scheduler for a cycle at most (one cycle now and one at the interval's end,
+# however many tasks are created meanwhile; 0: one per create, as the tests run).
+HETEROFLOW_TASK_BATCH_MAX = env.int("HETEROFLOW_TASK_BATCH_MAX", 10_000, low=1, high=100_000)
+HETEROFLOW_SUBMIT_TICK_SECONDS = env.float(
+    "HETEROFLOW_SUBMIT_TICK_SECONDS", 0.0 if HETEROFLOW_ENV == "test" else 1.0, low=0.0, high=5.0
+)
 METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_760)
 # How long one scheduler process reuses the GPU rows it read (their live readings are
 # refreshed by heartbeats every 5 s anyway); node rows and the GPU ledger are read fresh

@@ -30,5 +30,6 @@ def xact_lock(key: str) -> None:
 
 
 def tenant_lock_key(tenant_id: int) -> str:
-    """The per-tenant critical section: quota checks, task creation, tenant deletion."""
+    """The per-tenant critical section of membership changes (the last admin). Task
+    creation and tenant deletion lock the tenant's usage row instead (apps.tasks)."""
     return f"tenant:{tenant_id}"

@@ -1,6 +1,8 @@
 """Tasks: what tenants ask the cluster to run. Status moves only through
 apps.core.cas.transition with choices.TRANSITIONS."""
 
+from __future__ import annotations
+
 from django.conf import settings
 from django.db import models
 
@@ -74,6 +76,10 @@ class Task(models.Model):
     gpu_seconds = models.FloatField(default=0.0)
     # running here but absent from its node's live_task_ids since (the stalled-task check)
     missing_since = models.DateTimeField(null=True, blank=True)
+    # a member of an array (POST /api/v1/tasks/batch): its index 0…size-1, handed to the
+    # run as HETEROFLOW_ARRAY_INDEX / HETEROFLOW_ARRAY_SIZE (services.resolve_env)
+    array_index = models.PositiveIntegerField(null=True, blank=True)
+    array_size = models.PositiveIntegerField(null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
 
@@ -135,3 +141,43 @@ class UsageRecord(models.Model):
 
     def __str__(self):
         return f"task {self.task_id}: {self.gpu_seconds:.0f} GPU-s"
+
+
+class TenantUsageQuerySet(models.QuerySet):
+    def locked(self, tenant_id: int) -> TenantUsage:
+        """The tenant's usage row, locked (FOR UPDATE) until the transaction ends: the
+        per-tenant critical section of task creation and tenant deletion. A tenant that
+        never had a task gets its zero row here."""
+        row = self.select_for_update().filter(tenant_id=tenant_id).first()
+        if row is None:
+            self.bulk_create([TenantUsage(tenant_id=tenant_id)], ignore_conflicts=True)
+            row = self.select_for_update().get(tenant_id=tenant_id)
+        return row
+
+
+class TenantUsage(models.Model):
+    """What a tenant's active (non-terminal) tasks hold, the quota's usage kept as a
+    counter so that a create checks a row instead of counting the tasks.
+
+    Kept by triggers on `tasks` (migration 0011), in the same statement's transaction as
+    the task rows, whatever writes them: a create, a bulk insert, a move to a terminal
+    status, a delete, an edit of a task's GPUs. Written only by them; read through
+    `services.quota_use` and locked through `TenantUsage.objects.locked`."""
+
+    tenant = models.OneToOneField(
+        "tenants.Tenant", primary_key=True, on_delete=models.CASCADE, related_name="quota_usage"
+    )
+    tasks = models.BigIntegerField(default=0, help_text="active tasks")
+    gpus = models.BigIntegerField(default=0, help_text="GPUs the active tasks ask for")
+    gpu_memory_mb = models.BigIntegerField(default=0, help_text="GPU memory they ask for, per GPU asked")
+
+    objects = TenantUsageQuerySet.as_manager()
+
+    class Meta:
+        db_table = "tenant_usage"
+
+    def __str__(self):
+        return f"tenant {self.tenant_id}: {self.tasks} tasks, {self.gpus} GPUs"
+
+    def as_use(self) -> dict:
+        return {"tasks": self.tasks, "gpus": self.gpus, "gpu_memory_mb": self.gpu_memory_mb}

@@ -3,23 +3,27 @@
 
 from __future__ import annotations
 
+import logging
+
+from django.conf import settings
+from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import Count, F, Sum
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import F
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
 from apps.alerts.services import NewAlert, raise_alert, raise_alerts
 from apps.confidential.services import read_secret
-from apps.core import locks
 from apps.core.cas import IllegalTransition, transition
 from apps.core.clock import utcnow
 from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import release
-from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS
+from apps.tasks.choices import TERMINAL, TRANSITIONS
 from apps.tasks.choices import TaskStatus as S
-from apps.tasks.models import Task, TaskEvent
+from apps.tasks.models import Task, TaskEvent, TenantUsage
+
+logger = logging.getLogger(__name__)
 
 # moves after which a task holds nothing on a node any more
 OFF_NODE = frozenset(TERMINAL) | {S.PENDING}
@@ -97,18 +101,20 @@ def _alert_failures(task_ids) -> None:
 
 
 def quota_use(tenant) -> dict:
-    """What the tenant's active tasks hold. GPU memory counts per GPU asked for."""
-    return Task.objects.filter(tenant=tenant, status__in=ACTIVE).aggregate(
-        tasks=Count("id"),
-        gpus=Coalesce(Sum("gpu_required"), 0),
-        gpu_memory_mb=Coalesce(Sum(F("gpu_memory_mb") * Greatest(F("gpu_required"), 1)), 0),
-    )
+    """What the tenant's active tasks hold (tasks, GPUs, GPU memory per GPU asked for):
+    its counter row (models.TenantUsage), which the triggers on `tasks` keep equal to a
+    count of its active tasks."""
+    row = TenantUsage.objects.filter(tenant_id=tenant.pk).first()
+    return row.as_use() if row else {"tasks": 0, "gpus": 0, "gpu_memory_mb": 0}
 
 
-def quota_problems(tenant, use: dict, *, gpus: int, gpu_memory_mb: int) -> list[str]:
+def quota_problems(tenant, use: dict, *, gpus: int, gpu_memory_mb: int, tasks: int = 1) -> list[str]:
+    """Why `tasks` more tasks asking `gpus` GPUs and `gpu_memory_mb` MB in all would not
+    fit the tenant's quota, given its `use` (empty: they fit)."""
+    more = f", {tasks} more asked" if tasks != 1 else ""
     problems = []
-    if tenant.max_concurrent_tasks is not None and use["tasks"] + 1 > tenant.max_concurrent_tasks:
-        problems.append(f"{use['tasks']} of {tenant.max_concurrent_tasks} concurrent tasks in use")
+    if tenant.max_concurrent_tasks is not None and use["tasks"] + tasks > tenant.max_concurrent_tasks:
+        problems.append(f"{use['tasks']} of {tenant.max_concurrent_tasks} concurrent tasks in use{more}")
     if tenant.max_gpus is not None and use["gpus"] + gpus > tenant.max_gpus:
         problems.append(f"{use['gpus']} of {tenant.max_gpus} GPUs in use, {gpus} more asked")
     if tenant.max_gpu_memory_mb is not None and use["gpu_memory_mb"] + gpu_memory_mb > tenant.max_gpu_memory_mb:
@@ -119,20 +125,59 @@ def quota_problems(tenant, use: dict, *, gpus: int, gpu_memory_mb: int) -> list[
 
 
 def create_task(*, tenant, created_by=None, **fields) -> Task:
-    """Queue a task. The quota check and the insert happen under the tenant's advisory
-    lock, so two concurrent creates cannot both pass a quota with room for one."""
-    gpus = fields.get("gpu_required", 1)
-    memory = (fields.get("gpu_memory_mb") or 0) * max(gpus, 1)
+    """Queue one task (create_tasks with one spec)."""
+    return create_tasks(tenant, [fields], created_by=created_by)[0]
+
+
+INSERT_BATCH = 1000  # rows per INSERT statement of a batch
+
+
+def create_tasks(tenant, specs, *, created_by=None) -> list[Task]:
+    """Queue tasks, all or none: `specs` are Task fields, one dict per task. The quota is
+    checked once for them all against the tenant's usage row, locked (FOR UPDATE) for
+    the check and the insert, so two concurrent creates cannot both pass a quota with
+    room for one; the triggers on `tasks` add the new rows to that counter in the same
+    transaction. The rows are built before the lock is taken, so the critical section
+    is two statements: the lock and the (bulk) insert. Conflict (quota_exceeded) when
+    they do not fit: nothing is created."""
+    tasks = [Task(tenant=tenant, created_by=created_by, **spec) for spec in specs]
+    if not tasks:
+        return []
+    gpus = sum(task.gpu_required for task in tasks)
+    memory = sum((task.gpu_memory_mb or 0) * max(task.gpu_required, 1) for task in tasks)
     with transaction.atomic():
-        locks.xact_lock(locks.tenant_lock_key(tenant.pk))
-        problems = quota_problems(tenant, quota_use(tenant), gpus=gpus, gpu_memory_mb=memory)
+        use = TenantUsage.objects.locked(tenant.pk).as_use()
+        problems = quota_problems(tenant, use, tasks=len(tasks), gpus=gpus, gpu_memory_mb=memory)
         if not problems:
-            task = Task.objects.create(tenant=tenant, created_by=created_by, **fields)
-            enqueue("scheduler.tick", immediate=True)  # a cycle now, once the task is committed
-            return task
+            Task.objects.bulk_create(tasks, batch_size=INSERT_BATCH)
+            transaction.on_commit(ask_for_a_cycle)
+            return tasks
     message = f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}."
     _alert_quota(tenant, message)
     raise Conflict(message, "quota_exceeded")
+
+
+CYCLE_ASKED_KEY = "tasks:cycle-asked"
+
+
+def ask_for_a_cycle() -> None:
+    """A scheduler cycle for tasks just committed, asked at most once per
+    HETEROFLOW_SUBMIT_TICK_SECONDS however many creates commit meanwhile: the first
+    create of an interval sends a cycle now and one at the interval's end, which sees
+    every task committed before it (each create asks only after its commit). 0: a
+    cycle per create."""
+    interval = settings.HETEROFLOW_SUBMIT_TICK_SECONDS
+    if interval <= 0:
+        enqueue("scheduler.tick", immediate=True)
+        return
+    try:
+        first = cache.add(CYCLE_ASKED_KEY, 1, timeout=interval)
+    except Exception:  # Redis away: the broker is too, and the 5 s tick catches up
+        logger.warning("could not ask for a scheduler cycle", exc_info=True)
+        return
+    if first:
+        enqueue("scheduler.tick", immediate=True)
+        enqueue("scheduler.tick", immediate=True, countdown=interval)
 
 
 def _alert_quota(tenant, message: str) -> None:
@@ -211,11 +256,18 @@ def requeue_preempted(task_ids) -> list[int]:
     )
 
 
+# A member of an array learns its place from these; a task's own env cannot set them.
+ARRAY_VARIABLES = frozenset({"HETEROFLOW_ARRAY_INDEX", "HETEROFLOW_ARRAY_SIZE"})
+
+
 def resolve_env(task: Task) -> tuple[dict[str, str], list[str]]:
     """The task's environment with secret references resolved from the tenant's own
-    schema, at hand-out time; values never leave that schema otherwise."""
+    schema, at hand-out time (values never leave that schema otherwise), and an array
+    member's HETEROFLOW_ARRAY_INDEX / HETEROFLOW_ARRAY_SIZE, which override the task's own."""
     resolved, missing = {}, []
     for name, value in (task.env or {}).items():
+        if name in ARRAY_VARIABLES:
+            continue  # the server's to set
         if isinstance(value, dict):
             secret = read_secret(task.tenant, value["secret"])
             if secret is None:
@@ -224,6 +276,8 @@ def resolve_env(task: Task) -> tuple[dict[str, str], list[str]]:
             resolved[name] = secret
         else:
             resolved[name] = value
+    if task.array_size is not None:
+        resolved.update(HETEROFLOW_ARRAY_INDEX=str(task.array_index), HETEROFLOW_ARRAY_SIZE=str(task.array_size))
     return resolved, missing
 
 

@@ -1,6 +1,7 @@
 """Submitting a task: what POST /api/v1/tasks and the portal's task form both do with
 the data TaskCreateSerializer validated (the tenant, the role, the tenant's secrets, the
-default timeout), before services.create_task. One place, so both say the same."""
+default timeout), before services.create_task. One place, so both say the same. An
+array (POST /api/v1/tasks/batch) is checked the same way once, then created N times."""
 
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ def check_secrets(tenant: Tenant, env: dict, registry_auth: dict | None) -> None
         raise ValidationError(problems)
 
 
-def submit_task(principal, validated: dict) -> Task:
-    """Queue a task from TaskCreateSerializer's validated data. Raises ValidationError
-    (400), PermissionDenied (403), Http404 and Conflict (409, quota) as the API answers."""
+def prepared(principal, validated: dict) -> tuple[Tenant, dict]:
+    """The tenant a submission acts for and the task's fields, once the caller may create
+    tasks there and the secrets it names exist."""
     data = dict(validated)
     tenant = policy.acting_tenant(
         principal, data.pop("tenant", None), required="Required: the slug of the tenant the task runs for."
@@ -43,4 +44,21 @@ def submit_task(principal, validated: dict) -> Task:
     check_secrets(tenant, data["env"], data.get("registry_auth"))
     if "timeout_seconds" not in data:
         data["timeout_seconds"] = settings.HETEROFLOW_TASK_TIMEOUT_SECONDS
+    return tenant, data
+
+
+def submit_task(principal, validated: dict) -> Task:
+    """Queue a task from TaskCreateSerializer's validated data. Raises ValidationError
+    (400), PermissionDenied (403), Http404 and Conflict (409, quota) as the API answers."""
+    tenant, data = prepared(principal, validated)
     return services.create_task(tenant=tenant, created_by=principal.user, **data)
+
+
+def submit_array(principal, validated: dict) -> list[Task]:
+    """Queue an array from TaskArraySerializer's validated data: `array.count` copies of
+    the task, indices 0…count-1, all or none against the quota. Raises as submit_task."""
+    data = dict(validated)
+    count = data.pop("array")["count"]
+    tenant, fields = prepared(principal, data)
+    specs = [{**fields, "array_index": index, "array_size": count} for index in range(count)]
+    return services.create_tasks(tenant, specs, created_by=principal.user)

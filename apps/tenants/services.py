@@ -16,7 +16,7 @@ from apps.core import locks
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.tasks.choices import ACTIVE
-from apps.tasks.models import Task
+from apps.tasks.models import Task, TenantUsage
 from apps.tenants import keys
 from apps.tenants.choices import ROLE_RANK, KeyScope, Role
 from apps.tenants.models import ApiKey, Membership, Tenant, TenantGroup
@@ -67,9 +67,10 @@ def update_tenant(tenant: Tenant, *, principal=None, **changes) -> Tenant:
 
 def delete_tenant(tenant: Tenant) -> None:
     """Delete the tenant, its schema and everything it owns; refused while any task is active.
-    The per-tenant lock makes the check and the delete atomic against task creation."""
+    The tenant's usage row, locked as task creation locks it, makes the check and the
+    delete atomic against task creation."""
     with transaction.atomic():
-        locks.xact_lock(locks.tenant_lock_key(tenant.pk))
+        TenantUsage.objects.locked(tenant.pk)
         active = list(
             Task.objects.filter(tenant=tenant, status__in=ACTIVE).order_by("id").values_list("id", "status")[:20]
         )

@@ -1,5 +1,6 @@
 import re
 
+from django.conf import settings
 from rest_framework import serializers
 
 from apps.core.pagination import LIMIT_HELP, MAX_LIMIT, PageQuerySerializer
@@ -91,6 +92,33 @@ class TaskCreateSerializer(StrictSerializer):
         return attrs
 
 
+class ArraySerializer(StrictSerializer):
+    count = serializers.IntegerField(
+        min_value=1,
+        help_text="how many tasks: indices 0…count-1 (at most HETEROFLOW_TASK_BATCH_MAX, 10,000 by default)",
+    )
+
+    def validate_count(self, count):
+        if count > settings.HETEROFLOW_TASK_BATCH_MAX:
+            raise serializers.ValidationError(
+                f"Ensure this value is less than or equal to {settings.HETEROFLOW_TASK_BATCH_MAX}."
+            )
+        return count
+
+
+class TaskArraySerializer(TaskCreateSerializer):
+    """A task body as POST /api/v1/tasks takes it, plus `array`: that many copies of the
+    task, each with its index (HETEROFLOW_ARRAY_INDEX) and the count (HETEROFLOW_ARRAY_SIZE)
+    in its environment."""
+
+    array = ArraySerializer()
+
+
+class TaskBatchCreatedSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    ids = serializers.ListField(child=serializers.IntegerField(), help_text="in array index order")
+
+
 class TaskSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
@@ -133,6 +161,8 @@ class TaskSerializer(serializers.ModelSerializer):
             "started_at",
             "finished_at",
             "gpu_seconds",
+            "array_index",
+            "array_size",
         ]
 
 

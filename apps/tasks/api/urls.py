@@ -4,6 +4,7 @@ from apps.tasks.api import views
 
 urlpatterns = [
     path("tasks", views.TaskListView.as_view(), name="task-list"),
+    path("tasks/batch", views.TaskBatchView.as_view(), name="task-batch"),
     path("tasks/stats", views.TaskStatsView.as_view(), name="task-stats"),
     path("tasks/<int:pk>", views.TaskDetailView.as_view(), name="task-detail"),
     path("tasks/<int:pk>/logs", views.TaskLogsView.as_view(), name="task-logs"),

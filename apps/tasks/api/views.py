@@ -15,7 +15,7 @@ from apps.tasks import services
 from apps.tasks.api import serializers as s
 from apps.tasks.models import Task
 from apps.tasks.selectors import task_list, task_stats
-from apps.tasks.submission import submit_task
+from apps.tasks.submission import submit_array, submit_task
 from apps.tenants import policy
 
 
@@ -84,6 +84,17 @@ class TaskListView(generics.ListAPIView):
         serializer.is_valid(raise_exception=True)
         task = submit_task(request.auth, serializer.validated_data)
         return Response(s.TaskSerializer(task).data, status=status.HTTP_201_CREATED)
+
+
+class TaskBatchView(APIView):
+    """Many tasks in one request: an array (s.TaskArraySerializer), all or none."""
+
+    @extend_schema(request=s.TaskArraySerializer, responses={201: s.TaskBatchCreatedSerializer})
+    def post(self, request):
+        serializer = s.TaskArraySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        tasks = submit_array(request.auth, serializer.validated_data)
+        return Response({"count": len(tasks), "ids": [task.pk for task in tasks]}, status=status.HTTP_201_CREATED)
 
 
 class TaskView(ScopedAPIView):
