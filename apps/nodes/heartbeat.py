@@ -197,8 +197,8 @@ WITH node AS (
 ), metric AS (
     INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus)
     SELECT %(id)s, %(now)s, %(cpu_used)s, %(memory_used)s,
-           (SELECT COALESCE(jsonb_agg(jsonb_strip_nulls(jsonb_build_object('i', r.i, 'u', r.u, 'm', r.m, \
-'t', r.t, 'p', r.p))),
+           (SELECT COALESCE(jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+                                'i', r.i, 'u', r.u, 'm', r.m, 't', r.t, 'p', r.p))),
                             '[]'::jsonb)
             FROM readings AS r WHERE NOT (r.i = ANY(%(failed)s::int[])))
     FROM node
