@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from heteroflow.embedded import ensure_data_stores  # noqa: E402
+from heteroflow.launcher import web_command  # noqa: E402
 from tests.nodes.payloads import heartbeat  # noqa: E402
 
 BENCH_DB = "heteroflow_bench"
@@ -433,20 +434,11 @@ def main() -> int:
         )
         port = free_port()
         server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "heteroflow.asgi:application",
-                "--host",
+            web_command(
                 "127.0.0.1",
-                "--port",
-                str(port),
+                port,
                 "--workers",
                 str(args.workers),
-                "--lifespan",
-                "off",
-                "--no-proxy-headers",
                 "--no-access-log",
                 "--loop",
                 "uvloop",
@@ -454,7 +446,7 @@ def main() -> int:
                 "httptools",
                 "--log-level",
                 "warning",
-            ],
+            ),
             cwd=REPO,
             env=env,
             start_new_session=True,

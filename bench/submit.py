@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.heartbeats import free_port, percentile, server_env, wait_for, with_database  # noqa: E402
 from heteroflow.embedded import ensure_data_stores  # noqa: E402
+from heteroflow.launcher import web_command  # noqa: E402
 
 DB_NAME = "heteroflow_bench_submit"
 TENANT = "bench"
@@ -186,24 +187,7 @@ def main() -> int:
         )
         port = free_port()
         server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "heteroflow.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                str(args.workers),
-                "--lifespan",
-                "off",
-                "--no-proxy-headers",
-                "--no-access-log",
-                "--log-level",
-                "warning",
-            ],
+            web_command("127.0.0.1", port, "--workers", str(args.workers), "--no-access-log", "--log-level", "warning"),
             cwd=REPO,
             env=env,
             start_new_session=True,

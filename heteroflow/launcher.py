@@ -31,6 +31,26 @@ WEB_READY_TIMEOUT = 60
 PYTEST_NO_TESTS = 5
 
 
+def web_command(host: str, port: int, *extra: str) -> list[str]:
+    """How the web process is started, by `make up`, the benchmarks and the tests alike:
+    uvicorn serving the ASGI application (the heartbeat's raw route in front of Django),
+    without lifespan events or trust in proxy headers; `extra`: more uvicorn options."""
+    return [
+        PYTHON,
+        "-m",
+        "uvicorn",
+        "heteroflow.asgi:application",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--lifespan",
+        "off",
+        "--no-proxy-headers",
+        *extra,
+    ]
+
+
 def say(message: str) -> None:
     print(f"[heteroflow] {message}", flush=True)
 
@@ -181,19 +201,7 @@ def up(args) -> int:
             say("the agent installer has nothing to serve yet (see the message above); the rest starts anyway")
         supervisor.start(
             "web",
-            [
-                PYTHON,
-                "-m",
-                "uvicorn",
-                "heteroflow.asgi:application",
-                "--host",
-                bind,
-                "--port",
-                str(port),
-                "--lifespan",
-                "off",
-                "--no-proxy-headers",
-            ],
+            web_command(bind, port),
             metrics_group_env(env, data_dir, "web"),
         )
         supervisor.start(

@@ -18,6 +18,8 @@ import requests
 from django.conf import settings
 from django.db import connection
 
+from heteroflow.launcher import web_command
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -55,22 +57,7 @@ def start_control_plane(
     environment and command line)."""
     port = port or free_port()
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "heteroflow.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--lifespan",
-            "off",
-            "--no-proxy-headers",
-            "--log-level",
-            "warning",
-            *args,
-        ],
+        web_command("127.0.0.1", port, "--log-level", "warning", *args),
         cwd=REPO,
         env=server_env(**(env or {})),
         start_new_session=True,

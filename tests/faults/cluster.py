@@ -13,6 +13,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from heteroflow.launcher import web_command
 from tests.live import REPO, free_port, server_env, stop_process, wait_for_web, wait_until
 
 
@@ -98,21 +99,7 @@ class ControlPlane:
         self.starts += 1
         python = sys.executable
         commands = {
-            "web": [
-                python,
-                "-m",
-                "uvicorn",
-                "heteroflow.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--lifespan",
-                "off",
-                "--no-proxy-headers",
-                "--log-level",
-                "warning",
-            ],
+            "web": web_command("127.0.0.1", self.port, "--log-level", "warning"),
             "worker": [
                 python,
                 "-m",
