@@ -32,6 +32,7 @@ from apps.core.errors import Conflict
 from apps.monitoring import metrics
 from apps.nodes import liveness
 from apps.nodes.models import Gpu, Node
+from apps.nodes.network import same_network_domain
 from apps.scheduler.core import (
     PREEMPT_STAGES,
     SCHEDULABLE_STATUSES,
@@ -55,6 +56,7 @@ from apps.scheduler.models import GpuAllocation, PluginConfig
 from apps.tasks.choices import HOLDING, TERMINAL, TRANSITIONS, TaskKind
 from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task, TaskGroup
+from apps.tasks.ranks import network_decision
 from apps.tasks.services import move_tasks, requeue_preempted
 from apps.tenants.models import TenantGroup
 
@@ -379,13 +381,15 @@ PORTS_IN_USE = """
 """
 
 
-def assign_host_ports(decisions: list[Decision], tasks: dict[int, TaskReq], node_ids) -> dict[int, int | None]:
-    """A free port of INFERENCE_PORTS on its node for each inference decision (None for
-    the others); a decision whose node has no port left is not in the answer. The
-    caller holds the nodes' row locks, so no other binder hands out the same port (and
-    a unique index backs that up)."""
-    wanted = [d for d in decisions if tasks[d.task_id].kind == TaskKind.INFERENCE]
-    ports: dict[int, int | None] = {d.task_id: None for d in decisions if tasks[d.task_id].kind != TaskKind.INFERENCE}
+def assign_host_ports(decisions: list[Decision], tasks: dict[int, TaskReq], node_ids,
+                      wanted: list[Decision] | None = None) -> dict[int, int | None]:
+    """A free port of INFERENCE_PORTS on its node for each inference decision (or each of
+    `wanted`: a task group's master) and None for the others; a decision whose node has
+    no port left is not in the answer. The caller holds the nodes' row locks, so no
+    other binder hands out the same port (and a unique index backs that up)."""
+    if wanted is None:
+        wanted = [d for d in decisions if tasks[d.task_id].kind == TaskKind.INFERENCE]
+    ports: dict[int, int | None] = {d.task_id: None for d in decisions if d not in wanted}
     if not wanted:
         return ports
     used: dict[str, set[int]] = defaultdict(set)
@@ -460,21 +464,31 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
         now = utcnow()
         bound_rows = bind_rows(still_valid, ports, now)
         winners = [d for d in still_valid if d.task_id in {row[0] for row in bound_rows}]
-        bound_groups = []
+        hosts = {node.pk: node for node in Node.objects.filter(pk__in={d.node_id for d in members} & alive).only(
+            "id", "ip", "internal_ip", "region", "labels")}
+        policy = getattr(django_settings, "HETEROFLOW_NETWORK_DOMAIN_POLICY", "prove")
         for group in groups:
             if not all(still_holds(d) for d in group.decisions):
                 continue
+            master = group.decisions[0]
+            ports = assign_host_ports(group.decisions, tasks, alive, wanted=[master])
+            if master.task_id not in ports:
+                continue  # no host port left on the master's node
+            node = hosts[master.node_id]
+            domain = same_network_domain([hosts[node_id] for node_id in dict.fromkeys(d.node_id for d in group.decisions)],
+                                         policy)
+            network = network_decision(tasks[master.task_id].gpu_type, domain, node.pk, node.internal_ip, node.ip,
+                                       ports[master.task_id])
             savepoint = transaction.savepoint()
-            rows = bind_rows(group.decisions, {}, now)
+            rows = bind_rows(group.decisions, ports, now)
             if len(rows) == len(group.decisions):
+                TaskGroup.objects.filter(pk=group.group_id).update(
+                    attempts=F("attempts") + 1, schedule_reason={}, network=network, updated_at=now)
                 transaction.savepoint_commit(savepoint)
                 bound_rows += rows
                 winners += group.decisions
-                bound_groups.append(group.group_id)
             else:  # a member was moved meanwhile: none of them is bound
                 transaction.savepoint_rollback(savepoint)
-        if bound_groups:
-            TaskGroup.objects.filter(pk__in=bound_groups).update(attempts=F("attempts") + 1, schedule_reason={}, updated_at=now)
         transaction.on_commit(partial(metrics.record_binds, [float(row[1]) for row in bound_rows]))
         cards = [(d, index) for d in winners for index in d.gpu_indices]
         if cards:
