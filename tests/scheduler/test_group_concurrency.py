@@ -2,12 +2,7 @@
 task groups and 2,000 single tasks on 50 nodes × 8 GPUs: never a half-bound group, never a card
 bound twice, and the ledger equal to the sum over the tasks holding a node."""
 
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.db import connection
@@ -20,24 +15,10 @@ from apps.tasks.choices import HOLDING
 from apps.tasks.models import Task, TaskGroup
 from apps.tenants import services as tenant_services
 from tests.factories import make_group, make_node
+from tests.scheduler.racers import start_schedulers
 
 pytestmark = pytest.mark.django_db(transaction=True)
-REPO = Path(__file__).resolve().parents[2]
 
-SCHEDULER = r"""
-import sys, time
-import django
-django.setup()
-from apps.scheduler.services import run_cycle
-start = float(sys.argv[1])
-while time.time() < start:
-    time.sleep(0.005)
-idle = 0
-while idle < 3:
-    result = run_cycle()
-    idle = idle + 1 if not result.bound and not result.lost_races else 0
-print("done", flush=True)
-"""
 
 # a group with members both pending and holding a node, or members on more cards than
 # they asked for, or a card with two whole holders
@@ -59,14 +40,6 @@ def broken() -> list:
         return cursor.fetchall()
 
 
-def database_url() -> str:
-    db = connection.settings_dict
-    host = db["HOST"] or "localhost"
-    if host.startswith("/"):
-        return f"postgresql://{db['USER']}@{quote(host, safe='')}/{db['NAME']}"
-    return f"postgresql://{db['USER']}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 def test_four_schedulers_never_half_bind_a_group():
     tenant = tenant_services.create_tenant(name="Gangs", slug="gangs")
     try:
@@ -79,13 +52,7 @@ def test_four_schedulers_never_half_bind_a_group():
         Task.objects.bulk_create(
             Task(tenant=tenant, name=f"t{i}", image="x", gpu_required=1 + i % 2, priority=i % 100) for i in range(2000)
         )
-        env = dict(os.environ, DATABASE_URL=database_url())
-        start = time.time() + 3
-        schedulers = [
-            subprocess.Popen([sys.executable, "-c", SCHEDULER, str(start)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-            for _ in range(4)
-        ]
+        schedulers = start_schedulers(4)
         samples = 0
         while any(p.poll() is None for p in schedulers):
             assert broken() == []

@@ -82,7 +82,7 @@ def test_a_group_waits_while_an_attempt_is_still_ending(world):
 def group_decision(group, placements):
     """A decision for `group` as the core would make it: (node, cards) per rank."""
     ranks = members(group)
-    return GroupDecision(group.pk, [Decision(t.pk, node, cards, None, 3.0) for t, (node, cards) in zip(ranks, placements)], 6)
+    return GroupDecision(group.pk, [Decision(t.pk, node, cards, None, 3.0) for t, (node, cards) in zip(ranks, placements, strict=True)], 6)
 
 
 def worker_tasks(group):
