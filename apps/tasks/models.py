@@ -143,6 +143,9 @@ class Task(models.Model):
             models.Index(fields=["node", "status"], name="tasks_node_status"),
             # the queue: pending tasks by priority, then age
             models.Index(fields=["status", "-priority", "created_at", "id"], name="tasks_queue"),
+            # the groups waiting to be placed, found without reading the singles' queue
+            models.Index(fields=["group"], condition=models.Q(status=TaskStatus.PENDING, group__isnull=False),
+                         name="tasks_pending_group_members"),
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_priority_0_100"),
