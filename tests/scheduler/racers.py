@@ -47,3 +47,20 @@ def start_schedulers(count: int = 4, delay: float = 3.0) -> list[subprocess.Pope
                          stderr=subprocess.PIPE, text=True)
         for _ in range(count)
     ]
+
+
+def race(check, count: int = 4) -> tuple[int, list]:
+    """Run `count` schedulers together to the end, calling `check` (a list of what is
+    wrong now) every 50 ms meanwhile. Returns how many samples were taken and every
+    non-empty answer seen; a scheduler that fails fails the test with its stderr."""
+    schedulers = start_schedulers(count)
+    samples, seen = 0, []
+    while any(process.poll() is None for process in schedulers):
+        if wrong := check():
+            seen.append(wrong)
+        samples += 1
+        time.sleep(0.05)
+    for process in schedulers:
+        out, err = process.communicate()
+        assert process.returncode == 0 and "done" in out, err[-2000:]
+    return samples, seen

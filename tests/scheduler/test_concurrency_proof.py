@@ -2,8 +2,6 @@
 over 2,000 pending tasks and 50 nodes × 8 GPUs: every task bound at most once, no card
 over capacity at any sampled moment, and the ledger equal to the sum over active tasks."""
 
-import time
-
 import pytest
 from django.db import connection
 from django.db.models import Count, Sum
@@ -15,7 +13,7 @@ from apps.tasks.choices import HOLDING
 from apps.tasks.models import Task
 from apps.tenants import services as tenant_services
 from tests.factories import make_node
-from tests.scheduler.racers import start_schedulers
+from tests.scheduler.racers import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,15 +42,8 @@ def test_four_schedulers_never_double_bind():
         Task.objects.bulk_create(
             Task(tenant=tenant, name=f"t{i}", image="x", gpu_required=1 + i % 2, priority=i % 100) for i in range(2000)
         )
-        schedulers = start_schedulers(4)
-        samples = 0
-        while any(p.poll() is None for p in schedulers):
-            assert over_capacity() == [], "a card or a task was over capacity"
-            samples += 1
-            time.sleep(0.05)
-        for process in schedulers:
-            out, err = process.communicate()
-            assert process.returncode == 0 and "done" in out, err[-2000:]
+        samples, seen = race(over_capacity)
+        assert seen == [], "a card or a task was over capacity"
         assert samples > 3
         assert over_capacity() == []
         bound = Task.objects.filter(status__in=HOLDING)

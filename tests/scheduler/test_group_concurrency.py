@@ -2,8 +2,6 @@
 task groups and 2,000 single tasks on 50 nodes × 8 GPUs: never a half-bound group, never a card
 bound twice, and the ledger equal to the sum over the tasks holding a node."""
 
-import time
-
 import pytest
 from django.db import connection
 from django.db.models import Sum
@@ -15,7 +13,7 @@ from apps.tasks.choices import HOLDING
 from apps.tasks.models import Task, TaskGroup
 from apps.tenants import services as tenant_services
 from tests.factories import make_group, make_node
-from tests.scheduler.racers import start_schedulers
+from tests.scheduler.racers import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,15 +50,8 @@ def test_four_schedulers_never_half_bind_a_group():
         Task.objects.bulk_create(
             Task(tenant=tenant, name=f"t{i}", image="x", gpu_required=1 + i % 2, priority=i % 100) for i in range(2000)
         )
-        schedulers = start_schedulers(4)
-        samples = 0
-        while any(p.poll() is None for p in schedulers):
-            assert broken() == []
-            samples += 1
-            time.sleep(0.05)
-        for process in schedulers:
-            out, err = process.communicate()
-            assert process.returncode == 0 and "done" in out, err[-2000:]
+        samples, seen = race(broken)
+        assert seen == []
         assert samples > 3
         assert broken() == []
         held = Task.objects.filter(status__in=HOLDING).aggregate(n=Sum("gpu_required"))["n"]
