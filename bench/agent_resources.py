@@ -107,8 +107,11 @@ def main() -> int:
     }
     agent = subprocess.Popen([sys.executable, "-m", "heteroflow_agent"], cwd=scratch, env=env, start_new_session=True)
     process = psutil.Process(agent.pid)
-    print(f"agent pid {agent.pid}: 8 stand-in A100s, a beat every {args.interval} s, for {args.minutes:g} min; "
-          f"machine: {os.cpu_count()} cores", flush=True)
+    print(
+        f"agent pid {agent.pid}: 8 stand-in A100s, a beat every {args.interval} s, for {args.minutes:g} min; "
+        f"machine: {os.cpu_count()} cores",
+        flush=True,
+    )
     samples: list[tuple[float, float, float]] = []  # (wall, cpu seconds, rss bytes)
     try:
         started = time.monotonic()
@@ -133,8 +136,10 @@ def main() -> int:
     rss = sorted(s[2] for s in samples)
     print(f"  heartbeats received   {plane.beats} (last one listed {plane.gpus_seen} GPUs); task polls {plane.polls}")
     print(f"  resident memory       p50 {rss[len(rss) // 2] / 2**20:.1f} MB, max {rss[-1] / 2**20:.1f} MB")
-    print(f"  CPU                   {100 * cpu / wall if wall else float('nan'):.2f} % of one core "
-          f"({cpu:.2f} s over {wall:.0f} s after the first 30 s)")
+    print(
+        f"  CPU                   {100 * cpu / wall if wall else float('nan'):.2f} % of one core "
+        f"({cpu:.2f} s over {wall:.0f} s after the first 30 s)"
+    )
     print(f"  CPU incl. start-up    {100 * samples[-1][1] / (samples[-1][0] - samples[0][0] + 1e-9):.2f} % of one core")
     return 0
 

@@ -38,8 +38,11 @@ def payloads(args) -> list[bytes]:
     base["gpu_stats"] = [dict(stat, utilization=5.0, memory_used_mb=1024) for stat in base["gpu_stats"]]
     base["heartbeat_interval"] = max(5, round(args.interval))
     return [
-        beat_request(f"{args.prefix}-{n:05d}", args.secret,
-                     orjson.dumps(dict(base, hostname=f"{args.prefix}-{n:05d}", internal_ip=f"10.9.{n // 256}.{n % 256}")))
+        beat_request(
+            f"{args.prefix}-{n:05d}",
+            args.secret,
+            orjson.dumps(dict(base, hostname=f"{args.prefix}-{n:05d}", internal_ip=f"10.9.{n // 256}.{n % 256}")),
+        )
         for n in range(args.nodes)
     ]
 
@@ -90,7 +93,7 @@ async def run(args) -> dict:
             try:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
                 break
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         task = asyncio.ensure_future(send(n))
         pending.add(task)

@@ -29,8 +29,21 @@ def fleet(count: int, seed: int) -> list[NodeSnap]:
         cards = [GpuSnap(i, "nvidia", 81920) for i in range(8)]
         for card in rng.sample(cards, rng.choice((0, 0, 2, 4))):
             card.holders.append((10**6 + n, 1, None))
-        nodes.append(NodeSnap(f"n{n:05d}", "online", True, None, {}, "r1", f"z{n // 100}", f"k{n // 20}",
-                              rng.uniform(5, 60), rng.uniform(5, 60), cards))
+        nodes.append(
+            NodeSnap(
+                f"n{n:05d}",
+                "online",
+                True,
+                None,
+                {},
+                "r1",
+                f"z{n // 100}",
+                f"k{n // 20}",
+                rng.uniform(5, 60),
+                rng.uniform(5, 60),
+                cards,
+            )
+        )
     return nodes
 
 
@@ -51,8 +64,10 @@ def main() -> int:
                 times.append((time.perf_counter() - start) * 1000)
                 assert not hasattr(outcome, "message"), outcome
             times.sort()
-            print(f"{workers:>3} workers × {per_worker} cards, {strategy:>4}: p50 {times[len(times) // 2]:6.2f} ms  "
-                  f"p99 {times[min(len(times) - 1, int(len(times) * 0.99))]:6.2f} ms  max {times[-1]:6.2f} ms")
+            print(
+                f"{workers:>3} workers × {per_worker} cards, {strategy:>4}: p50 {times[len(times) // 2]:6.2f} ms  "
+                f"p99 {times[min(len(times) - 1, int(len(times) * 0.99))]:6.2f} ms  max {times[-1]:6.2f} ms"
+            )
     return 0
 
 

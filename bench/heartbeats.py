@@ -105,7 +105,9 @@ def beat_request(node_id: str, secret: str, body: bytes) -> bytes:
     ).encode() + body
 
 
-async def run_load(port: int, secret: str, nodes: int, duration: float, interval: float, connections: int, between=None):
+async def run_load(
+    port: int, secret: str, nodes: int, duration: float, interval: float, connections: int, between=None
+):
     payload = heartbeat(gpus=8)
     requests = []
     for n in range(nodes):
@@ -143,7 +145,9 @@ async def run_load(port: int, secret: str, nodes: int, duration: float, interval
     if between:
         between()
 
-    say(f"steady state: {nodes} nodes every {interval:g} s for {duration:g} s (offered {nodes / interval:.0f}/s, {size} bytes each)…")
+    say(
+        f"steady state: {nodes} nodes every {interval:g} s for {duration:g} s (offered {nodes / interval:.0f}/s, {size} bytes each)…"
+    )
     loop = asyncio.get_running_loop()
     t0 = loop.time() + 0.5
     clock_offset = time.perf_counter() - loop.time()
@@ -163,7 +167,10 @@ async def run_load(port: int, secret: str, nodes: int, duration: float, interval
     windows: dict[int, list[float]] = {}
     for due, latency in timeline:
         windows.setdefault(int((due - start) // interval), []).append(latency)
-    say("  p99 per %g s window: %s" % (interval, ", ".join(f"{percentile(v, 0.99) * 1000:.0f}" for _, v in sorted(windows.items()))))
+    say(
+        "  p99 per %g s window: %s"
+        % (interval, ", ".join(f"{percentile(v, 0.99) * 1000:.0f}" for _, v in sorted(windows.items())))
+    )
     return latencies, errors, elapsed
 
 
@@ -210,12 +217,21 @@ def table_counters(database_url: str) -> dict:
     import psycopg
 
     with psycopg.connect(database_url, autocommit=True) as conn:
-        commits = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()[0]
-        rows = dict(conn.execute(
-            "SELECT relname, n_tup_upd + n_tup_ins FROM pg_stat_user_tables WHERE relname IN ('nodes', 'gpus') OR relname LIKE 'node_metrics_%'"
-        ).fetchall())
+        commits = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()[0]
+        rows = dict(
+            conn.execute(
+                "SELECT relname, n_tup_upd + n_tup_ins FROM pg_stat_user_tables WHERE relname IN ('nodes', 'gpus') OR relname LIKE 'node_metrics_%'"
+            ).fetchall()
+        )
     rows["node_metrics"] = sum(v for k, v in rows.items() if k.startswith("node_metrics_"))
-    return {"commits": commits, "nodes": rows.get("nodes", 0), "gpus": rows.get("gpus", 0), "node_metrics": rows["node_metrics"]}
+    return {
+        "commits": commits,
+        "nodes": rows.get("nodes", 0),
+        "gpus": rows.get("gpus", 0),
+        "node_metrics": rows["node_metrics"],
+    }
 
 
 def statements_per_steady_beat(env: dict) -> list[str]:
@@ -291,7 +307,11 @@ def time_list(port: int, key: str, nodes: int, requests: int = 200) -> list[floa
     pages = max(1, nodes // 100)
     for i in range(requests + 10):
         started = time.perf_counter()
-        conn.request("GET", f"/api/v1/nodes?limit=100&offset={(i * 37 % pages) * 100}", headers={"Authorization": f"Bearer {key}"})
+        conn.request(
+            "GET",
+            f"/api/v1/nodes?limit=100&offset={(i * 37 % pages) * 100}",
+            headers={"Authorization": f"Bearer {key}"},
+        )
         response = conn.getresponse()
         body = response.read()
         if response.status != 200:
@@ -325,28 +345,45 @@ with connection.cursor() as c:
 back = timed()
 print(gone[0], gone[1], back[0], back[1])
 """
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     gone_s, gone_n, back_s, back_n = result.stdout.split()
     return float(gone_s), int(gone_n), float(back_s), int(back_n)
 
 
 def run_heartbeats(args, port: int, secret: str, database_url: str, env: dict) -> None:
     before = {}
-    latencies, errors, elapsed = asyncio.run(run_load(
-        port, secret, args.nodes, args.duration, args.interval, args.connections,
-        between=lambda: before.update(table_counters(database_url)),
-    ))
+    latencies, errors, elapsed = asyncio.run(
+        run_load(
+            port,
+            secret,
+            args.nodes,
+            args.duration,
+            args.interval,
+            args.connections,
+            between=lambda: before.update(table_counters(database_url)),
+        )
+    )
     after = table_counters(database_url)
     done = len(latencies)
     say("\n== heartbeats ==")
-    say(f"  heartbeats           {done} in {elapsed:.1f} s = {done / elapsed:.0f}/s (offered {args.nodes / args.interval:.0f}/s)")
-    say(f"  latency              p50 {percentile(latencies, 0.5) * 1000:.1f} ms, p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
+    say(
+        f"  heartbeats           {done} in {elapsed:.1f} s = {done / elapsed:.0f}/s (offered {args.nodes / args.interval:.0f}/s)"
+    )
+    say(
+        f"  latency              p50 {percentile(latencies, 0.5) * 1000:.1f} ms, p99 {percentile(latencies, 0.99) * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
+    )
     say(f"  errors               {sum(errors.values())} {errors or ''}")
     commits = after["commits"] - before["commits"]
-    say(f"  per heartbeat        {commits / done:.2f} commits, {(after['nodes'] - before['nodes']) / done:.2f} node rows, "
-        f"{(after['gpus'] - before['gpus']) / done:.2f} GPU rows, {(after['node_metrics'] - before['node_metrics']) / done:.2f} metric rows")
+    say(
+        f"  per heartbeat        {commits / done:.2f} commits, {(after['nodes'] - before['nodes']) / done:.2f} node rows, "
+        f"{(after['gpus'] - before['gpus']) / done:.2f} GPU rows, {(after['node_metrics'] - before['node_metrics']) / done:.2f} metric rows"
+    )
     statements = statements_per_steady_beat(env)
-    say(f"  statements per steady-state beat: {len(statements)} ({' + '.join(statements)}: node UPDATE + GPU UPDATE + metrics INSERT as one statement)")
+    say(
+        f"  statements per steady-state beat: {len(statements)} ({' + '.join(statements)}: node UPDATE + GPU UPDATE + metrics INSERT as one statement)"
+    )
 
 
 def main() -> int:
@@ -370,26 +407,59 @@ def main() -> int:
     env = server_env(database_url, stores.redis_url, scratch, secret)
     server = None
     try:
-        subprocess.run([sys.executable, "manage.py", "migrate_schemas", "--noinput", "-v", "0"], cwd=REPO, env=env, check=True)
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate_schemas", "--noinput", "-v", "0"], cwd=REPO, env=env, check=True
+        )
         port = free_port()
         server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "heteroflow.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", str(args.workers), "--lifespan", "off", "--no-proxy-headers", "--no-access-log", "--loop", "uvloop", "--http", "httptools",
-             "--log-level", "warning"],
-            cwd=REPO, env=env, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "heteroflow.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                str(args.workers),
+                "--lifespan",
+                "off",
+                "--no-proxy-headers",
+                "--no-access-log",
+                "--loop",
+                "uvloop",
+                "--http",
+                "httptools",
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
         )
         wait_for(f"http://127.0.0.1:{port}/health")
         where = ", ".join(stores.embedded) + " embedded" if stores.embedded else "from DATABASE_URL / REDIS_URL"
-        say(f"server: uvicorn, {args.workers} workers, production settings; data stores: {where}; machine: {os.cpu_count()} cores")
+        say(
+            f"server: uvicorn, {args.workers} workers, production settings; data stores: {where}; machine: {os.cpu_count()} cores"
+        )
 
         if not args.list_only:
             run_heartbeats(args, port, secret, database_url, env)
         if not args.skip_list:
             key = subprocess.run(
-                [sys.executable, "-c", "import django; django.setup(); from django.contrib.auth import get_user_model; "
-                 "from apps.tenants.services import issue_platform_key; "
-                 "u = get_user_model().objects.create_superuser('bench', 'b@x', 'x'); print(issue_platform_key(user=u, name='bench').key)"],
-                cwd=REPO, env=env, capture_output=True, text=True, check=True,
+                [
+                    sys.executable,
+                    "-c",
+                    "import django; django.setup(); from django.contrib.auth import get_user_model; "
+                    "from apps.tenants.services import issue_platform_key; "
+                    "u = get_user_model().objects.create_superuser('bench', 'b@x', 'x'); print(issue_platform_key(user=u, name='bench').key)",
+                ],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout.strip()
             say("\n== node list (GET /api/v1/nodes?limit=100, 8 GPUs per node) ==")
             results = {}
@@ -397,13 +467,17 @@ def main() -> int:
                 seed_nodes(database_url, count)
                 lat = time_list(port, key, count)
                 results[count] = percentile(lat, 0.99)
-                say(f"  {count:>6} nodes        p50 {percentile(lat, 0.5) * 1000:.1f} ms, p99 {results[count] * 1000:.1f} ms")
+                say(
+                    f"  {count:>6} nodes        p50 {percentile(lat, 0.5) * 1000:.1f} ms, p99 {results[count] * 1000:.1f} ms"
+                )
             say(f"  slowdown 100 → 10,000 nodes at p99: {results[10_000] / results[100]:.2f}x")
             say("\n== 1,000 nodes going silent together, then coming back (health-check passes) ==")
             for count in (1_000, 10_000):
                 seed_nodes(database_url, count)
                 gone_s, gone_n, back_s, back_n = health_pass(env, database_url, silent=1_000)
-                say(f"  fleet {count:>6}: silent pass {gone_s * 1000:.1f} ms ({gone_n} changed), return pass {back_s * 1000:.1f} ms ({back_n} changed)")
+                say(
+                    f"  fleet {count:>6}: silent pass {gone_s * 1000:.1f} ms ({gone_n} changed), return pass {back_s * 1000:.1f} ms ({back_n} changed)"
+                )
         return 0
     finally:
         if server is not None:

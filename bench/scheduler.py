@@ -39,13 +39,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="1000,5000", help="fleet sizes, comma-separated (one run each)")
     parser.add_argument("--tasks", type=int, default=3000)
-    parser.add_argument("--profile", action="store_true", help="also print a cProfile of the first cycle (top 25 by own time)")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print a cProfile of the first cycle (top 25 by own time)"
+    )
     args = parser.parse_args()
     sizes = [int(size) for size in str(args.nodes).split(",") if size.strip()]
     if len(sizes) > 1:  # one process per fleet size, each with a fresh database
         extra = ["--profile"] if args.profile else []
         return max(
-            subprocess.call([sys.executable, __file__, "--nodes", str(size), "--tasks", str(args.tasks), *extra]) for size in sizes
+            subprocess.call([sys.executable, __file__, "--nodes", str(size), "--tasks", str(args.tasks), *extra])
+            for size in sizes
         )
     args.nodes = sizes[0]
 
@@ -84,9 +87,14 @@ def main() -> int:
                 """
             )
         shapes = [
-            {"gpu_required": 1}, {"gpu_required": 2}, {"gpu_required": 4}, {"gpu_required": 8},
-            {"gpu_required": 0, "gpu_memory_mb": 20000}, {"gpu_required": 1, "labels": {"rdma": "required"}},
-            {"gpu_required": 2, "labels": {"region": "r1", "zone": "z3"}}, {"gpu_required": 1, "gpu_type": "nvidia"},
+            {"gpu_required": 1},
+            {"gpu_required": 2},
+            {"gpu_required": 4},
+            {"gpu_required": 8},
+            {"gpu_required": 0, "gpu_memory_mb": 20000},
+            {"gpu_required": 1, "labels": {"rdma": "required"}},
+            {"gpu_required": 2, "labels": {"region": "r1", "zone": "z3"}},
+            {"gpu_required": 1, "gpu_type": "nvidia"},
         ]
         Task.objects.bulk_create(
             Task(tenant=tenants[i % 3], name=f"b{i}", image="x", priority=(i * 7) % 101, **shapes[i % len(shapes)])
@@ -94,7 +102,10 @@ def main() -> int:
         )
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")  # as autovacuum would have by then: plans for the real row counts
-        print(f"{args.nodes} nodes × 8 GPUs, {args.tasks} pending tasks in {len(shapes)} shapes; machine: {os.cpu_count()} cores", flush=True)
+        print(
+            f"{args.nodes} nodes × 8 GPUs, {args.tasks} pending tasks in {len(shapes)} shapes; machine: {os.cpu_count()} cores",
+            flush=True,
+        )
 
         # the in-memory decision alone: one 200-task batch on a fresh snapshot, five times
         batch = services.next_batch()
@@ -104,7 +115,13 @@ def main() -> int:
             snapshot = services.load_nodes()
             marks: list[float] = []
             started = time.perf_counter()
-            core.place(batch, snapshot, services.plugin_settings(), lambda a, b: a == b, mark=lambda: marks.append(time.perf_counter()))
+            core.place(
+                batch,
+                snapshot,
+                services.plugin_settings(),
+                lambda a, b: a == b,
+                mark=lambda: marks.append(time.perf_counter()),
+            )
             decide_times.append(time.perf_counter() - started)
             per_task += [later - earlier for earlier, later in zip(marks, marks[1:])]
 
@@ -145,18 +162,30 @@ def main() -> int:
         elapsed = time.perf_counter() - started_all
         binding = [t for t, p in zip(cycle_times, all_bound) if p]
         full = cycle_times
-        print(f"  cycles                {cycles} ({total_bound} binds in {elapsed:.1f} s = {total_bound / elapsed:.0f} binds/s, "
-              f"counting the cycles that found nothing more to place)")
-        print(f"  sustained             {total_bound / sum(binding):.0f} binds/s over the {len(binding)} cycles that bound")
+        print(
+            f"  cycles                {cycles} ({total_bound} binds in {elapsed:.1f} s = {total_bound / elapsed:.0f} binds/s, "
+            f"counting the cycles that found nothing more to place)"
+        )
+        print(
+            f"  sustained             {total_bound / sum(binding):.0f} binds/s over the {len(binding)} cycles that bound"
+        )
         print(f"  time per 200-task cycle  p50 {percentile(full, 0.5) * 1000:.0f} ms, max {max(full) * 1000:.0f} ms")
-        print(f"  queries per cycle     p50 {percentile(queries, 0.5):.0f}, max {max(queries)} (the binds of a cycle are one transaction)")
+        print(
+            f"  queries per cycle     p50 {percentile(queries, 0.5):.0f}, max {max(queries)} (the binds of a cycle are one transaction)"
+        )
         if phases:
-            split = ", ".join(f"{name} {percentile([p.get(name, 0) for p in phases], 0.5) * 1000:.0f}" for name in phases[0])
+            split = ", ".join(
+                f"{name} {percentile([p.get(name, 0) for p in phases], 0.5) * 1000:.0f}" for name in phases[0]
+            )
             print(f"  where a binding cycle's time goes (p50, ms)  {split}")
-        print(f"  decision time per task  p50 {percentile(per_task, 0.5) * 1000:.2f} ms, p99 {percentile(per_task, 0.99) * 1000:.2f} ms"
-              f" (in memory, {len(per_task)} decisions)")
+        print(
+            f"  decision time per task  p50 {percentile(per_task, 0.5) * 1000:.2f} ms, p99 {percentile(per_task, 0.99) * 1000:.2f} ms"
+            f" (in memory, {len(per_task)} decisions)"
+        )
         best = min(decide_times)
-        print(f"  in-memory decisions for 200 tasks on {args.nodes} nodes  {best * 1000:.0f} ms ({best / len(batch) * 1000:.2f} ms per task; worst of 5 runs {max(decide_times) * 1000:.0f} ms)")
+        print(
+            f"  in-memory decisions for 200 tasks on {args.nodes} nodes  {best * 1000:.0f} ms ({best / len(batch) * 1000:.2f} ms per task; worst of 5 runs {max(decide_times) * 1000:.0f} ms)"
+        )
         return 0
 
 

@@ -28,9 +28,14 @@ def scratch_django(db_name: str, prefix: str, *, keep: bool = False):
         conn.execute(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {db_name}")
     os.environ.update(
-        DATABASE_URL=urlunsplit(urlsplit(admin_url)._replace(path="/" + db_name)), REDIS_URL=stores.redis_url,
-        HETEROFLOW_ENV="production", SECRET_KEY=secrets.token_urlsafe(50), HETEROFLOW_AGENT_SECRET=secrets.token_urlsafe(24),
-        ALLOWED_HOSTS="localhost", HETEROFLOW_DATA_DIR=str(scratch), HETEROFLOW_LOG_LEVEL="warning",
+        DATABASE_URL=urlunsplit(urlsplit(admin_url)._replace(path="/" + db_name)),
+        REDIS_URL=stores.redis_url,
+        HETEROFLOW_ENV="production",
+        SECRET_KEY=secrets.token_urlsafe(50),
+        HETEROFLOW_AGENT_SECRET=secrets.token_urlsafe(24),
+        ALLOWED_HOSTS="localhost",
+        HETEROFLOW_DATA_DIR=str(scratch),
+        HETEROFLOW_LOG_LEVEL="warning",
         DJANGO_SETTINGS_MODULE="heteroflow.settings",
     )
     try:

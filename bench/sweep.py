@@ -108,20 +108,31 @@ def main() -> int:
         from apps.tenants.services import create_tenant
 
         tenant = create_tenant(name="Bench", slug="bench")
-        print(f"alert sweep: N failing nodes × 8 GPUs with a running task each, plus {HEALTHY} healthy; "
-              f"machine: {os.cpu_count()} cores", flush=True)
+        print(
+            f"alert sweep: N failing nodes × 8 GPUs with a running task each, plus {HEALTHY} healthy; "
+            f"machine: {os.cpu_count()} cores",
+            flush=True,
+        )
         print(f"{'N':>6} {'steady ms':>10} {'mass failure ms':>16} {'µs per node':>12} {'queries':>8} {'after ms':>9}")
         for size in sizes:
             seed(size, tenant)
             _, steady, _ = timed(sweep)
             with connection.cursor() as cursor:  # the rack goes silent
-                cursor.execute("UPDATE nodes SET last_heartbeat_at = now() - interval '60 seconds' WHERE id <= %s",
-                               [f"sw-{size:05d}"])
+                cursor.execute(
+                    "UPDATE nodes SET last_heartbeat_at = now() - interval '60 seconds' WHERE id <= %s",
+                    [f"sw-{size:05d}"],
+                )
             result, mass, queries = timed(sweep)
-            assert len(result.requeued) == size and len(result.offline) == size, (len(result.requeued), len(result.offline))
+            assert len(result.requeued) == size and len(result.offline) == size, (
+                len(result.requeued),
+                len(result.offline),
+            )
             _, after, _ = timed(lambda: sweep(utcnow() + timedelta(seconds=1)))
-            print(f"{size:>6} {steady * 1000:>10.1f} {mass * 1000:>16.1f} {mass / size * 1e6:>12.0f} {queries:>8} "
-                  f"{after * 1000:>9.1f}", flush=True)
+            print(
+                f"{size:>6} {steady * 1000:>10.1f} {mass * 1000:>16.1f} {mass / size * 1e6:>12.0f} {queries:>8} "
+                f"{after * 1000:>9.1f}",
+                flush=True,
+            )
     return 0
 
 

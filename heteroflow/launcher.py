@@ -149,7 +149,14 @@ def up(args) -> int:
     port = env_vars.int("HETEROFLOW_PORT", 3333, low=1, high=65535)
     bind = env_vars.str("HETEROFLOW_BIND", "127.0.0.1")
     stores = ensure_data_stores(data_dir, os.environ)
-    say("data stores: " + (", ".join(stores.embedded) + f" embedded in {data_dir}" if stores.embedded else "external (from DATABASE_URL / REDIS_URL)"))
+    say(
+        "data stores: "
+        + (
+            ", ".join(stores.embedded) + f" embedded in {data_dir}"
+            if stores.embedded
+            else "external (from DATABASE_URL / REDIS_URL)"
+        )
+    )
     env = base_env(stores, data_dir)
     env["HETEROFLOW_AGENT_SECRET"] = agent_secret(os.environ, data_dir)
     supervisor = Supervisor(env, log_dir)
@@ -162,7 +169,11 @@ def up(args) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     manage = [PYTHON, "manage.py"]
     try:
-        run_step(manage + ["migrate_schemas", "--noinput", "-v", "1"], env, "applying migrations (public schema and every tenant schema)")
+        run_step(
+            manage + ["migrate_schemas", "--noinput", "-v", "1"],
+            env,
+            "applying migrations (public schema and every tenant schema)",
+        )
         run_step(manage + ["bootstrap"], env, "bootstrapping the platform administrator")
         # what `curl …/api/v1/agent/install.sh | sudo bash` serves to new nodes; without it
         # (no network on a first start, say) only those endpoints answer 404
@@ -170,23 +181,48 @@ def up(args) -> int:
             say("the agent installer has nothing to serve yet (see the message above); the rest starts anyway")
         supervisor.start(
             "web",
-            [PYTHON, "-m", "uvicorn", "heteroflow.asgi:application", "--host", bind, "--port", str(port), "--lifespan", "off", "--no-proxy-headers"],
+            [
+                PYTHON,
+                "-m",
+                "uvicorn",
+                "heteroflow.asgi:application",
+                "--host",
+                bind,
+                "--port",
+                str(port),
+                "--lifespan",
+                "off",
+                "--no-proxy-headers",
+            ],
             metrics_group_env(env, data_dir, "web"),
         )
         supervisor.start(
-            "worker", [PYTHON, "-m", "celery", "-A", "celery_worker", "worker", "--loglevel", "INFO", "--concurrency", "2"],
+            "worker",
+            [PYTHON, "-m", "celery", "-A", "celery_worker", "worker", "--loglevel", "INFO", "--concurrency", "2"],
             metrics_group_env(env, data_dir, "worker"),
         )
         supervisor.start(
             "beat",
-            [PYTHON, "-m", "celery", "-A", "celery_worker", "beat", "--loglevel", "INFO", "--schedule", str(data_dir / "celerybeat-schedule")],
+            [
+                PYTHON,
+                "-m",
+                "celery",
+                "-A",
+                "celery_worker",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(data_dir / "celerybeat-schedule"),
+            ],
             metrics_group_env(env, data_dir, "beat"),
         )
         agent = local_agent_command(os.environ)
         if agent:
             # the node agent of this machine: its node id is kept in the data folder
             agent_env = env | {
-                "HETEROFLOW_SERVER_URL": f"http://127.0.0.1:{port}", "HETEROFLOW_AGENT_DATA_DIR": str(data_dir / "agent"),
+                "HETEROFLOW_SERVER_URL": f"http://127.0.0.1:{port}",
+                "HETEROFLOW_AGENT_DATA_DIR": str(data_dir / "agent"),
                 "HETEROFLOW_AGENT_CONFIG": "-",  # never an installed agent's /etc/heteroflow-agent config
                 # a newcomer's first task runs even without a container engine
                 "HETEROFLOW_ALLOW_PROCESS_RUNTIME": os.environ.get("HETEROFLOW_ALLOW_PROCESS_RUNTIME", "true"),

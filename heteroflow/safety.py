@@ -31,7 +31,9 @@ KNOWN_DEFAULT_AGENT_SECRETS = frozenset(
         "your-agent-secret-here",
     }
 )
-KNOWN_DEFAULT_SECRET_KEYS = frozenset({DEV_SECRET_KEY, "changeme", "change-me", "secret", "secret-key", "django-insecure"})
+KNOWN_DEFAULT_SECRET_KEYS = frozenset(
+    {DEV_SECRET_KEY, "changeme", "change-me", "secret", "secret-key", "django-insecure"}
+)
 
 
 def production_problems(
@@ -43,9 +45,7 @@ def production_problems(
     elif agent_secret.lower() in KNOWN_DEFAULT_AGENT_SECRETS:
         problems.append("HETEROFLOW_AGENT_SECRET is a well-known default value")
     elif len(agent_secret) < MIN_AGENT_SECRET_LENGTH:
-        problems.append(
-            f"HETEROFLOW_AGENT_SECRET is shorter than {MIN_AGENT_SECRET_LENGTH} characters"
-        )
+        problems.append(f"HETEROFLOW_AGENT_SECRET is shorter than {MIN_AGENT_SECRET_LENGTH} characters")
     if not secret_key:
         problems.append("SECRET_KEY is not set")
     elif secret_key.lower() in KNOWN_DEFAULT_SECRET_KEYS or secret_key.startswith("django-insecure"):

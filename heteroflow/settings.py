@@ -41,9 +41,7 @@ if PRODUCTION:
         agent_secret=HETEROFLOW_AGENT_SECRET,
     )
     if _problems:
-        raise ImproperlyConfigured(
-            "HeteroFlow refuses to start in production mode: " + "; ".join(_problems) + "."
-        )
+        raise ImproperlyConfigured("HeteroFlow refuses to start in production mode: " + "; ".join(_problems) + ".")
 
 # --- applications -------------------------------------------------------------------
 # django-tenants splits the apps: SHARED_APPS live in `public` (what the cluster sees
@@ -288,14 +286,20 @@ HETEROFLOW_SCHEDULER_STALLED_SECONDS = env.int("HETEROFLOW_SCHEDULER_STALLED_SEC
 # wheel and its dependency wheels for each architecture here, and the install endpoints
 # serve them from here. HETEROFLOW_PUBLIC_URL is the URL nodes reach this control plane
 # at (e.g. https://hf.example.com); empty: the URL the install script was fetched from.
-HETEROFLOW_AGENT_DIST_DIR = Path(env.str("HETEROFLOW_AGENT_DIST_DIR", str(HETEROFLOW_DATA_DIR / "agent-dist"))).resolve()
+HETEROFLOW_AGENT_DIST_DIR = Path(
+    env.str("HETEROFLOW_AGENT_DIST_DIR", str(HETEROFLOW_DATA_DIR / "agent-dist"))
+).resolve()
 HETEROFLOW_PUBLIC_URL = (env.str("HETEROFLOW_PUBLIC_URL", "") or "").rstrip("/")
 if HETEROFLOW_PUBLIC_URL:
     from urllib.parse import urlsplit as _urlsplit
 
     _public = _urlsplit(HETEROFLOW_PUBLIC_URL)
-    if _public.scheme not in ("http", "https") or not _public.netloc or _public.query or _public.fragment or any(
-        c in HETEROFLOW_PUBLIC_URL for c in "'\"\\ `$"
+    if (
+        _public.scheme not in ("http", "https")
+        or not _public.netloc
+        or _public.query
+        or _public.fragment
+        or any(c in HETEROFLOW_PUBLIC_URL for c in "'\"\\ `$")
     ):
         raise ImproperlyConfigured(
             f"HETEROFLOW_PUBLIC_URL={HETEROFLOW_PUBLIC_URL!r} is not an http(s) URL like https://hf.example.com"
@@ -309,7 +313,9 @@ HETEROFLOW_NOTIFY_MAX_ATTEMPTS = env.int("HETEROFLOW_NOTIFY_MAX_ATTEMPTS", 8, lo
 # Back-off after failed attempt n: BACKOFF * 2**(n-1) seconds, at most BACKOFF_MAX (also
 # the cap on a receiver's Retry-After).
 HETEROFLOW_NOTIFY_BACKOFF_SECONDS = env.float("HETEROFLOW_NOTIFY_BACKOFF_SECONDS", 10.0, low=0.1, high=3600.0)
-HETEROFLOW_NOTIFY_BACKOFF_MAX_SECONDS = env.float("HETEROFLOW_NOTIFY_BACKOFF_MAX_SECONDS", 900.0, low=1.0, high=86_400.0)
+HETEROFLOW_NOTIFY_BACKOFF_MAX_SECONDS = env.float(
+    "HETEROFLOW_NOTIFY_BACKOFF_MAX_SECONDS", 900.0, low=1.0, high=86_400.0
+)
 # Whether tenants' webhooks may reach loopback, private, link-local and other
 # non-public addresses (the control plane's own network). Operators' webhooks always may.
 HETEROFLOW_NOTIFY_ALLOW_PRIVATE_TARGETS = env.bool("HETEROFLOW_NOTIFY_ALLOW_PRIVATE_TARGETS", not PRODUCTION)
@@ -330,7 +336,9 @@ EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", False)
 EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", False)
 if EMAIL_USE_TLS and EMAIL_USE_SSL:
-    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL cannot both be true (STARTTLS or implicit TLS: pick one)")
+    raise ImproperlyConfigured(
+        "EMAIL_USE_TLS and EMAIL_USE_SSL cannot both be true (STARTTLS or implicit TLS: pick one)"
+    )
 EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", 10.0, low=1.0, high=120.0)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", "HeteroFlow <heteroflow@localhost>")
 EMAIL_SUBJECT_PREFIX = "[HeteroFlow] "
@@ -369,9 +377,7 @@ CSRF_COOKIE_SECURE = PRODUCTION
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_SSL_REDIRECT = env.bool("HETEROFLOW_SSL_REDIRECT", PRODUCTION)
-SECURE_HSTS_SECONDS = env.int(
-    "HETEROFLOW_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0, low=0, high=63_072_000
-)
+SECURE_HSTS_SECONDS = env.int("HETEROFLOW_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0, low=0, high=63_072_000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("HETEROFLOW_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
 SECURE_HSTS_PRELOAD = env.bool("HETEROFLOW_HSTS_PRELOAD", PRODUCTION)
 if env.bool("HETEROFLOW_BEHIND_TLS_PROXY", False):

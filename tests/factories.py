@@ -39,16 +39,30 @@ class TaskFactory(factory.django.DjangoModelFactory):
     name = factory.Sequence(lambda n: f"task-{n}")
 
 
-def make_node(node_id: str, gpus: int = 8, *, vendor: str = "nvidia", model: str = "H100", memory_total_mb: int | None = 81920,
-              **fields) -> Node:
+def make_node(
+    node_id: str,
+    gpus: int = 8,
+    *,
+    vendor: str = "nvidia",
+    model: str = "H100",
+    memory_total_mb: int | None = 81920,
+    **fields,
+) -> Node:
     """A node that beat just now (online unless `status` says otherwise) with `gpus` cards,
     indices 0…gpus-1, and its GPU summary (count, type) as the heartbeat leaves it.
     `fields` are the node's other columns."""
-    fields = {"name": node_id, "status": NodeStatus.ONLINE, "last_heartbeat_at": utcnow(), "gpu_count": gpus,
-              "gpu_type": vendor if gpus else "", **fields}
+    fields = {
+        "name": node_id,
+        "status": NodeStatus.ONLINE,
+        "last_heartbeat_at": utcnow(),
+        "gpu_count": gpus,
+        "gpu_type": vendor if gpus else "",
+        **fields,
+    }
     node = Node.objects.create(id=node_id, **fields)
-    Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor=vendor, model=model, memory_total_mb=memory_total_mb)
-                            for i in range(gpus))
+    Gpu.objects.bulk_create(
+        Gpu(node=node, index=i, vendor=vendor, model=model, memory_total_mb=memory_total_mb) for i in range(gpus)
+    )
     return node
 
 
@@ -62,11 +76,27 @@ def make_group(tenant, workers: int = 2, gpus: int = 8, *, gpu_type: str = "nvid
     """A task group of `tenant` with its `workers` member tasks (ranks 0…workers-1, kind
     training, `gpus` cards each, pending and of the group's priority), as a submission
     leaves it; `fields` are the group's other columns."""
-    group = TaskGroup.objects.create(tenant=tenant, name=fields.pop("name", "g"), world_size=workers, gpus_per_worker=gpus,
-                                     gpu_type=gpu_type, image="x", **fields)
+    group = TaskGroup.objects.create(
+        tenant=tenant,
+        name=fields.pop("name", "g"),
+        world_size=workers,
+        gpus_per_worker=gpus,
+        gpu_type=gpu_type,
+        image="x",
+        **fields,
+    )
     Task.objects.bulk_create(
-        Task(tenant=tenant, name=f"{group.name}-{rank}", image="x", kind="training", group=group, rank=rank,
-             gpu_required=gpus, gpu_type=gpu_type, priority=group.priority)
+        Task(
+            tenant=tenant,
+            name=f"{group.name}-{rank}",
+            image="x",
+            kind="training",
+            group=group,
+            rank=rank,
+            gpu_required=gpus,
+            gpu_type=gpu_type,
+            priority=group.priority,
+        )
         for rank in range(workers)
     )
     return group
@@ -75,8 +105,9 @@ def make_group(tenant, workers: int = 2, gpus: int = 8, *, gpu_type: str = "nvid
 def make_alert(**fields) -> Alert:
     """An alert row as it is (no notification, no dedup): ACTIVE unless `state` says
     otherwise; `type`, `severity`, `key`, `message` have placeholders."""
-    return Alert.objects.create(**{"type": AlertType.GPU_LOST, "severity": Severity.WARNING, "key": "k", "message": "m",
-                                   **fields})
+    return Alert.objects.create(
+        **{"type": AlertType.GPU_LOST, "severity": Severity.WARNING, "key": "k", "message": "m", **fields}
+    )
 
 
 def make_task_holding(node: Node, tenant, status: str, card: int = 0) -> Task:

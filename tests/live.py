@@ -41,19 +41,39 @@ def wait_until(check, timeout: float, what: str):
 
 def server_env(**extra) -> dict:
     """The environment of a server process working on this test run's database."""
-    test_database = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path="/" + connection.settings_dict["NAME"]))
+    test_database = urlunsplit(
+        urlsplit(os.environ["DATABASE_URL"])._replace(path="/" + connection.settings_dict["NAME"])
+    )
     return os.environ | {"DATABASE_URL": test_database, "HETEROFLOW_ENV": "test"} | extra
 
 
-def start_control_plane(port: int | None = None, *, env: dict | None = None, args: tuple = ()) -> tuple[subprocess.Popen, str]:
+def start_control_plane(
+    port: int | None = None, *, env: dict | None = None, args: tuple = ()
+) -> tuple[subprocess.Popen, str]:
     """uvicorn serving heteroflow.asgi on this test run's database (on `port`, to bring
     a stopped one back where its agents look for it; `env` and `args` add to its
     environment and command line)."""
     port = port or free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "heteroflow.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--lifespan", "off", "--no-proxy-headers", "--log-level", "warning", *args],
-        cwd=REPO, env=server_env(**(env or {})), start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "heteroflow.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--lifespan",
+            "off",
+            "--no-proxy-headers",
+            "--log-level",
+            "warning",
+            *args,
+        ],
+        cwd=REPO,
+        env=server_env(**(env or {})),
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     wait_for_web(url)
@@ -62,6 +82,7 @@ def start_control_plane(port: int | None = None, *, env: dict | None = None, arg
 
 def wait_for_web(url: str, timeout: float = 60) -> None:
     """Until the control plane at `url` answers its health probe (503 included: it is up)."""
+
     def up():
         try:
             return requests.get(f"{url}/health", timeout=1).status_code in (200, 503)
@@ -97,8 +118,15 @@ def start_agent(url: str, data_dir: Path, *, container_engine: bool = False, **e
     # its output goes to a file, so a test can wait for a line while it runs
     log_path = data_dir.with_name(f"{data_dir.name}-agent-{time.monotonic_ns()}.log")
     with open(log_path, "w") as log:
-        agent = subprocess.Popen([sys.executable, "-m", "heteroflow_agent"], cwd=REPO, env=env, start_new_session=True,
-                                 stdout=log, stderr=subprocess.STDOUT, text=True)
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "heteroflow_agent"],
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     agent.log_path = log_path
     return agent
 

@@ -31,13 +31,25 @@ def free_port() -> int:
 
 
 def start(data_dir: Path, port: int) -> tuple[subprocess.Popen, list[str]]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL") and not k.startswith("HETEROFLOW_")}
-    env.update(HETEROFLOW_DATA_DIR=str(data_dir), HETEROFLOW_PORT=str(port), HETEROFLOW_ADMIN_API_KEY=ADMIN_KEY,
-               # the agent installer's downloads, kept between runs on this machine
-               HETEROFLOW_AGENT_DIST_DIR=str(Path(tempfile.gettempdir()) / "heteroflow-e2e-agent-dist"))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL") and not k.startswith("HETEROFLOW_")
+    }
+    env.update(
+        HETEROFLOW_DATA_DIR=str(data_dir),
+        HETEROFLOW_PORT=str(port),
+        HETEROFLOW_ADMIN_API_KEY=ADMIN_KEY,
+        # the agent installer's downloads, kept between runs on this machine
+        HETEROFLOW_AGENT_DIST_DIR=str(Path(tempfile.gettempdir()) / "heteroflow-e2e-agent-dist"),
+    )
     process = subprocess.Popen(
         [sys.executable, "-m", "heteroflow.launcher", "up"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     lines, deadline = [], time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -105,7 +117,14 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
             "    time.sleep(0.2)\n"
             "print('RUNS', JobRun.objects.filter(key='core.purge_expired_sessions').values_list('runs', flat=True).first())"
         )
-        result = subprocess.run([sys.executable, "manage.py", "shell", "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", probe],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert "RUNS 1" in result.stdout, result.stdout + result.stderr
         # each worker samples its own host as it starts; each process group keeps its
         # metrics in a folder of its own
@@ -115,9 +134,18 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
             "    time.sleep(0.2)\n"
             "print('SAMPLES', ServerMetric.objects.filter(host=socket.gethostname()).count())"
         )
-        result = subprocess.run([sys.executable, "manage.py", "shell", "-c", sampled], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", sampled],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert "SAMPLES 0" not in result.stdout and "SAMPLES" in result.stdout, result.stdout + result.stderr
-        assert list((data_dir / "metrics" / "worker").glob("*.db")) and list((data_dir / "metrics" / "web").glob("*.db"))
+        assert list((data_dir / "metrics" / "worker").glob("*.db")) and list(
+            (data_dir / "metrics" / "web").glob("*.db")
+        )
         scraped = requests.get(f"{base}/metrics", timeout=10)
         assert scraped.status_code == 200 and "heteroflow_scheduler_running" in scraped.text
 
@@ -125,13 +153,18 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
         # the local agent registered this machine as a node, under the id it keeps
         kept = data_dir / "agent" / "node-id"
         node_id = wait_until(lambda: kept.exists() and kept.read_text().strip(), 60, "the local agent's node id")
-        nodes = wait_until(lambda: requests.get(f"{base}/api/v1/nodes", headers=headers, timeout=10).json()["results"], 60,
-                           "the local agent's node")
+        nodes = wait_until(
+            lambda: requests.get(f"{base}/api/v1/nodes", headers=headers, timeout=10).json()["results"],
+            60,
+            "the local agent's node",
+        )
         assert [n["id"] for n in nodes] == [node_id] and nodes[0]["gpus"]
         # and the installer serves the agent to other machines
         assert requests.get(f"{base}/api/v1/agent/install.sh", timeout=10).text.startswith("#!")
 
-        created = requests.post(f"{base}/api/v1/tenants", json={"name": "Lab", "slug": "lab"}, headers=headers, timeout=30)
+        created = requests.post(
+            f"{base}/api/v1/tenants", json={"name": "Lab", "slug": "lab"}, headers=headers, timeout=30
+        )
         assert created.status_code == 201, created.text
     finally:
         stop(process)

@@ -26,7 +26,8 @@ def imported_modules(path: Path):
 def test_no_test_module_imports_another_test_module_or_a_conftest():
     offending = sorted(
         f"{path.relative_to(REPO)}: {module}"
-        for suite in SUITES for path in suite.rglob("*.py")
+        for suite in SUITES
+        for path in suite.rglob("*.py")
         for module in imported_modules(path)
         if module.split(".")[0] in ("tests", "agent") and is_test_module(module)
     )

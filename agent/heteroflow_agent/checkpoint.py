@@ -70,7 +70,11 @@ def complete_checkpoints(root: Path) -> list[Found]:
             if shards:
                 found.append(Found(str(base / tag), "deepspeed", _mtime(base / tag)))
         match = re.search(r'^model_checkpoint_path:\s*"([^"/]+)"', _read(base / "checkpoint"), re.MULTILINE)
-        if match and (base / f"{match.group(1)}.index").is_file() and not (base / f"{match.group(1)}.index").is_symlink():
+        if (
+            match
+            and (base / f"{match.group(1)}.index").is_file()
+            and not (base / f"{match.group(1)}.index").is_symlink()
+        ):
             found.append(Found(str(base / match.group(1)), "tensorflow", _mtime(base / f"{match.group(1)}.index")))
         for folder in [base] + [entry for entry in _children(base) if _real_dir(entry)]:
             if (folder / ".metadata").is_file() and not (folder / ".metadata").is_symlink():
@@ -96,7 +100,10 @@ def resume_point(task: dict, volumes) -> tuple[str | None, str]:
         return None, ""
     if task.get("resume_from_checkpoint"):
         return task["resume_from_checkpoint"], "resume point given by the task: not probed"
-    volume = next((v for v in volumes if wanted == v.container.rstrip("/") or wanted.startswith(v.container.rstrip("/") + "/")), None)
+    volume = next(
+        (v for v in volumes if wanted == v.container.rstrip("/") or wanted.startswith(v.container.rstrip("/") + "/")),
+        None,
+    )
     if volume is None:
         return None, f"checkpoint path {wanted} is not on a volume of the task: starting from scratch"
     host_root = Path(volume.host) / os.path.relpath(wanted, volume.container.rstrip("/") or "/")
@@ -106,5 +113,9 @@ def resume_point(task: dict, volumes) -> tuple[str | None, str]:
     if not candidates:
         return None, f"no complete checkpoint under {wanted}: starting from scratch"
     newest = candidates[-1]
-    inside = os.path.join(wanted, os.path.relpath(newest.host_path, host_root)) if newest.host_path != str(host_root) else wanted
+    inside = (
+        os.path.join(wanted, os.path.relpath(newest.host_path, host_root))
+        if newest.host_path != str(host_root)
+        else wanted
+    )
     return os.path.normpath(inside), f"resuming from {os.path.normpath(inside)} ({newest.framework})"

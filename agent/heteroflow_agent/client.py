@@ -52,8 +52,9 @@ class ServerClient:
         self.session.headers.update({"X-API-Key": api_key, "User-Agent": user_agent, "Accept": "application/json"})
         self._auth_reported = False
 
-    def request(self, method: str, path: str, *, json=None, params=None, expect=(200, 201),
-                attempts: int | None = None) -> requests.Response:
+    def request(
+        self, method: str, path: str, *, json=None, params=None, expect=(200, 201), attempts: int | None = None
+    ) -> requests.Response:
         """The response when its status is in `expect` or is a client error other than
         401 (the caller decides what a 404 or 409 means). Raises AuthError on 401 and
         ServerError when the retries are spent."""
@@ -95,7 +96,8 @@ class ServerClient:
         self._auth_reported = True
         logger.error(
             "configuration error: the control plane at %s refuses the agent key (401). The agent keeps running "
-            "but nothing will work until api_key matches the server's HETEROFLOW_AGENT_SECRET.", self.base_url,
+            "but nothing will work until api_key matches the server's HETEROFLOW_AGENT_SECRET.",
+            self.base_url,
         )
 
     def close(self) -> None:

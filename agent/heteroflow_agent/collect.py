@@ -17,7 +17,22 @@ logger = logging.getLogger("heteroflow_agent.collect")
 
 # Interfaces that are never the node's address: loopback and the bridges and veths of
 # container engines and overlays.
-VIRTUAL_INTERFACE_PREFIXES = ("lo", "docker", "br-", "veth", "cni", "flannel", "cali", "virbr", "podman", "tun", "tap", "kube", "vxlan", "weave")
+VIRTUAL_INTERFACE_PREFIXES = (
+    "lo",
+    "docker",
+    "br-",
+    "veth",
+    "cni",
+    "flannel",
+    "cali",
+    "virbr",
+    "podman",
+    "tun",
+    "tap",
+    "kube",
+    "vxlan",
+    "weave",
+)
 
 
 def host_facts() -> dict:

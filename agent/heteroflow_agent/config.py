@@ -147,10 +147,20 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     if not node_id:
         node_id = persistent_node_id(data_dir)
     return AgentConfig(
-        server_url=server_url, api_key=api_key, node_id=node_id, data_dir=data_dir, heartbeat_interval=interval,
-        allow_process_runtime=allow_process, model_scan_dirs=tuple(dirs), labels=dict(labels),
-        connect_timeout=connect_timeout, read_timeout=read_timeout, tool_timeout=tool_timeout, log_level=log_level,
-        reconcile_interval=reconcile_interval, report_attempts=report_attempts,
+        server_url=server_url,
+        api_key=api_key,
+        node_id=node_id,
+        data_dir=data_dir,
+        heartbeat_interval=interval,
+        allow_process_runtime=allow_process,
+        model_scan_dirs=tuple(dirs),
+        labels=dict(labels),
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        tool_timeout=tool_timeout,
+        log_level=log_level,
+        reconcile_interval=reconcile_interval,
+        report_attempts=report_attempts,
     )
 
 

@@ -60,8 +60,17 @@ ALL_VISIBILITY_VARIABLES = frozenset(name for names in VISIBILITY_VARIABLES.valu
 
 DEFAULT_VOLUME_ALLOW = ("/data", "/mnt", "/models", "/srv")
 DEFAULT_VOLUME_DENY = (
-    "/etc", "/proc", "/sys", "/dev", "/boot", "/root", "/run", "/var/run", "/var/lib/docker",
-    "/var/lib/containers", "/var/lib/heteroflow-agent",
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/boot",
+    "/root",
+    "/run",
+    "/var/run",
+    "/var/lib/docker",
+    "/var/lib/containers",
+    "/var/lib/heteroflow-agent",
 )
 
 
@@ -139,7 +148,11 @@ class Executor:
         self.vendor = vendor
         # reports: 6 attempts, 1 s doubling to 10 s (about a minute in all)
         self.report_client = report_client or ServerClient(
-            client.base_url, client.session.headers["X-API-Key"], attempts=6, backoff=1.0, backoff_cap=10.0,
+            client.base_url,
+            client.session.headers["X-API-Key"],
+            attempts=6,
+            backoff=1.0,
+            backoff_cap=10.0,
         )
         self.pool = ThreadPoolExecutor(max_workers=workers or worker_count(), thread_name_prefix="task")
         self.volume_allow, self.volume_deny = volume_allow, volume_deny
@@ -186,7 +199,8 @@ class Executor:
     def _claim(self, task: dict) -> bool:
         try:
             response = self.client.request(
-                "PUT", f"/api/v1/tasks/{task['id']}",
+                "PUT",
+                f"/api/v1/tasks/{task['id']}",
                 json={"node_id": self.node_id, "from_status": "scheduled", "status": "running"},
             )
         except ServerError as exc:
@@ -242,8 +256,12 @@ class Executor:
         ipc_host = many_cards and task.get("kind") in ("training", "inference")
         shm_size_mb = self._shm_for(task, ipc_host)
         return TaskSpec(
-            task_id=task["id"], image=task.get("image") or "", command=list(task.get("command") or []), env=env,
-            volumes=volumes, shm_size_mb=shm_size_mb,
+            task_id=task["id"],
+            image=task.get("image") or "",
+            command=list(task.get("command") or []),
+            env=env,
+            volumes=volumes,
+            shm_size_mb=shm_size_mb,
             labels=container_labels(task),
             host_port=task.get("host_port"),
             ipc_host=ipc_host,
@@ -279,7 +297,9 @@ class Executor:
         if task.get("missing_secrets"):
             # the tenant deleted a secret the task needs: running without it would be wrong
             missing = ", ".join(task["missing_secrets"])
-            return Outcome(task_id, "running", "failed", None, f"could not start: the tenant has no secret named {missing}")
+            return Outcome(
+                task_id, "running", "failed", None, f"could not start: the tenant has no secret named {missing}"
+            )
         try:
             spec = self.spec_for(task)
             if self.runtime.kind == "docker":
@@ -316,14 +336,24 @@ class Executor:
             if not state.running:
                 code = state.exit_code
                 status = "completed" if code == 0 else "failed"
-                message = "" if code == 0 else (f"exited with code {code}" if code is not None else "ended, exit code unknown")
+                message = (
+                    ""
+                    if code == 0
+                    else (f"exited with code {code}" if code is not None else "ended, exit code unknown")
+                )
                 return Outcome(task_id, "running", status, code, message, self.runtime.logs_tail(task_id))
             now = time.monotonic()
             if now >= deadline:
                 self._stop(task_id)
                 limit = task.get("timeout_seconds") or 7200
-                return Outcome(task_id, "running", "failed", TIMEOUT_EXIT_CODE, f"timed out after {limit} s",
-                               self.runtime.logs_tail(task_id))
+                return Outcome(
+                    task_id,
+                    "running",
+                    "failed",
+                    TIMEOUT_EXIT_CODE,
+                    f"timed out after {limit} s",
+                    self.runtime.logs_tail(task_id),
+                )
             if now >= next_poll:
                 next_poll = now + self.stop_poll_seconds
                 intent = self._server_status(task_id)
@@ -366,7 +396,8 @@ class Executor:
         event that does not get through is logged here and dropped."""
         try:
             response = self.client.request(
-                "POST", f"/api/v1/tasks/{task_id}/events",
+                "POST",
+                f"/api/v1/tasks/{task_id}/events",
                 json={"node_id": self.node_id, "kind": kind, "message": message[:2000], "details": details or {}},
                 attempts=1,
             )
@@ -402,7 +433,9 @@ class Executor:
         asked again by the next reconcile while the server still says running."""
         try:
             response = self.client.request(
-                "POST", f"/api/v1/tasks/{task_id}/container-lost", json={"node_id": self.node_id, "detail": detail[:2000]}
+                "POST",
+                f"/api/v1/tasks/{task_id}/container-lost",
+                json={"node_id": self.node_id, "detail": detail[:2000]},
             )
         except ServerError as exc:
             logger.warning("task %s: could not report its lost container (%s); the reconciler asks again", task_id, exc)
@@ -410,8 +443,9 @@ class Executor:
         if response.status_code == 409:
             return "moved"
         if response.status_code not in (200, 202):
-            logger.error("task %s: lost-container report refused: HTTP %d %s", task_id, response.status_code,
-                         response.text[:300])
+            logger.error(
+                "task %s: lost-container report refused: HTTP %d %s", task_id, response.status_code, response.text[:300]
+            )
             return None
         verdict = response.json().get("verdict")
         logger.warning("task %s: %s; the server's verdict: %s", task_id, detail, verdict)
@@ -420,9 +454,14 @@ class Executor:
     def deliver(self, outcome: Outcome) -> bool:
         """Report the outcome (CAS). Delivered (or moot): the container is removed. Not
         delivered: it is kept, and so is the outcome, for a later attempt."""
-        body = {"node_id": self.node_id, "from_status": outcome.from_status, "status": outcome.status,
-                "exit_code": outcome.exit_code, "error_message": outcome.error_message[:10_000],
-                "log_tail": outcome.log_tail[-64 * 1024:]}
+        body = {
+            "node_id": self.node_id,
+            "from_status": outcome.from_status,
+            "status": outcome.status,
+            "exit_code": outcome.exit_code,
+            "error_message": outcome.error_message[:10_000],
+            "log_tail": outcome.log_tail[-64 * 1024 :],
+        }
         try:
             response = self.report_client.request("PUT", f"/api/v1/tasks/{outcome.task_id}", json=body)
         except (ServerError, AuthError) as exc:
@@ -434,7 +473,9 @@ class Executor:
             # decided meanwhile): its answer is the truth, nothing more to say for this state
             logger.info("task %s: the server already moved on (409)", outcome.task_id)
         elif response.status_code not in (200, 404):
-            logger.error("task %s: report refused: HTTP %d %s", outcome.task_id, response.status_code, response.text[:300])
+            logger.error(
+                "task %s: report refused: HTTP %d %s", outcome.task_id, response.status_code, response.text[:300]
+            )
         with self.lock:
             self.undelivered.pop(outcome.task_id, None)
         try:
@@ -450,7 +491,9 @@ class Executor:
             self.undelivered.move_to_end(outcome.task_id)
             while len(self.undelivered) > MAX_UNDELIVERED:
                 dropped, _ = self.undelivered.popitem(last=False)
-                logger.error("task %s: more than %d outcomes undelivered; the oldest is given up", dropped, MAX_UNDELIVERED)
+                logger.error(
+                    "task %s: more than %d outcomes undelivered; the oldest is given up", dropped, MAX_UNDELIVERED
+                )
 
     def redeliver(self) -> int:
         """Try the kept outcomes again (reconcile). Returns how many got through."""
@@ -487,7 +530,9 @@ def probe_ok(probe: dict, timeout: float = 2.0) -> bool:
         if probe.get("type") == "tcp":
             with socket.create_connection(("127.0.0.1", port), timeout=timeout):
                 return True
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{probe.get('path') or '/health'}", timeout=timeout) as answer:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}{probe.get('path') or '/health'}", timeout=timeout
+        ) as answer:
             return 200 <= answer.status < 400
     except OSError:
         return False

@@ -115,13 +115,16 @@ class Heartbeat:
             body["shutting_down"] = True
         self.beats += 1
         try:
-            response = self.client.request("POST", f"/api/v1/nodes/{self.config.node_id}/heartbeat", json=body,
-                                           attempts=1 if farewell else None)
+            response = self.client.request(
+                "POST", f"/api/v1/nodes/{self.config.node_id}/heartbeat", json=body, attempts=1 if farewell else None
+            )
         except AuthError:
             logger.debug("heartbeat not accepted: the key is refused")  # the client logs the error itself once
             return None
         except ServerError as exc:
-            logger.warning("heartbeat not delivered (%s); the next one follows in %d s", exc, self.config.heartbeat_interval)
+            logger.warning(
+                "heartbeat not delivered (%s); the next one follows in %d s", exc, self.config.heartbeat_interval
+            )
             return None
         if response.status_code != 200:
             logger.error("heartbeat refused: HTTP %d %s", response.status_code, response.text[:500])

@@ -61,7 +61,9 @@ def _walk(folder: Path, depth: int, max_depth: int, found: list[dict], limit: in
     names = {entry.name for entry in entries}
     if "config.json" in names:
         files = [entry for entry in entries if entry.is_file(follow_symlinks=False)]
-        formats = [MODEL_SUFFIXES[Path(entry.name).suffix] for entry in files if Path(entry.name).suffix in MODEL_SUFFIXES]
+        formats = [
+            MODEL_SUFFIXES[Path(entry.name).suffix] for entry in files if Path(entry.name).suffix in MODEL_SUFFIXES
+        ]
         found.append(_model(folder.name, folder, sum(_size(entry) for entry in files), formats[0] if formats else "hf"))
         return
     for entry in sorted(entries, key=lambda e: e.name):

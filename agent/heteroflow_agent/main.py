@@ -39,7 +39,9 @@ def choose_runtime(cfg: agent_config.AgentConfig, engine: ContainerEngine):
         from heteroflow_agent.runtime.process import ProcessRuntime
 
         return ProcessRuntime(cfg.data_dir / "process-tasks")
-    logger.warning("no container engine (%s) and the process runtime is not allowed: this node will run no tasks", state.error)
+    logger.warning(
+        "no container engine (%s) and the process runtime is not allowed: this node will run no tasks", state.error
+    )
     return None
 
 
@@ -48,7 +50,10 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
 
     version = current()
     client = ServerClient(
-        cfg.server_url, cfg.api_key, connect_timeout=cfg.connect_timeout, read_timeout=cfg.read_timeout,
+        cfg.server_url,
+        cfg.api_key,
+        connect_timeout=cfg.connect_timeout,
+        read_timeout=cfg.read_timeout,
         user_agent=f"heteroflow-agent/{version.version}",
     )
     detector = Detector(timeout=cfg.tool_timeout)
@@ -57,19 +62,35 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
     executor = None
     if runtime is not None:
         reports = ServerClient(
-            cfg.server_url, cfg.api_key, connect_timeout=cfg.connect_timeout, read_timeout=cfg.read_timeout,
-            attempts=cfg.report_attempts, backoff=1.0, backoff_cap=10.0, user_agent=f"heteroflow-agent/{version.version}",
+            cfg.server_url,
+            cfg.api_key,
+            connect_timeout=cfg.connect_timeout,
+            read_timeout=cfg.read_timeout,
+            attempts=cfg.report_attempts,
+            backoff=1.0,
+            backoff_cap=10.0,
+            user_agent=f"heteroflow-agent/{version.version}",
         )
         executor = Executor(cfg.node_id, client, runtime, vendor=detector.detect().vendor, report_client=reports)
-    heartbeat = Heartbeat(cfg, client, detect_gpus=detector.detect, engine=engine, version=version,
-                          tasks=executor.report if executor else TaskReport,
-                          on_scheduled=(lambda ids: executor.wake.set()) if executor else None,
-                          on_delivered=executor.sweep.set if executor else None)
+    heartbeat = Heartbeat(
+        cfg,
+        client,
+        detect_gpus=detector.detect,
+        engine=engine,
+        version=version,
+        tasks=executor.report if executor else TaskReport,
+        on_scheduled=(lambda ids: executor.wake.set()) if executor else None,
+        on_delivered=executor.sweep.set if executor else None,
+    )
     return heartbeat, executor
 
 
-def run_executor(executor: Executor, stop: threading.Event, poll_seconds: float = TASK_POLL_SECONDS,
-                 reconcile_seconds: float = RECONCILE_SECONDS) -> None:
+def run_executor(
+    executor: Executor,
+    stop: threading.Event,
+    poll_seconds: float = TASK_POLL_SECONDS,
+    reconcile_seconds: float = RECONCILE_SECONDS,
+) -> None:
     reconciler = Reconciler(executor)
     next_reconcile = time.monotonic()  # at start: adopt what an earlier agent left
     # Polls fall halfway between heartbeats (both start now): a task scheduled to this
@@ -122,9 +143,13 @@ def run(heartbeat: Heartbeat, stop: threading.Event, clock=time.monotonic) -> in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="heteroflow-agent", description=__doc__)
-    parser.add_argument("--config", help=f"configuration file (default: $HETEROFLOW_AGENT_CONFIG or {agent_config.DEFAULT_CONFIG_FILE})")
+    parser.add_argument(
+        "--config", help=f"configuration file (default: $HETEROFLOW_AGENT_CONFIG or {agent_config.DEFAULT_CONFIG_FILE})"
+    )
     parser.add_argument("--once", action="store_true", help="send one heartbeat and exit (0 if it was accepted)")
-    parser.add_argument("--print-payload", action="store_true", help="print the heartbeat this node would send, send nothing")
+    parser.add_argument(
+        "--print-payload", action="store_true", help="print the heartbeat this node would send, send nothing"
+    )
     parser.add_argument("--version", action="store_true", help="print the version triple and exit")
     args = parser.parse_args(argv)
 
@@ -153,15 +178,25 @@ def main(argv: list[str] | None = None) -> int:
     version = heartbeat.version
     logger.info(
         "heteroflow-agent %s (%s, %s) starting: node %s, server %s, every %d s",
-        version.version, version.git_commit, version.build_time, cfg.node_id, cfg.server_url, cfg.heartbeat_interval,
+        version.version,
+        version.git_commit,
+        version.build_time,
+        cfg.node_id,
+        cfg.server_url,
+        cfg.heartbeat_interval,
     )
     if version.dirty:
         logger.warning("this agent was built from a tree with uncommitted changes (%s)", version.git_commit)
     worker = None
     if executor is not None:
         logger.info("runtime: %s", executor.runtime.kind)
-        worker = threading.Thread(target=run_executor, args=(executor, stop), name="executor", daemon=True,
-                                  kwargs={"reconcile_seconds": cfg.reconcile_interval})
+        worker = threading.Thread(
+            target=run_executor,
+            args=(executor, stop),
+            name="executor",
+            daemon=True,
+            kwargs={"reconcile_seconds": cfg.reconcile_interval},
+        )
         worker.start()
     try:
         return run(heartbeat, stop)

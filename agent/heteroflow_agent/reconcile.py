@@ -105,9 +105,14 @@ class Reconciler:
                     done["adopted"].append(task_id)
                 else:  # it ended while no agent was watching: report it now
                     code = state.exit_code
-                    outcome = Outcome(task_id, "running", "completed" if code == 0 else "failed", code,
-                                      "" if code == 0 else f"exited with code {code} while the agent was away",
-                                      executor.runtime.logs_tail(task_id))
+                    outcome = Outcome(
+                        task_id,
+                        "running",
+                        "completed" if code == 0 else "failed",
+                        code,
+                        "" if code == 0 else f"exited with code {code} while the agent was away",
+                        executor.runtime.logs_tail(task_id),
+                    )
                     executor.deliver(outcome)
                     done["reported"].append(task_id)
             elif task.get("status") in ("stopping", "preempting"):

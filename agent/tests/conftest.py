@@ -1,7 +1,6 @@
 """Agent tests: no Django, no database. They import only heteroflow_agent."""
 
 import pytest
-
 from agent.tests.server import ScriptedServer
 
 

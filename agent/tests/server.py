@@ -20,10 +20,14 @@ class ScriptedServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 path = self.path.split("?")[0]
-                owner.requests.append({
-                    "method": self.command, "path": self.path, "headers": dict(self.headers),
-                    "json": json.loads(body) if body else None,
-                })
+                owner.requests.append(
+                    {
+                        "method": self.command,
+                        "path": self.path,
+                        "headers": dict(self.headers),
+                        "json": json.loads(body) if body else None,
+                    }
+                )
                 queue = owner.script.get(path)
                 status, payload, headers = queue.pop(0) if queue else owner.default
                 data = json.dumps(payload).encode()

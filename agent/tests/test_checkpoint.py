@@ -37,8 +37,13 @@ def test_each_frameworks_evidence_of_completion(ckpt):
     touch(ckpt / "marked" / "epoch-3" / ".heteroflow_complete")
     (ckpt / "half-written" / "epoch-4").mkdir(parents=True)
     found = {(os.path.relpath(f.host_path, ckpt), f.framework) for f in complete_checkpoints(ckpt)}
-    assert found == {("megatron/iter_0002000", "megatron"), ("ds/global_step500", "deepspeed"), ("tf/ckpt-7", "tensorflow"),
-                     ("dcp/step-100", "dcp"), ("marked/epoch-3", "marker")}
+    assert found == {
+        ("megatron/iter_0002000", "megatron"),
+        ("ds/global_step500", "deepspeed"),
+        ("tf/ckpt-7", "tensorflow"),
+        ("dcp/step-100", "dcp"),
+        ("marked/epoch-3", "marker"),
+    }
 
 
 def test_the_newest_complete_one_is_injected_as_a_container_path(tmp_path):
@@ -65,7 +70,11 @@ def test_symlinks_are_not_followed(tmp_path):
     [
         ({"kind": "job", "checkpoint_path": "/ckpt"}, None, ""),
         ({"kind": "training", "checkpoint_path": ""}, None, ""),
-        ({"kind": "training", "checkpoint_path": "/ckpt", "resume_from_checkpoint": "/ckpt/step-5"}, "/ckpt/step-5", "not probed"),
+        (
+            {"kind": "training", "checkpoint_path": "/ckpt", "resume_from_checkpoint": "/ckpt/step-5"},
+            "/ckpt/step-5",
+            "not probed",
+        ),
         ({"kind": "training", "checkpoint_path": "/elsewhere"}, None, "not on a volume"),
         ({"kind": "training", "checkpoint_path": "/ckpt"}, None, "no complete checkpoint"),
     ],

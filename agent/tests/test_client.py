@@ -74,7 +74,13 @@ def test_a_server_that_does_not_answer_in_time_is_a_timeout():
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(1)
-        made = ServerClient(f"http://127.0.0.1:{silent.getsockname()[1]}", "k", connect_timeout=1, read_timeout=0.3,
-                            attempts=1, sleep=lambda s: None)
+        made = ServerClient(
+            f"http://127.0.0.1:{silent.getsockname()[1]}",
+            "k",
+            connect_timeout=1,
+            read_timeout=0.3,
+            attempts=1,
+            sleep=lambda s: None,
+        )
         with pytest.raises(ServerError, match="Timeout"):
             made.request("GET", "/x")

@@ -22,13 +22,23 @@ def test_a_file_with_the_environment_over_it(tmp_path):
 
 
 def test_the_environment_alone_is_enough_and_the_local_agent_key_is_the_server_secret(tmp_path):
-    cfg = load(None, {"HETEROFLOW_SERVER_URL": "http://127.0.0.1:3333", "HETEROFLOW_AGENT_SECRET": "s" * 20,
-                      "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path)})
+    cfg = load(
+        None,
+        {
+            "HETEROFLOW_SERVER_URL": "http://127.0.0.1:3333",
+            "HETEROFLOW_AGENT_SECRET": "s" * 20,
+            "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path),
+        },
+    )
     assert cfg.api_key == "s" * 20 and cfg.heartbeat_interval == 5
 
 
 def test_the_node_id_is_made_once_and_kept_across_restarts(tmp_path):
-    env = {"HETEROFLOW_SERVER_URL": "http://h:1", "HETEROFLOW_AGENT_KEY": "k", "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path)}
+    env = {
+        "HETEROFLOW_SERVER_URL": "http://h:1",
+        "HETEROFLOW_AGENT_KEY": "k",
+        "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path),
+    }
     first = load(None, env).node_id
     assert load(None, env).node_id == first
     assert (tmp_path / "node-id").read_text().strip() == first
@@ -75,8 +85,15 @@ def test_an_unreadable_file_is_one_clear_problem(tmp_path):
 def test_model_scan_dirs_replace_the_defaults_but_data_models_is_always_scanned(tmp_path):
     cfg = load(write(tmp_path, **BASE, data_dir=str(tmp_path), model_scan_dirs=["/srv/models"]), {})
     assert cfg.scanned_model_dirs == ("/srv/models", ALWAYS_SCANNED_MODEL_DIR)
-    cfg = load(None, {"HETEROFLOW_SERVER_URL": "http://h:1", "HETEROFLOW_AGENT_KEY": "k", "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path),
-                      "HETEROFLOW_MODEL_SCAN_DIRS": "/a,/b"})
+    cfg = load(
+        None,
+        {
+            "HETEROFLOW_SERVER_URL": "http://h:1",
+            "HETEROFLOW_AGENT_KEY": "k",
+            "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path),
+            "HETEROFLOW_MODEL_SCAN_DIRS": "/a,/b",
+        },
+    )
     assert cfg.scanned_model_dirs == ("/a", "/b", ALWAYS_SCANNED_MODEL_DIR)
 
 
@@ -85,7 +102,11 @@ def test_dash_means_no_file_even_when_the_default_exists(tmp_path, monkeypatch):
 
     installed = write(tmp_path, **BASE, node_id="installed-node")
     monkeypatch.setattr(config, "DEFAULT_CONFIG_FILE", installed)
-    env = {"HETEROFLOW_SERVER_URL": "http://127.0.0.1:3333", "HETEROFLOW_AGENT_KEY": "k", "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path / "d")}
+    env = {
+        "HETEROFLOW_SERVER_URL": "http://127.0.0.1:3333",
+        "HETEROFLOW_AGENT_KEY": "k",
+        "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path / "d"),
+    }
     assert load(None, env).node_id == "installed-node"
     assert load(None, env | {"HETEROFLOW_AGENT_CONFIG": "-"}).node_id != "installed-node"
 

@@ -18,7 +18,8 @@ def test_volumes_must_be_under_an_allowed_path_and_no_denied_one(tmp_path):
     (allowed / "secret").mkdir()
     allow, deny = (str(allowed),), (str(allowed / "secret"),)
     assert checked_volumes([{"host": str(allowed / "set"), "container": "/in", "read_only": True}], allow, deny) == (
-        Volume(str(allowed / "set"), "/in", True),)
+        Volume(str(allowed / "set"), "/in", True),
+    )
     for bad, problem in [
         ({"host": str(tmp_path / "elsewhere"), "container": "/in"}, "outside the allowed"),
         ({"host": str(allowed / "secret"), "container": "/in"}, "denied"),
@@ -53,11 +54,20 @@ def test_gpu_visibility_comes_from_the_allocation(vendor, cards, expected):
 
 def test_the_agent_owns_the_visibility_variables_and_drops_env_without_a_value():
     executor = Executor("n1", ServerClient("http://x", "k"), runtime=None, vendor="nvidia", workers=2)
-    spec = executor.spec_for({
-        "id": 7, "name": "train", "tenant": "acme", "kind": "training", "image": "img", "command": ["python", "t.py"],
-        "env": {"A": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "NVIDIA_VISIBLE_DEVICES": "all", "BARE": None},
-        "gpu_indices": [4, 5], "volumes": [], "host_port": None,
-    })
+    spec = executor.spec_for(
+        {
+            "id": 7,
+            "name": "train",
+            "tenant": "acme",
+            "kind": "training",
+            "image": "img",
+            "command": ["python", "t.py"],
+            "env": {"A": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "NVIDIA_VISIBLE_DEVICES": "all", "BARE": None},
+            "gpu_indices": [4, 5],
+            "volumes": [],
+            "host_port": None,
+        }
+    )
     assert spec.env == {"A": "1", "NVIDIA_VISIBLE_DEVICES": "4,5", "CUDA_VISIBLE_DEVICES": "4,5"}
     assert spec.ipc_host and spec.name == "task-7" and spec.labels["heteroflow.tenant"] == "acme"
     single = executor.spec_for({"id": 8, "kind": "inference", "gpu_indices": [0], "host_port": 8001})
@@ -69,11 +79,22 @@ def test_a_training_task_resumes_from_its_newest_complete_checkpoint(tmp_path):
     run = tmp_path / "data" / "run"
     (run / "epoch-2").mkdir(parents=True)
     (run / "epoch-2" / ".heteroflow_complete").write_text("")
-    executor = Executor("n1", ServerClient("http://x", "k"), runtime=None, vendor="nvidia", workers=2,
-                        volume_allow=(str(tmp_path / "data"),))
-    task = {"id": 9, "kind": "training", "checkpoint_path": "/ckpt", "gpu_indices": [0],
-            "volumes": [{"host": str(run), "container": "/ckpt"}],
-            "env": {"HETEROFLOW_RESUME_FROM_CHECKPOINT": "/ckpt/forged"}}
+    executor = Executor(
+        "n1",
+        ServerClient("http://x", "k"),
+        runtime=None,
+        vendor="nvidia",
+        workers=2,
+        volume_allow=(str(tmp_path / "data"),),
+    )
+    task = {
+        "id": 9,
+        "kind": "training",
+        "checkpoint_path": "/ckpt",
+        "gpu_indices": [0],
+        "volumes": [{"host": str(run), "container": "/ckpt"}],
+        "env": {"HETEROFLOW_RESUME_FROM_CHECKPOINT": "/ckpt/forged"},
+    }
     assert executor.spec_for(task).env["HETEROFLOW_RESUME_FROM_CHECKPOINT"] == "/ckpt/epoch-2"
     assert "HETEROFLOW_RESUME_FROM_CHECKPOINT" not in executor.spec_for(task | {"kind": "job"}).env
     executor.pool.shutdown()
@@ -87,8 +108,9 @@ def test_a_task_whose_secret_is_gone_fails_without_starting():
 
 
 def make_executor(shm_free_mb):
-    return Executor("n1", ServerClient("http://x", "k"), runtime=None, vendor="nvidia", workers=2,
-                    shm_free_mb=lambda: shm_free_mb)
+    return Executor(
+        "n1", ServerClient("http://x", "k"), runtime=None, vendor="nvidia", workers=2, shm_free_mb=lambda: shm_free_mb
+    )
 
 
 def test_an_engine_that_would_run_out_of_host_shm_is_refused_before_it_starts():

@@ -34,25 +34,51 @@ class Engine:
 
 
 def make(server_url, tmp_path, *, detection=None, engine=None, tasks=TaskReport, **cfg):
-    config = AgentConfig(server_url=server_url, api_key="k", node_id="gpu-07", data_dir=Path(tmp_path),
-                         model_scan_dirs=(str(tmp_path),), **cfg)
+    config = AgentConfig(
+        server_url=server_url,
+        api_key="k",
+        node_id="gpu-07",
+        data_dir=Path(tmp_path),
+        model_scan_dirs=(str(tmp_path),),
+        **cfg,
+    )
     client = ServerClient(server_url, "k", attempts=2, sleep=lambda s: None)
-    return Heartbeat(config, client, detect_gpus=lambda: detection or Detection(), engine=engine or Engine(),
-                     tasks=tasks, version=Version("1.2.3", "abc1234-dirty", "2026-11-29T10:00:00Z"))
+    return Heartbeat(
+        config,
+        client,
+        detect_gpus=lambda: detection or Detection(),
+        engine=engine or Engine(),
+        tasks=tasks,
+        version=Version("1.2.3", "abc1234-dirty", "2026-11-29T10:00:00Z"),
+    )
 
 
 CARDS = [
-    {"index": 0, "vendor": "nvidia", "temperature": 61.0, "memory_used_mb": 1000, "metrics_available": ["temperature", "memory_used_mb"]},
+    {
+        "index": 0,
+        "vendor": "nvidia",
+        "temperature": 61.0,
+        "memory_used_mb": 1000,
+        "metrics_available": ["temperature", "memory_used_mb"],
+    },
     {"index": 1, "vendor": "nvidia", "temperature": 70.0, "metrics_available": ["temperature"]},
 ]
 
 
 def test_the_payload_says_what_was_read_and_leaves_out_what_was_not(tmp_path):
-    beat = make("http://unused", tmp_path, detection=Detection(gpus=CARDS, labels={"heteroflow.io/gpu-topology": "{}"}),
-                labels={"rack": "r1"})
+    beat = make(
+        "http://unused",
+        tmp_path,
+        detection=Detection(gpus=CARDS, labels={"heteroflow.io/gpu-topology": "{}"}),
+        labels={"rack": "r1"},
+    )
     body = beat.payload()
     assert (body["node_id"], body["agent_version"], body["agent_git_commit"], body["agent_build_time"]) == (
-        "gpu-07", "1.2.3", "abc1234-dirty", "2026-11-29T10:00:00Z")
+        "gpu-07",
+        "1.2.3",
+        "abc1234-dirty",
+        "2026-11-29T10:00:00Z",
+    )
     assert body["gpu_temperature"] == 70.0 and body["gpu_memory_used_mb"] == 1000  # only the card that reported it
     assert body["labels"] == {"rack": "r1", "heteroflow.io/gpu-topology": "{}"}
     assert body["heartbeat_interval"] == 5 and body["cpu_cores"] >= 1 and body["memory_gb"] > 0
@@ -63,8 +89,11 @@ def test_the_payload_says_what_was_read_and_leaves_out_what_was_not(tmp_path):
 
 @pytest.mark.parametrize(
     "available,allow_process,expected",
-    [(True, False, ("docker", True, "")), (False, True, ("process", True, "")),
-     (False, False, ("none", False, "no container engine: socket missing"))],
+    [
+        (True, False, ("docker", True, "")),
+        (False, True, ("process", True, "")),
+        (False, False, ("none", False, "no container engine: socket missing")),
+    ],
 )
 def test_executability_follows_the_engine_and_the_operators_choice(tmp_path, available, allow_process, expected):
     body = make("http://unused", tmp_path, engine=Engine(available), allow_process_runtime=allow_process).payload()
@@ -90,7 +119,9 @@ def test_engines_and_models_are_probed_at_start_and_every_few_beats(tmp_path):
 def test_a_beat_posts_to_the_node_and_returns_the_answer(server, tmp_path):
     answer = {"node_id": "gpu-07", "status": "online", "registered": True, "scheduled_tasks": [], "server_time": "t"}
     server.answer("/api/v1/nodes/gpu-07/heartbeat", (503, {}), (200, answer))
-    beat = make(server.url, tmp_path, tasks=lambda: TaskReport(live_task_ids=[3], task_health=[{"task_id": 3, "healthy": True}]))
+    beat = make(
+        server.url, tmp_path, tasks=lambda: TaskReport(live_task_ids=[3], task_health=[{"task_id": 3, "healthy": True}])
+    )
     assert beat.beat() == answer
     sent = server.requests[-1]
     assert sent["method"] == "POST" and sent["json"]["node_id"] == "gpu-07" and sent["json"]["live_task_ids"] == [3]
@@ -136,7 +167,9 @@ def test_a_slow_beat_skips_the_missed_slots_instead_of_bursting():
     durations = iter([1.0, 12.0, 1.0])
 
     class Slow:
-        config = AgentConfig(server_url="http://x", api_key="k", node_id="n", data_dir=Path("/tmp"), heartbeat_interval=5)
+        config = AgentConfig(
+            server_url="http://x", api_key="k", node_id="n", data_dir=Path("/tmp"), heartbeat_interval=5
+        )
 
         def beat(self):
             clock.now += next(durations)

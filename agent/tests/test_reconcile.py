@@ -121,8 +121,15 @@ def test_the_checkpoint_decision_goes_into_the_tasks_history(server, runtime, tm
     server.answer("/api/v1/tasks/21/events", (201, {}))
     executor = executor_for(server, runtime)
     executor.volume_allow = (str(tmp_path / "data"),)
-    spec = executor.spec_for({"id": 21, "kind": "training", "checkpoint_path": "/ckpt", "labels": {"zone": "z1"},
-                              "volumes": [{"host": str(run), "container": "/ckpt"}]})
+    spec = executor.spec_for(
+        {
+            "id": 21,
+            "kind": "training",
+            "checkpoint_path": "/ckpt",
+            "labels": {"zone": "z1"},
+            "volumes": [{"host": str(run), "container": "/ckpt"}],
+        }
+    )
     assert spec.env["HETEROFLOW_RESUME_FROM_CHECKPOINT"] == "/ckpt/epoch-2"
     assert spec.labels["heteroflow.label.zone"] == "z1"  # the task's labels, on its container
     event = server.requests[-1]["json"]
@@ -168,7 +175,9 @@ def test_a_container_vanishing_under_watch_is_reported_lost_and_not_failed(serve
     start(runtime, 41, ["sleep", "300"])
     task = {"id": 41, "status": "running", "kind": "job", "timeout_seconds": 60}
     server.answer("/api/v1/tasks/41", *[(200, task)] * 50)
-    server.answer("/api/v1/tasks/41/container-lost", (202, {"task_id": 41, "verdict": "undecided", "status": "running"}))
+    server.answer(
+        "/api/v1/tasks/41/container-lost", (202, {"task_id": 41, "verdict": "undecided", "status": "running"})
+    )
     executor = executor_for(server, runtime)
     executor.watch_adopted(task, time.time())
     runtime.stop(41, 1)

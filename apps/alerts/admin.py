@@ -18,8 +18,18 @@ def operator(request) -> Principal:
 
 @admin.register(Alert)
 class AlertAdmin(admin.ModelAdmin):
-    list_display = ["created_at", "type", "severity", "scope", "state", "node_id", "task", "tenant", "acknowledged_at",
-                    "ended_at"]
+    list_display = [
+        "created_at",
+        "type",
+        "severity",
+        "scope",
+        "state",
+        "node_id",
+        "task",
+        "tenant",
+        "acknowledged_at",
+        "ended_at",
+    ]
     list_filter = ["state", "type", "severity", "scope", "tenant"]
     search_fields = ["key", "node_id", "message"]
     date_hierarchy = "created_at"
@@ -39,8 +49,9 @@ class AlertAdmin(admin.ModelAdmin):
     @admin.action(description="Resolve selected alerts")
     def resolve(self, request, queryset):
         done = sum(alert_services.resolve_alert(alert, request.user) for alert in queryset)
-        self.message_user(request, f"Resolved {done} alert(s); {queryset.count() - done} had already ended.",
-                          messages.SUCCESS)
+        self.message_user(
+            request, f"Resolved {done} alert(s); {queryset.count() - done} had already ended.", messages.SUCCESS
+        )
 
     @admin.action(description="Acknowledge selected alerts")
     def acknowledge(self, request, queryset):
@@ -50,12 +61,34 @@ class AlertAdmin(admin.ModelAdmin):
 
 @admin.register(NotificationChannel)
 class NotificationChannelAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "kind", "enabled", "min_severity", "consecutive_failures", "last_success_at",
-                    "last_failure_at"]
+    list_display = [
+        "name",
+        "tenant",
+        "kind",
+        "enabled",
+        "min_severity",
+        "consecutive_failures",
+        "last_success_at",
+        "last_failure_at",
+    ]
     list_filter = ["kind", "enabled", "tenant"]
     search_fields = ["name", "tenant__slug"]
-    fields = ["tenant", "name", "kind", "recipients", "min_severity", "types", "enabled", "created_at", "created_by",
-              "updated_at", "last_success_at", "last_failure_at", "last_error", "consecutive_failures"]
+    fields = [
+        "tenant",
+        "name",
+        "kind",
+        "recipients",
+        "min_severity",
+        "types",
+        "enabled",
+        "created_at",
+        "created_by",
+        "updated_at",
+        "last_success_at",
+        "last_failure_at",
+        "last_error",
+        "consecutive_failures",
+    ]
     readonly_fields = fields
     actions = ["send_test", "enable", "disable"]
 
@@ -101,8 +134,19 @@ class NotificationChannelAdmin(admin.ModelAdmin):
 
 @admin.register(NotificationDelivery)
 class NotificationDeliveryAdmin(admin.ModelAdmin):
-    list_display = ["id", "channel", "event", "alert_id", "status", "attempts", "last_status_code", "last_error",
-                    "created_at", "delivered_at", "failed_at"]
+    list_display = [
+        "id",
+        "channel",
+        "event",
+        "alert_id",
+        "status",
+        "attempts",
+        "last_status_code",
+        "last_error",
+        "created_at",
+        "delivered_at",
+        "failed_at",
+    ]
     list_filter = ["status", "event"]
     search_fields = ["channel__name"]
     list_select_related = ["channel__tenant"]
@@ -112,4 +156,5 @@ class NotificationDeliveryAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
     # deletable (as Django's permissions say): deleting a channel deletes its deliveries

@@ -54,7 +54,7 @@ class Verdict(enum.StrEnum):
 CAPACITY_SQL = f"""
     SELECT n.status, n.executable
     FROM nodes AS n
-    WHERE {liveness.heard_from_sql('n.last_heartbeat_at', '%(cutoff)s')} AND n.status <> 'offline'
+    WHERE {liveness.heard_from_sql("n.last_heartbeat_at", "%(cutoff)s")} AND n.status <> 'offline'
       AND (SELECT count(*) FROM gpus AS g
            WHERE g.node_id = n.id AND g.lost_at IS NULL AND (%(gpu_type)s = '' OR g.vendor = %(gpu_type)s)
           ) >= %(gpus)s
@@ -95,8 +95,9 @@ def adjudicate_lost_runs(task_ids, *, node_id: str, cause: str, detail: str = ""
     be told. Verdicts are shared by tasks of the same size and type."""
     now = now or utcnow()
     tasks = list(
-        Task.objects.filter(pk__in=list(task_ids), node_id=node_id, status__in=LOST_RUN_STATUSES)
-        .values_list("pk", "status", "gpu_required", "gpu_type", "tenant_id", "name")
+        Task.objects.filter(pk__in=list(task_ids), node_id=node_id, status__in=LOST_RUN_STATUSES).values_list(
+            "pk", "status", "gpu_required", "gpu_type", "tenant_id", "name"
+        )
     )
     verdicts: dict[tuple[int, str], Verdict] = {}
     outcomes = []
@@ -109,7 +110,9 @@ def adjudicate_lost_runs(task_ids, *, node_id: str, cause: str, detail: str = ""
             with transaction.atomic():
                 moved = bool(move_tasks(pk, [status], S.PENDING, node=None, host_port=None))
                 if moved:
-                    _record(pk, f"{cause}_pending", node_id, f"{CAUSES[cause]} on node {node_id}{seen}: back to the queue")
+                    _record(
+                        pk, f"{cause}_pending", node_id, f"{CAUSES[cause]} on node {node_id}{seen}: back to the queue"
+                    )
                     requeue_alerts.append(_requeue_alert(pk, name, tenant_id, node_id, CAUSES[cause]))
         elif verdict == Verdict.FAIL:
             message = f"{CAUSES[cause]} on node {node_id} and no node that could run it is alive"
@@ -118,9 +121,13 @@ def adjudicate_lost_runs(task_ids, *, node_id: str, cause: str, detail: str = ""
                 if moved:
                     _record(pk, f"{cause}_failed", node_id, message + seen)
         else:
-            _record(pk, f"{cause}_undecided", node_id,
-                    f"{CAUSES[cause]} on node {node_id}{seen}; whether a node could run it cannot be told now: "
-                    "asked again next round")
+            _record(
+                pk,
+                f"{cause}_undecided",
+                node_id,
+                f"{CAUSES[cause]} on node {node_id}{seen}; whether a node could run it cannot be told now: "
+                "asked again next round",
+            )
         outcomes.append(LostRun(pk, verdict, moved))
     raise_alerts(requeue_alerts)
     answered = {outcome.task_id for outcome in outcomes}
@@ -141,10 +148,15 @@ def _record(task_id: int, kind: str, node_id: str, message: str) -> None:
 def _requeue_alert(pk, name, tenant_id, node_id, why) -> NewAlert:
     # one alert per requeue: the key carries the moment, so a task requeued again later alerts again
     return NewAlert(
-        type=AlertType.TASK_REQUEUED, severity=Severity.WARNING, scope=AlertScope.TASK,
+        type=AlertType.TASK_REQUEUED,
+        severity=Severity.WARNING,
+        scope=AlertScope.TASK,
         key=alert_keys.task_requeued(pk, utcnow()),
         message=f"Task {name} ({pk}) was requeued: {why} on node {node_id}.",
-        node_id=node_id or "", task_id=pk, tenant_id=tenant_id, details={"cause": why},
+        node_id=node_id or "",
+        task_id=pk,
+        tenant_id=tenant_id,
+        details={"cause": why},
     )
 
 
@@ -196,19 +208,26 @@ def sweep_offline_nodes(now=None) -> SweepResult:
         .values_list("pk", flat=True)
     )
     alive = Node.objects.filter(liveness.heard_from_q(now)).values_list("pk", flat=True)
-    raised = raise_alerts([
-        NewAlert(type=AlertType.NODE_OFFLINE, severity=Severity.ERROR, scope=AlertScope.NODE,
-                 key=alert_keys.node_offline(node_id), node_id=node_id,
-                 message=f"Node {node_id} has not sent a heartbeat for more than {silence} s.")
-        for node_id in newly_silent
-    ])
+    raised = raise_alerts(
+        [
+            NewAlert(
+                type=AlertType.NODE_OFFLINE,
+                severity=Severity.ERROR,
+                scope=AlertScope.NODE,
+                key=alert_keys.node_offline(node_id),
+                node_id=node_id,
+                message=f"Node {node_id} has not sent a heartbeat for more than {silence} s.",
+            )
+            for node_id in newly_silent
+        ]
+    )
     result.offline = [node_id for node_id in newly_silent if alert_keys.node_offline(node_id) in raised]
     with connection.cursor() as cursor:
         cursor.execute(
             f"""UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
                FROM nodes AS n
                WHERE a.type = %s AND a.state = %s AND n.id = a.node_id
-                 AND {liveness.heard_from_sql('n.last_heartbeat_at')}
+                 AND {liveness.heard_from_sql("n.last_heartbeat_at")}
                RETURNING a.node_id""",
             [AlertState.RECOVERED, now, now, AlertType.NODE_OFFLINE, AlertState.ACTIVE, cutoff],
         )
@@ -216,9 +235,10 @@ def sweep_offline_nodes(now=None) -> SweepResult:
     # every silent node's tasks, not only the newly silent's: a move that lost a race
     # last time is tried again
     stranded = list(
-        Task.objects.filter(liveness.given_up_q(now, "node__last_heartbeat_at"),
-                            status__in=(*REQUEUED_WHEN_NODE_LOST, *ENDED_WHEN_NODE_LOST))
-        .values_list("pk", "status", "node_id", "name", "tenant_id")
+        Task.objects.filter(
+            liveness.given_up_q(now, "node__last_heartbeat_at"),
+            status__in=(*REQUEUED_WHEN_NODE_LOST, *ENDED_WHEN_NODE_LOST),
+        ).values_list("pk", "status", "node_id", "name", "tenant_id")
     )
     if not stranded:
         return result
@@ -236,15 +256,21 @@ def sweep_offline_nodes(now=None) -> SweepResult:
             moved = set(move_tasks([row[0] for row in rows], [source], target, **changes))
             won = [row for row in rows if row[0] in moved]
             record_events(
-                task_event(pk, kind=f"node_lost_{target}", node_id=node_id,
-                           message=f"node {node_id} silent for more than {silence} s: {target}")
+                task_event(
+                    pk,
+                    kind=f"node_lost_{target}",
+                    node_id=node_id,
+                    message=f"node {node_id} silent for more than {silence} s: {target}",
+                )
                 for pk, _, node_id, _, _ in won
             )
             if target == S.PENDING:
-                raise_alerts([
-                    _requeue_alert(pk, name, tenant_id, node_id, f"its node was silent for more than {silence} s")
-                    for pk, _, node_id, name, tenant_id in won
-                ])
+                raise_alerts(
+                    [
+                        _requeue_alert(pk, name, tenant_id, node_id, f"its node was silent for more than {silence} s")
+                        for pk, _, node_id, name, tenant_id in won
+                    ]
+                )
         bucket = result.failed if target == S.FAILED else (result.requeued if target == S.PENDING else result.finished)
         bucket.extend(sorted(moved))
     return result
@@ -269,7 +295,7 @@ def sweep_stalled_tasks(now=None) -> list[LostRun]:
             f"""UPDATE tasks AS t SET missing_since = %(now)s
                FROM nodes AS n
                WHERE t.status = 'running' AND t.missing_since IS NULL AND n.id = t.node_id
-                 AND {liveness.heard_from_sql('n.last_heartbeat_at', '%(cutoff)s')}
+                 AND {liveness.heard_from_sql("n.last_heartbeat_at", "%(cutoff)s")}
                  AND n.last_heartbeat_at > t.updated_at
                  AND n.live_task_ids IS NOT NULL AND NOT n.live_task_ids @> to_jsonb(t.id)""",
             {"now": now, "cutoff": cutoff},
@@ -296,8 +322,11 @@ def fail_overdue_queue(now=None) -> list[int]:
     from django.db.models.functions import Greatest
 
     overdue = list(
-        Task.objects.filter(status=S.PENDING).annotate(queued_since=Greatest(F("created_at"), F("updated_at")))
-        .filter(queued_since__lt=deadline).order_by("pk").values_list("pk", flat=True)[:1000]
+        Task.objects.filter(status=S.PENDING)
+        .annotate(queued_since=Greatest(F("created_at"), F("updated_at")))
+        .filter(queued_since__lt=deadline)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:1000]
     )
     return move_tasks(overdue, [S.PENDING], S.FAILED, error_message=f"waited in the queue for more than {limit} s")
 
@@ -305,7 +334,9 @@ def fail_overdue_queue(now=None) -> list[int]:
 def recover_quota_alerts() -> list[int]:
     """QUOTA_EXCEEDED ends once the tenant could queue a one-GPU task again."""
     recovered = []
-    active = Alert.objects.filter(type=AlertType.QUOTA_EXCEEDED, state=AlertState.ACTIVE).values_list("tenant_id", flat=True)
+    active = Alert.objects.filter(type=AlertType.QUOTA_EXCEEDED, state=AlertState.ACTIVE).values_list(
+        "tenant_id", flat=True
+    )
     for tenant in Tenant.objects.filter(pk__in=list(active)):
         if not quota_problems(tenant, quota_use(tenant), gpus=1, gpu_memory_mb=0):
             if recover_alert(alert_keys.quota_exceeded(tenant.pk)):
@@ -327,8 +358,12 @@ def check_scheduler(now=None) -> bool:
         recover_alert(alert_keys.SCHEDULER_STALLED)
         return False
     since = f"since {last:%Y-%m-%d %H:%M:%S} UTC" if last else "ever"
-    raise_alert(type=AlertType.SCHEDULER_STALLED, severity=Severity.CRITICAL, scope=AlertScope.CLUSTER,
-                key=alert_keys.SCHEDULER_STALLED,
-                details={"last_cycle_finished_at": last.isoformat() if last else None},
-                message=f"No scheduler cycle has finished {since} while tasks wait in the queue.")
+    raise_alert(
+        type=AlertType.SCHEDULER_STALLED,
+        severity=Severity.CRITICAL,
+        scope=AlertScope.CLUSTER,
+        key=alert_keys.SCHEDULER_STALLED,
+        details={"last_cycle_finished_at": last.isoformat() if last else None},
+        message=f"No scheduler cycle has finished {since} while tasks wait in the queue.",
+    )
     return True

@@ -1,8 +1,7 @@
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
-
-from django.contrib.postgres.fields import ArrayField
 from django.db.models.functions import Now
 
 from apps.alerts.choices import (
@@ -53,7 +52,9 @@ class Alert(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     ended_at = models.DateTimeField(null=True, blank=True)
-    resolved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     # The notification outbox (apps.alerts.notifications.dispatch): when the dispatcher
     # took this alert's "raised" and "ended" events. NULL: not yet.
     dispatched_raised_at = models.DateTimeField(null=True, blank=True)
@@ -68,9 +69,12 @@ class Alert(models.Model):
             models.Index(fields=["state", "-created_at"], name="alerts_by_state"),
             models.Index(fields=["tenant", "state", "-created_at"], name="alerts_by_tenant"),
             # what the notification dispatcher still has to take
-            models.Index(fields=["id"], condition=Q(dispatched_raised_at__isnull=True), name="alerts_to_dispatch_raised"),
             models.Index(
-                fields=["id"], condition=Q(dispatched_ended_at__isnull=True) & ~Q(state=AlertState.ACTIVE),
+                fields=["id"], condition=Q(dispatched_raised_at__isnull=True), name="alerts_to_dispatch_raised"
+            ),
+            models.Index(
+                fields=["id"],
+                condition=Q(dispatched_ended_at__isnull=True) & ~Q(state=AlertState.ACTIVE),
                 name="alerts_to_dispatch_ended",
             ),
         ]
@@ -111,7 +115,9 @@ class NotificationChannel(models.Model):
     types = ArrayField(models.CharField(max_length=32, choices=AlertType.choices), default=list, blank=True)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     updated_at = models.DateTimeField(auto_now=True)
     # delivery health: permanent failures only (a retry that later succeeds is not one)
     last_success_at = models.DateTimeField(null=True, blank=True)
@@ -126,7 +132,9 @@ class NotificationChannel(models.Model):
         ordering = ["name", "id"]
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="alert_channel_name_per_tenant"),
-            models.UniqueConstraint(fields=["name"], condition=Q(tenant__isnull=True), name="alert_channel_name_operators"),
+            models.UniqueConstraint(
+                fields=["name"], condition=Q(tenant__isnull=True), name="alert_channel_name_operators"
+            ),
         ]
 
     def __str__(self):

@@ -8,10 +8,27 @@ from apps.alerts.choices import AlertState
 from apps.alerts.models import Alert
 
 
-def alert_list(principal, *, state: str = "", type: str = "", severity: str = "", scope: str = "", node_id: str = "",
-               task_id: int | None = None, since=None, until=None, acknowledged: bool | None = None):
+def alert_list(
+    principal,
+    *,
+    state: str = "",
+    type: str = "",
+    severity: str = "",
+    scope: str = "",
+    node_id: str = "",
+    task_id: int | None = None,
+    since=None,
+    until=None,
+    acknowledged: bool | None = None,
+):
     alerts = Alert.objects.visible_to(principal)
-    for field, value in (("state", state), ("type", type), ("severity", severity), ("scope", scope), ("node_id", node_id)):
+    for field, value in (
+        ("state", state),
+        ("type", type),
+        ("severity", severity),
+        ("scope", scope),
+        ("node_id", node_id),
+    ):
         if value:
             alerts = alerts.filter(**{field: value})
     if task_id is not None:

@@ -49,8 +49,18 @@ def raise_alerts(alerts: list[NewAlert]) -> set[str]:
         return set()
     columns = [[] for _ in range(10)]
     for alert in {alert.key: alert for alert in alerts}.values():
-        values = (str(alert.type), str(alert.severity), str(alert.scope), alert.key, alert.node_id, alert.gpu_index,
-                  alert.task_id, alert.tenant_id, alert.message, json.dumps(alert.details))
+        values = (
+            str(alert.type),
+            str(alert.severity),
+            str(alert.scope),
+            alert.key,
+            alert.node_id,
+            alert.gpu_index,
+            alert.task_id,
+            alert.tenant_id,
+            alert.message,
+            json.dumps(alert.details),
+        )
         for column, value in zip(columns, values):
             column.append(value)
     with connection.cursor() as cursor:
@@ -66,11 +76,14 @@ def raise_alert(**fields) -> bool:
 def recover_alert(key: str) -> bool:
     now = utcnow()
     return bool(
-        Alert.objects.filter(key=key, state=AlertState.ACTIVE).update(state=AlertState.RECOVERED, ended_at=now, updated_at=now)
+        Alert.objects.filter(key=key, state=AlertState.ACTIVE).update(
+            state=AlertState.RECOVERED, ended_at=now, updated_at=now
+        )
     )
 
 
 # --- people acting on alerts --------------------------------------------------------------
+
 
 def acknowledge_alert(alert: Alert, user) -> bool:
     """Someone is looking at it. Only an ACTIVE, unacknowledged alert changes; asking

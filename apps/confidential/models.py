@@ -40,7 +40,6 @@ class AuditEvent(models.Model):
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
 
 
-
 class ChannelCredentials(models.Model):
     """A webhook notification channel's credentials: its URL (a chat webhook's URL often
     carries a token of its own) and the secret its deliveries are signed with, keyed by

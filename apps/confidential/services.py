@@ -23,9 +23,7 @@ def record_audit(tenant, principal, action: str, target: str = "", **details) ->
 
 def put_secret(tenant, name: str, value: str, description: str = "") -> Secret:
     with schema_context(tenant.schema_name):
-        secret, _ = Secret.objects.update_or_create(
-            name=name, defaults={"value": value, "description": description}
-        )
+        secret, _ = Secret.objects.update_or_create(name=name, defaults={"value": value, "description": description})
         return secret
 
 

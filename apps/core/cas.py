@@ -51,16 +51,24 @@ def check_transition(table: Mapping[str, frozenset[str]], from_statuses: Iterabl
     return sources
 
 
-def cas_sql(db_table: str, *, fixed: Sequence[tuple[str, str]] = (), per_row: Sequence[tuple[str, str]] = (),
-            returning: str = "") -> str:
+def cas_sql(
+    db_table: str,
+    *,
+    fixed: Sequence[tuple[str, str]] = (),
+    per_row: Sequence[tuple[str, str]] = (),
+    returning: str = "",
+) -> str:
     """The compare-and-set statement over `db_table` (its key `id`, its state `status`).
     `fixed`: (column, SQL of its value) pairs written to every row; `per_row`: (column,
     PostgreSQL type) pairs whose values come as arrays aligned with the keys. Parameters,
     in order: the keys, the source statuses, the target status, the `fixed` values'
     parameters, then (with `per_row`) the keys again and one array per column.
     `returning`: more of the table's columns or expressions after its id."""
-    sets = ["status = %s", *(f"{column} = {value}" for column, value in fixed),
-            *(f"{column} = v.{column}" for column, _ in per_row)]
+    sets = [
+        "status = %s",
+        *(f"{column} = {value}" for column, value in fixed),
+        *(f"{column} = v.{column}" for column, _ in per_row),
+    ]
     source = "won"
     if per_row:
         arrays = ", ".join(["%s::bigint[]", *(f"%s::{kind}[]" for _, kind in per_row)])
@@ -96,8 +104,12 @@ def compare_and_set(
     fixed = dict(fixed or {})
     per_row = dict(per_row or {})
     values = {column: value if isinstance(value, Sql) else Sql("%s", [value]) for column, value in fixed.items()}
-    sql = cas_sql(db_table, fixed=[(column, value.text) for column, value in values.items()],
-                  per_row=[(column, kind) for column, (kind, _) in per_row.items()], returning=returning)
+    sql = cas_sql(
+        db_table,
+        fixed=[(column, value.text) for column, value in values.items()],
+        per_row=[(column, kind) for column, (kind, _) in per_row.items()],
+        returning=returning,
+    )
     params = [keys, sources, to_status, *(param for value in values.values() for param in value.params)]
     if per_row:
         params += [keys, *(list(values) for _, values in per_row.values())]
@@ -121,7 +133,9 @@ def transition(
     keys = [pks] if single else list(pks)
     if any(field.name == "updated_at" for field in model._meta.concrete_fields) and "updated_at" not in changes:
         changes["updated_at"] = utcnow()
-    won = compare_and_set(model._meta.db_table, table, keys, from_statuses, to_status, fixed=column_values(model, changes))
+    won = compare_and_set(
+        model._meta.db_table, table, keys, from_statuses, to_status, fixed=column_values(model, changes)
+    )
     return [row[0] for row in won]
 
 

@@ -137,7 +137,12 @@ def declared_jobs() -> dict[str, PeriodicJob]:
 
 
 def run_periodic(
-    key: str, work: Callable[[], Any], *, now: datetime | None = None, respect_period: bool = True, host: str | None = None
+    key: str,
+    work: Callable[[], Any],
+    *,
+    now: datetime | None = None,
+    respect_period: bool = True,
+    host: str | None = None,
 ) -> GuardResult:
     """Run `work` under the guard and period of the periodic job `key`; a per-host job
     under one guard per host."""

@@ -44,8 +44,10 @@ class Pagination(LimitOffsetPagination):
 
     def get_schema_operation_parameters(self, view):
         """The schema of a list without its own query serializer says what PageQuerySerializer checks."""
-        bounds = {self.limit_query_param: ({"minimum": 1, "maximum": MAX_LIMIT}, LIMIT_HELP),
-                  self.offset_query_param: ({"minimum": 0}, OFFSET_HELP)}
+        bounds = {
+            self.limit_query_param: ({"minimum": 1, "maximum": MAX_LIMIT}, LIMIT_HELP),
+            self.offset_query_param: ({"minimum": 0}, OFFSET_HELP),
+        }
         parameters = super().get_schema_operation_parameters(view)
         for parameter in parameters:
             extra, text = bounds[parameter["name"]]

@@ -42,10 +42,16 @@ def check_database() -> Check:
             cursor.execute("SELECT count(*) FROM nodes")
             nodes = cursor.fetchone()[0]
     except DatabaseError as exc:
-        return Check("database", ERROR, f"The database did not answer a query ({type(exc).__name__}).",
-                     "Check that PostgreSQL is up and reachable with DATABASE_URL.")
+        return Check(
+            "database",
+            ERROR,
+            f"The database did not answer a query ({type(exc).__name__}).",
+            "Check that PostgreSQL is up and reachable with DATABASE_URL.",
+        )
     elapsed_ms = round((time.monotonic() - started) * 1000, 1)
-    return Check("database", OK, f"Answered a query in {elapsed_ms} ms.", details={"query_ms": elapsed_ms, "nodes": nodes})
+    return Check(
+        "database", OK, f"Answered a query in {elapsed_ms} ms.", details={"query_ms": elapsed_ms, "nodes": nodes}
+    )
 
 
 def disk_status(percent: float) -> str:
@@ -80,19 +86,27 @@ def check_storage(paths: dict[str, str] | None = None, usage=shutil.disk_usage) 
         return Check("storage", ERROR, "No disk could be read.", "Check the paths and permissions.", details)
     fullest = max(disks.items(), key=lambda item: item[1]["percent"])
     message = f"Fullest disk: {fullest[0]} ({fullest[1]['path']}) at {fullest[1]['percent']}%."
-    suggestion = "" if worst == OK else "Free disk space or grow the volume; PostgreSQL and the logs stop when it is full."
+    suggestion = (
+        "" if worst == OK else "Free disk space or grow the volume; PostgreSQL and the logs stop when it is full."
+    )
     return Check("storage", worst, message, suggestion, details)
 
 
 def evaluate_scheduler(running: bool, pending: int, oldest_pending_age: float | None) -> tuple[str, str, str]:
     """(status, message, suggestion): exactly one of three paths."""
     if not running:
-        return (ERROR, "No scheduler cycle finished in the last 15 s.",
-                "Start Celery beat and a worker (the scheduler.tick job runs every 5 s).")
+        return (
+            ERROR,
+            "No scheduler cycle finished in the last 15 s.",
+            "Start Celery beat and a worker (the scheduler.tick job runs every 5 s).",
+        )
     if pending > PENDING_WARNING or (oldest_pending_age or 0) > OLDEST_PENDING_WARNING_SECONDS:
         age = f", oldest waiting {int(oldest_pending_age)} s" if oldest_pending_age is not None else ""
-        return (WARNING, f"Running; {pending} tasks pending{age}.",
-                "See why tasks wait in their schedule_reason; add capacity or check quotas.")
+        return (
+            WARNING,
+            f"Running; {pending} tasks pending{age}.",
+            "See why tasks wait in their schedule_reason; add capacity or check quotas.",
+        )
     return OK, f"Running; {pending} tasks pending.", ""
 
 
@@ -100,16 +114,29 @@ def check_scheduler(now: datetime) -> Check:
     queue = selectors.task_queue(now)
     running = probes.scheduler_state(now) == "running"
     status, message, suggestion = evaluate_scheduler(running, queue["pending"], queue["oldest_pending_age_seconds"])
-    return Check("scheduler", status, message, suggestion, {
-        "running": running, "pending": queue["pending"], "oldest_pending_age_seconds": queue["oldest_pending_age_seconds"],
-    })
+    return Check(
+        "scheduler",
+        status,
+        message,
+        suggestion,
+        {
+            "running": running,
+            "pending": queue["pending"],
+            "oldest_pending_age_seconds": queue["oldest_pending_age_seconds"],
+        },
+    )
 
 
 def check_gpu_nodes() -> Check:
     online = selectors.gpu_nodes_online()
     if online == 0:
-        return Check("gpu_nodes", WARNING, "No online node has a GPU.",
-                     "Start the agent on the GPU servers and check their heartbeats.", {"online_gpu_nodes": 0})
+        return Check(
+            "gpu_nodes",
+            WARNING,
+            "No online node has a GPU.",
+            "Start the agent on the GPU servers and check their heartbeats.",
+            {"online_gpu_nodes": 0},
+        )
     return Check("gpu_nodes", OK, f"{online} online nodes with GPUs.", details={"online_gpu_nodes": online})
 
 
@@ -122,8 +149,12 @@ def check_broker(url: str | None = None, timeout: float = BROKER_TIMEOUT_SECONDS
     try:
         client.ping()
     except Exception as exc:  # any failure means the broker cannot take jobs
-        return Check("broker", ERROR, f"The broker did not answer PING ({type(exc).__name__}).",
-                     "Check that Redis is up and reachable with REDIS_URL; without it no job runs.")
+        return Check(
+            "broker",
+            ERROR,
+            f"The broker did not answer PING ({type(exc).__name__}).",
+            "Check that Redis is up and reachable with REDIS_URL; without it no job runs.",
+        )
     finally:
         client.close()
     elapsed_ms = round((time.monotonic() - started) * 1000, 1)
@@ -143,20 +174,36 @@ def check_configuration(pending_migrations=unapplied_migrations) -> Check:
 
     problems = []
     if settings.PRODUCTION:
-        problems = production_problems(secret_key=settings.SECRET_KEY, debug=settings.DEBUG,
-                                       allowed_hosts=settings.ALLOWED_HOSTS, agent_secret=settings.HETEROFLOW_AGENT_SECRET)
+        problems = production_problems(
+            secret_key=settings.SECRET_KEY,
+            debug=settings.DEBUG,
+            allowed_hosts=settings.ALLOWED_HOSTS,
+            agent_secret=settings.HETEROFLOW_AGENT_SECRET,
+        )
     try:
         pending = pending_migrations()
     except DatabaseError:
         return Check("configuration", ERROR, "The migration state could not be read.", "See the database check.")
     details = {"mode": settings.HETEROFLOW_ENV, "unapplied_migrations": pending}
     if pending:
-        return Check("configuration", ERROR, f"{len(pending)} migrations are not applied.",
-                     "Run `manage.py migrate_schemas`.", details)
+        return Check(
+            "configuration",
+            ERROR,
+            f"{len(pending)} migrations are not applied.",
+            "Run `manage.py migrate_schemas`.",
+            details,
+        )
     if problems:
-        return Check("configuration", ERROR, "Unsafe production settings: " + "; ".join(problems) + ".",
-                     "See docs/configuration.md#production-refusals.", details)
-    return Check("configuration", OK, f"Settings loaded ({settings.HETEROFLOW_ENV} mode); migrations applied.", details=details)
+        return Check(
+            "configuration",
+            ERROR,
+            "Unsafe production settings: " + "; ".join(problems) + ".",
+            "See docs/configuration.md#production-refusals.",
+            details,
+        )
+    return Check(
+        "configuration", OK, f"Settings loaded ({settings.HETEROFLOW_ENV} mode); migrations applied.", details=details
+    )
 
 
 def overall(checks: list[Check]) -> str:
@@ -174,7 +221,9 @@ def run_all(now: datetime | None = None) -> dict:
     checks = [database, check_storage()]
     if database.status == ERROR:
         # the other checks read the database; they would only repeat its failure slowly
-        checks += [Check(name, ERROR, "Not checked: the database does not answer.") for name in ("scheduler", "gpu_nodes")]
+        checks += [
+            Check(name, ERROR, "Not checked: the database does not answer.") for name in ("scheduler", "gpu_nodes")
+        ]
         checks.append(check_broker())
         checks.append(Check("configuration", ERROR, "Not checked: the database does not answer."))
     else:

@@ -88,7 +88,8 @@ def nodes_part(now):
 
 def gpus_part(now):
     family = GaugeMetricFamily(
-        "heteroflow_gpus", "GPUs by type and state (busy: held in the scheduler's ledger; lost: gone from its node).",
+        "heteroflow_gpus",
+        "GPUs by type and state (busy: held in the scheduler's ledger; lost: gone from its node).",
         labels=["gpu_type", "state"],
     )
     counts = {}
@@ -103,7 +104,9 @@ def gpus_part(now):
 
 
 def alerts_part(now):
-    family = GaugeMetricFamily("heteroflow_alerts_active", "Active alerts by type and severity.", labels=["type", "severity"])
+    family = GaugeMetricFamily(
+        "heteroflow_alerts_active", "Active alerts by type and severity.", labels=["type", "severity"]
+    )
     counts = {(kind, severity): n for kind, severity, n in selectors.active_alerts_by_type_and_severity()}
     for kind in AlertType.values:
         for severity in Severity.values:
@@ -117,7 +120,9 @@ def queue_part(now):
     for status, n in queue["by_status"].items():
         tasks.add_metric([status], n)
     yield tasks
-    yield GaugeMetricFamily("heteroflow_scheduler_pending_tasks", "Tasks waiting to be scheduled.", value=queue["pending"])
+    yield GaugeMetricFamily(
+        "heteroflow_scheduler_pending_tasks", "Tasks waiting to be scheduled.", value=queue["pending"]
+    )
     yield GaugeMetricFamily(
         "heteroflow_scheduler_oldest_pending_task_age_seconds",
         "How long the oldest pending task has waited (0 when none waits).",
@@ -128,7 +133,8 @@ def queue_part(now):
 def scheduler_part(now):
     running = probes.scheduler_state(now) == "running"
     yield GaugeMetricFamily(
-        "heteroflow_scheduler_running", "1 when a scheduler cycle finished in the last 15 s (on any instance).",
+        "heteroflow_scheduler_running",
+        "1 when a scheduler cycle finished in the last 15 s (on any instance).",
         value=1 if running else 0,
     )
     family = GaugeMetricFamily(
@@ -148,7 +154,11 @@ def scheduler_part(now):
 
 
 SNAPSHOT_PARTS = (
-    ("nodes", nodes_part), ("gpus", gpus_part), ("alerts", alerts_part), ("queue", queue_part), ("scheduler", scheduler_part),
+    ("nodes", nodes_part),
+    ("gpus", gpus_part),
+    ("alerts", alerts_part),
+    ("queue", queue_part),
+    ("scheduler", scheduler_part),
 )
 
 
@@ -162,7 +172,9 @@ class ClusterSnapshot:
         try:
             with transaction.atomic():
                 with connection.cursor() as cursor:
-                    cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(SNAPSHOT_STATEMENT_TIMEOUT_MS)])
+                    cursor.execute(
+                        "SELECT set_config('statement_timeout', %s, true)", [str(SNAPSHOT_STATEMENT_TIMEOUT_MS)]
+                    )
                 for name, part in self.parts:
                     try:
                         with transaction.atomic():
@@ -176,7 +188,8 @@ class ClusterSnapshot:
         except Exception:
             logger.warning("metrics snapshot: no database; the cluster gauges are left out", exc_info=True)
         up = GaugeMetricFamily(
-            "heteroflow_metrics_snapshot_up", "1 when this part of the cluster snapshot was computed for this scrape.",
+            "heteroflow_metrics_snapshot_up",
+            "1 when this part of the cluster snapshot was computed for this scrape.",
             labels=["part"],
         )
         for name, _part in self.parts:

@@ -69,8 +69,15 @@ class CpuSampler:
     `window` after the previous waits out the rest (a few milliseconds of CPU time
     would be noise)."""
 
-    def __init__(self, *, window: float = 1.0, max_age: float = 120.0, times=psutil.cpu_times,
-                 clock=time.monotonic, sleep=time.sleep):
+    def __init__(
+        self,
+        *,
+        window: float = 1.0,
+        max_age: float = 120.0,
+        times=psutil.cpu_times,
+        clock=time.monotonic,
+        sleep=time.sleep,
+    ):
         self.window, self.max_age = window, max_age
         self._times, self._clock, self._sleep = times, clock, sleep
         self._last: tuple[float, object] | None = None
@@ -123,7 +130,9 @@ def _read(reader, default=None):
         return default
 
 
-def read_host(*, cpu: CpuSampler = CPU, disk_path: str = "/", temperature=cpu_temperature, now_epoch=time.time) -> tuple[HostSample, float]:
+def read_host(
+    *, cpu: CpuSampler = CPU, disk_path: str = "/", temperature=cpu_temperature, now_epoch=time.time
+) -> tuple[HostSample, float]:
     """One reading of this host, and the CPU window it covers in seconds."""
     cpu_percent, cpu_window = cpu.percent()
     memory = _read(psutil.virtual_memory)

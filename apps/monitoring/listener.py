@@ -43,8 +43,15 @@ def _server_for(host: str, port: int, handler) -> _Server:
 
 
 class MetricsListener:
-    def __init__(self, host: str, port: int, *, source: exposition.Exposition,
-                 readiness: Callable[[], tuple[bool, str]] | None = None, name: str = "metrics"):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        source: exposition.Exposition,
+        readiness: Callable[[], tuple[bool, str]] | None = None,
+        name: str = "metrics",
+    ):
         self.host, self.port, self.source, self.readiness, self.name = host, port, source, readiness, name
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -81,7 +88,9 @@ class MetricsListener:
                         self.answer(200, {"status": "ok"})
                     elif path == "/readyz" and listener.readiness is not None:
                         ready, reason = listener.readiness()
-                        self.answer(200 if ready else 503, {"status": "ready" if ready else "unready", "reason": reason})
+                        self.answer(
+                            200 if ready else 503, {"status": "ready" if ready else "unready", "reason": reason}
+                        )
                     else:
                         self.answer(404, {"error": {"code": "not_found", "message": "Not found.", "fields": {}}})
                 finally:
@@ -90,8 +99,16 @@ class MetricsListener:
 
             def metrics(self):
                 if not access.peer_may_scrape(self.client_address[0]):
-                    self.answer(403, {"error": {"code": "forbidden", "fields": {},
-                                                "message": "Metrics are served to private and loopback addresses only."}})
+                    self.answer(
+                        403,
+                        {
+                            "error": {
+                                "code": "forbidden",
+                                "fields": {},
+                                "message": "Metrics are served to private and loopback addresses only.",
+                            }
+                        },
+                    )
                     return
                 body, content_type = exposition.render(listener.source, self.headers.get("Accept", ""))
                 self.send_response(200)

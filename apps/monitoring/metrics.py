@@ -63,8 +63,17 @@ HEARTBEATS_REJECTED = Counter(
 )
 # The heartbeat route's error codes; anything else counts as "other".
 HEARTBEAT_REJECT_REASONS = (
-    "bad_request", "https_required", "method_not_allowed", "not_authenticated", "authentication_failed",
-    "permission_denied", "invalid", "parse_error", "payload_too_large", "unavailable", "other",
+    "bad_request",
+    "https_required",
+    "method_not_allowed",
+    "not_authenticated",
+    "authentication_failed",
+    "permission_denied",
+    "invalid",
+    "parse_error",
+    "payload_too_large",
+    "unavailable",
+    "other",
 )
 # Bound once: the heartbeat is the hottest path, and this also shows every reason at 0.
 _REJECTED = {reason: HEARTBEATS_REJECTED.labels(reason) for reason in HEARTBEAT_REJECT_REASONS}
@@ -104,10 +113,14 @@ def record_job(key: str, outcome: str, duration_seconds: float | None) -> None:
 
 
 CELERY_TASKS_PUBLISHED = Counter(
-    "heteroflow_celery_tasks_published", "Celery tasks this process sent to the broker (beat's ticks among them).", ["task"]
+    "heteroflow_celery_tasks_published",
+    "Celery tasks this process sent to the broker (beat's ticks among them).",
+    ["task"],
 )
 CELERY_TASK_RUNS = Counter(
-    "heteroflow_celery_task_runs", "Celery tasks this worker ran, by outcome (success, failure, retry).", ["task", "outcome"]
+    "heteroflow_celery_task_runs",
+    "Celery tasks this worker ran, by outcome (success, failure, retry).",
+    ["task", "outcome"],
 )
 CELERY_TASK_DURATION = Histogram(
     "heteroflow_celery_task_duration_seconds",

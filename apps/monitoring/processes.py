@@ -99,7 +99,9 @@ def task_finished(task_id=None, task=None, state=None, **kwargs):
 def install(app) -> None:
     app.steps["worker"].add(PerHostJobs)
     signals.celeryd_after_setup.connect(consume_own_host_queue, weak=False)
-    signals.worker_ready.connect(partial(start_exporter, "HETEROFLOW_WORKER_METRICS_ADDR", "worker metrics"), weak=False)
+    signals.worker_ready.connect(
+        partial(start_exporter, "HETEROFLOW_WORKER_METRICS_ADDR", "worker metrics"), weak=False
+    )
     signals.beat_init.connect(partial(start_exporter, "HETEROFLOW_BEAT_METRICS_ADDR", "beat metrics"), weak=False)
     signals.task_prerun.connect(task_started, weak=False)
     signals.task_postrun.connect(task_finished, weak=False)

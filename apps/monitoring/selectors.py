@@ -40,9 +40,19 @@ HISTORY_SQL = """
     GROUP BY host, bucket ORDER BY host, bucket
 """
 HISTORY_FIELDS = (
-    "samples", "cpu_percent", "memory_percent", "disk_percent", "load_1", "load_5", "load_15",
-    "net_recv_bytes_per_second", "net_sent_bytes_per_second", "net_recv_bytes", "net_sent_bytes",
-    "cpu_temperature_celsius", "cpu_temperature_max_celsius",
+    "samples",
+    "cpu_percent",
+    "memory_percent",
+    "disk_percent",
+    "load_1",
+    "load_5",
+    "load_15",
+    "net_recv_bytes_per_second",
+    "net_sent_bytes_per_second",
+    "net_recv_bytes",
+    "net_sent_bytes",
+    "cpu_temperature_celsius",
+    "cpu_temperature_max_celsius",
 )
 
 
@@ -66,7 +76,9 @@ def history(hours: int, *, host: str = "", now: datetime | None = None) -> dict:
         rows = cursor.fetchall()
     series = defaultdict(list)
     for host_name, bucket, *values in rows:
-        series[host_name].append({"at": bucket, **{name: _rounded(value) for name, value in zip(HISTORY_FIELDS, values)}})
+        series[host_name].append(
+            {"at": bucket, **{name: _rounded(value) for name, value in zip(HISTORY_FIELDS, values)}}
+        )
     return {
         "hours": hours,
         "bucket_seconds": step,
@@ -85,11 +97,7 @@ def latest_samples(*, within: timedelta = LATEST_WITHIN, now: datetime | None = 
     for longer has gone: stopped, or a container recreated under a new name), by host.
     One index-backed query; at most LATEST_MAX_HOSTS hosts."""
     now = now or utcnow()
-    latest = (
-        ServerMetric.objects.filter(at__gt=now - within, at__lte=now)
-        .order_by("host", "-at")
-        .distinct("host")
-    )
+    latest = ServerMetric.objects.filter(at__gt=now - within, at__lte=now).order_by("host", "-at").distinct("host")
     return list(latest[:LATEST_MAX_HOSTS])
 
 
@@ -106,8 +114,12 @@ def live(now: datetime | None = None) -> dict:
         **hostmetrics.platform_facts(),
         **sample.as_dict(),
         "cpu_window_seconds": cpu_window,
-        "net_recv_bytes_per_second": hostmetrics.byte_rate(previous and previous.net_recv_bytes, since, sample.net_recv_bytes, now),
-        "net_sent_bytes_per_second": hostmetrics.byte_rate(previous and previous.net_sent_bytes, since, sample.net_sent_bytes, now),
+        "net_recv_bytes_per_second": hostmetrics.byte_rate(
+            previous and previous.net_recv_bytes, since, sample.net_recv_bytes, now
+        ),
+        "net_sent_bytes_per_second": hostmetrics.byte_rate(
+            previous and previous.net_sent_bytes, since, sample.net_sent_bytes, now
+        ),
         "net_rate_since": since,
     }
 
@@ -181,7 +193,12 @@ def health_detail_for(principal, now: datetime | None = None) -> dict:
         "checks": {
             "database": "ok" if database_ok else "unreachable",
             "scheduler": scheduler,
-            "gpu_resources": {**gpu_counts, "busy": busy, "nodes": nodes.count(), "nodes_online": nodes.filter(status__in=ALIVE).count()},
+            "gpu_resources": {
+                **gpu_counts,
+                "busy": busy,
+                "nodes": nodes.count(),
+                "nodes_online": nodes.filter(status__in=ALIVE).count(),
+            },
             "tasks": {
                 "total": sum(by_status.values()),
                 "running": by_status.get(TaskStatus.RUNNING, 0),

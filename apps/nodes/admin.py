@@ -27,8 +27,17 @@ class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
     can_delete = False
-    fields = readonly_fields = ["index", "model", "vendor", "memory_total_mb", "utilization", "memory_used_mb",
-                                "temperature", "power_w", "state_shown"]
+    fields = readonly_fields = [
+        "index",
+        "model",
+        "vendor",
+        "memory_total_mb",
+        "utilization",
+        "memory_used_mb",
+        "temperature",
+        "power_w",
+        "state_shown",
+    ]
     show_change_link = True
 
     def has_add_permission(self, request, obj=None):
@@ -59,32 +68,112 @@ class NodeForm(forms.ModelForm):
 @admin.register(Node)
 class NodeAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
     form = NodeForm
-    list_display = ["name", "id", "status", "in_service", "gpu_count", "lost_gpus", "tenant", "location",
-                    "exec_mode", "last_heartbeat_at"]
+    list_display = [
+        "name",
+        "id",
+        "status",
+        "in_service",
+        "gpu_count",
+        "lost_gpus",
+        "tenant",
+        "location",
+        "exec_mode",
+        "last_heartbeat_at",
+    ]
     list_filter = ["status", "gpu_type", "exec_mode", ("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["id", "name", "ip", "internal_ip", "hostname", "gpu_model", "region", "zone", "rack"]
     list_select_related = ["tenant"]
     inlines = [GpuInline]
     actions = ["drain", "mark_maintenance", "back_in_service", "delete_through_services"]
     fieldsets = [
-        (None, {"fields": ["id", "name", "status", "in_service", "executable", "exec_mode", "error_message",
-                           "last_heartbeat_at", "registered_at", "seen_version"]}),
-        ("Location", {"fields": ["region", "zone", "rack"],
-                      "description": "An empty field clears that part. Used by the topology plugin."}),
-        ("Owner", {"fields": ["tenant"],
-                   "description": "Empty: shared. Other tenants' tasks already on the node are left to finish (drain)."}),
-        ("Host", {"fields": ["hostname", "os", "ip", "internal_ip", "mac", "cpu_cores", "memory_gb", "is_container",
-                             "cpu_used", "memory_used"]}),
+        (
+            None,
+            {
+                "fields": [
+                    "id",
+                    "name",
+                    "status",
+                    "in_service",
+                    "executable",
+                    "exec_mode",
+                    "error_message",
+                    "last_heartbeat_at",
+                    "registered_at",
+                    "seen_version",
+                ]
+            },
+        ),
+        (
+            "Location",
+            {
+                "fields": ["region", "zone", "rack"],
+                "description": "An empty field clears that part. Used by the topology plugin.",
+            },
+        ),
+        (
+            "Owner",
+            {
+                "fields": ["tenant"],
+                "description": "Empty: shared. Other tenants' tasks already on the node are left to finish (drain).",
+            },
+        ),
+        (
+            "Host",
+            {
+                "fields": [
+                    "hostname",
+                    "os",
+                    "ip",
+                    "internal_ip",
+                    "mac",
+                    "cpu_cores",
+                    "memory_gb",
+                    "is_container",
+                    "cpu_used",
+                    "memory_used",
+                ]
+            },
+        ),
         ("GPUs", {"fields": ["gpu_type", "gpu_model", "gpu_count", "gpu_collector_error", "gpu_capabilities"]}),
         ("Agent", {"fields": ["agent_version", "agent_git_commit", "agent_build_time", "heartbeat_interval"]}),
-        ("Labels and models", {"fields": ["labels", "discovered_models", "inference_engines", "inference_engine_versions"]}),
+        (
+            "Labels and models",
+            {"fields": ["labels", "discovered_models", "inference_engines", "inference_engine_versions"]},
+        ),
     ]
     readonly_fields = [
-        "id", "name", "status", "in_service", "executable", "exec_mode", "error_message", "last_heartbeat_at",
-        "registered_at", "hostname", "os", "ip", "internal_ip", "mac", "cpu_cores", "memory_gb", "is_container",
-        "cpu_used", "memory_used", "gpu_type", "gpu_model", "gpu_count", "gpu_collector_error", "gpu_capabilities",
-        "agent_version", "agent_git_commit", "agent_build_time", "heartbeat_interval", "labels", "discovered_models",
-        "inference_engines", "inference_engine_versions",
+        "id",
+        "name",
+        "status",
+        "in_service",
+        "executable",
+        "exec_mode",
+        "error_message",
+        "last_heartbeat_at",
+        "registered_at",
+        "hostname",
+        "os",
+        "ip",
+        "internal_ip",
+        "mac",
+        "cpu_cores",
+        "memory_gb",
+        "is_container",
+        "cpu_used",
+        "memory_used",
+        "gpu_type",
+        "gpu_model",
+        "gpu_count",
+        "gpu_collector_error",
+        "gpu_capabilities",
+        "agent_version",
+        "agent_git_commit",
+        "agent_build_time",
+        "heartbeat_interval",
+        "labels",
+        "discovered_models",
+        "inference_engines",
+        "inference_engine_versions",
     ]
 
     def has_add_permission(self, request):
@@ -107,21 +196,28 @@ class NodeAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
         return {"drain": "draining (no new tasks)", "maintenance": "maintenance (no new tasks)"}.get(mode, "in service")
 
     def save_model(self, request, obj, form, change):
-        location = {field: form.cleaned_data[field].strip() for field in services.LOCATION_FIELDS if field in form.changed_data}
+        location = {
+            field: form.cleaned_data[field].strip() for field in services.LOCATION_FIELDS if field in form.changed_data
+        }
         if location:
             services.set_location(obj, location)
         if "tenant" in form.changed_data:
             seen = form.cleaned_data.get("seen_version")
             version = obj.version if seen is None else seen
             try:
-                result = services.assign_tenant(obj, form.cleaned_data["tenant"], expected_version=version, mode="drain")
+                result = services.assign_tenant(
+                    obj, form.cleaned_data["tenant"], expected_version=version, mode="drain"
+                )
             except Conflict as exc:
                 self.message_user(request, f"The owner was not changed: {exc.detail}", messages.ERROR)
                 return
             if result.other_tenant_tasks:
                 listed = ", ".join(f"#{pk}" for pk in result.other_tenant_tasks)
-                self.message_user(request, f"Other tenants' tasks still run on {obj.name}: {listed}. They are left to finish.",
-                                  messages.WARNING)
+                self.message_user(
+                    request,
+                    f"Other tenants' tasks still run on {obj.name}: {listed}. They are left to finish.",
+                    messages.WARNING,
+                )
 
     def delete_through_service(self, request, obj):
         services.delete_node(obj)
@@ -138,8 +234,11 @@ class NodeAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
             result = services.start_maintenance(node)
             moved = ", ".join(f"#{pk}" for pk in result.requeued) or "none"
             stopping = ", ".join(f"#{pk}" for pk in result.stopping) or "none"
-            self.message_user(request, f"{node.name} is in maintenance. Requeued: {moved}. Stopped by the agent, then "
-                                       f"requeued: {stopping}.", messages.SUCCESS)
+            self.message_user(
+                request,
+                f"{node.name} is in maintenance. Requeued: {moved}. Stopped by the agent, then requeued: {stopping}.",
+                messages.SUCCESS,
+            )
 
     @admin.action(description="Back in service: take tasks again")
     def back_in_service(self, request, queryset):

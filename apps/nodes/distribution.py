@@ -32,7 +32,7 @@ import tomllib
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -196,7 +196,7 @@ def publish(arch: str, files: Iterable[Path], manifest: dict, root: Path | None 
         for child in stage.iterdir():
             child.chmod(0o644)
         stage.chmod(0o755)
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         release = releases / f"{arch}-{stamp}"
         stage.rename(release)
     except BaseException:
@@ -428,12 +428,14 @@ def build_agent_wheel(options: BuildOptions, say: Callable[[str], None]) -> tupl
         cached = sorted(cache.glob("*.whl")) if cache.is_dir() else []
         if cached and (cache / BUILD_INFO_NAME).is_file() and not options.rebuild:
             info = json.loads((cache / BUILD_INFO_NAME).read_text())
-            say(f"agent wheel: reusing {cached[0].name} ({info['version']}, {info['git_commit']}, built {info['build_time']})")
+            say(
+                f"agent wheel: reusing {cached[0].name} ({info['version']}, {info['git_commit']}, built {info['build_time']})"
+            )
             return cached[0], info
         info = {
             "version": project["version"],
             "git_commit": commit,
-            "build_time": datetime.now(timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "build_time": datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         (copy / AGENT_PACKAGE / BUILD_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
         say(f"agent wheel: building {project['name']} {info['version']} ({info['git_commit']}) from {source}")
@@ -490,14 +492,22 @@ def _pip_wheel(copy: Path, out: Path, project: dict, options: BuildOptions, say)
                 f"(`{build_command()}`), or put their wheels there."
             )
         say(f"agent wheel: fetching the build tools ({', '.join(project['build_requires'])}) into {options.wheelhouse}")
-        fetch = _pip(["download", "--only-binary=:all:", "--dest", str(options.wheelhouse), *PIP_NETWORK_OPTIONS, *project["build_requires"]])
+        fetch = _pip(
+            [
+                "download",
+                "--only-binary=:all:",
+                "--dest",
+                str(options.wheelhouse),
+                *PIP_NETWORK_OPTIONS,
+                *project["build_requires"],
+            ]
+        )
         if fetch.returncode != 0:
             fetched = _pip_output(fetch)
             raise BuildError(
                 "cannot build the agent wheel: its build tools "
                 f"({', '.join(project['build_requires'])}) are not in "
-                f"{options.wheelhouse} and could not be downloaded"
-                + _network_note(fetched)
+                f"{options.wheelhouse} and could not be downloaded" + _network_note(fetched)
             )
         proc = _pip(args)
         if proc.returncode != 0:
@@ -519,13 +529,25 @@ def _network_note(output: str) -> str:
 
 
 def _target_args(arch: str) -> list[str]:
-    args = ["--only-binary=:all:", "--implementation", "cp", "--python-version", MIN_PYTHON, "--abi", "abi3", "--abi", "none"]
+    args = [
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        MIN_PYTHON,
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+    ]
     for tag in platform_tags(arch):
         args += ["--platform", tag]
     return args
 
 
-def _resolve_locally(arch: str, requirements: list[str], dest: Path, options: BuildOptions) -> subprocess.CompletedProcess:
+def _resolve_locally(
+    arch: str, requirements: list[str], dest: Path, options: BuildOptions
+) -> subprocess.CompletedProcess:
     return _pip(["download", "--dest", str(dest), *_local_links(options), *_target_args(arch), *requirements])
 
 
@@ -537,7 +559,9 @@ def _missing_locally(arch: str, requirements: list[str], options: BuildOptions) 
             proc = _resolve_locally(arch, [requirement], Path(scratch), options)
             if proc.returncode != 0:
                 names = _missing_names(_pip_output(proc))
-                missing.append(requirement if not names or names == [requirement] else f"{requirement} (needs {', '.join(names)})")
+                missing.append(
+                    requirement if not names or names == [requirement] else f"{requirement} (needs {', '.join(names)})"
+                )
     return missing
 
 
@@ -562,7 +586,9 @@ def fetch_dependencies(arch: str, requirements: list[str], dest: Path, options: 
         for leftover in dest.iterdir():
             leftover.unlink()
     say(f"{arch}: downloading dependency wheels ({', '.join(requirements)}) into {options.wheelhouse}")
-    download = _pip(["download", "--dest", str(options.wheelhouse), *PIP_NETWORK_OPTIONS, *_target_args(arch), *requirements])
+    download = _pip(
+        ["download", "--dest", str(options.wheelhouse), *PIP_NETWORK_OPTIONS, *_target_args(arch), *requirements]
+    )
     if download.returncode != 0:
         output = _pip_output(download)
         missing = _missing_locally(arch, requirements, options) if _network_trouble(output) else _missing_names(output)

@@ -21,6 +21,8 @@ def gpu_state(*, lost: bool, held: bool) -> str:
 def state_sql(gpu: str) -> str:
     """`gpu_state` for the `gpus` row aliased `gpu`, as an SQL expression."""
     held = f"EXISTS (SELECT 1 FROM gpu_allocations AS a WHERE a.node_id = {gpu}.node_id AND a.gpu_index = {gpu}.index)"
-    return (f"CASE WHEN {gpu}.lost_at IS NOT NULL THEN '{GpuState.LOST.value}' "
-            f"WHEN {held} THEN '{GpuState.BUSY.value}' "
-            f"ELSE '{GpuState.AVAILABLE.value}' END")
+    return (
+        f"CASE WHEN {gpu}.lost_at IS NOT NULL THEN '{GpuState.LOST.value}' "
+        f"WHEN {held} THEN '{GpuState.BUSY.value}' "
+        f"ELSE '{GpuState.AVAILABLE.value}' END"
+    )

@@ -33,9 +33,21 @@ set_json_dumps(lambda obj: orjson.dumps(obj).decode())
 
 # Facts whose change takes the slow path (a full-row update and GPU upserts).
 STRUCTURAL_KEYS = (
-    "hostname", "os", "cpu_cores", "memory_gb", "mac", "is_container", "agent_version",
-    "agent_git_commit", "agent_build_time", "gpu_capabilities", "labels", "vllm_available",
-    "inference_engines", "inference_engine_versions", "discovered_models",
+    "hostname",
+    "os",
+    "cpu_cores",
+    "memory_gb",
+    "mac",
+    "is_container",
+    "agent_version",
+    "agent_git_commit",
+    "agent_build_time",
+    "gpu_capabilities",
+    "labels",
+    "vllm_available",
+    "inference_engines",
+    "inference_engine_versions",
+    "discovered_models",
 )
 METRIC_FIELDS = ("utilization", "memory_used_mb", "temperature", "power_w")
 # Short keys of the per-GPU readings sent to SQL and kept in node_metrics.
@@ -44,7 +56,14 @@ READING_KEYS = (("u", "utilization"), ("m", "memory_used_mb"), ("t", "temperatur
 
 def structure_hash(payload: dict) -> str:
     gpus = sorted(
-        (g["index"], g.get("uuid", ""), g["vendor"], g.get("model", ""), g.get("memory_total_mb"), g.get("compute_capability", ""))
+        (
+            g["index"],
+            g.get("uuid", ""),
+            g["vendor"],
+            g.get("model", ""),
+            g.get("memory_total_mb"),
+            g.get("compute_capability", ""),
+        )
         for g in payload.get("gpu_stats", ())
     )
     document = orjson.dumps([[payload.get(key) for key in STRUCTURAL_KEYS], gpus], option=orjson.OPT_SORT_KEYS)
@@ -91,14 +110,43 @@ class BeatOutcome:
 # --- statements -----------------------------------------------------------------------
 
 HEARTBEAT_COLUMNS = (
-    "last_heartbeat_at", "status", "ip", "internal_ip", "cpu_used", "memory_used", "gpu_temperature",
-    "gpu_memory_used_mb", "docker_available", "executable", "exec_mode", "error_message",
-    "gpu_collector_error", "task_health", "live_task_ids", "heartbeat_interval", "updated_at", "signed_off_at",
+    "last_heartbeat_at",
+    "status",
+    "ip",
+    "internal_ip",
+    "cpu_used",
+    "memory_used",
+    "gpu_temperature",
+    "gpu_memory_used_mb",
+    "docker_available",
+    "executable",
+    "exec_mode",
+    "error_message",
+    "gpu_collector_error",
+    "task_health",
+    "live_task_ids",
+    "heartbeat_interval",
+    "updated_at",
+    "signed_off_at",
 )
 STRUCTURE_COLUMNS = (
-    "hostname", "os", "cpu_cores", "memory_gb", "mac", "is_container", "agent_version", "agent_git_commit",
-    "agent_build_time", "gpu_capabilities", "vllm_available", "inference_engines", "inference_engine_versions",
-    "discovered_models", "gpu_type", "gpu_model", "structure_hash",
+    "hostname",
+    "os",
+    "cpu_cores",
+    "memory_gb",
+    "mac",
+    "is_container",
+    "agent_version",
+    "agent_git_commit",
+    "agent_build_time",
+    "gpu_capabilities",
+    "vllm_available",
+    "inference_engines",
+    "inference_engine_versions",
+    "discovered_models",
+    "gpu_type",
+    "gpu_model",
+    "structure_hash",
 )
 
 BEAT = f"""
@@ -156,7 +204,7 @@ WITH node AS (
 ), raised AS (
     INSERT INTO alerts (type, severity, scope, state, key, node_id, gpu_index, message, details, created_at, updated_at)
     SELECT '{AlertType.GPU_LOST}', '{Severity.ERROR}', '{AlertScope.GPU}', 'ACTIVE',
-           {alert_keys.gpu_lost_sql('%(id)s', 'j.index')}, %(id)s, j.index,
+           {alert_keys.gpu_lost_sql("%(id)s", "j.index")}, %(id)s, j.index,
            format('GPU %%s of node %%s is lost (%%s).', j.index, %(id)s, j.lost_basis),
            jsonb_build_object('basis', j.lost_basis), %(now)s, %(now)s
     FROM judged AS j WHERE j.is_lost AND NOT j.was_lost
@@ -164,7 +212,7 @@ WITH node AS (
 ), recovered AS (
     UPDATE alerts SET state = 'RECOVERED', ended_at = %(now)s, updated_at = %(now)s
     WHERE state = 'ACTIVE' AND key IN (
-        SELECT {alert_keys.gpu_lost_sql('%(id)s', 'j.index')} FROM judged AS j WHERE j.was_lost AND NOT j.is_lost)
+        SELECT {alert_keys.gpu_lost_sql("%(id)s", "j.index")} FROM judged AS j WHERE j.was_lost AND NOT j.is_lost)
 )
 SELECT EXISTS (SELECT 1 FROM node), (SELECT old_ip FROM node),
        (SELECT COALESCE(jsonb_agg(jsonb_build_array(j.index, j.is_lost, j.lost_basis)), '[]'::jsonb)
@@ -182,8 +230,20 @@ FULL_NODE_UPDATE = (
     + ", labels = labels || %(labels)s WHERE id = %(id)s"
 )
 
-NODE_INSERT_COLUMNS = HEARTBEAT_COLUMNS + STRUCTURE_COLUMNS + (
-    "id", "name", "labels", "region", "zone", "rack", "version", "registered_at", "gpu_count",
+NODE_INSERT_COLUMNS = (
+    HEARTBEAT_COLUMNS
+    + STRUCTURE_COLUMNS
+    + (
+        "id",
+        "name",
+        "labels",
+        "region",
+        "zone",
+        "rack",
+        "version",
+        "registered_at",
+        "gpu_count",
+    )
 )
 NODE_INSERT = (
     f"INSERT INTO nodes ({', '.join(NODE_INSERT_COLUMNS)}) VALUES ("
@@ -216,7 +276,10 @@ def beat_params(node_id: str, payload: dict, peer_ip: str | None, now: datetime)
     stats = payload.get("gpu_stats", ())
     readings = []
     for stat in stats:
-        sample = {"i": stat["index"], "a": ",".join(stat.get("metrics_available", [m for m in METRIC_FIELDS if m in stat]))}
+        sample = {
+            "i": stat["index"],
+            "a": ",".join(stat.get("metrics_available", [m for m in METRIC_FIELDS if m in stat])),
+        }
         for key, name in READING_KEYS:
             sample[key] = reading(stat, name)
         readings.append(sample)
@@ -258,9 +321,12 @@ def structure_params(payload: dict) -> dict:
     models = {gpu_model(g["vendor"], g.get("model", ""), g.get("memory_total_mb")) for g in stats}
     gpus = [
         {
-            "index": g["index"], "uuid": g.get("uuid", ""), "vendor": g["vendor"],
+            "index": g["index"],
+            "uuid": g.get("uuid", ""),
+            "vendor": g["vendor"],
             "model": gpu_model(g["vendor"], g.get("model", ""), g.get("memory_total_mb")),
-            "memory_total_mb": g.get("memory_total_mb"), "compute_capability": g.get("compute_capability", ""),
+            "memory_total_mb": g.get("memory_total_mb"),
+            "compute_capability": g.get("compute_capability", ""),
         }
         for g in stats
     ]
@@ -306,10 +372,20 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
             existing = await cur.fetchone()
             structure = structure_params(payload)
             if existing is None:
-                await cur.execute(NODE_INSERT, params | structure | {
-                    "name": f"agent-{node_id}", "region": "", "zone": "", "rack": "", "version": 1,
-                    "registered_at": now, "gpu_count": 0,
-                })
+                await cur.execute(
+                    NODE_INSERT,
+                    params
+                    | structure
+                    | {
+                        "name": f"agent-{node_id}",
+                        "region": "",
+                        "zone": "",
+                        "rack": "",
+                        "version": 1,
+                        "registered_at": now,
+                        "gpu_count": 0,
+                    },
+                )
                 outcome.registered = cur.rowcount == 1
                 if not outcome.registered:  # a concurrent first beat won the insert
                     await cur.execute(FULL_NODE_UPDATE, params | structure)

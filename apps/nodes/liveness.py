@@ -85,8 +85,9 @@ def signed_off(last_heartbeat_at: datetime, signed_off_at: datetime | None) -> b
     return signed_off_at is not None and signed_off_at >= last_heartbeat_at
 
 
-def status_at(last_heartbeat_at: datetime | None, executable: bool, now: datetime,
-              signed_off_at: datetime | None = None) -> str:
+def status_at(
+    last_heartbeat_at: datetime | None, executable: bool, now: datetime, signed_off_at: datetime | None = None
+) -> str:
     """The node state machine. Silence wins over executability; a farewell is offline at
     once. STATUS_SQL is the same, set-wise, in the same order."""
     if last_heartbeat_at is None or now >= offline_from(last_heartbeat_at):

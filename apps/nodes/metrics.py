@@ -4,7 +4,7 @@ points."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
@@ -27,7 +27,7 @@ def ensure_partitions(cursor, today: date, days_ahead: int = DAYS_AHEAD) -> list
         name = partition_name(day)
         cursor.execute("SELECT to_regclass(%s)", [name])
         if cursor.fetchone()[0] is None:
-            start = datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+            start = datetime(day.year, day.month, day.day, tzinfo=UTC)
             try:
                 with transaction.atomic():
                     cursor.execute(
@@ -50,7 +50,7 @@ def drop_expired_partitions(cursor, cutoff: datetime) -> list[str]:
     )
     dropped = []
     for (name,) in cursor.fetchall():
-        day = datetime.strptime(name.removeprefix(PARTITION_PREFIX), "%Y%m%d").replace(tzinfo=timezone.utc)
+        day = datetime.strptime(name.removeprefix(PARTITION_PREFIX), "%Y%m%d").replace(tzinfo=UTC)
         if day + timedelta(days=1) <= cutoff:
             cursor.execute(f"DROP TABLE IF EXISTS {name}")
             dropped.append(name)
@@ -106,8 +106,13 @@ def history(node_id: str, hours: int, now: datetime | None = None) -> dict:
     import json
 
     points = [
-        {"at": bucket.isoformat(), "cpu_used": cpu, "memory_used": mem, "samples": n,
-         "gpus": json.loads(gpus) if isinstance(gpus, str) else gpus}
+        {
+            "at": bucket.isoformat(),
+            "cpu_used": cpu,
+            "memory_used": mem,
+            "samples": n,
+            "gpus": json.loads(gpus) if isinstance(gpus, str) else gpus,
+        }
         for bucket, cpu, mem, n, gpus in rows
     ]
     return {"node_id": node_id, "hours": hours, "bucket_seconds": step, "points": points}

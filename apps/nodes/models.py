@@ -26,12 +26,18 @@ class Node(models.Model):
     id = models.CharField(primary_key=True, max_length=128)
     name = models.CharField(max_length=200)
     tenant = models.ForeignKey(
-        "tenants.Tenant", null=True, blank=True, on_delete=models.PROTECT, related_name="dedicated_nodes",
+        "tenants.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="dedicated_nodes",
         help_text="Empty: a shared node. Set: dedicated to that tenant.",
     )
     status = models.CharField(max_length=10, choices=NodeStatus.choices, default=NodeStatus.ONLINE)
     # addresses
-    ip = models.GenericIPAddressField(null=True, blank=True, help_text="Public address: the TCP source of the heartbeat.")
+    ip = models.GenericIPAddressField(
+        null=True, blank=True, help_text="Public address: the TCP source of the heartbeat."
+    )
     internal_ip = models.GenericIPAddressField(null=True, blank=True)
     mac = models.CharField(max_length=17, blank=True, default="")
     # host facts

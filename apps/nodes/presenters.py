@@ -13,17 +13,63 @@ from apps.nodes.gpu_state import state_sql
 from apps.tasks.choices import ACTIVE
 
 NODE_COLUMNS = [
-    "id", "name", "status", "ip", "internal_ip", "mac", "hostname", "os", "cpu_cores", "memory_gb",
-    "is_container", "docker_available", "executable", "exec_mode", "error_message", "agent_version",
-    "agent_git_commit", "agent_build_time", "heartbeat_interval", "cpu_used", "memory_used", "gpu_temperature",
-    "gpu_memory_used_mb", "gpu_type", "gpu_model", "gpu_count", "gpu_collector_error", "labels",
-    "gpu_capabilities", "inference_engines", "inference_engine_versions", "vllm_available", "discovered_models",
-    "task_health", "live_task_ids", "region", "zone", "rack", "version", "registered_at", "last_heartbeat_at",
+    "id",
+    "name",
+    "status",
+    "ip",
+    "internal_ip",
+    "mac",
+    "hostname",
+    "os",
+    "cpu_cores",
+    "memory_gb",
+    "is_container",
+    "docker_available",
+    "executable",
+    "exec_mode",
+    "error_message",
+    "agent_version",
+    "agent_git_commit",
+    "agent_build_time",
+    "heartbeat_interval",
+    "cpu_used",
+    "memory_used",
+    "gpu_temperature",
+    "gpu_memory_used_mb",
+    "gpu_type",
+    "gpu_model",
+    "gpu_count",
+    "gpu_collector_error",
+    "labels",
+    "gpu_capabilities",
+    "inference_engines",
+    "inference_engine_versions",
+    "vllm_available",
+    "discovered_models",
+    "task_health",
+    "live_task_ids",
+    "region",
+    "zone",
+    "rack",
+    "version",
+    "registered_at",
+    "last_heartbeat_at",
 ]
 NODE_COMPUTED = ["tenant", "gpu_used", "gpus_lost", "gpus"]
 GPU_COLUMNS = [
-    "index", "uuid", "vendor", "model", "memory_total_mb", "compute_capability", "utilization",
-    "memory_used_mb", "temperature", "power_w", "metrics_available", "lost_at", "lost_basis",
+    "index",
+    "uuid",
+    "vendor",
+    "model",
+    "memory_total_mb",
+    "compute_capability",
+    "utilization",
+    "memory_used_mb",
+    "temperature",
+    "power_w",
+    "metrics_available",
+    "lost_at",
+    "lost_basis",
 ]
 GPU_COMPUTED = ["state"]  # apps.nodes.gpu_state's rule, in SQL
 
@@ -82,10 +128,12 @@ def present_page(nodes, order: tuple[str, ...], *, limit: int, offset: int) -> t
     of the page [offset, offset + limit) in `order`, in one statement (the page's ids
     come from the ordering index, not from sorting every match)."""
     matching, matching_params = nodes.order_by().values("id").query.sql_with_params()
-    ordered, ordered_params = nodes.order_by(*order).values("id")[offset:offset + limit].query.sql_with_params()
+    ordered, ordered_params = nodes.order_by(*order).values("id")[offset : offset + limit].query.sql_with_params()
     page = PAGE_JSON.format(source=f"(SELECT q.id, row_number() OVER () FROM ({ordered}) AS q)")
     with connection.cursor() as cursor:
-        cursor.execute(LIST_PAGE.format(matching=matching, page=page), [*matching_params, *ordered_params, list(ACTIVE)])
+        cursor.execute(
+            LIST_PAGE.format(matching=matching, page=page), [*matching_params, *ordered_params, list(ACTIVE)]
+        )
         count, text = cursor.fetchone()
     return count, orjson.Fragment(text)
 

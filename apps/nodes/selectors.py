@@ -16,8 +16,14 @@ def node_list(principal, *, q: str = "", status: str = "", gpu_type: str = ""):
         nodes = nodes.filter(Exists(Gpu.objects.filter(node=OuterRef("pk"), vendor=gpu_type)))
     if q:
         nodes = nodes.filter(
-            Q(name__icontains=q) | Q(id__icontains=q) | Q(ip__icontains=q) | Q(internal_ip__icontains=q)
-            | Q(rack__icontains=q) | Q(zone__icontains=q) | Q(region__icontains=q) | Q(gpu_model__icontains=q)
+            Q(name__icontains=q)
+            | Q(id__icontains=q)
+            | Q(ip__icontains=q)
+            | Q(internal_ip__icontains=q)
+            | Q(rack__icontains=q)
+            | Q(zone__icontains=q)
+            | Q(region__icontains=q)
+            | Q(gpu_model__icontains=q)
             | Exists(Gpu.objects.filter(node=OuterRef("pk"), model__icontains=q))
         )
     return nodes
@@ -59,11 +65,18 @@ def with_load(nodes):
     held = GpuAllocation.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
     busy = (
         Gpu.objects.filter(Exists(held), node=OuterRef("pk"), lost_at__isnull=True)
-        .order_by().values("node").annotate(n=Count("id")).values("n")
+        .order_by()
+        .values("node")
+        .annotate(n=Count("id"))
+        .values("n")
     )
-    utilisation = Gpu.objects.filter(node=OuterRef("pk"), lost_at__isnull=True).order_by().values("node").annotate(
-        avg=Avg("utilization")
-    ).values("avg")
+    utilisation = (
+        Gpu.objects.filter(node=OuterRef("pk"), lost_at__isnull=True)
+        .order_by()
+        .values("node")
+        .annotate(avg=Avg("utilization"))
+        .values("avg")
+    )
     return nodes.annotate(
         active_tasks=Coalesce(Subquery(active.annotate(n=Count("id")).values("n")), 0),
         gpus_busy=Coalesce(Subquery(busy), 0),

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection, transaction
-
 from rest_framework.exceptions import NotFound
 
 from apps.alerts import keys as alert_keys
@@ -64,7 +63,10 @@ def delete_node(node: Node, *, force: bool = False) -> NodeDeleted:
         active = active_tasks_on(locked)
         if active:
             listed = ", ".join(f"#{task_id} ({status})" for task_id, status in active[:50])
-            raise Conflict(f"Node '{node.pk}' has active tasks: {listed}. Stop them first; force does not apply.", "node_has_active_tasks")
+            raise Conflict(
+                f"Node '{node.pk}' has active tasks: {listed}. Stop them first; force does not apply.",
+                "node_has_active_tasks",
+            )
         Task.objects.filter(node=locked).update(node=None)  # history keeps the task, not the node
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM node_metrics WHERE node_id = %s", [locked.pk])
@@ -80,7 +82,9 @@ def forget_lost_gpu(node: Node, index: int) -> None:
         if gpu is None:
             raise NotFound(f"Node '{node.pk}' has no GPU {index}.")
         if gpu.lost_at is None:
-            raise Conflict(f"GPU {index} of node '{node.pk}' is not lost; only lost cards can be removed.", "gpu_not_lost")
+            raise Conflict(
+                f"GPU {index} of node '{node.pk}' is not lost; only lost cards can be removed.", "gpu_not_lost"
+            )
         gpu.delete()
         Node.objects.filter(pk=node.pk).update(gpu_count=Gpu.objects.filter(node=node).count())
         recover_alert(alert_keys.gpu_lost(node.pk, index))
@@ -125,9 +129,11 @@ def assign_tenant(node: Node, tenant, *, expected_version: int, mode: str = "dra
         other_ids = list(others.order_by("id").values_list("id", flat=True))
         stopping: list[int] = []
         if mode == "evict" and other_ids:
-            stopping = sorted(move_tasks(
-                other_ids, (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING), TaskStatus.STOPPING
-            ))
+            stopping = sorted(
+                move_tasks(
+                    other_ids, (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING), TaskStatus.STOPPING
+                )
+            )
     node.refresh_from_db()
     return TenantAssigned(node, mode, other_ids, stopping)
 
@@ -150,6 +156,7 @@ def upsert_node(node_id: str, fields: dict) -> tuple[Node, bool]:
 
 # --- out of service (operators: the admin) ---------------------------------------------------
 
+
 @dataclass(frozen=True)
 class OutOfService:
     node: Node
@@ -163,10 +170,15 @@ def _set_cordon(node: Node, mode: str | None) -> None:
     merges its labels by key, so it leaves this one alone)."""
     with connection.cursor() as cursor:
         if mode is None:
-            cursor.execute("UPDATE nodes SET labels = labels - %s, updated_at = now() WHERE id = %s", [CORDON_LABEL, node.pk])
+            cursor.execute(
+                "UPDATE nodes SET labels = labels - %s, updated_at = now() WHERE id = %s", [CORDON_LABEL, node.pk]
+            )
         else:
-            cursor.execute("UPDATE nodes SET labels = labels || jsonb_build_object(%s::text, %s::text), updated_at = now() "
-                           "WHERE id = %s", [CORDON_LABEL, mode, node.pk])
+            cursor.execute(
+                "UPDATE nodes SET labels = labels || jsonb_build_object(%s::text, %s::text), updated_at = now() "
+                "WHERE id = %s",
+                [CORDON_LABEL, mode, node.pk],
+            )
     node.refresh_from_db(fields=["labels", "updated_at"])
 
 

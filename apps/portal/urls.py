@@ -7,7 +7,11 @@ from apps.portal.pages import account, alerts, nodes, server, tasks
 app_name = "portal"
 urlpatterns = [
     path("", views.home, name="home"),
-    path("login/", auth_views.LoginView.as_view(template_name="portal/login.html", redirect_authenticated_user=True), name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="portal/login.html", redirect_authenticated_user=True),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tenant/", views.switch_tenant, name="switch-tenant"),
     path("server/hosts/", server.server_hosts, name="server-hosts"),

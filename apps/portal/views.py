@@ -19,18 +19,27 @@ NODES_ON_HOME = 20
 @portal_page
 def home(request):
     principal = request.principal
-    nodes = list(node_list(principal).order_by("name", "id")[:NODES_ON_HOME + 1])
+    nodes = list(node_list(principal).order_by("name", "id")[: NODES_ON_HOME + 1])
     quota = None
     if principal.is_tenant:
         quota = {"tenant": principal.tenant, "use": quota_use(principal.tenant)}
     # the server monitoring panel: operators only, and only then are its reads made
     panel = server.panel_context(request) if principal.is_operator else None
-    return render(request, "portal/home.html", {
-        "cluster": environment_summary(principal), "gpus": gpu_summary(principal), "tasks": task_stats(principal),
-        "alerts": alert_stats(principal), "quota": quota,
-        "nodes": nodes[:NODES_ON_HOME], "more_nodes": len(nodes) > NODES_ON_HOME,
-        "server_panel": panel,
-    }, status=400 if panel and panel.get("error") else 200)
+    return render(
+        request,
+        "portal/home.html",
+        {
+            "cluster": environment_summary(principal),
+            "gpus": gpu_summary(principal),
+            "tasks": task_stats(principal),
+            "alerts": alert_stats(principal),
+            "quota": quota,
+            "nodes": nodes[:NODES_ON_HOME],
+            "more_nodes": len(nodes) > NODES_ON_HOME,
+            "server_panel": panel,
+        },
+        status=400 if panel and panel.get("error") else 200,
+    )
 
 
 @require_POST

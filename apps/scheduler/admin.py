@@ -38,8 +38,12 @@ class PluginConfigAdmin(admin.ModelAdmin):
             self.apply(request)
             return redirect("admin:scheduler_pluginconfig_changelist")
         context = {
-            **self.admin_site.each_context(request), "opts": self.model._meta, "title": "Scheduler plugins",
-            "plugins": [row | {"extra_json": json.dumps(row["extra"], sort_keys=True)} for row in services.plugin_table()],
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Scheduler plugins",
+            "plugins": [
+                row | {"extra_json": json.dumps(row["extra"], sort_keys=True)} for row in services.plugin_table()
+            ],
             "has_change_permission": self.has_change_permission(request),
         }
         return TemplateResponse(request, self.change_list_template, context)
@@ -53,7 +57,11 @@ class PluginConfigAdmin(admin.ModelAdmin):
             if action in ("enable", "disable"):
                 services.set_plugin_enabled(name, action == "enable")
                 spec = services.PLUGINS[name]
-                also = f"; {spec.exclusive_with} is {'disabled' if action == 'enable' else 'enabled'}" if spec.exclusive_with else ""
+                also = (
+                    f"; {spec.exclusive_with} is {'disabled' if action == 'enable' else 'enabled'}"
+                    if spec.exclusive_with
+                    else ""
+                )
                 self.message_user(request, f"{name} {action}d{also}.", messages.SUCCESS)
             elif action == "options":
                 data = {"weight": request.POST["weight"]} if request.POST.get("weight", "").strip() else {}

@@ -88,7 +88,9 @@ class TaskReq:
 @dataclass(frozen=True)
 class PluginSettings:
     layout: str = "spread"  # or "binpack"; the two are mutually exclusive
-    weights: dict = field(default_factory=lambda: {"spread": 1.0, "binpack": 1.0, "topology": 1.0, "rdma": 1.0, "nvlink": 1.0})
+    weights: dict = field(
+        default_factory=lambda: {"spread": 1.0, "binpack": 1.0, "topology": 1.0, "rdma": 1.0, "nvlink": 1.0}
+    )
     enabled: frozenset = frozenset({"topology", "rdma", "nvlink"})
     gpu_reserve_mb: int = 500
     gpu_reserve_percent: float = 10.0
@@ -155,8 +157,11 @@ def shareable_cards(node: NodeSnap, task: TaskReq, settings: PluginSettings, may
     with the task's tenant."""
     vendor = task.gpu_type.lower()
     return [
-        gpu for gpu in node.usable_gpus()
-        if vendor_matches(gpu, vendor) and card_under_load(gpu, settings) and not gpu.whole_taken
+        gpu
+        for gpu in node.usable_gpus()
+        if vendor_matches(gpu, vendor)
+        and card_under_load(gpu, settings)
+        and not gpu.whole_taken
         and gpu.memory_free_mb(reserve_mb(gpu, settings)) >= task.gpu_memory_mb
         and all(may_share(task.tenant_id, holder_tenant) for _, holder_tenant, _ in gpu.holders)
     ]
@@ -250,8 +255,13 @@ class FleetView:
     the task-independent part of its score; on first use its open cards and the cards
     with room left) and recomputed only for a node whose cards changed (`changed`)."""
 
-    def __init__(self, nodes: Sequence[NodeSnap], settings: PluginSettings, may_share: Callable[[int, int], bool],
-                 scores: bool = True):
+    def __init__(
+        self,
+        nodes: Sequence[NodeSnap],
+        settings: PluginSettings,
+        may_share: Callable[[int, int], bool],
+        scores: bool = True,
+    ):
         self.nodes = list(nodes)
         self.scores = scores  # False: a view that is only filtered (fits, preemption)
         self.settings = settings
@@ -313,7 +323,9 @@ class FleetView:
         if cards is None:
             settings = self.settings
             cards = self._open[position] = [
-                gpu for gpu in self.nodes[position].gpus if not gpu.lost and not gpu.holders and card_under_load(gpu, settings)
+                gpu
+                for gpu in self.nodes[position].gpus
+                if not gpu.lost and not gpu.holders and card_under_load(gpu, settings)
             ]
         if not vendor or vendor == self.vendor[position]:
             return cards
@@ -341,7 +353,8 @@ class FleetView:
             if partial is None:
                 settings = self.settings
                 partial = self._partial[position] = [
-                    (gpu, gpu.memory_free_mb(reserve_mb(gpu, settings))) for gpu in self.nodes[position].gpus
+                    (gpu, gpu.memory_free_mb(reserve_mb(gpu, settings)))
+                    for gpu in self.nodes[position].gpus
                     if not gpu.lost and not gpu.whole_taken and card_under_load(gpu, settings)
                 ]
             may_share = self.may_share
@@ -386,8 +399,14 @@ class Ask:
     @classmethod
     def of(cls, task: TaskReq, settings: PluginSettings) -> Ask:
         need = needed_cards(task)
-        return cls(task, need, bool(need) and not task.memory_only, task.gpu_type.lower(),
-                   required(task, "rdma", settings), required(task, "nvlink", settings))
+        return cls(
+            task,
+            need,
+            bool(need) and not task.memory_only,
+            task.gpu_type.lower(),
+            required(task, "rdma", settings),
+            required(task, "nvlink", settings),
+        )
 
 
 def required(task: TaskReq, plugin: str, settings: PluginSettings) -> bool:
@@ -445,8 +464,12 @@ def gpu_capacity(ask: Ask, fleet: FleetView) -> Check | None:
     if ask.whole:
         free, open_cards, whole_cards = fleet.free, fleet.open_cards, fleet.whole_cards
         if not memory:
-            return lambda position: "capacity" if free[position] < need or len(open_cards(position, vendor)) < need else None
-        return lambda position: "capacity" if free[position] < need or len(whole_cards(position, vendor, memory)) < need else None
+            return lambda position: (
+                "capacity" if free[position] < need or len(open_cards(position, vendor)) < need else None
+            )
+        return lambda position: (
+            "capacity" if free[position] < need or len(whole_cards(position, vendor, memory)) < need else None
+        )
     if not need:
         return None
     room, tenant = fleet.room_mb, ask.task.tenant_id
@@ -531,9 +554,12 @@ class Chain:
 
 # The order removed_by has always listed the built-in reasons in; a new filter's reasons
 # follow them, in the order they were first counted.
-REASON_ORDER = {reason: rank for rank, reason in enumerate(
-    ("unavailable", "tenant", "load", "capacity", "tenant_sharing", "rdma", "nvlink", "ports")
-)}
+REASON_ORDER = {
+    reason: rank
+    for rank, reason in enumerate(
+        ("unavailable", "tenant", "load", "capacity", "tenant_sharing", "rdma", "nvlink", "ports")
+    )
+}
 
 
 def explained(removed: dict[str, int]) -> dict[str, int]:
@@ -725,8 +751,16 @@ class GroupReq:
         return len(self.members)
 
     def worker(self, rank: int = 0) -> TaskReq:
-        return TaskReq(self.members[rank], self.tenant_id, self.gpus_per_worker, None, self.gpu_type, self.priority,
-                       self.labels, self.kind)
+        return TaskReq(
+            self.members[rank],
+            self.tenant_id,
+            self.gpus_per_worker,
+            None,
+            self.gpu_type,
+            self.priority,
+            self.labels,
+            self.kind,
+        )
 
 
 @dataclass
@@ -746,8 +780,12 @@ class GroupFailure:
     needed: int
 
     def as_reason(self) -> dict:
-        return {"code": self.code, "message": self.message, "removed_by": self.removed,
-                "workers": {"placeable": self.placeable, "needed": self.needed}}
+        return {
+            "code": self.code,
+            "message": self.message,
+            "removed_by": self.removed,
+            "workers": {"placeable": self.placeable, "needed": self.needed},
+        }
 
 
 @dataclass(slots=True)
@@ -817,7 +855,7 @@ def _worker_cards(ask: Ask, fleet: FleetView, position: int, limit: int) -> list
         limit = min(limit, ports)
     topology = fleet.topology(position) if "nvlink" in fleet.settings.enabled else None
     if topology is None:
-        return [free[k * need:(k + 1) * need] for k in range(limit)]
+        return [free[k * need : (k + 1) * need] for k in range(limit)]
     groups = []
     while len(groups) < limit:
         if ask.nvlink_required and not nvlink.has_domain_for(topology, free, need):
@@ -860,8 +898,14 @@ def _choose_nodes(slots: list[_Slot], needed: int, pack: bool) -> list[tuple[_Sl
     def within(slot: _Slot):
         return (-slot.workers, -slot.score, slot.node.id) if pack else (-slot.score, slot.node.id)
 
-    anchor = min(slots, key=lambda slot: (-min(racks[_rack_key(slot.node)], needed), -min(zones[_zone_key(slot.node)], needed),
-                                          *within(slot)))
+    anchor = min(
+        slots,
+        key=lambda slot: (
+            -min(racks[_rack_key(slot.node)], needed),
+            -min(zones[_zone_key(slot.node)], needed),
+            *within(slot),
+        ),
+    )
     rack, zone = _rack_key(anchor.node), _zone_key(anchor.node)
 
     def order(slot: _Slot):
@@ -891,17 +935,25 @@ def _choose_nodes(slots: list[_Slot], needed: int, pack: bool) -> list[tuple[_Sl
 def _group_failure(group: GroupReq, fleet: FleetView, removed: dict[str, int], placeable: int) -> GroupFailure:
     vendor, needed = group.gpu_type.lower(), group.world_size
     if not vendor:
-        return GroupFailure(group.id, "GpuTypeRequired", "a group names its gpu_type (never a mix of vendors)", removed,
-                            0, needed)
+        return GroupFailure(
+            group.id, "GpuTypeRequired", "a group names its gpu_type (never a mix of vendors)", removed, 0, needed
+        )
     tenant = group.tenant_id
     present = any(
-        node.tenant_id in (None, tenant) and any(gpu.vendor.lower() == vendor for gpu in node.gpus) for node in fleet.nodes
+        node.tenant_id in (None, tenant) and any(gpu.vendor.lower() == vendor for gpu in node.gpus)
+        for node in fleet.nodes
     )
     if not present:
         return GroupFailure(group.id, "GpuTypeNotPresent", f"type {group.gpu_type} not present", removed, 0, needed)
     code = "NoSchedulableNodes" if removed.get("unavailable", 0) == len(fleet.nodes) else "InsufficientResources"
-    return GroupFailure(group.id, code, f"not enough nodes of type {group.gpu_type} in the tenant's reach: "
-                                        f"{placeable} of {needed} workers", removed, placeable, needed)
+    return GroupFailure(
+        group.id,
+        code,
+        f"not enough nodes of type {group.gpu_type} in the tenant's reach: {placeable} of {needed} workers",
+        removed,
+        placeable,
+        needed,
+    )
 
 
 # --- preemption -------------------------------------------------------------------------
@@ -909,7 +961,11 @@ def _group_failure(group: GroupReq, fleet: FleetView, removed: dict[str, int], p
 PREEMPT_STAGES = ("disabled", "scheduled", "running")
 # The statuses a victim may be in, per preempt_stage: "running" (the default) takes only
 # running tasks; "scheduled" also tasks bound but not yet started.
-VICTIM_STATUSES = {"disabled": frozenset(), "scheduled": frozenset({"scheduled", "starting", "running"}), "running": frozenset({"running"})}
+VICTIM_STATUSES = {
+    "disabled": frozenset(),
+    "scheduled": frozenset({"scheduled", "starting", "running"}),
+    "running": frozenset({"running"}),
+}
 PREEMPTIBLE_KINDS = frozenset({"job"})  # training and inference are never victims
 FREEING = "preempting"
 
@@ -946,11 +1002,15 @@ def may_preempt(task: TaskReq, occupant: Occupant, stage: str) -> bool:
 def _without(node: NodeSnap, gone: set[int]) -> NodeSnap:
     """The node as it would be once the tasks `gone` gave their cards back (a copy; the
     cards none of them holds are shared with the node, never changed)."""
-    return replace(node, gpus=[
-        replace(gpu, holders=[holder for holder in gpu.holders if holder[0] not in gone])
-        if any(holder[0] in gone for holder in gpu.holders) else gpu
-        for gpu in node.gpus
-    ])
+    return replace(
+        node,
+        gpus=[
+            replace(gpu, holders=[holder for holder in gpu.holders if holder[0] not in gone])
+            if any(holder[0] in gone for holder in gpu.holders)
+            else gpu
+            for gpu in node.gpus
+        ],
+    )
 
 
 def occupants_by_node(occupants: Sequence[Occupant]) -> dict[str, list[Occupant]]:

@@ -102,11 +102,16 @@ def plugin_table() -> list[dict]:
     for name, spec in PLUGINS.items():
         config = stored.get(name)
         enabled = True if spec.locked else (config.enabled if config else spec.default_enabled)
-        table.append({
-            "name": name, "kind": spec.kind, "enabled": enabled, "locked": spec.locked,
-            "weight": config.weight if config else spec.default_weight,
-            "extra": spec.default_extra | (config.extra if config else {}),
-        })
+        table.append(
+            {
+                "name": name,
+                "kind": spec.kind,
+                "enabled": enabled,
+                "locked": spec.locked,
+                "weight": config.weight if config else spec.default_weight,
+                "extra": spec.default_extra | (config.extra if config else {}),
+            }
+        )
     return table
 
 
@@ -126,7 +131,13 @@ def plugin_settings() -> PluginSettings:
 
 
 # Load thresholds, configurable as the resource-filter plugin's `extra`.
-THRESHOLD_FIELDS = ("cpu_percent_max", "memory_percent_max", "gpu_memory_percent_max", "gpu_utilization_max", "gpu_temperature_max")
+THRESHOLD_FIELDS = (
+    "cpu_percent_max",
+    "memory_percent_max",
+    "gpu_memory_percent_max",
+    "gpu_utilization_max",
+    "gpu_temperature_max",
+)
 
 
 def set_plugin_enabled(name: str, enabled: bool) -> None:
@@ -143,19 +154,32 @@ def set_plugin_enabled(name: str, enabled: bool) -> None:
 
 # What each plugin's `extra` may hold: name -> check of the value (an error message or "")
 def _percent(value) -> str:
-    return "" if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 100 else "a number from 0 to 100"
+    return (
+        ""
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 100
+        else "a number from 0 to 100"
+    )
 
 
 def _temperature(value) -> str:
-    return "" if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 150 else "degrees Celsius, 0 to 150"
+    return (
+        ""
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 150
+        else "degrees Celsius, 0 to 150"
+    )
 
 
 EXTRA_OPTIONS: dict[str, dict] = {
     "resource-filter": {
-        "cpu_percent_max": _percent, "memory_percent_max": _percent, "gpu_memory_percent_max": _percent,
-        "gpu_utilization_max": _percent, "gpu_temperature_max": _temperature,
+        "cpu_percent_max": _percent,
+        "memory_percent_max": _percent,
+        "gpu_memory_percent_max": _percent,
+        "gpu_utilization_max": _percent,
+        "gpu_temperature_max": _temperature,
     },
-    "preempt": {"preempt_stage": lambda value: "" if value in PREEMPT_STAGES else f"one of {', '.join(PREEMPT_STAGES)}"},
+    "preempt": {
+        "preempt_stage": lambda value: "" if value in PREEMPT_STAGES else f"one of {', '.join(PREEMPT_STAGES)}"
+    },
 }
 
 
@@ -166,7 +190,9 @@ def checked_extra(name: str, extra: dict) -> dict:
     problems = {}
     for key, value in extra.items():
         if key not in options:
-            problems[key] = [f"'{name}' has no option '{key}'" + (f"; it has {', '.join(options)}." if options else ".")]
+            problems[key] = [
+                f"'{name}' has no option '{key}'" + (f"; it has {', '.join(options)}." if options else ".")
+            ]
         elif value is not None and (problem := options[key](value)):
             problems[key] = [f"Must be {problem}."]
     if problems:
@@ -184,7 +210,9 @@ def set_plugin_options(name: str, *, weight: float | None = None, extra: dict | 
         stored = PluginConfig.objects.filter(name=name).values_list("extra", flat=True).first() or {}
         defaults["extra"] = {key: value for key, value in (stored | extra).items() if value is not None}
     if defaults:
-        row, created = PluginConfig.objects.get_or_create(name=name, defaults={"enabled": PLUGINS[name].default_enabled, **defaults})
+        row, created = PluginConfig.objects.get_or_create(
+            name=name, defaults={"enabled": PLUGINS[name].default_enabled, **defaults}
+        )
         if not created:
             for option, value in defaults.items():
                 setattr(row, option, value)
@@ -261,8 +289,19 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
     with connection.cursor() as cursor:
         cursor.execute(NODES_SQL, [statuses, heard_since])
         nodes = {
-            node_id: NodeSnap(node_id, status, executable, tenant_id, orjson.loads(labels) if labels else {}, region, zone, rack,
-                              cpu_used, memory_used, [])
+            node_id: NodeSnap(
+                node_id,
+                status,
+                executable,
+                tenant_id,
+                orjson.loads(labels) if labels else {},
+                region,
+                zone,
+                rack,
+                cpu_used,
+                memory_used,
+                [],
+            )
             for node_id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used in cursor.fetchall()
         }
         rows = _gpu_rows
@@ -337,8 +376,19 @@ def next_batch_ordered(size: int = BATCH_SIZE) -> list[tuple[TaskReq, tuple]]:
     # decided in queue order even when the batch wrapped around the cursor
     rows.sort(key=lambda row: (-row[5], row[8], row[0]))
     return [
-        (TaskReq(id=task_id, tenant_id=tenant_id, gpu_required=gpu_required, gpu_memory_mb=gpu_memory_mb, gpu_type=gpu_type,
-                 priority=priority, labels=orjson.loads(labels) if labels else {}, kind=kind), (-priority, created_at, task_id))
+        (
+            TaskReq(
+                id=task_id,
+                tenant_id=tenant_id,
+                gpu_required=gpu_required,
+                gpu_memory_mb=gpu_memory_mb,
+                gpu_type=gpu_type,
+                priority=priority,
+                labels=orjson.loads(labels) if labels else {},
+                kind=kind,
+            ),
+            (-priority, created_at, task_id),
+        )
         for task_id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at in rows
     ]
 
@@ -362,15 +412,25 @@ def pending_groups(size: int = GROUP_BATCH_SIZE) -> list[tuple[GroupReq, tuple]]
         cursor.execute(GROUPS_SQL, [list(TERMINAL), size])
         rows = cursor.fetchall()
     return [
-        (GroupReq(id=group_id, tenant_id=tenant_id, members=tuple(members), gpus_per_worker=gpus_per_worker,
-                  gpu_type=gpu_type, strategy=strategy, priority=priority, labels=orjson.loads(labels) if labels else {},
-                  kind=kind), (-priority, created_at, members[0]))
+        (
+            GroupReq(
+                id=group_id,
+                tenant_id=tenant_id,
+                members=tuple(members),
+                gpus_per_worker=gpus_per_worker,
+                gpu_type=gpu_type,
+                strategy=strategy,
+                priority=priority,
+                labels=orjson.loads(labels) if labels else {},
+                kind=kind,
+            ),
+            (-priority, created_at, members[0]),
+        )
         for group_id, tenant_id, gpus_per_worker, gpu_type, strategy, priority, labels, kind, created_at, members in rows
     ]
 
 
 # --- bind -------------------------------------------------------------------------------
-
 
 
 # Inference services are published on a host port of their node.
@@ -381,8 +441,9 @@ PORTS_IN_USE = """
 """
 
 
-def assign_host_ports(decisions: list[Decision], tasks: dict[int, TaskReq], node_ids,
-                      wanted: list[Decision] | None = None) -> dict[int, int | None]:
+def assign_host_ports(
+    decisions: list[Decision], tasks: dict[int, TaskReq], node_ids, wanted: list[Decision] | None = None
+) -> dict[int, int | None]:
     """A free port of INFERENCE_PORTS on its node for each inference decision (or each of
     `wanted`: a task group's master) and None for the others; a decision whose node has
     no port left is not in the answer. The caller holds the nodes' row locks, so no
@@ -406,8 +467,13 @@ def assign_host_ports(decisions: list[Decision], tasks: dict[int, TaskReq], node
     return ports
 
 
-def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, settings: PluginSettings | None = None,
-             groups: Sequence[GroupDecision] = ()) -> tuple[list[int], list[int]]:
+def bind_all(
+    decisions: list[Decision],
+    tasks: dict[int, TaskReq],
+    may_share,
+    settings: PluginSettings | None = None,
+    groups: Sequence[GroupDecision] = (),
+) -> tuple[list[int], list[int]]:
     """Bind a cycle's decisions in one transaction: lock their nodes (in id order, so
     concurrent schedulers queue rather than deadlock), drop the decisions the live ledger
     now contradicts (a node gone, a card taken, a holder this tenant may not share with),
@@ -435,8 +501,12 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
         # present, not lost, and under the card thresholds (a missing reading is no load)
         usable = set(
             Gpu.objects.filter(node_id__in=alive, lost_at__isnull=True)
-            .exclude(Q(utilization__gte=settings.gpu_utilization_max) | Q(temperature__gte=settings.gpu_temperature_max))
-            .exclude(memory_total_mb__gt=0, memory_used_mb__gte=F("memory_total_mb") * settings.gpu_memory_percent_max / 100)
+            .exclude(
+                Q(utilization__gte=settings.gpu_utilization_max) | Q(temperature__gte=settings.gpu_temperature_max)
+            )
+            .exclude(
+                memory_total_mb__gt=0, memory_used_mb__gte=F("memory_total_mb") * settings.gpu_memory_percent_max / 100
+            )
             .values_list("node_id", "index")
         )
         holders = defaultdict(list)
@@ -455,7 +525,9 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
             if decision.memory_mb is None and any(cards):
                 return False
             return decision.memory_mb is None or not any(
-                memory is None or not may_share(task.tenant_id, tenant_id) for card in cards for tenant_id, memory in card
+                memory is None or not may_share(task.tenant_id, tenant_id)
+                for card in cards
+                for tenant_id, memory in card
             )
 
         still_valid = [decision for decision in decisions if still_holds(decision)]
@@ -464,8 +536,12 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
         now = utcnow()
         bound_rows = bind_rows(still_valid, ports, now)
         winners = [d for d in still_valid if d.task_id in {row[0] for row in bound_rows}]
-        hosts = {node.pk: node for node in Node.objects.filter(pk__in={d.node_id for d in members} & alive).only(
-            "id", "ip", "internal_ip", "region", "labels")}
+        hosts = {
+            node.pk: node
+            for node in Node.objects.filter(pk__in={d.node_id for d in members} & alive).only(
+                "id", "ip", "internal_ip", "region", "labels"
+            )
+        }
         policy = getattr(django_settings, "HETEROFLOW_NETWORK_DOMAIN_POLICY", "prove")
         for group in groups:
             if not all(still_holds(d) for d in group.decisions):
@@ -475,15 +551,18 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
             if master.task_id not in ports:
                 continue  # no host port left on the master's node
             node = hosts[master.node_id]
-            domain = same_network_domain([hosts[node_id] for node_id in dict.fromkeys(d.node_id for d in group.decisions)],
-                                         policy)
-            network = network_decision(tasks[master.task_id].gpu_type, domain, node.pk, node.internal_ip, node.ip,
-                                       ports[master.task_id])
+            domain = same_network_domain(
+                [hosts[node_id] for node_id in dict.fromkeys(d.node_id for d in group.decisions)], policy
+            )
+            network = network_decision(
+                tasks[master.task_id].gpu_type, domain, node.pk, node.internal_ip, node.ip, ports[master.task_id]
+            )
             savepoint = transaction.savepoint()
             rows = bind_rows(group.decisions, ports, now)
             if len(rows) == len(group.decisions):
                 TaskGroup.objects.filter(pk=group.group_id).update(
-                    attempts=F("attempts") + 1, schedule_reason={}, network=network, updated_at=now)
+                    attempts=F("attempts") + 1, schedule_reason={}, network=network, updated_at=now
+                )
                 transaction.savepoint_commit(savepoint)
                 bound_rows += rows
                 winners += group.decisions
@@ -493,10 +572,17 @@ def bind_all(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, se
         cards = [(d, index) for d in winners for index in d.gpu_indices]
         if cards:
             with connection.cursor() as cursor:
-                cursor.execute(ALLOCATE, [
-                    now, [d.task_id for d, _ in cards], [d.node_id for d, _ in cards], [index for _, index in cards],
-                    [tasks[d.task_id].tenant_id for d, _ in cards], [d.memory_mb for d, _ in cards],
-                ])
+                cursor.execute(
+                    ALLOCATE,
+                    [
+                        now,
+                        [d.task_id for d, _ in cards],
+                        [d.node_id for d, _ in cards],
+                        [index for _, index in cards],
+                        [tasks[d.task_id].tenant_id for d, _ in cards],
+                        [d.memory_mb for d, _ in cards],
+                    ],
+                )
     won = {d.task_id for d in winners}
     every = [*decisions, *members]
     return [d.task_id for d in every if d.task_id in won], [d.task_id for d in every if d.task_id not in won]
@@ -506,10 +592,16 @@ def bind_rows(decisions: Sequence[Decision], ports: dict[int, int | None], now) 
     """The multi-row compare-and-set pending → scheduled: each task onto its node (with
     its host port, if any). Returns the winners' (id, seconds it waited)."""
     return compare_and_set(
-        Task._meta.db_table, TRANSITIONS, [d.task_id for d in decisions], [S.PENDING], S.SCHEDULED,
+        Task._meta.db_table,
+        TRANSITIONS,
+        [d.task_id for d in decisions],
+        [S.PENDING],
+        S.SCHEDULED,
         fixed={"schedule_reason": Jsonb({}), "updated_at": now},
-        per_row={"node_id": ("text", [d.node_id for d in decisions]),
-                 "host_port": ("int", [ports.get(d.task_id) for d in decisions])},
+        per_row={
+            "node_id": ("text", [d.node_id for d in decisions]),
+            "host_port": ("int", [ports.get(d.task_id) for d in decisions]),
+        },
         returning="extract(epoch FROM tasks.updated_at - tasks.created_at)",
     )
 
@@ -552,12 +644,15 @@ def load_occupants(stage: str) -> list[Occupant]:
     tasks already being preempted."""
     with connection.cursor() as cursor:
         cursor.execute(OCCUPANTS_SQL, [sorted(VICTIM_STATUSES[stage])])
-        return [Occupant(id, node_id, status, kind, preemptible, priority, float(created))
-                for id, node_id, status, kind, preemptible, priority, created in cursor.fetchall()]
+        return [
+            Occupant(id, node_id, status, kind, preemptible, priority, float(created))
+            for id, node_id, status, kind, preemptible, priority, created in cursor.fetchall()
+        ]
 
 
-def preempt_for(failures: list[Failure], tasks: dict[int, TaskReq], nodes: list[NodeSnap], settings: PluginSettings,
-                may_share) -> dict[int, PreemptionPlan]:
+def preempt_for(
+    failures: list[Failure], tasks: dict[int, TaskReq], nodes: list[NodeSnap], settings: PluginSettings, may_share
+) -> dict[int, PreemptionPlan]:
     """The preempt plugin, after placement: for each task that did not fit (in queue
     order), plan the minimal eviction, then move every planned victim running →
     preempting in one CAS. Nothing is released here: the cards stay counted until the
@@ -601,11 +696,16 @@ def force_overdue_preemptions(now=None) -> list[int]:
     for pk in forced:
         node_id, tenant_id = overdue[pk]
         raise_alert(
-            type=AlertType.PREEMPTION_TIMEOUT, severity=Severity.WARNING, scope=AlertScope.TASK, task_id=pk,
+            type=AlertType.PREEMPTION_TIMEOUT,
+            severity=Severity.WARNING,
+            scope=AlertScope.TASK,
+            task_id=pk,
             key=alert_keys.preemption_timeout(pk),
             message=f"Task {pk} was not confirmed stopped on node {node_id} within 60 s of its preemption; "
-                    f"its cards were released and it was requeued.",
-            node_id=node_id or "", tenant_id=tenant_id, details={"task_id": pk},
+            f"its cards were released and it was requeued.",
+            node_id=node_id or "",
+            tenant_id=tenant_id,
+            details={"task_id": pk},
         )
     return forced
 
@@ -672,8 +772,11 @@ def _run_cycle(batch_size: int) -> CycleResult:
         plan = result.preemptions.get(failure.task_id)
         if plan is not None:
             # the preemptor waits: next cycle binds against the real ledger
-            reason |= {"code": "PreemptionPending", "cause": failure.code,
-                       "preemption": {"node_id": plan.node_id, "victims": plan.victims}}
+            reason |= {
+                "code": "PreemptionPending",
+                "cause": failure.code,
+                "preemption": {"node_id": plan.node_id, "victims": plan.victims},
+            }
         result.failed[failure.task_id] = reason
     members = {group.id: group.members for group, _ in groups}
     for failure in placement.group_failures:
@@ -682,10 +785,17 @@ def _run_cycle(batch_size: int) -> CycleResult:
             result.failed[member] = reason | {"group": failure.group_id}
     if result.failed:
         with connection.cursor() as cursor:
-            cursor.execute(EXPLAIN, [list(result.failed), [orjson.dumps(reason).decode() for reason in result.failed.values()]])
+            cursor.execute(
+                EXPLAIN, [list(result.failed), [orjson.dumps(reason).decode() for reason in result.failed.values()]]
+            )
             if result.groups_failed:
-                cursor.execute(EXPLAIN_GROUPS, [list(result.groups_failed),
-                                                [orjson.dumps(reason).decode() for reason in result.groups_failed.values()]])
+                cursor.execute(
+                    EXPLAIN_GROUPS,
+                    [
+                        list(result.groups_failed),
+                        [orjson.dumps(reason).decode() for reason in result.groups_failed.values()],
+                    ],
+                )
     clock.lap("explain")
     return result
 

@@ -22,7 +22,12 @@ class TaskEventInline(admin.TabularInline):
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
     list_display = ["id", "name", "tenant", "kind", "status", "gpu_required", "node", "priority", "created_at"]
-    list_filter = ["status", "kind", ("tenant", admin.RelatedOnlyFieldListFilter), ("node", admin.RelatedOnlyFieldListFilter)]
+    list_filter = [
+        "status",
+        "kind",
+        ("tenant", admin.RelatedOnlyFieldListFilter),
+        ("node", admin.RelatedOnlyFieldListFilter),
+    ]
     search_fields = ["=id", "name", "image"]
     list_select_related = ["tenant", "node"]
     date_hierarchy = "created_at"

@@ -38,9 +38,18 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # (preempting from scheduled/starting: only with preempt_stage "scheduled")
     S.SCHEDULED: frozenset({S.STARTING, S.RUNNING, S.PENDING, S.STOPPING, S.CANCELLED, S.FAILED, S.PREEMPTING}),
     S.STARTING: frozenset({S.RUNNING, S.PENDING, S.STOPPING, S.FAILED, S.PREEMPTING}),
-    S.RUNNING: frozenset({
-        S.COMPLETED, S.FAILED, S.STOPPING, S.DRAINING, S.PREEMPTING, S.PENDING, S.SLEEPING, S.PAUSED,
-    }),
+    S.RUNNING: frozenset(
+        {
+            S.COMPLETED,
+            S.FAILED,
+            S.STOPPING,
+            S.DRAINING,
+            S.PREEMPTING,
+            S.PENDING,
+            S.SLEEPING,
+            S.PAUSED,
+        }
+    ),
     S.STOPPING: frozenset({S.STOPPED, S.FAILED}),
     S.DRAINING: frozenset({S.COMPLETED, S.FAILED, S.STOPPED}),
     S.SLEEPING: frozenset({S.WAKING, S.STOPPING, S.STOPPED}),

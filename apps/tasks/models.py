@@ -24,7 +24,9 @@ class TaskGroupQuerySet(ScopedQuerySet):
     def with_status(self):
         """Each group with its members' statuses (`member_statuses`), so `status` needs no
         query per group in a list."""
-        return self.annotate(member_statuses=ArrayAgg("tasks__status", filter=Q(tasks__isnull=False), default=Value([])))
+        return self.annotate(
+            member_statuses=ArrayAgg("tasks__status", filter=Q(tasks__isnull=False), default=Value([]))
+        )
 
 
 class TaskGroup(models.Model):
@@ -64,8 +66,9 @@ class TaskGroup(models.Model):
         indexes = [models.Index(fields=["tenant", "created_at"], name="task_groups_tenant")]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_group_priority_0_100"),
-            models.CheckConstraint(condition=models.Q(world_size__gte=1, gpus_per_worker__gte=1),
-                                   name="task_group_sizes_positive"),
+            models.CheckConstraint(
+                condition=models.Q(world_size__gte=1, gpus_per_worker__gte=1), name="task_group_sizes_positive"
+            ),
         ]
 
     @property
@@ -90,7 +93,8 @@ class Task(models.Model):
     env = models.JSONField(default=dict, blank=True, help_text='{"NAME": "value"} or {"NAME": {"secret": "name"}}')
     volumes = models.JSONField(default=list, blank=True)
     registry_auth = models.JSONField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text='private registry: {"registry", "username", "password": {"secret": "<name>"}}; the password stays in the tenant\'s secrets',
     )
     ports = models.JSONField(default=list, blank=True)
@@ -118,7 +122,9 @@ class Task(models.Model):
     preempt_count = models.PositiveIntegerField(default=0)
     exit_code = models.IntegerField(null=True, blank=True)
     error_message = models.TextField(blank=True, default="")
-    log_tail = models.TextField(blank=True, default="", help_text="the last lines of output, from the agent's final report")
+    log_tail = models.TextField(
+        blank=True, default="", help_text="the last lines of output, from the agent's final report"
+    )
     schedule_reason = models.JSONField(default=dict, blank=True, help_text="why the last cycle did not place it")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -129,7 +135,9 @@ class Task(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # GPU time: each run (claim to requeue or end) adds gpu_required × its length; the
     # total is settled once, when the task ends (UsageRecord)
-    running_since = models.DateTimeField(null=True, blank=True, help_text="start of the run not yet counted in gpu_seconds")
+    running_since = models.DateTimeField(
+        null=True, blank=True, help_text="start of the run not yet counted in gpu_seconds"
+    )
     gpu_seconds = models.FloatField(default=0.0)
     # running here but absent from its node's live_task_ids since (the stalled-task check)
     missing_since = models.DateTimeField(null=True, blank=True)
@@ -144,23 +152,29 @@ class Task(models.Model):
             # the queue: pending tasks by priority, then age
             models.Index(fields=["status", "-priority", "created_at", "id"], name="tasks_queue"),
             # the groups waiting to be placed, found without reading the singles' queue
-            models.Index(fields=["group"], condition=models.Q(status=TaskStatus.PENDING, group__isnull=False),
-                         name="tasks_pending_group_members"),
+            models.Index(
+                fields=["group"],
+                condition=models.Q(status=TaskStatus.PENDING, group__isnull=False),
+                name="tasks_pending_group_members",
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_priority_0_100"),
             # a host port serves one task at a time on a node (kept for history once ended)
             models.UniqueConstraint(
-                fields=["node", "host_port"], condition=models.Q(status__in=HOLDING, host_port__isnull=False),
+                fields=["node", "host_port"],
+                condition=models.Q(status__in=HOLDING, host_port__isnull=False),
                 name="task_host_port_once_per_node",
             ),
             models.CheckConstraint(
                 condition=~models.Q(kind=TaskKind.TRAINING, preemptible=True), name="task_training_not_preemptible"
             ),
-            models.UniqueConstraint(fields=["group", "rank"], condition=models.Q(group__isnull=False),
-                                    name="task_one_rank_per_group"),
-            models.CheckConstraint(condition=models.Q(group__isnull=True) | models.Q(rank__isnull=False),
-                                   name="task_group_member_has_rank"),
+            models.UniqueConstraint(
+                fields=["group", "rank"], condition=models.Q(group__isnull=False), name="task_one_rank_per_group"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(group__isnull=True) | models.Q(rank__isnull=False), name="task_group_member_has_rank"
+            ),
         ]
 
     def __str__(self):

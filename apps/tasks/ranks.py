@@ -14,14 +14,31 @@ from collections.abc import Sequence
 from apps.tasks.models import Task
 
 # The variables the platform owns for a member of a group; a task's own env never wins.
-RANK_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                  "HETEROFLOW_DIST_BACKEND")
+RANK_VARIABLES = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "HETEROFLOW_DIST_BACKEND",
+)
 
 # Each vendor's collective library, used when the nodes are proven to share a network;
 # a vendor not listed, or a network not proven the same, gets gloo over TCP.
 COLLECTIVE_BACKEND = {
-    "nvidia": "nccl", "iluvatar": "nccl", "amd": "rccl", "hygon": "rccl", "ascend": "hccl", "cambricon": "cncl",
-    "kunlun": "bkcl", "musa": "mccl", "metax": "mccl", "enflame": "eccl", "biren": "bccl",
+    "nvidia": "nccl",
+    "iluvatar": "nccl",
+    "amd": "rccl",
+    "hygon": "rccl",
+    "ascend": "hccl",
+    "cambricon": "cncl",
+    "kunlun": "bkcl",
+    "musa": "mccl",
+    "metax": "mccl",
+    "enflame": "eccl",
+    "biren": "bccl",
 }
 FALLBACK_BACKEND = "gloo"
 
@@ -30,8 +47,9 @@ FALLBACK_BACKEND = "gloo"
 PROVEN_SAME, PROVEN_DIFFERENT = "proven_same", "proven_different"
 
 
-def network_decision(gpu_type: str, domain: str, master_node: str, internal_ip: str | None,
-                     public_ip: str | None, master_port: int) -> dict:
+def network_decision(
+    gpu_type: str, domain: str, master_node: str, internal_ip: str | None, public_ip: str | None, master_port: int
+) -> dict:
     """The group's network: proven one private network → the master's internal address
     and the vendor's collective library; anything else → its public address and gloo."""
     vendor = gpu_type.lower()
@@ -41,13 +59,21 @@ def network_decision(gpu_type: str, domain: str, master_node: str, internal_ip: 
         reason = f"the nodes are proven to share one private network; {backend} for {vendor}"
     else:
         backend = FALLBACK_BACKEND
-        why = ("the master's node reports no internal address" if domain == PROVEN_SAME
-               else "the nodes are proven to be on different networks" if domain == PROVEN_DIFFERENT
-               else "the nodes are not proven to share one private network")
+        why = (
+            "the master's node reports no internal address"
+            if domain == PROVEN_SAME
+            else "the nodes are proven to be on different networks"
+            if domain == PROVEN_DIFFERENT
+            else "the nodes are not proven to share one private network"
+        )
         reason = f"{why}: public addresses and gloo"
     return {
-        "domain": str(domain), "backend": backend, "address": "internal" if same else "public",
-        "master_node": master_node, "master_addr": (internal_ip if same else public_ip) or "", "master_port": master_port,
+        "domain": str(domain),
+        "backend": backend,
+        "address": "internal" if same else "public",
+        "master_node": master_node,
+        "master_addr": (internal_ip if same else public_ip) or "",
+        "master_port": master_port,
         "reason": reason,
     }
 
@@ -60,9 +86,13 @@ def rank_env(network: dict, rank: int, nodes_by_rank: Sequence[str]) -> dict[str
     node_order = list(dict.fromkeys(nodes_by_rank))
     local = [r for r, here in enumerate(nodes_by_rank) if here == node]
     return {
-        "WORLD_SIZE": str(len(nodes_by_rank)), "RANK": str(rank), "LOCAL_RANK": str(local.index(rank)),
-        "NODE_RANK": str(node_order.index(node)), "LOCAL_WORLD_SIZE": str(len(local)),
-        "MASTER_ADDR": str(network.get("master_addr", "")), "MASTER_PORT": str(network.get("master_port", "")),
+        "WORLD_SIZE": str(len(nodes_by_rank)),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local.index(rank)),
+        "NODE_RANK": str(node_order.index(node)),
+        "LOCAL_WORLD_SIZE": str(len(local)),
+        "MASTER_ADDR": str(network.get("master_addr", "")),
+        "MASTER_PORT": str(network.get("master_port", "")),
         "HETEROFLOW_DIST_BACKEND": str(network.get("backend", FALLBACK_BACKEND)),
     }
 
@@ -73,8 +103,9 @@ def wiring_env(task: Task) -> dict[str, str]:
     if task.group_id is None or task.node_id is None:
         return {}
     network = task.group.network or {}
-    nodes = list(Task.objects.filter(group_id=task.group_id).exclude(node=None).order_by("rank")
-                 .values_list("rank", "node_id"))
+    nodes = list(
+        Task.objects.filter(group_id=task.group_id).exclude(node=None).order_by("rank").values_list("rank", "node_id")
+    )
     if not network or [rank for rank, _ in nodes] != list(range(task.group.world_size)):
         return {}
     return rank_env(network, task.rank, [node for _, node in nodes])

@@ -49,7 +49,8 @@ def scheduling_summary(principal) -> dict:
         placed=Count("id", filter=Q(node__isnull=False) | Q(started_at__isnull=False)),
         unplaced=Count(
             "id",
-            filter=never_placed & (
+            filter=never_placed
+            & (
                 (Q(status=TaskStatus.PENDING) & ~Q(schedule_reason={}))
                 | Q(status__in=(TaskStatus.FAILED, TaskStatus.CANCELLED)) & ~Q(schedule_reason={})
             ),

@@ -17,7 +17,8 @@ from apps.core.clock import utcnow
 from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import release
-from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS, TaskStatus as S
+from apps.tasks.choices import ACTIVE, TERMINAL, TRANSITIONS
+from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task, TaskEvent
 
 # moves after which a task holds nothing on a node any more
@@ -75,17 +76,24 @@ def _settle_usage(task_ids, now) -> None:
 
 
 def _alert_failures(task_ids) -> None:
-    raise_alerts([
-        NewAlert(
-            type=AlertType.TASK_FAILED, severity=Severity.WARNING, scope=AlertScope.TASK,
-            key=alert_keys.task_failed(pk),
-            message=f"Task {name} ({pk}) failed" + (f": {error[:300]}" if error else ""),
-            node_id=node_id or "", task_id=pk, tenant_id=tenant_id, details={"exit_code": exit_code},
-        )
-        for pk, name, tenant_id, node_id, error, exit_code in Task.objects.filter(pk__in=task_ids).values_list(
-            "pk", "name", "tenant_id", "node_id", "error_message", "exit_code"
-        )
-    ])
+    raise_alerts(
+        [
+            NewAlert(
+                type=AlertType.TASK_FAILED,
+                severity=Severity.WARNING,
+                scope=AlertScope.TASK,
+                key=alert_keys.task_failed(pk),
+                message=f"Task {name} ({pk}) failed" + (f": {error[:300]}" if error else ""),
+                node_id=node_id or "",
+                task_id=pk,
+                tenant_id=tenant_id,
+                details={"exit_code": exit_code},
+            )
+            for pk, name, tenant_id, node_id, error, exit_code in Task.objects.filter(pk__in=task_ids).values_list(
+                "pk", "name", "tenant_id", "node_id", "error_message", "exit_code"
+            )
+        ]
+    )
 
 
 def quota_use(tenant) -> dict:
@@ -104,7 +112,9 @@ def quota_problems(tenant, use: dict, *, gpus: int, gpu_memory_mb: int) -> list[
     if tenant.max_gpus is not None and use["gpus"] + gpus > tenant.max_gpus:
         problems.append(f"{use['gpus']} of {tenant.max_gpus} GPUs in use, {gpus} more asked")
     if tenant.max_gpu_memory_mb is not None and use["gpu_memory_mb"] + gpu_memory_mb > tenant.max_gpu_memory_mb:
-        problems.append(f"{use['gpu_memory_mb']} of {tenant.max_gpu_memory_mb} MB GPU memory in use, {gpu_memory_mb} more asked")
+        problems.append(
+            f"{use['gpu_memory_mb']} of {tenant.max_gpu_memory_mb} MB GPU memory in use, {gpu_memory_mb} more asked"
+        )
     return problems
 
 
@@ -128,8 +138,14 @@ def create_task(*, tenant, created_by=None, **fields) -> Task:
 def _alert_quota(tenant, message: str) -> None:
     """One active QUOTA_EXCEEDED per tenant; the alert sweep recovers it once the tenant
     is under its quota again."""
-    raise_alert(type=AlertType.QUOTA_EXCEEDED, severity=Severity.WARNING, scope=AlertScope.TENANT,
-                key=alert_keys.quota_exceeded(tenant.pk), message=f"A task was refused. {message}", tenant_id=tenant.pk)
+    raise_alert(
+        type=AlertType.QUOTA_EXCEEDED,
+        severity=Severity.WARNING,
+        scope=AlertScope.TENANT,
+        key=alert_keys.quota_exceeded(tenant.pk),
+        message=f"A task was refused. {message}",
+        tenant_id=tenant.pk,
+    )
 
 
 # Asking a task to stop: queued tasks are cancelled outright; tasks with a container
@@ -161,7 +177,9 @@ AGENT_MOVES: dict[str, frozenset[str]] = {
 }
 
 
-def agent_report(task: Task, *, from_status: str, to_status: str, exit_code=None, error_message: str = "", log_tail: str = "") -> bool:
+def agent_report(
+    task: Task, *, from_status: str, to_status: str, exit_code=None, error_message: str = "", log_tail: str = ""
+) -> bool:
     """An agent's report, as a CAS from the status it saw. False: it lost (someone moved
     the task first, or the same report was already applied); nothing changed."""
     if to_status not in AGENT_MOVES.get(from_status, frozenset()):
@@ -183,8 +201,13 @@ def requeue_preempted(task_ids) -> list[int]:
     again and again. Of a late confirmation and the watchdog, one CAS wins; the other
     changes nothing."""
     return move_tasks(
-        list(task_ids), [S.PREEMPTING], S.PENDING,
-        node=None, host_port=None, preempt_count=F("preempt_count") + 1, preemptible=False,
+        list(task_ids),
+        [S.PREEMPTING],
+        S.PENDING,
+        node=None,
+        host_port=None,
+        preempt_count=F("preempt_count") + 1,
+        preemptible=False,
     )
 
 
@@ -264,6 +287,7 @@ def requeue_task(task: Task, *, why: str = "requeued by an operator") -> Task:
     task.refresh_from_db()
     if not (moved["pending"] or moved["preempting"]) and task.status not in (S.PENDING, S.PREEMPTING):
         raise Conflict(
-            f"Task {task.pk} is {task.status}: only scheduled, starting and running tasks can be requeued.", "invalid_state"
+            f"Task {task.pk} is {task.status}: only scheduled, starting and running tasks can be requeued.",
+            "invalid_state",
         )
     return task

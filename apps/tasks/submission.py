@@ -36,8 +36,9 @@ def submit_task(principal, validated: dict) -> Task:
     """Queue a task from TaskCreateSerializer's validated data. Raises ValidationError
     (400), PermissionDenied (403), Http404 and Conflict (409, quota) as the API answers."""
     data = dict(validated)
-    tenant = policy.acting_tenant(principal, data.pop("tenant", None),
-                                  required="Required: the slug of the tenant the task runs for.")
+    tenant = policy.acting_tenant(
+        principal, data.pop("tenant", None), required="Required: the slug of the tenant the task runs for."
+    )
     policy.check_may_create_tasks(principal, tenant)
     check_secrets(tenant, data["env"], data.get("registry_auth"))
     if "timeout_seconds" not in data:

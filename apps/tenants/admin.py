@@ -73,8 +73,14 @@ class TenantAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
 
     def delete_view(self, request, object_id, extra_context=None):
         tenant = self.get_object(request, object_id)
-        if request.method == "GET" and tenant is not None and Task.objects.filter(tenant=tenant, status__in=ACTIVE).exists():
-            self.message_user(request, f"Tenant '{tenant.slug}' has active tasks; stop them before deleting it.", messages.WARNING)
+        if (
+            request.method == "GET"
+            and tenant is not None
+            and Task.objects.filter(tenant=tenant, status__in=ACTIVE).exists()
+        ):
+            self.message_user(
+                request, f"Tenant '{tenant.slug}' has active tasks; stop them before deleting it.", messages.WARNING
+            )
         return super().delete_view(request, object_id, extra_context)
 
 
@@ -108,7 +114,9 @@ class MembershipAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
         if change:
             services.change_member_role(obj, obj.role, principal=operator(request))
         else:
-            added = services.add_member(obj.tenant, username=obj.user.username, role=obj.role, principal=operator(request))
+            added = services.add_member(
+                obj.tenant, username=obj.user.username, role=obj.role, principal=operator(request)
+            )
             obj.pk, obj._state.adding = added.membership.pk, False
 
     def delete_through_service(self, request, obj):
@@ -117,7 +125,17 @@ class MembershipAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "display_prefix", "scope", "tenant", "user", "role", "expires_at", "last_used_at", "revoked_at"]
+    list_display = [
+        "name",
+        "display_prefix",
+        "scope",
+        "tenant",
+        "user",
+        "role",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_filter = ["scope", "tenant"]
     search_fields = ["name", "display_prefix", "user__username"]
     readonly_fields = [f.name for f in ApiKey._meta.fields if f.name != "key_hash"]
@@ -155,7 +173,9 @@ class TenantGroupAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         saved = services.save_group(
-            obj if change else None, name=form.cleaned_data["name"], description=form.cleaned_data["description"],
+            obj if change else None,
+            name=form.cleaned_data["name"],
+            description=form.cleaned_data["description"],
             tenants=form.cleaned_data["tenants"],
         )
         obj.pk, obj.created_at, obj._state.adding, obj._state.db = saved.pk, saved.created_at, False, saved._state.db

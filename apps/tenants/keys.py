@@ -38,9 +38,7 @@ def scope_of(key: str) -> KeyScope | None:
 def find_usable(key: str, *, now: datetime):
     if scope_of(key) is None:
         return None
-    api_key = (
-        ApiKey.objects.select_related("user", "tenant").filter(key_hash=hash_key(key)).first()
-    )
+    api_key = ApiKey.objects.select_related("user", "tenant").filter(key_hash=hash_key(key)).first()
     if api_key is None or not api_key.is_usable_at(now):
         return None
     return api_key

@@ -57,8 +57,14 @@ class Tenant(TenantMixin):
         if sync_schema:
             for config in apps.get_app_configs():
                 if config.name in settings.TENANT_APPS:
-                    call_command("migrate_schemas", config.label, tenant=True, schema_name=self.schema_name,
-                                 interactive=False, verbosity=verbosity)
+                    call_command(
+                        "migrate_schemas",
+                        config.label,
+                        tenant=True,
+                        schema_name=self.schema_name,
+                        interactive=False,
+                        verbosity=verbosity,
+                    )
         connection.set_schema_to_public()
         return True
 

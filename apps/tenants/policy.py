@@ -29,6 +29,7 @@ TASK_STOP_REFUSED = "Viewers cannot stop tasks."
 
 # --- nodes --------------------------------------------------------------------------------
 
+
 def may_delete_node(principal, node) -> bool:
     """Operators, or the tenant's admins for its own dedicated nodes (a shared node: operators only)."""
     return principal.is_operator or (node.tenant_id is not None and principal.has_tenant_role(node.tenant, Role.ADMIN))
@@ -40,6 +41,7 @@ def check_may_delete_node(principal, node) -> None:
 
 
 # --- tasks --------------------------------------------------------------------------------
+
 
 def may_create_tasks(principal, tenant) -> bool:
     """Members and admins of the tenant (and operators); viewers only look."""
@@ -63,9 +65,12 @@ def check_may_stop_task(principal, task) -> None:
 
 # --- alerts and tenants --------------------------------------------------------------------
 
+
 def may_resolve_alert(principal, alert) -> bool:
     """Operators any alert; a tenant's admins their tenant's (the only ones they see)."""
-    return principal.is_operator or (alert.tenant_id is not None and principal.has_tenant_role(alert.tenant, Role.ADMIN))
+    return principal.is_operator or (
+        alert.tenant_id is not None and principal.has_tenant_role(alert.tenant, Role.ADMIN)
+    )
 
 
 def may_manage_tenant(principal, tenant) -> bool:
@@ -74,6 +79,7 @@ def may_manage_tenant(principal, tenant) -> bool:
 
 
 # --- which tenant ------------------------------------------------------------------------
+
 
 def tenant_by_slug(principal, slug: str) -> Tenant:
     """The tenant a URL (or a page's ?tenant=) names: 404 when it does not exist or is

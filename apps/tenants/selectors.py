@@ -15,9 +15,7 @@ def tenants_may_share(tenant_a_id: int, tenant_b_id: int) -> bool:
     if tenant_a_id == tenant_b_id:
         return True
     try:
-        return (
-            TenantGroup.objects.filter(tenants=tenant_a_id).filter(tenants=tenant_b_id).exists()
-        )
+        return TenantGroup.objects.filter(tenants=tenant_a_id).filter(tenants=tenant_b_id).exists()
     except DatabaseError:
         logger.exception("tenant sharing lookup failed; refusing to share")
         return False

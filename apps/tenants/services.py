@@ -100,7 +100,13 @@ class MemberAdded:
 
 
 def add_member(
-    tenant: Tenant, *, username: str, email: str = "", role: str = Role.MEMBER, password: str | None = None, principal=None
+    tenant: Tenant,
+    *,
+    username: str,
+    email: str = "",
+    role: str = Role.MEMBER,
+    password: str | None = None,
+    principal=None,
 ) -> MemberAdded:
     with transaction.atomic():
         user = User.objects.filter(username=username).first()
@@ -196,8 +202,12 @@ def issue_tenant_key(
     if ROLE_RANK[Role(role)] > ROLE_RANK[Role(ceiling)]:
         raise ValidationError({"role": [f"A key issued here can be at most {ceiling}, not {role}."]})
     with transaction.atomic():
-        issued = _store_key(scope=KeyScope.TENANT, user=owner, name=name, tenant=tenant, role=role, expires_at=expires_at)
-        record_audit(tenant, principal, "api_key.issued", issued.api_key.display_prefix, owner=owner.username, role=role)
+        issued = _store_key(
+            scope=KeyScope.TENANT, user=owner, name=name, tenant=tenant, role=role, expires_at=expires_at
+        )
+        record_audit(
+            tenant, principal, "api_key.issued", issued.api_key.display_prefix, owner=owner.username, role=role
+        )
     return issued
 
 

@@ -34,8 +34,12 @@ class Received:
         return json.loads(self.body)
 
     def verifies_with(self, secret: str, body: bytes | None = None) -> bool:
-        return verify_signature(secret, self.headers["X-HeteroFlow-Timestamp"], self.body if body is None else body,
-                                self.headers["X-HeteroFlow-Signature"])
+        return verify_signature(
+            secret,
+            self.headers["X-HeteroFlow-Timestamp"],
+            self.body if body is None else body,
+            self.headers["X-HeteroFlow-Signature"],
+        )
 
 
 HANG = "hang"  # a scripted answer: hold the request until the test ends

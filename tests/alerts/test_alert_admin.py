@@ -16,8 +16,9 @@ def admin_client(client, world):
 
 
 def raised(key, **fields):
-    raise_alert(key=key, type="NODE_OFFLINE", severity="error", scope="node", node_id=key, message=f"{key} silent",
-                **fields)
+    raise_alert(
+        key=key, type="NODE_OFFLINE", severity="error", scope="node", node_id=key, message=f"{key} silent", **fields
+    )
     return Alert.objects.get(key=key)
 
 
@@ -34,9 +35,14 @@ def test_the_list_filters_by_state_and_type(admin_client):
 def test_resolving_from_the_admin_goes_through_the_service(admin_client, world):
     first, second = raised("n1"), raised("n2")
     Alert.objects.filter(pk=second.pk).update(state="RECOVERED")
-    response = admin_client.post("/admin/alerts/alert/", {
-        "action": "resolve", "_selected_action": [first.pk, second.pk],
-    }, follow=True)
+    response = admin_client.post(
+        "/admin/alerts/alert/",
+        {
+            "action": "resolve",
+            "_selected_action": [first.pk, second.pk],
+        },
+        follow=True,
+    )
     assert "Resolved 1 alert(s); 1 had already ended." in response.content.decode()
     first.refresh_from_db()
     second.refresh_from_db()

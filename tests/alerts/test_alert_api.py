@@ -21,12 +21,25 @@ def alerts(world):
         "node": dict(type=AlertType.NODE_OFFLINE, severity=Severity.ERROR, scope=AlertScope.NODE, node_id="n1"),
         "gpu": dict(type=AlertType.GPU_LOST, severity=Severity.ERROR, scope=AlertScope.GPU, node_id="n1", gpu_index=0),
         "cluster": dict(type=AlertType.SCHEDULER_STALLED, severity=Severity.CRITICAL, scope=AlertScope.CLUSTER),
-        "acme-task": dict(type=AlertType.TASK_FAILED, severity=Severity.WARNING, scope=AlertScope.TASK,
-                          task_id=acme_task.pk, tenant_id=acme.pk, node_id="n1"),
-        "acme-quota": dict(type=AlertType.QUOTA_EXCEEDED, severity=Severity.WARNING, scope=AlertScope.TENANT,
-                           tenant_id=acme.pk),
-        "beta-task": dict(type=AlertType.TASK_REQUEUED, severity=Severity.WARNING, scope=AlertScope.TASK,
-                          task_id=beta_task.pk, tenant_id=beta.pk, node_id="n1"),
+        "acme-task": dict(
+            type=AlertType.TASK_FAILED,
+            severity=Severity.WARNING,
+            scope=AlertScope.TASK,
+            task_id=acme_task.pk,
+            tenant_id=acme.pk,
+            node_id="n1",
+        ),
+        "acme-quota": dict(
+            type=AlertType.QUOTA_EXCEEDED, severity=Severity.WARNING, scope=AlertScope.TENANT, tenant_id=acme.pk
+        ),
+        "beta-task": dict(
+            type=AlertType.TASK_REQUEUED,
+            severity=Severity.WARNING,
+            scope=AlertScope.TASK,
+            task_id=beta_task.pk,
+            tenant_id=beta.pk,
+            node_id="n1",
+        ),
     }
     for name, fields in raised.items():
         assert raise_alert(key=name, message=f"{name} happened", **fields)
@@ -54,7 +67,12 @@ def test_an_alert_out_of_sight_is_404_never_403(api, world, alerts):
         assert api.post(f"/api/v1/alerts/{pk}/acknowledge", **member).status_code == 404
         assert api.post(f"/api/v1/alerts/{pk}/resolve", **bearer(world.keys["acme-admin"])).status_code == 404
     body = api.get(f"/api/v1/alerts/{alerts['acme-task'].pk}", **member).json()
-    assert (body["task"], body["tenant"], body["scope"], body["node"]) == (alerts["acme-task"].task_id, "acme", "task", "n1")
+    assert (body["task"], body["tenant"], body["scope"], body["node"]) == (
+        alerts["acme-task"].task_id,
+        "acme",
+        "task",
+        "n1",
+    )
 
 
 def test_the_agent_key_and_strangers_get_nothing(api, world, alerts):
@@ -77,11 +95,20 @@ def test_filters_and_pagination(api, world, alerts):
     assert [a["id"] for a in everything] == sorted((a["id"] for a in everything), reverse=True)
 
 
-@pytest.mark.parametrize("params, field", [
-    ({"state": "OPEN"}, "state"), ({"type": "DISK_FULL"}, "type"), ({"scope": "galaxy"}, "scope"),
-    ({"task_id": "x"}, "task_id"), ({"limit": 1000}, "limit"), ({"offset": -1}, "offset"), ({"colour": "red"}, "colour"),
-    ({"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "until"), ({"since": "yesterday"}, "since"),
-])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"state": "OPEN"}, "state"),
+        ({"type": "DISK_FULL"}, "type"),
+        ({"scope": "galaxy"}, "scope"),
+        ({"task_id": "x"}, "task_id"),
+        ({"limit": 1000}, "limit"),
+        ({"offset": -1}, "offset"),
+        ({"colour": "red"}, "colour"),
+        ({"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "until"),
+        ({"since": "yesterday"}, "since"),
+    ],
+)
 def test_a_bad_filter_is_a_400_naming_it(api, world, alerts, params, field):
     response = api.get("/api/v1/alerts", params, **bearer(world.operator_key))
     assert response.status_code == 400 and field in str(response.json())
@@ -107,9 +134,15 @@ def test_acknowledging_marks_who_and_when_and_only_an_active_alert(api, world, a
     assert listed(api, "acme-member", world, acknowledged="true") == {"acme-task"}
     assert listed(api, "acme-member", world, acknowledged="false") == {"acme-quota"}
     api.post(f"/api/v1/alerts/{pk}/resolve", **bearer(world.keys["acme-admin"]))
-    assert api.post(f"/api/v1/alerts/{alerts['acme-quota'].pk}/resolve", **bearer(world.operator_key)).status_code == 200
-    assert api.post(f"/api/v1/alerts/{alerts['acme-quota'].pk}/acknowledge",
-                    **bearer(world.keys["acme-member"])).status_code == 409
+    assert (
+        api.post(f"/api/v1/alerts/{alerts['acme-quota'].pk}/resolve", **bearer(world.operator_key)).status_code == 200
+    )
+    assert (
+        api.post(
+            f"/api/v1/alerts/{alerts['acme-quota'].pk}/acknowledge", **bearer(world.keys["acme-member"])
+        ).status_code
+        == 409
+    )
 
 
 def test_resolving_is_for_operators_and_the_tenants_admins(api, world, alerts):
@@ -130,8 +163,20 @@ def test_a_resolved_condition_that_persists_raises_a_new_alert(world, alerts):
     from apps.alerts.services import resolve_alert
 
     resolve_alert(alerts["node"], world.operator)
-    assert raise_alert(key="node", type=AlertType.NODE_OFFLINE, severity=Severity.ERROR, scope=AlertScope.NODE,
-                       node_id="n1", message="still silent")
+    assert raise_alert(
+        key="node",
+        type=AlertType.NODE_OFFLINE,
+        severity=Severity.ERROR,
+        scope=AlertScope.NODE,
+        node_id="n1",
+        message="still silent",
+    )
     assert Alert.objects.filter(key="node").count() == 2
-    assert not raise_alert(key="node", type=AlertType.NODE_OFFLINE, severity=Severity.ERROR, scope=AlertScope.NODE,
-                           node_id="n1", message="still silent")  # one active per key
+    assert not raise_alert(
+        key="node",
+        type=AlertType.NODE_OFFLINE,
+        severity=Severity.ERROR,
+        scope=AlertScope.NODE,
+        node_id="n1",
+        message="still silent",
+    )  # one active per key

@@ -28,8 +28,9 @@ def test_the_stored_formats_stay_as_they_were():
 @pytest.mark.django_db
 def test_the_heartbeats_sql_spells_gpu_lost_the_same_way():
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {keys.gpu_lost_sql('%(id)s', 'i.index')} FROM (SELECT 3 AS index) AS i",
-                       {"id": "node-7"})
+        cursor.execute(
+            f"SELECT {keys.gpu_lost_sql('%(id)s', 'i.index')} FROM (SELECT 3 AS index) AS i", {"id": "node-7"}
+        )
         assert cursor.fetchone()[0] == keys.gpu_lost("node-7", 3)
 
 
@@ -43,7 +44,9 @@ SPELLED_IN_PLACE = re.compile(
 def test_no_raiser_spells_a_key_itself():
     spelled = sorted(
         f"{path.relative_to(REPO)}:{number}"
-        for path in (REPO / "apps").rglob("*.py") if path != REPO / "apps/alerts/keys.py"
-        for number, line in enumerate(path.read_text().splitlines(), 1) if SPELLED_IN_PLACE.search(line)
+        for path in (REPO / "apps").rglob("*.py")
+        if path != REPO / "apps/alerts/keys.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if SPELLED_IN_PLACE.search(line)
     )
     assert spelled == []

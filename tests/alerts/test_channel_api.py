@@ -33,7 +33,9 @@ def as_(world, api, who):
 
 
 def create(api, world, who="acme-admin", **body):
-    default = {"name": "hook", "kind": "webhook"} | ({"url": HOOK_URL} if body.get("kind", "webhook") == "webhook" else {})
+    default = {"name": "hook", "kind": "webhook"} | (
+        {"url": HOOK_URL} if body.get("kind", "webhook") == "webhook" else {}
+    )
     body = default | body
     return api.post(CHANNELS, body, format="json", **as_(world, api, who))
 
@@ -52,21 +54,34 @@ def sql(query, params=()):
 
 def written(world) -> tuple:
     """Everything a channel request could write."""
-    counts = [NotificationChannel.objects.count(), NotificationDelivery.objects.count(),
-              sql("SELECT count(*) FROM operator_channel_secrets")[0][0]]
+    counts = [
+        NotificationChannel.objects.count(),
+        NotificationDelivery.objects.count(),
+        sql("SELECT count(*) FROM operator_channel_secrets")[0][0],
+    ]
     for tenant in world.tenants.values():
-        counts += [sql(f'SELECT count(*) FROM "{tenant.schema_name}".channel_secrets')[0][0],
-                   sql(f'SELECT count(*) FROM "{tenant.schema_name}".audit_events')[0][0]]
+        counts += [
+            sql(f'SELECT count(*) FROM "{tenant.schema_name}".channel_secrets')[0][0],
+            sql(f'SELECT count(*) FROM "{tenant.schema_name}".audit_events')[0][0],
+        ]
     return tuple(counts)
 
 
 # --- who may do what ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("who", "status"), [
-    ("anonymous", 401), ("agent", 403), ("acme-member", 403), ("acme-viewer", 403),
-    ("acme-admin", 200), ("acme-admin-session", 200), ("operator", 200),
-])
+@pytest.mark.parametrize(
+    ("who", "status"),
+    [
+        ("anonymous", 401),
+        ("agent", 403),
+        ("acme-member", 403),
+        ("acme-viewer", 403),
+        ("acme-admin", 200),
+        ("acme-admin-session", 200),
+        ("operator", 200),
+    ],
+)
 def test_listing_channels(world, api, who, status):
     mine = created(api, world, "acme-admin", name="acme-hook")
     created(api, world, "beta-admin", name="beta-hook")
@@ -85,11 +100,20 @@ def test_listing_channels(world, api, who, status):
         assert response.json()["results"][0]["url"] == HOOK_URL and response.json()["results"][0]["id"] == mine["id"]
 
 
-@pytest.mark.parametrize(("who", "acme_channel", "ops_channel"), [
-    ("acme-admin", 200, 404), ("acme-admin-session", 200, 404), ("beta-admin", 404, 404),
-    ("acme-member", 403, 404), ("acme-viewer", 403, 404), ("beta-viewer", 404, 404),
-    ("operator", 200, 200), ("agent", 403, 403), ("anonymous", 401, 401),
-])
+@pytest.mark.parametrize(
+    ("who", "acme_channel", "ops_channel"),
+    [
+        ("acme-admin", 200, 404),
+        ("acme-admin-session", 200, 404),
+        ("beta-admin", 404, 404),
+        ("acme-member", 403, 404),
+        ("acme-viewer", 403, 404),
+        ("beta-viewer", 404, 404),
+        ("operator", 200, 200),
+        ("agent", 403, 403),
+        ("anonymous", 401, 401),
+    ],
+)
 def test_reading_one_channel(world, api, who, acme_channel, ops_channel):
     acme = created(api, world, "acme-admin")
     ops = created(api, world, "operator", name="ops")
@@ -132,7 +156,9 @@ def test_where_a_new_channel_belongs(world, api):
     other, unknown = create(api, world, "acme-admin", tenant="beta"), create(api, world, "acme-admin", tenant="nope")
     assert other.status_code == unknown.status_code == 400
     assert other.json()["error"]["fields"]["tenant"] == ["No tenant 'beta'."]
-    assert create(api, world, "acme-admin", name="no-tenant", tenant=None).json()["error"]["fields"].keys() == {"tenant"}
+    assert create(api, world, "acme-admin", name="no-tenant", tenant=None).json()["error"]["fields"].keys() == {
+        "tenant"
+    }
     assert create(api, world, "operator", tenant="nope").status_code == 400
     assert written(world) == before
 
@@ -147,36 +173,44 @@ def test_names_are_unique_per_tenant(world, api):
         assert response.status_code == 409 and response.json()["error"]["code"] == "channel_exists"
     assert written(world) == before
     other = created(api, world, "acme-admin", name="other")
-    assert api.patch(f"{CHANNELS}/{other['id']}", {"name": "pager"}, format="json", **as_(world, api, "acme-admin")).status_code == 409
+    assert (
+        api.patch(
+            f"{CHANNELS}/{other['id']}", {"name": "pager"}, format="json", **as_(world, api, "acme-admin")
+        ).status_code
+        == 409
+    )
     assert NotificationChannel.objects.filter(name="pager").count() == 3
 
 
 # --- strict input ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"url": "ftp://hooks.example.test/x"}, "url"),
-    ({"url": "javascript:alert(1)"}, "url"),
-    ({"url": "file:///etc/passwd"}, "url"),
-    ({"url": "http://"}, "url"),
-    ({"url": "not a url"}, "url"),
-    ({"url": "https://" + "a" * 2000 + ".test/"}, "url"),
-    ({"url": None}, "url"),
-    ({"url": ""}, "url"),
-    ({"min_severity": "fatal"}, "min_severity"),
-    ({"types": ["NODE_OFFLINE", "NODE_ON_FIRE"]}, "types"),
-    ({"types": "NODE_OFFLINE"}, "types"),
-    ({"kind": "pager"}, "kind"),
-    ({"kind": "email"}, "recipients"),  # an e-mail channel needs recipients
-    ({"kind": "email", "recipients": ["ok@example.test"], "url": HOOK_URL}, "url"),  # and has no URL
-    ({"recipients": ["ok@example.test"]}, "recipients"),  # a webhook has none
-    ({"name": ""}, "name"),
-    ({"name": "x" * 101}, "name"),
-    ({"enabled": "perhaps"}, "enabled"),
-    ({"colour": "red"}, "colour"),
-    ({"secret": "my-own-secret"}, "secret"),  # the server makes secrets
-    ({"consecutive_failures": 0}, "consecutive_failures"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"url": "ftp://hooks.example.test/x"}, "url"),
+        ({"url": "javascript:alert(1)"}, "url"),
+        ({"url": "file:///etc/passwd"}, "url"),
+        ({"url": "http://"}, "url"),
+        ({"url": "not a url"}, "url"),
+        ({"url": "https://" + "a" * 2000 + ".test/"}, "url"),
+        ({"url": None}, "url"),
+        ({"url": ""}, "url"),
+        ({"min_severity": "fatal"}, "min_severity"),
+        ({"types": ["NODE_OFFLINE", "NODE_ON_FIRE"]}, "types"),
+        ({"types": "NODE_OFFLINE"}, "types"),
+        ({"kind": "pager"}, "kind"),
+        ({"kind": "email"}, "recipients"),  # an e-mail channel needs recipients
+        ({"kind": "email", "recipients": ["ok@example.test"], "url": HOOK_URL}, "url"),  # and has no URL
+        ({"recipients": ["ok@example.test"]}, "recipients"),  # a webhook has none
+        ({"name": ""}, "name"),
+        ({"name": "x" * 101}, "name"),
+        ({"enabled": "perhaps"}, "enabled"),
+        ({"colour": "red"}, "colour"),
+        ({"secret": "my-own-secret"}, "secret"),  # the server makes secrets
+        ({"consecutive_failures": 0}, "consecutive_failures"),
+    ],
+)
 def test_bad_input_is_400_naming_the_field_and_writes_nothing(world, api, body, field):
     before = written(world)
     response = create(api, world, "acme-admin", **body)
@@ -192,20 +226,40 @@ def test_url_is_required_for_a_webhook(world, api):
     assert written(world) == before
 
 
-@pytest.mark.parametrize("recipients", [[], ["not-an-address"], ["ok@example.test", "bad@"], ["a@b.test\nBcc: x@y.test"],
-                                        [f"r{i}@example.test" for i in range(21)], "ok@example.test"])
+@pytest.mark.parametrize(
+    "recipients",
+    [
+        [],
+        ["not-an-address"],
+        ["ok@example.test", "bad@"],
+        ["a@b.test\nBcc: x@y.test"],
+        [f"r{i}@example.test" for i in range(21)],
+        "ok@example.test",
+    ],
+)
 def test_bad_recipients_are_400_and_write_nothing(world, api, recipients):
     before = written(world)
-    response = api.post(CHANNELS, {"name": "mail", "kind": "email", "recipients": recipients}, format="json",
-                        **as_(world, api, "acme-admin"))
+    response = api.post(
+        CHANNELS,
+        {"name": "mail", "kind": "email", "recipients": recipients},
+        format="json",
+        **as_(world, api, "acme-admin"),
+    )
     assert response.status_code == 400 and "recipients" in response.json()["error"]["fields"]
     assert written(world) == before
 
 
 def test_an_email_channel(world, api):
-    body = created(api, world, "acme-admin", name="mail", kind="email",
-                   recipients=["Oncall@Example.test", "oncall@example.test", "lead@example.test"],
-                   min_severity="error", types=["TASK_FAILED", "TASK_FAILED"])
+    body = created(
+        api,
+        world,
+        "acme-admin",
+        name="mail",
+        kind="email",
+        recipients=["Oncall@Example.test", "oncall@example.test", "lead@example.test"],
+        min_severity="error",
+        types=["TASK_FAILED", "TASK_FAILED"],
+    )
     body.pop("url", None)
     channel = NotificationChannel.objects.get(pk=body["id"])
     assert channel.recipients == ["Oncall@Example.test", "lead@example.test"]  # one per address
@@ -217,17 +271,30 @@ def test_a_patch_changes_what_it_names_and_refuses_bad_input_whole(world, api):
     channel = created(api, world, "acme-admin")
     url = f"{CHANNELS}/{channel['id']}"
     new_url = "https://hooks.example.test/other?token=second-url-token"
-    response = api.patch(url, {"url": new_url, "min_severity": "critical", "types": ["GPU_LOST"], "enabled": False},
-                         format="json", **headers)
+    response = api.patch(
+        url,
+        {"url": new_url, "min_severity": "critical", "types": ["GPU_LOST"], "enabled": False},
+        format="json",
+        **headers,
+    )
     assert response.status_code == 200, response.content
     body = api.get(url, **headers).json()
-    assert (body["url"], body["min_severity"], body["types"], body["enabled"]) == (new_url, "critical", ["GPU_LOST"], False)
+    assert (body["url"], body["min_severity"], body["types"], body["enabled"]) == (
+        new_url,
+        "critical",
+        ["GPU_LOST"],
+        False,
+    )
     assert body["name"] == "hook"  # untouched
 
     before = written(world)
-    for bad, field in (({"url": "gopher://x.test/", "enabled": True}, "url"), ({"kind": "email"}, "kind"),
-                       ({"tenant": "beta"}, "tenant"), ({"recipients": ["a@b.test"]}, "recipients"),
-                       ({"types": ["NOPE"], "name": "renamed"}, "types")):
+    for bad, field in (
+        ({"url": "gopher://x.test/", "enabled": True}, "url"),
+        ({"kind": "email"}, "kind"),
+        ({"tenant": "beta"}, "tenant"),
+        ({"recipients": ["a@b.test"]}, "recipients"),
+        ({"types": ["NOPE"], "name": "renamed"}, "types"),
+    ):
         response = api.patch(url, bad, format="json", **headers)
         assert response.status_code == 400 and field in response.json()["error"]["fields"], (bad, response.content)
     assert written(world) == before
@@ -254,7 +321,9 @@ def test_the_secret_is_shown_once_and_kept_in_the_tenants_schema_only(world, api
     assert "secret" not in api.get(f"{CHANNELS}/{channel_id}", **headers).json()
 
     # where it is: the tenant's own schema, nowhere in public, not in the other tenant's
-    assert sql("SELECT secret, url FROM t_acme.channel_secrets WHERE channel_id = %s", [channel_id]) == [(secret, HOOK_URL)]
+    assert sql("SELECT secret, url FROM t_acme.channel_secrets WHERE channel_id = %s", [channel_id]) == [
+        (secret, HOOK_URL)
+    ]
     assert sql("SELECT count(*) FROM t_beta.channel_secrets WHERE channel_id = %s", [channel_id]) == [(0,)]
     assert sql("SELECT count(*) FROM public.operator_channel_secrets WHERE channel_id = %s", [channel_id]) == [(0,)]
     assert sql("SELECT to_regclass('public.channel_secrets')") == [(None,)]  # no such table in public at all
@@ -263,7 +332,9 @@ def test_the_secret_is_shown_once_and_kept_in_the_tenants_schema_only(world, api
 
     # the operators' channels keep theirs in public (they belong to no tenant)
     ops = created(api, world, "operator", name="ops")
-    assert sql("SELECT secret FROM public.operator_channel_secrets WHERE channel_id = %s", [ops["id"]]) == [(ops["secret"],)]
+    assert sql("SELECT secret FROM public.operator_channel_secrets WHERE channel_id = %s", [ops["id"]]) == [
+        (ops["secret"],)
+    ]
     assert sql("SELECT count(*) FROM t_acme.channel_secrets WHERE channel_id = %s", [ops["id"]]) == [(0,)]
 
     # e-mail channels have none
@@ -280,7 +351,10 @@ def test_rotating_shows_the_new_secret_once(world, api):
     assert new != body["secret"] and response.json()["id"] == body["id"]
     assert sql("SELECT secret FROM t_acme.channel_secrets WHERE channel_id = %s", [body["id"]]) == [(new,)]
     assert new not in api.get(f"{CHANNELS}/{body['id']}", **headers).content.decode()
-    assert api.post(f"{CHANNELS}/{body['id']}/rotate-secret", {"secret": "mine"}, format="json", **headers).status_code == 400
+    assert (
+        api.post(f"{CHANNELS}/{body['id']}/rotate-secret", {"secret": "mine"}, format="json", **headers).status_code
+        == 400
+    )
 
     mail = created(api, world, "acme-admin", name="mail", kind="email", recipients=["a@example.test"])
     response = api.post(f"{CHANNELS}/{mail['id']}/rotate-secret", format="json", **headers)
@@ -338,7 +412,13 @@ def test_a_test_is_queued_and_listed_with_the_deliveries(world, api):
     listed = api.get(f"{url}/deliveries", **headers).json()
     assert listed["count"] == 1
     (item,) = listed["results"]
-    assert (item["id"], item["event"], item["status"], item["attempts"], item["alert"]) == (delivery.pk, "test", "pending", 0, None)
+    assert (item["id"], item["event"], item["status"], item["attempts"], item["alert"]) == (
+        delivery.pk,
+        "test",
+        "pending",
+        0,
+        None,
+    )
     # the operators see it too; another tenant does not
     assert api.get(f"{url}/deliveries", **as_(world, api, "operator")).json()["count"] == 1
     assert api.get(f"{url}/deliveries", **as_(world, api, "beta-admin")).status_code == 404
@@ -359,7 +439,12 @@ def test_a_tenants_channel_changes_are_in_its_audit_log_without_secrets(world, a
     headers = as_(world, api, "acme-admin")
     body = created(api, world, "acme-admin")
     url = f"{CHANNELS}/{body['id']}"
-    api.patch(url, {"min_severity": "error", "url": "https://hooks.example.test/new?token=new-url-token"}, format="json", **headers)
+    api.patch(
+        url,
+        {"min_severity": "error", "url": "https://hooks.example.test/new?token=new-url-token"},
+        format="json",
+        **headers,
+    )
     rotated = api.post(f"{url}/rotate-secret", format="json", **headers).json()["secret"]
     api.post(f"{url}/test", format="json", **headers)
     api.delete(url, **headers)
@@ -367,8 +452,13 @@ def test_a_tenants_channel_changes_are_in_its_audit_log_without_secrets(world, a
 
     with schema_context("t_acme"):
         events = list(AuditEvent.objects.filter(action__startswith="alert_channel.").order_by("at", "id"))
-    assert [e.action for e in events] == ["alert_channel.created", "alert_channel.updated", "alert_channel.secret_rotated",
-                                          "alert_channel.tested", "alert_channel.deleted"]
+    assert [e.action for e in events] == [
+        "alert_channel.created",
+        "alert_channel.updated",
+        "alert_channel.secret_rotated",
+        "alert_channel.tested",
+        "alert_channel.deleted",
+    ]
     assert all(e.actor.startswith("acme-admin (key ") for e in events)
     assert events[0].details["url_host"] == "hooks.example.test" and events[1].details["min_severity"] == "error"
     logged = " ".join(str(e.details) for e in events)
@@ -380,6 +470,11 @@ def test_a_tenants_channel_changes_are_in_its_audit_log_without_secrets(world, a
 
 def test_the_schema_documents_the_channel_endpoints(client):
     paths = client.get("/api/schema/", HTTP_ACCEPT="application/json").json()["paths"]
-    assert {"/api/v1/alerts/channels", "/api/v1/alerts/channels/{id}", "/api/v1/alerts/channels/{id}/test",
-            "/api/v1/alerts/channels/{id}/rotate-secret", "/api/v1/alerts/channels/{id}/deliveries"} <= set(paths)
+    assert {
+        "/api/v1/alerts/channels",
+        "/api/v1/alerts/channels/{id}",
+        "/api/v1/alerts/channels/{id}/test",
+        "/api/v1/alerts/channels/{id}/rotate-secret",
+        "/api/v1/alerts/channels/{id}/deliveries",
+    } <= set(paths)
     assert set(paths["/api/v1/alerts/channels/{id}"]) >= {"get", "patch", "delete"}

@@ -6,8 +6,14 @@ from datetime import timedelta
 import pytest
 
 from apps.alerts.failures import (
-    Verdict, adjudicate_lost_runs, capacity_verdict, check_scheduler, fail_overdue_queue, recover_quota_alerts,
-    sweep_offline_nodes, sweep_stalled_tasks,
+    Verdict,
+    adjudicate_lost_runs,
+    capacity_verdict,
+    check_scheduler,
+    fail_overdue_queue,
+    recover_quota_alerts,
+    sweep_offline_nodes,
+    sweep_stalled_tasks,
 )
 from apps.alerts.models import Alert
 from apps.core.clock import utcnow
@@ -82,8 +88,9 @@ def test_only_the_agent_of_the_tasks_node_may_report_it_lost(api, world):
     make_node("n2", gpus=1)
     task = make_task_holding(node, world.tenants["acme"], "running")
     assert lost(api, task, node_id="n2").status_code == 404  # not on that node: not its business
-    people = api.post(f"/api/v1/tasks/{task.pk}/container-lost", {"node_id": "n1"}, format="json",
-                      **bearer(world.keys["acme-admin"]))
+    people = api.post(
+        f"/api/v1/tasks/{task.pk}/container-lost", {"node_id": "n1"}, format="json", **bearer(world.keys["acme-admin"])
+    )
     assert people.status_code == 403
     assert lost(api, task, extra="x").status_code == 400
     assert api.post(f"/api/v1/tasks/{task.pk}/container-lost", {}, format="json", **AGENT).status_code == 400
@@ -107,7 +114,10 @@ def beat(node_id, live, at):
 def test_a_running_task_its_live_node_stops_listing_is_requeued_after_60_s(world):
     now = utcnow()
     node = make_node("n1", gpus=2)
-    listed, missing = make_task_holding(node, world.tenants["acme"], "running", 0), make_task_holding(node, world.tenants["acme"], "running", 1)
+    listed, missing = (
+        make_task_holding(node, world.tenants["acme"], "running", 0),
+        make_task_holding(node, world.tenants["acme"], "running", 1),
+    )
     Task.objects.filter(pk__in=[listed.pk, missing.pk]).update(updated_at=now - timedelta(seconds=5))
     beat("n1", [listed.pk], now)
     assert sweep_stalled_tasks(now) == []  # the clock starts
@@ -174,7 +184,9 @@ def test_the_queue_deadline_runs_from_the_later_of_creation_and_last_change(worl
     requeued = make_task(acme, name="requeued service")
     # created two days ago; `requeued` ran all that time and came back to the queue a minute ago
     Task.objects.filter(pk=stale.pk).update(created_at=now - timedelta(days=2), updated_at=now - timedelta(days=2))
-    Task.objects.filter(pk=requeued.pk).update(created_at=now - timedelta(days=2), updated_at=now - timedelta(minutes=1))
+    Task.objects.filter(pk=requeued.pk).update(
+        created_at=now - timedelta(days=2), updated_at=now - timedelta(minutes=1)
+    )
     assert fail_overdue_queue(now) == [stale.pk]
     stale.refresh_from_db()
     requeued.refresh_from_db()
@@ -186,7 +198,9 @@ def test_the_queue_deadline_runs_from_the_later_of_creation_and_last_change(worl
 def test_a_queue_timeout_of_zero_waits_forever(world, settings):
     settings.HETEROFLOW_QUEUE_TIMEOUT_SECONDS = 0
     task = make_task(world.tenants["acme"])
-    Task.objects.filter(pk=task.pk).update(created_at=utcnow() - timedelta(days=30), updated_at=utcnow() - timedelta(days=30))
+    Task.objects.filter(pk=task.pk).update(
+        created_at=utcnow() - timedelta(days=30), updated_at=utcnow() - timedelta(days=30)
+    )
     assert fail_overdue_queue() == []
 
 
@@ -290,5 +304,6 @@ def test_adjudication_answers_every_task_asked_about(world):
     running = make_task_holding(node, world.tenants["acme"], "running")
     outcomes = adjudicate_lost_runs([running.pk, 999_999], node_id="n1", cause="container_lost")
     assert [(o.task_id, o.verdict, o.moved) for o in outcomes] == [
-        (running.pk, Verdict.REQUEUE, True), (999_999, Verdict.UNDECIDED, False)
+        (running.pk, Verdict.REQUEUE, True),
+        (999_999, Verdict.UNDECIDED, False),
     ]

@@ -22,8 +22,8 @@ from apps.core.principals import Principal, PrincipalKind
 from apps.tenants.services import issue_platform_key
 from celery_worker import app as celery_app
 from tests.alerts.receivers import start_http_receiver, stop_http_receiver
-from tests.headers import bearer
 from tests.factories import OperatorFactory
+from tests.headers import bearer
 from tests.live import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,8 +54,19 @@ def worker():
 def test_two_dispatchers_at_once_make_exactly_one_delivery_per_alert_and_channel(receiver, operator):
     for name in ("one", "two"):
         services.create_channel(principal=operator, tenant=None, name=name, kind="webhook", url=receiver.url)
-    raise_alerts([NewAlert(type=AlertType.NODE_OFFLINE, severity=Severity.ERROR, scope=AlertScope.NODE, key=f"k{i}",
-                           node_id=f"n{i}", message="quiet") for i in range(300)])
+    raise_alerts(
+        [
+            NewAlert(
+                type=AlertType.NODE_OFFLINE,
+                severity=Severity.ERROR,
+                scope=AlertScope.NODE,
+                key=f"k{i}",
+                node_id=f"n{i}",
+                message="quiet",
+            )
+            for i in range(300)
+        ]
+    )
     barrier = threading.Barrier(2)
     results, errors = [], []
 
@@ -86,12 +97,19 @@ def test_two_dispatchers_at_once_make_exactly_one_delivery_per_alert_and_channel
 def test_a_worker_delivers_what_the_dispatcher_queued_and_retries_through_the_broker(receiver, operator, worker):
     created = services.create_channel(principal=operator, tenant=None, name="live", kind="webhook", url=receiver.url)
     receiver.answer(500)  # the first attempt fails, the retry goes back through Redis
-    raise_alert(type=AlertType.NODE_OFFLINE, severity=Severity.ERROR, scope=AlertScope.NODE, key="live", node_id="n1",
-                message="quiet")
+    raise_alert(
+        type=AlertType.NODE_OFFLINE,
+        severity=Severity.ERROR,
+        scope=AlertScope.NODE,
+        key="live",
+        node_id="n1",
+        message="quiet",
+    )
     assert dispatch_notifications_job() == "ran"
 
     delivery = wait_until(
-        lambda: NotificationDelivery.objects.filter(channel=created.channel, status="delivered").first(), 30,
+        lambda: NotificationDelivery.objects.filter(channel=created.channel, status="delivered").first(),
+        30,
         "the worker to deliver after one retry",
     )
     assert delivery.attempts == 2 and delivery.event == "alert.raised"
@@ -100,8 +118,9 @@ def test_a_worker_delivers_what_the_dispatcher_queued_and_retries_through_the_br
 
 def test_a_test_asked_for_through_the_api_reaches_the_receiver_signed(receiver, worker, api):
     key = issue_platform_key(user=OperatorFactory(username="api-op"), name="live").key
-    response = api.post("/api/v1/alerts/channels", {"name": "api", "kind": "webhook", "url": receiver.url}, format="json",
-                        **bearer(key))
+    response = api.post(
+        "/api/v1/alerts/channels", {"name": "api", "kind": "webhook", "url": receiver.url}, format="json", **bearer(key)
+    )
     assert response.status_code == 201
     secret, channel_id = response.json()["secret"], response.json()["id"]
     queued = api.post(f"/api/v1/alerts/channels/{channel_id}/test", format="json", **bearer(key))
@@ -111,5 +130,8 @@ def test_a_test_asked_for_through_the_api_reaches_the_receiver_signed(receiver, 
     (request,) = receiver.received
     assert request.json["event"] == "test" and request.json["delivery"] == queued.json()["delivery"]
     assert request.verifies_with(secret)
-    wait_until(lambda: NotificationDelivery.objects.get(pk=queued.json()["delivery"]).status == "delivered", 10,
-               "the delivery to be recorded")
+    wait_until(
+        lambda: NotificationDelivery.objects.get(pk=queued.json()["delivery"]).status == "delivered",
+        10,
+        "the delivery to be recorded",
+    )

@@ -47,7 +47,9 @@ def operator(world) -> Principal:
 
 
 def admin_of(world, slug) -> Principal:
-    return Principal(PrincipalKind.TENANT_USER, user=world.users[f"{slug}-admin"], tenant=world.tenants[slug], role=Role.ADMIN)
+    return Principal(
+        PrincipalKind.TENANT_USER, user=world.users[f"{slug}-admin"], tenant=world.tenants[slug], role=Role.ADMIN
+    )
 
 
 def webhook(world, url, *, tenant=None, name="hook", **options):
@@ -57,15 +59,29 @@ def webhook(world, url, *, tenant=None, name="hook", **options):
 
 
 def node_alert(node="n1", severity=Severity.ERROR, type=AlertType.NODE_OFFLINE, tenant=None, scope=AlertScope.NODE):
-    raise_alert(type=type, severity=severity, scope=scope, key=f"{type}:{node}", node_id=node,
-                tenant_id=tenant.pk if tenant else None, message=f"Node {node} is quiet.")
+    raise_alert(
+        type=type,
+        severity=severity,
+        scope=scope,
+        key=f"{type}:{node}",
+        node_id=node,
+        tenant_id=tenant.pk if tenant else None,
+        message=f"Node {node} is quiet.",
+    )
     return Alert.objects.get(key=f"{type}:{node}", state=AlertState.ACTIVE)
 
 
 def task_alert(tenant, severity=Severity.ERROR, type=AlertType.TASK_FAILED):
     task = TaskFactory(tenant=tenant)
-    raise_alert(type=type, severity=severity, scope=AlertScope.TASK, key=f"{type}:{task.pk}", task_id=task.pk,
-                tenant_id=tenant.pk, message=f"Task {task.pk} failed.")
+    raise_alert(
+        type=type,
+        severity=severity,
+        scope=AlertScope.TASK,
+        key=f"{type}:{task.pk}",
+        task_id=task.pk,
+        tenant_id=tenant.pk,
+        message=f"Task {task.pk} failed.",
+    )
     return Alert.objects.get(key=f"{type}:{task.pk}")
 
 
@@ -141,13 +157,28 @@ def test_a_tenant_channel_gets_what_its_tenant_may_see_and_an_operator_channel_e
     # a node alert that names a tenant (its task ran there) is still about a node
     acme_node = node_alert("n2", tenant=acme)
     # an alert written straight into the table, as the heartbeat writes GPU_LOST
-    direct = make_alert(type=AlertType.GPU_LOST, severity=Severity.ERROR, scope=AlertScope.GPU,
-                        key="GPU_LOST:n3:1", node_id="n3", gpu_index=1, message="GPU 1 of node n3 is lost.")
+    direct = make_alert(
+        type=AlertType.GPU_LOST,
+        severity=Severity.ERROR,
+        scope=AlertScope.GPU,
+        key="GPU_LOST:n3:1",
+        node_id="n3",
+        gpu_index=1,
+        message="GPU 1 of node n3 is lost.",
+    )
 
     dispatch_notifications()
     assert delivered_alerts(acme_hook) == {acme_task.pk, quota.pk}
     assert delivered_alerts(beta_hook) == {beta_task.pk}
-    assert delivered_alerts(ops_hook) == {acme_task.pk, beta_task.pk, quota.pk, offline.pk, gpu.pk, acme_node.pk, direct.pk}
+    assert delivered_alerts(ops_hook) == {
+        acme_task.pk,
+        beta_task.pk,
+        quota.pk,
+        offline.pk,
+        gpu.pk,
+        acme_node.pk,
+        direct.pk,
+    }
 
     for delivery in NotificationDelivery.objects.filter(channel=acme_hook):
         assert deliver(delivery.pk).outcome == "delivered"
@@ -159,7 +190,9 @@ def test_min_severity_and_types_filter_what_a_channel_gets(world, receiver):
     acme = world.tenants["acme"]
     errors_up = webhook(world, receiver.url, name="errors", min_severity="error").channel
     failures = webhook(world, receiver.url, name="failures", types=["TASK_FAILED"]).channel
-    both = webhook(world, receiver.url, name="critical-failures", min_severity="critical", types=["TASK_FAILED"]).channel
+    both = webhook(
+        world, receiver.url, name="critical-failures", min_severity="critical", types=["TASK_FAILED"]
+    ).channel
 
     warning = node_alert("n1", severity=Severity.WARNING)
     error = node_alert("n2", severity=Severity.ERROR)
@@ -236,7 +269,9 @@ def test_alert_ended_goes_out_after_a_recovery_and_after_a_resolve(world, receiv
     assert dispatch_notifications().ended == 0  # still active: nothing ends
 
     recover_alert(recovering.key)
-    Alert.objects.filter(pk=resolved.pk).update(state=AlertState.RESOLVED, ended_at=utcnow(), resolved_by=world.operator)
+    Alert.objects.filter(pk=resolved.pk).update(
+        state=AlertState.RESOLVED, ended_at=utcnow(), resolved_by=world.operator
+    )
     result = dispatch_notifications()
     assert (result.raised, result.ended) == (0, 2)
     assert delivered_alerts(channel, "alert.ended") == {recovering.pk, resolved.pk}
@@ -261,7 +296,12 @@ def test_a_500_is_retried_with_back_off_then_delivered(world, receiver):
     first = deliver(delivery_id, now=now)
     assert first.outcome == "retry" and first.retry_in == backoff_seconds(1) == 10.0
     delivery = NotificationDelivery.objects.get(pk=delivery_id)
-    assert (delivery.status, delivery.attempts, delivery.last_status_code, delivery.last_error) == ("pending", 1, 500, "HTTP 500")
+    assert (delivery.status, delivery.attempts, delivery.last_status_code, delivery.last_error) == (
+        "pending",
+        1,
+        500,
+        "HTTP 500",
+    )
     assert delivery.next_attempt_at == now + timedelta(seconds=10)
     assert deliver(delivery_id, now=now + timedelta(seconds=5)).outcome == "skipped"  # not due yet
 
@@ -403,8 +443,9 @@ def test_a_test_delivery_is_signed_and_one_at_a_time(world, receiver):
 
 
 def email_channel(world, recipients=("oncall@example.test", "lead@example.test"), **options):
-    created = services.create_channel(principal=operator(world), tenant=None, name="mail", kind="email",
-                                      recipients=recipients, **options)
+    created = services.create_channel(
+        principal=operator(world), tenant=None, name="mail", kind="email", recipients=recipients, **options
+    )
     assert created.secret is None and created.url == ""
     return created.channel
 
@@ -429,13 +470,16 @@ def test_an_email_channel_sends_through_djangos_mail_backend(world):
     assert NotificationChannel.objects.get(pk=channel.pk).last_success_at is not None
 
 
-@pytest.mark.parametrize(("reply", "outcome"), [("550 5.1.1 no such user", "failed"), ("451 4.3.0 try again later", "retry"),
-                                                ("250 OK", "delivered")])
+@pytest.mark.parametrize(
+    ("reply", "outcome"),
+    [("550 5.1.1 no such user", "failed"), ("451 4.3.0 try again later", "retry"), ("250 OK", "delivered")],
+)
 def test_an_smtp_server_refusing_fails_at_once_and_a_temporary_refusal_is_retried(world, reply, outcome):
     smtp = start_smtp_server(rcpt_reply=reply)
     try:
-        with override_settings(EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend", EMAIL_HOST="127.0.0.1",
-                               EMAIL_PORT=smtp.port):
+        with override_settings(
+            EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend", EMAIL_HOST="127.0.0.1", EMAIL_PORT=smtp.port
+        ):
             channel = email_channel(world, recipients=["nobody@example.test"])
             node_alert()
             (delivery_id,) = dispatch_notifications().deliveries
@@ -496,25 +540,41 @@ def test_a_delivery_whose_queue_message_was_lost_is_queued_again(world, receiver
 
 def read_settings(**env):
     """The settings module as a fresh process with `env` reads it."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HETEROFLOW_", "EMAIL_", "SECRET_KEY", "ALLOWED_HOSTS"))}
-    code = ("import heteroflow.settings as s; print(s.EMAIL_BACKEND, s.HETEROFLOW_NOTIFY_ALLOW_PRIVATE_TARGETS, "
-            "s.HETEROFLOW_NOTIFY_MAX_ATTEMPTS, s.DEFAULT_FROM_EMAIL)")
-    return subprocess.run([sys.executable, "-c", code], env=clean | env, capture_output=True, text=True, timeout=60,
-                          cwd=REPO)
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HETEROFLOW_", "EMAIL_", "SECRET_KEY", "ALLOWED_HOSTS"))
+    }
+    code = (
+        "import heteroflow.settings as s; print(s.EMAIL_BACKEND, s.HETEROFLOW_NOTIFY_ALLOW_PRIVATE_TARGETS, "
+        "s.HETEROFLOW_NOTIFY_MAX_ATTEMPTS, s.DEFAULT_FROM_EMAIL)"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], env=clean | env, capture_output=True, text=True, timeout=60, cwd=REPO
+    )
 
 
 def test_mail_and_notification_settings_come_from_the_environment():
-    production = {"HETEROFLOW_ENV": "production", "SECRET_KEY": "k" * 60, "HETEROFLOW_AGENT_SECRET": "a" * 30,
-                  "ALLOWED_HOSTS": "hf.example.com"}
+    production = {
+        "HETEROFLOW_ENV": "production",
+        "SECRET_KEY": "k" * 60,
+        "HETEROFLOW_AGENT_SECRET": "a" * 30,
+        "ALLOWED_HOSTS": "hf.example.com",
+    }
     dev = read_settings(HETEROFLOW_ENV="development")
     assert dev.stdout.split()[:3] == ["django.core.mail.backends.console.EmailBackend", "True", "8"], dev.stderr
     prod = read_settings(**production)
     assert prod.stdout.split()[:2] == ["django.core.mail.backends.smtp.EmailBackend", "False"], prod.stderr
-    custom = read_settings(HETEROFLOW_EMAIL_BACKEND="SMTP", HETEROFLOW_NOTIFY_MAX_ATTEMPTS="3",
-                           DEFAULT_FROM_EMAIL="Alerts <alerts@example.test>")
+    custom = read_settings(
+        HETEROFLOW_EMAIL_BACKEND="SMTP",
+        HETEROFLOW_NOTIFY_MAX_ATTEMPTS="3",
+        DEFAULT_FROM_EMAIL="Alerts <alerts@example.test>",
+    )
     assert custom.stdout.strip() == "django.core.mail.backends.smtp.EmailBackend True 3 Alerts <alerts@example.test>"
-    for bad, named in (({"EMAIL_USE_TLS": "true", "EMAIL_USE_SSL": "true"}, "EMAIL_USE_TLS and EMAIL_USE_SSL"),
-                       ({"HETEROFLOW_EMAIL_BACKEND": "carrier-pigeon"}, "HETEROFLOW_EMAIL_BACKEND"),
-                       ({"HETEROFLOW_NOTIFY_MAX_ATTEMPTS": "0"}, "HETEROFLOW_NOTIFY_MAX_ATTEMPTS")):
+    for bad, named in (
+        ({"EMAIL_USE_TLS": "true", "EMAIL_USE_SSL": "true"}, "EMAIL_USE_TLS and EMAIL_USE_SSL"),
+        ({"HETEROFLOW_EMAIL_BACKEND": "carrier-pigeon"}, "HETEROFLOW_EMAIL_BACKEND"),
+        ({"HETEROFLOW_NOTIFY_MAX_ATTEMPTS": "0"}, "HETEROFLOW_NOTIFY_MAX_ATTEMPTS"),
+    ):
         refused = read_settings(**bad)
         assert refused.returncode != 0 and "ImproperlyConfigured" in refused.stderr and named in refused.stderr

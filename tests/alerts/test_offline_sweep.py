@@ -5,9 +5,9 @@ from datetime import timedelta
 
 import pytest
 
+from apps.alerts.failures import sweep_offline_nodes
 from apps.alerts.jobs import sweep_job
 from apps.alerts.models import Alert
-from apps.alerts.failures import sweep_offline_nodes
 from apps.core.clock import utcnow
 from apps.nodes.models import Node
 from apps.scheduler.models import GpuAllocation

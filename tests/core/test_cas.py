@@ -57,7 +57,9 @@ class TestTransitions:
     def test_many_rows_at_once_report_the_winners_and_write_extra_fields(self, tenant):
         pending = [Task.objects.create(tenant=tenant, name=f"p{i}") for i in range(3)]
         cancelled = Task.objects.create(tenant=tenant, name="c", status=S.CANCELLED)
-        won = transition(Task, TRANSITIONS, [t.pk for t in pending] + [cancelled.pk], [S.PENDING], S.SCHEDULED, gpu_required=2)
+        won = transition(
+            Task, TRANSITIONS, [t.pk for t in pending] + [cancelled.pk], [S.PENDING], S.SCHEDULED, gpu_required=2
+        )
         assert sorted(won) == sorted(t.pk for t in pending)
         assert set(Task.objects.filter(pk__in=won).values_list("gpu_required", flat=True)) == {2}
         assert Task.objects.get(pk=cancelled.pk).gpu_required == 1
@@ -77,7 +79,11 @@ class TestTransitions:
         first, second = (Task.objects.create(tenant=tenant, name=f"b{i}") for i in range(2))
         taken = Task.objects.create(tenant=tenant, name="taken", status=S.CANCELLED)
         won = compare_and_set(
-            Task._meta.db_table, TRANSITIONS, [second.pk, taken.pk, first.pk], [S.PENDING], S.SCHEDULED,
+            Task._meta.db_table,
+            TRANSITIONS,
+            [second.pk, taken.pk, first.pk],
+            [S.PENDING],
+            S.SCHEDULED,
             per_row={"node_id": ("text", ["cas-b", "cas-a", "cas-a"]), "host_port": ("int", [8001, 8002, None])},
             returning="tasks.host_port",
         )
@@ -88,7 +94,9 @@ class TestTransitions:
     def test_an_expression_is_computed_from_the_row_itself(self, tenant):
         tasks = [Task.objects.create(tenant=tenant, name=f"e{i}", status=S.RUNNING, preempt_count=i) for i in range(2)]
         keys = [task.pk for task in tasks]
-        assert transition(Task, TRANSITIONS, keys, [S.RUNNING], S.PREEMPTING, preempt_count=F("preempt_count") + 1) == keys
+        assert (
+            transition(Task, TRANSITIONS, keys, [S.RUNNING], S.PREEMPTING, preempt_count=F("preempt_count") + 1) == keys
+        )
         assert list(Task.objects.filter(pk__in=keys).order_by("pk").values_list("preempt_count", flat=True)) == [1, 2]
 
 
@@ -96,5 +104,9 @@ def test_one_statement_shape_for_every_move():
     """transition and the scheduler's bind share the statement: no second CAS is written."""
     assert "UPDATE tasks" not in inspect.getsource(scheduler_services.bind_all)
     sql = cas_sql("tasks", fixed=[("updated_at", "%s")], per_row=[("node_id", "text")], returning="tasks.created_at")
-    assert sql.startswith("WITH won AS (SELECT id FROM tasks WHERE id = ANY(%s) AND status = ANY(%s) ORDER BY id FOR UPDATE)")
-    assert "unnest(%s::bigint[], %s::text[]) AS v(id, node_id)" in sql and sql.endswith("RETURNING tasks.id, tasks.created_at")
+    assert sql.startswith(
+        "WITH won AS (SELECT id FROM tasks WHERE id = ANY(%s) AND status = ANY(%s) ORDER BY id FOR UPDATE)"
+    )
+    assert "unnest(%s::bigint[], %s::text[]) AS v(id, node_id)" in sql and sql.endswith(
+        "RETURNING tasks.id, tasks.created_at"
+    )

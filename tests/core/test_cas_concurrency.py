@@ -7,7 +7,8 @@ import pytest
 from django.db import connection
 
 from apps.core.cas import transition
-from apps.tasks.choices import TRANSITIONS, TaskStatus as S
+from apps.tasks.choices import TRANSITIONS
+from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task
 from apps.tenants import services
 

@@ -20,12 +20,18 @@ APPS = REPO / "apps"
 # else at function level is a cycle in hiding: move the code to the right layer, or
 # enqueue a job by name (apps.core.enqueue) instead.
 FUNCTION_LEVEL_ALLOWED = {
-    ("apps.monitoring.processes", "apps.core.guard"):
-        "celery_worker imports processes before Django is set up; the guard loads models",
-    ("apps.monitoring.processes", "apps.monitoring.exposition"):
-        "celery_worker imports processes before Django is set up; exposition loads models",
-    ("apps.monitoring.processes", "apps.monitoring.listener"):
-        "celery_worker imports processes before Django is set up; the listener loads models",
+    (
+        "apps.monitoring.processes",
+        "apps.core.guard",
+    ): "celery_worker imports processes before Django is set up; the guard loads models",
+    (
+        "apps.monitoring.processes",
+        "apps.monitoring.exposition",
+    ): "celery_worker imports processes before Django is set up; exposition loads models",
+    (
+        "apps.monitoring.processes",
+        "apps.monitoring.listener",
+    ): "celery_worker imports processes before Django is set up; the listener loads models",
 }
 # AppConfig.ready hooks are Django's place for imports that need the app registry.
 READY_HOOK = re.compile(r"^apps\.\w+\.apps$")
@@ -103,8 +109,10 @@ def imports_of(path: Path) -> list[Import]:
         if node.level or not node.module:
             raise AssertionError(f"{module}:{node.lineno}: relative import; write the full apps.* path")
         # `from apps.monitoring import metrics` imports the module apps.monitoring.metrics
-        return [f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}") else node.module
-                for alias in node.names]
+        return [
+            f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}") else node.module
+            for alias in node.names
+        ]
 
     def visit(node, function):
         for child in ast.iter_child_nodes(node):
@@ -191,7 +199,9 @@ def test_jobs_are_asked_for_by_name_through_one_helper():
         module = module_name(path)
         for call in calls_in(path):
             if isinstance(call.func, ast.Attribute) and call.func.attr in SENDS and module not in MAY_SEND:
-                broken.append(f"{module}:{call.lineno} calls .{call.func.attr}(): use apps.core.enqueue.enqueue(name, …)")
+                broken.append(
+                    f"{module}:{call.lineno} calls .{call.func.attr}(): use apps.core.enqueue.enqueue(name, …)"
+                )
     assert not broken, "\n".join(broken)
 
 
@@ -206,10 +216,15 @@ def test_every_job_asked_for_by_name_exists():
         for call in calls_in(path):
             name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id
             # enqueue("name", …), or enqueue handed on with its name: run_in_executor(None, enqueue, "name")
-            arguments = call.args if name == "enqueue" else [
-                after for before, after in zip(call.args, call.args[1:])
-                if isinstance(before, ast.Name) and before.id == "enqueue"
-            ]
+            arguments = (
+                call.args
+                if name == "enqueue"
+                else [
+                    after
+                    for before, after in zip(call.args, call.args[1:])
+                    if isinstance(before, ast.Name) and before.id == "enqueue"
+                ]
+            )
             if arguments and isinstance(arguments[0], ast.Constant):
                 asked[arguments[0].value] = f"{module_name(path)}:{call.lineno}"
     assert {"scheduler.tick", "alerts.deliver_notification", "nodes.prune_metrics"} <= set(asked)

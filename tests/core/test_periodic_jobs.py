@@ -38,7 +38,8 @@ def test_every_periodic_job_is_one_declaration_with_its_period():
     schedule = beat_schedule()
     assert schedule == {
         name: {"task": name, "schedule": every, "args": (), "options": {"expires": every}}
-        for name, (every, per_host) in EXPECTED.items() if not per_host
+        for name, (every, per_host) in EXPECTED.items()
+        if not per_host
     }
 
 
@@ -85,6 +86,7 @@ def test_a_per_host_job_is_guarded_per_host(scratch_job):
     assert scratch() == Outcome.RAN  # another host, its own guard
     assert scratch() == Outcome.EARLY
     assert set(JobRun.objects.filter(key__startswith=scratch_job).values_list("key", flat=True)) == {
-        f"{scratch_job}@cp-a", f"{scratch_job}@cp-b"
+        f"{scratch_job}@cp-a",
+        f"{scratch_job}@cp-b",
     }
     assert scratch_job not in beat_schedule()  # each worker sends it to its own host

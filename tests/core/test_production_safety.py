@@ -43,7 +43,9 @@ def test_each_unsafe_value_is_named(change, problem):
 
 
 def manage(args, **env_changes):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "HETEROFLOW_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "HETEROFLOW_"))
+    }
     env.update(
         HETEROFLOW_ENV="production",
         SECRET_KEY=GOOD["secret_key"],
@@ -55,7 +57,9 @@ def manage(args, **env_changes):
             env.pop(key, None)
         else:
             env[key] = value
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_check_deploy_passes_with_production_settings():
@@ -67,8 +71,14 @@ def test_check_deploy_passes_with_production_settings():
     "env,message",
     [
         ({"HETEROFLOW_AGENT_SECRET": None}, "HETEROFLOW_AGENT_SECRET is not set"),
-        ({"HETEROFLOW_AGENT_SECRET": "heteroflow-agent-secret"}, "HETEROFLOW_AGENT_SECRET is a well-known default value"),
-        ({"SECRET_KEY": None, "DEBUG": "true", "ALLOWED_HOSTS": "*"}, "SECRET_KEY is not set; DEBUG is on; ALLOWED_HOSTS contains a wildcard"),
+        (
+            {"HETEROFLOW_AGENT_SECRET": "heteroflow-agent-secret"},
+            "HETEROFLOW_AGENT_SECRET is a well-known default value",
+        ),
+        (
+            {"SECRET_KEY": None, "DEBUG": "true", "ALLOWED_HOSTS": "*"},
+            "SECRET_KEY is not set; DEBUG is on; ALLOWED_HOSTS contains a wildcard",
+        ),
     ],
 )
 def test_production_mode_refuses_to_start_with_unsafe_values(env, message):
@@ -87,7 +97,12 @@ def test_bad_numbers_are_refused_with_the_variable_named():
 def test_the_launcher_refuses_a_bad_port_with_a_message():
     env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")} | {"HETEROFLOW_PORT": "http"}
     result = subprocess.run(
-        [sys.executable, "-m", "heteroflow.launcher", "up"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "heteroflow.launcher", "up"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "HETEROFLOW_PORT='http' is not a whole number" in result.stdout

@@ -42,6 +42,7 @@ def where(pattern: str, allowed: set[str]) -> list[str]:
 
 # --- one place for each thing --------------------------------------------------------------
 
+
 def test_no_view_or_page_declares_its_own_scoped_lookup():
     helpers = []
     for path in SOURCES:
@@ -66,13 +67,18 @@ def test_one_paginator_and_no_page_numbers():
 
 # --- the base view ----------------------------------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_get_visible_or_404_answers_404_outside_scope_as_for_a_missing_row(world):
     from django.http import Http404
 
     Node.objects.create(id="acme-only", name="acme-only", tenant=world.tenants["acme"])
-    acme = Principal(PrincipalKind.TENANT_USER, user=world.users["acme-viewer"], tenant=world.tenants["acme"], role=Role.VIEWER)
-    beta = Principal(PrincipalKind.TENANT_USER, user=world.users["beta-admin"], tenant=world.tenants["beta"], role=Role.ADMIN)
+    acme = Principal(
+        PrincipalKind.TENANT_USER, user=world.users["acme-viewer"], tenant=world.tenants["acme"], role=Role.VIEWER
+    )
+    beta = Principal(
+        PrincipalKind.TENANT_USER, user=world.users["beta-admin"], tenant=world.tenants["beta"], role=Role.ADMIN
+    )
     assert get_visible_or_404(Node, acme, pk="acme-only").pk == "acme-only"
     assert get_visible_or_404(Node.objects.only("id"), acme, pk="acme-only").pk == "acme-only"
     for principal, pk in ((beta, "acme-only"), (acme, "no-such-node"), (None, "acme-only")):
@@ -89,6 +95,7 @@ def test_the_scoped_base_view_fails_closed_before_a_request():
 
 # --- the policy -----------------------------------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_the_policy_says_who_may_delete_a_node_and_stop_a_task(world):
     acme, beta = world.tenants["acme"], world.tenants["beta"]
@@ -100,20 +107,33 @@ def test_the_policy_says_who_may_delete_a_node_and_stop_a_task(world):
         return Principal(PrincipalKind.TENANT_KEY, user=world.users[label], tenant=world.tenants[slug], role=Role(role))
 
     operator = Principal(PrincipalKind.OPERATOR, user=world.operator)
-    assert [policy.may_delete_node(p, dedicated) for p in (operator, who("acme-admin"), who("acme-member"), who("beta-admin"))] \
-        == [True, True, False, False]
+    assert [
+        policy.may_delete_node(p, dedicated)
+        for p in (operator, who("acme-admin"), who("acme-member"), who("beta-admin"))
+    ] == [True, True, False, False]
     assert [policy.may_delete_node(p, shared) for p in (operator, who("acme-admin"))] == [True, False]
-    assert [policy.may_stop_task(p, task) for p in (operator, who("acme-member"), who("acme-viewer"), who("beta-admin"))] \
-        == [True, True, False, False]
+    assert [
+        policy.may_stop_task(p, task) for p in (operator, who("acme-member"), who("acme-viewer"), who("beta-admin"))
+    ] == [True, True, False, False]
     assert policy.acting_tenant(who("beta-member"), None, required="x") == beta
     assert policy.acting_tenant(operator, "acme", required="x") == acme
 
 
 # --- the paging convention over the wire ------------------------------------------------------
 
+
 @pytest.mark.django_db
-@pytest.mark.parametrize("path", ["/api/v1/tenants", "/api/v1/tasks", "/api/v1/alerts", "/api/v1/nodes", "/api/v1/api-keys",
-                                  "/api/v1/alerts/channels"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/tenants",
+        "/api/v1/tasks",
+        "/api/v1/alerts",
+        "/api/v1/nodes",
+        "/api/v1/api-keys",
+        "/api/v1/alerts/channels",
+    ],
+)
 def test_every_list_pages_by_limit_and_offset_with_a_count(api, world, path):
     first = api.get(path, {"limit": 1}, **key(world.operator_key))
     assert first.status_code == 200, first.content

@@ -19,17 +19,48 @@ from tests.live import REPO, free_port, server_env, stop_process, wait_for_web, 
 class Fleet:
     """`nodes` simulated nodes with `prefix`-NNNNN ids, beating until stopped."""
 
-    def __init__(self, url: str, log_dir: Path, *, nodes: int, prefix: str, interval: float = 5.0, jitter: float = 0.2,
-                 duration: float = 0):
+    def __init__(
+        self,
+        url: str,
+        log_dir: Path,
+        *,
+        nodes: int,
+        prefix: str,
+        interval: float = 5.0,
+        jitter: float = 0.2,
+        duration: float = 0,
+    ):
         self.log_path = log_dir / f"fleet-{prefix}.log"
         self.ready = log_dir / f"fleet-{prefix}.ready"
         self.ready.unlink(missing_ok=True)
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "bench/fleet.py", "--url", url, "--secret", settings.HETEROFLOW_AGENT_SECRET,
-                 "--nodes", str(nodes), "--prefix", prefix, "--interval", str(interval), "--jitter", str(jitter),
-                 "--duration", str(duration), "--ready-file", str(self.ready)],
-                cwd=REPO, env=os.environ, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, text=True,
+                [
+                    sys.executable,
+                    "bench/fleet.py",
+                    "--url",
+                    url,
+                    "--secret",
+                    settings.HETEROFLOW_AGENT_SECRET,
+                    "--nodes",
+                    str(nodes),
+                    "--prefix",
+                    prefix,
+                    "--interval",
+                    str(interval),
+                    "--jitter",
+                    str(jitter),
+                    "--duration",
+                    str(duration),
+                    "--ready-file",
+                    str(self.ready),
+                ],
+                cwd=REPO,
+                env=os.environ,
+                start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
 
     def wait_registered(self, timeout: float = 120) -> None:
@@ -67,17 +98,54 @@ class ControlPlane:
         self.starts += 1
         python = sys.executable
         commands = {
-            "web": [python, "-m", "uvicorn", "heteroflow.asgi:application", "--host", "127.0.0.1", "--port",
-                    str(self.port), "--lifespan", "off", "--no-proxy-headers", "--log-level", "warning"],
-            "worker": [python, "-m", "celery", "-A", "celery_worker", "worker", "--pool", "solo", "--loglevel", "WARNING",
-                       "--without-heartbeat", "--without-gossip", "--without-mingle"],
-            "beat": [python, "-m", "celery", "-A", "celery_worker", "beat", "--loglevel", "WARNING",
-                     "--schedule", str(self.log_dir / f"beat-schedule-{self.starts}")],
+            "web": [
+                python,
+                "-m",
+                "uvicorn",
+                "heteroflow.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--lifespan",
+                "off",
+                "--no-proxy-headers",
+                "--log-level",
+                "warning",
+            ],
+            "worker": [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "celery_worker",
+                "worker",
+                "--pool",
+                "solo",
+                "--loglevel",
+                "WARNING",
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            "beat": [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "celery_worker",
+                "beat",
+                "--loglevel",
+                "WARNING",
+                "--schedule",
+                str(self.log_dir / f"beat-schedule-{self.starts}"),
+            ],
         }
         for name, argv in commands.items():
             with open(self.log_dir / f"{name}-{self.starts}.log", "w") as log:
-                self.processes[name] = subprocess.Popen(argv, cwd=REPO, env=self.env, start_new_session=True,
-                                                        stdout=log, stderr=subprocess.STDOUT)
+                self.processes[name] = subprocess.Popen(
+                    argv, cwd=REPO, env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+                )
         wait_for_web(self.url)
         return self
 
@@ -90,5 +158,7 @@ class ControlPlane:
             stop_process(process, sig)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
-                         for path in sorted(self.log_dir.glob("*.log")))
+        return "\n".join(
+            f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
+            for path in sorted(self.log_dir.glob("*.log"))
+        )

@@ -77,7 +77,7 @@ def test_a_rack_of_1000_nodes_going_silent_requeues_each_task_exactly_once(tmp_p
         set_plugin_options("resource-filter", extra={"cpu_percent_max": 100, "memory_percent_max": 100})
         # one running task per rack node
         Task.objects.bulk_create(Task(tenant=tenant, name=f"job-{n}", image="x", gpu_required=1) for n in range(RACK))
-        wait_until(lambda: (run_cycle() and not Task.objects.filter(status="pending").exists()), 120, "every task placed")
+        wait_until(lambda: run_cycle() and not Task.objects.filter(status="pending").exists(), 120, "every task placed")
         scheduled = list(Task.objects.filter(status="scheduled").values_list("pk", flat=True))
         assert len(move_tasks(scheduled, ["scheduled"], "running")) == RACK  # the agents' claims
         assert Task.objects.filter(status="running", node__id__startswith="rack-").count() == RACK
@@ -88,8 +88,11 @@ def test_a_rack_of_1000_nodes_going_silent_requeues_each_task_exactly_once(tmp_p
         last = Node.objects.filter(pk__startswith="rack-").aggregate(last=Max("last_heartbeat_at"))["last"]
         # until every rack node has been silent for longer than the threshold, a sweep may
         # catch part of the rack: that is fine, as long as each task moves once
-        wait_until(lambda: utcnow() > last + timedelta(seconds=settings.HETEROFLOW_NODE_OFFLINE_SECONDS + 0.5), 30,
-                   "the rack to be silent past the threshold")
+        wait_until(
+            lambda: utcnow() > last + timedelta(seconds=settings.HETEROFLOW_NODE_OFFLINE_SECONDS + 0.5),
+            30,
+            "the rack to be silent past the threshold",
+        )
         started = time.perf_counter()
         first = sweep_from_two_instances()
         second = sweep_from_two_instances()
@@ -116,7 +119,9 @@ def test_a_rack_of_1000_nodes_going_silent_requeues_each_task_exactly_once(tmp_p
         try:
             back.wait_registered()
             assert online("rack") == RACK
-            assert sorted(sweep().recovered) == sorted(Node.objects.filter(pk__startswith="rack-").values_list("pk", flat=True))
+            assert sorted(sweep().recovered) == sorted(
+                Node.objects.filter(pk__startswith="rack-").values_list("pk", flat=True)
+            )
             assert not Alert.objects.filter(type="NODE_OFFLINE", state="ACTIVE").exists()
         finally:
             back.kill()

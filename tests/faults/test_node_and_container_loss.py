@@ -63,8 +63,11 @@ def test_three_of_ten_agents_killed_across_a_control_plane_restart(tmp_path):
 
     # the worker must not chew through scheduler ticks queued by earlier tests
     redis.Redis.from_url(settings.REDIS_URL).delete("celery")
-    plane = ControlPlane(tmp_path, HETEROFLOW_NODE_OFFLINE_SECONDS=str(OFFLINE_SECONDS),
-                         HETEROFLOW_ALERT_SWEEP_SECONDS=str(SWEEP_SECONDS)).start()
+    plane = ControlPlane(
+        tmp_path,
+        HETEROFLOW_NODE_OFFLINE_SECONDS=str(OFFLINE_SECONDS),
+        HETEROFLOW_ALERT_SWEEP_SECONDS=str(SWEEP_SECONDS),
+    ).start()
     dirs = [tmp_path / f"agent-{n}" for n in range(10)]
     agents = [start_agent(plane.url, data_dir, HETEROFLOW_RECONCILE_SECONDS="5") for data_dir in dirs]
     try:
@@ -74,9 +77,18 @@ def test_three_of_ten_agents_killed_across_a_control_plane_restart(tmp_path):
         key = issue_platform_key(user=OperatorFactory(username="ops"), name="ops").key
         submitted = []
         for n in range(10):
-            response = requests.post(f"{plane.url}/api/v1/tasks", headers=bearer_http(key), timeout=10, json={
-                "tenant": "lab", "name": f"job-{n}", "image": "busybox", "command": ["sleep", "300"], "gpu_required": 1,
-            })
+            response = requests.post(
+                f"{plane.url}/api/v1/tasks",
+                headers=bearer_http(key),
+                timeout=10,
+                json={
+                    "tenant": "lab",
+                    "name": f"job-{n}",
+                    "image": "busybox",
+                    "command": ["sleep", "300"],
+                    "gpu_required": 1,
+                },
+            )
             assert response.status_code == 201, response.text
             submitted.append(response.json()["id"])
         wait_until(lambda: statuses() == {"running": 10}, 90, f"all ten running ({statuses()})\n{plane.logs()}")
@@ -95,11 +107,16 @@ def test_three_of_ten_agents_killed_across_a_control_plane_restart(tmp_path):
         killed_at = time.monotonic()
         plane.restart()  # the control plane dies too, and comes back
 
-        wait_until(lambda: Task.objects.filter(pk__in=lost, status="pending").count() == 3, 90,
-                   f"the dead nodes' tasks requeued\n{plane.logs()}")
+        wait_until(
+            lambda: Task.objects.filter(pk__in=lost, status="pending").count() == 3,
+            90,
+            f"the dead nodes' tasks requeued\n{plane.logs()}",
+        )
         took = time.monotonic() - killed_at
-        print(f"\nthree dead nodes' tasks back in the queue {took:.1f} s after the kill "
-              f"(threshold {OFFLINE_SECONDS} s, sweep every {SWEEP_SECONDS} s, a control-plane restart between)")
+        print(
+            f"\nthree dead nodes' tasks back in the queue {took:.1f} s after the kill "
+            f"(threshold {OFFLINE_SECONDS} s, sweep every {SWEEP_SECONDS} s, a control-plane restart between)"
+        )
         assert took <= OFFLINE_SECONDS + 2 * SWEEP_SECONDS + 30  # the restart and slow beat start-up on 2 cores
 
         # a few more sweeps: nothing moves twice, nothing else moves
@@ -117,9 +134,17 @@ def test_three_of_ten_agents_killed_across_a_control_plane_restart(tmp_path):
         assert not GpuAllocation.objects.filter(node_id__in=victims).exists()
 
         # a report from a dead node that was only cut off: refused, and it changes nothing
-        late = requests.put(f"{plane.url}/api/v1/tasks/{lost[0]}", headers=AGENT_HTTP, timeout=10, json={
-            "node_id": node_of[lost[0]], "from_status": "running", "status": "completed", "exit_code": 0,
-        })
+        late = requests.put(
+            f"{plane.url}/api/v1/tasks/{lost[0]}",
+            headers=AGENT_HTTP,
+            timeout=10,
+            json={
+                "node_id": node_of[lost[0]],
+                "from_status": "running",
+                "status": "completed",
+                "exit_code": 0,
+            },
+        )
         assert late.status_code in (404, 409)
         assert Task.objects.get(pk=lost[0]).status == "pending"
     finally:
@@ -163,8 +188,11 @@ def test_a_vanished_task_is_reported_and_the_server_requeues_it(tmp_path):
         # 1. it vanishes while the agent watches it
         wait_until(runs, 40, "the task running")
         vanish(data_dir, task.pk, tmp_path / "gone")
-        wait_until(lambda: TaskEvent.objects.filter(task=task, kind="container_lost_pending").exists(), 45,
-                   "the agent's report and the server's verdict")
+        wait_until(
+            lambda: TaskEvent.objects.filter(task=task, kind="container_lost_pending").exists(),
+            45,
+            "the agent's report and the server's verdict",
+        )
         alert = Alert.objects.get(type="TASK_REQUEUED", task=task)
         assert alert.scope == "task" and alert.tenant_id == tenant.pk
         wait_until(lambda: runs(2), 40, "the task running again")
@@ -173,8 +201,11 @@ def test_a_vanished_task_is_reported_and_the_server_requeues_it(tmp_path):
         stop_process(agent)
         vanish(data_dir, task.pk, tmp_path / "gone-again")
         agent = start_agent(url, data_dir, **QUICK)
-        wait_until(lambda: TaskEvent.objects.filter(task=task, kind="container_lost_pending").count() == 2, 40,
-                   "the reconcile's report")
+        wait_until(
+            lambda: TaskEvent.objects.filter(task=task, kind="container_lost_pending").count() == 2,
+            40,
+            "the reconcile's report",
+        )
         wait_until(lambda: runs(1), 40, "the task running a third time")  # a new agent, a new log
         history = list(task.events.values_list("kind", flat=True))
         assert history.count("container_lost_pending") == 2 and "container_lost_failed" not in history

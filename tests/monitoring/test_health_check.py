@@ -22,7 +22,14 @@ def test_the_check_names_six_dimensions_and_a_verdict(world, api):
     scheduler_ticked()
     make_node("g1", gpus=2)
     body = api.get("/api/v1/server/health-check", **bearer(world.operator_key)).json()
-    assert [check["name"] for check in body["checks"]] == ["database", "storage", "scheduler", "gpu_nodes", "broker", "configuration"]
+    assert [check["name"] for check in body["checks"]] == [
+        "database",
+        "storage",
+        "scheduler",
+        "gpu_nodes",
+        "broker",
+        "configuration",
+    ]
     statuses = {check["name"]: check["status"] for check in body["checks"]}
     assert statuses == dict.fromkeys(statuses, "ok"), body
     assert body["status"] == "healthy"
@@ -61,14 +68,17 @@ def test_storage_thresholds(percent, expected):
     assert set(result.details["disks"]) == {"root", "data"}
 
 
-@pytest.mark.parametrize("running,pending,oldest,expected", [
-    (False, 0, None, "error"),
-    (False, 50, 900.0, "error"),  # not running wins over the backlog
-    (True, 11, 5.0, "warning"),
-    (True, 1, 301.0, "warning"),
-    (True, 10, 300.0, "ok"),
-    (True, 0, None, "ok"),
-])
+@pytest.mark.parametrize(
+    "running,pending,oldest,expected",
+    [
+        (False, 0, None, "error"),
+        (False, 50, 900.0, "error"),  # not running wins over the backlog
+        (True, 11, 5.0, "warning"),
+        (True, 1, 301.0, "warning"),
+        (True, 10, 300.0, "ok"),
+        (True, 0, None, "ok"),
+    ],
+)
 def test_scheduler_evaluation_has_one_path_per_outcome(running, pending, oldest, expected):
     status, message, suggestion = checks.evaluate_scheduler(running, pending, oldest)
     assert status == expected
@@ -93,13 +103,16 @@ def check(name, status):
     return checks.Check(name, status, "")
 
 
-@pytest.mark.parametrize("statuses,expected", [
-    ({}, "healthy"),
-    ({"gpu_nodes": "warning"}, "degraded"),
-    ({"gpu_nodes": "warning", "scheduler": "error"}, "degraded"),
-    ({"gpu_nodes": "warning", "scheduler": "error", "storage": "warning"}, "unhealthy"),
-    ({"database": "error"}, "unhealthy"),
-])
+@pytest.mark.parametrize(
+    "statuses,expected",
+    [
+        ({}, "healthy"),
+        ({"gpu_nodes": "warning"}, "degraded"),
+        ({"gpu_nodes": "warning", "scheduler": "error"}, "degraded"),
+        ({"gpu_nodes": "warning", "scheduler": "error", "storage": "warning"}, "unhealthy"),
+        ({"database": "error"}, "unhealthy"),
+    ],
+)
 def test_overall_verdict(statuses, expected):
     names = ["database", "storage", "scheduler", "gpu_nodes", "broker", "configuration"]
     assert checks.overall([check(name, statuses.get(name, "ok")) for name in names]) == expected
@@ -142,8 +155,7 @@ def test_health_detail_is_narrowed_to_what_the_caller_may_see(world, api, cluste
 
 @pytest.mark.parametrize("who,expected", [("anonymous", 401), ("agent", 403), ("acme-viewer", 200), ("operator", 200)])
 def test_health_detail_needs_a_person(world, api, settings, who, expected):
-    headers = {"anonymous": {}, "agent": AGENT,
-               "operator": bearer(world.operator_key)}.get(who, None)
+    headers = {"anonymous": {}, "agent": AGENT, "operator": bearer(world.operator_key)}.get(who, None)
     response = api.get("/api/v1/health/detail", **(headers if headers is not None else bearer(world.keys[who])))
     assert response.status_code == expected
 
@@ -157,8 +169,9 @@ def test_health_detail_status_follows_the_scheduler(world, api):
 
 def test_unauthenticated_detail_probe_carries_no_error_text(client, monkeypatch):
     real = probes.database_params
-    monkeypatch.setattr(probes, "database_params", lambda **o: real(**o) | {"host": "127.0.0.1", "port": str(free_port())})
+    monkeypatch.setattr(
+        probes, "database_params", lambda **o: real(**o) | {"host": "127.0.0.1", "port": str(free_port())}
+    )
     response = client.get("/health/detail")
     assert response.status_code == 503
     assert response.json() == {"status": "unhealthy", "database": "unreachable", "scheduler": "unknown"}
-

@@ -44,7 +44,8 @@ def test_two_web_workers_report_one_set_of_counters_on_both_ports(tmp_path):
     folder.mkdir()
     listen = free_port()
     server, url = start_control_plane(
-        env={"PROMETHEUS_MULTIPROC_DIR": str(folder), "METRICS_LISTEN_ADDR": f"127.0.0.1:{listen}"}, args=("--workers", "2"),
+        env={"PROMETHEUS_MULTIPROC_DIR": str(folder), "METRICS_LISTEN_ADDR": f"127.0.0.1:{listen}"},
+        args=("--workers", "2"),
     )
     try:
         from tests.nodes.payloads import heartbeat
@@ -64,7 +65,9 @@ def test_two_web_workers_report_one_set_of_counters_on_both_ports(tmp_path):
             assert metric(text, "heteroflow_heartbeats_rejected_total", reason="not_authenticated") == 6
         separate = scrape(f"http://127.0.0.1:{listen}/metrics")
         assert metric(separate, "heteroflow_heartbeats_received_total") == 7
-        assert metric(separate, "heteroflow_nodes", status="online", gpu_type="nvidia") == 1  # the snapshot is there too
+        assert (
+            metric(separate, "heteroflow_nodes", status="online", gpu_type="nvidia") == 1
+        )  # the snapshot is there too
         assert metric(separate, "process_resident_memory_bytes") > 0
         health = requests.get(f"http://127.0.0.1:{listen}/healthz", timeout=10)
         assert (health.status_code, health.json()) == (200, {"status": "ok"})
@@ -93,7 +96,9 @@ def test_readiness_says_why_when_the_database_does_not_answer(own_listener, monk
     base = own_listener(readiness=listener.database_readiness)
     assert requests.get(f"{base}/readyz", timeout=10).status_code == 200
     real = probes.database_params
-    monkeypatch.setattr(probes, "database_params", lambda **o: real(**o) | {"host": "127.0.0.1", "port": str(free_port())})
+    monkeypatch.setattr(
+        probes, "database_params", lambda **o: real(**o) | {"host": "127.0.0.1", "port": str(free_port())}
+    )
     response = requests.get(f"{base}/readyz", timeout=10)
     assert response.status_code == 503
     assert response.json() == {"status": "unready", "reason": "database unreachable"}
@@ -106,7 +111,9 @@ def test_the_listener_judges_the_tcp_peer_not_forwarded_headers(own_listener, mo
     assert requests.get(f"{base}/metrics", timeout=10).status_code == 200  # loopback
     # as if loopback were not allowed: the peer (127.0.0.1) decides, whatever it forwards
     monkeypatch.setattr(access, "SCRAPE_NETWORKS", (ipaddress.ip_network("10.0.0.0/8"),))
-    refused = requests.get(f"{base}/metrics", headers={"X-Forwarded-For": "10.1.2.3", "X-Real-IP": "10.1.2.3"}, timeout=10)
+    refused = requests.get(
+        f"{base}/metrics", headers={"X-Forwarded-For": "10.1.2.3", "X-Real-IP": "10.1.2.3"}, timeout=10
+    )
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
     settings.HETEROFLOW_METRICS_ALLOW_PUBLIC = True
     assert requests.get(f"{base}/metrics", timeout=10).status_code == 200
@@ -119,10 +126,16 @@ def test_a_second_listener_on_a_taken_port_steps_aside(own_listener):
     assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
 
 
-@pytest.mark.parametrize("raw,expected", [
-    ("127.0.0.1:9090", ("127.0.0.1", 9090)), (":9101", ("0.0.0.0", 9101)), ("[::1]:9090", ("::1", 9090)),
-    ("metrics.internal:80", ("metrics.internal", 80)), (" ", None),
-])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("127.0.0.1:9090", ("127.0.0.1", 9090)),
+        (":9101", ("0.0.0.0", 9101)),
+        ("[::1]:9090", ("::1", 9090)),
+        ("metrics.internal:80", ("metrics.internal", 80)),
+        (" ", None),
+    ],
+)
 def test_listen_addresses(raw, expected):
     assert Env({"X": raw}).address("X") == expected
 
@@ -134,9 +147,14 @@ def test_bad_listen_addresses_stop_start_up(raw):
 
 
 def celery(args, **env):
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "celery_worker", *args, "--loglevel", "WARNING"],
-                            cwd=REPO, env=server_env(**env), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "celery_worker", *args, "--loglevel", "WARNING"],
+        cwd=REPO,
+        env=server_env(**env),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture
@@ -159,9 +177,21 @@ def test_a_worker_samples_its_host_and_exports_what_its_pool_counts(tmp_path, br
     port = free_port()
     worker = celery(
         # its own queue only (and its host's): nothing else in the test broker reaches it
-        ["worker", "-Q", f"test-{host}", "--concurrency", "2", "--pool", "prefork", "-n", f"{host}@%h",
-         "--without-mingle", "--without-gossip"],
-        PROMETHEUS_MULTIPROC_DIR=str(folder), HETEROFLOW_WORKER_METRICS_ADDR=f"127.0.0.1:{port}",
+        [
+            "worker",
+            "-Q",
+            f"test-{host}",
+            "--concurrency",
+            "2",
+            "--pool",
+            "prefork",
+            "-n",
+            f"{host}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        PROMETHEUS_MULTIPROC_DIR=str(folder),
+        HETEROFLOW_WORKER_METRICS_ADDR=f"127.0.0.1:{port}",
         HETEROFLOW_SERVER_METRICS_HOST=host,
     )
     broker_keys.append(f"test-{host}")
@@ -175,13 +205,20 @@ def test_a_worker_samples_its_host_and_exports_what_its_pool_counts(tmp_path, br
                 text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
             except requests.RequestException:
                 return None
-            done = metric(text, "heteroflow_celery_task_runs_total", task="monitoring.collect_server_metrics", outcome="success")
+            done = metric(
+                text, "heteroflow_celery_task_runs_total", task="monitoring.collect_server_metrics", outcome="success"
+            )
             return text if done else None
 
         text = wait_until(exported, 60, "the worker's exporter to show the job")
         # counted in a pool process, shown by the main process's exporter
-        assert metric(text, "heteroflow_periodic_job_runs_total", job="monitoring.collect_server_metrics", outcome="ran") >= 1
-        assert metric(text, "heteroflow_celery_task_duration_seconds_count", task="monitoring.collect_server_metrics") >= 1
+        assert (
+            metric(text, "heteroflow_periodic_job_runs_total", job="monitoring.collect_server_metrics", outcome="ran")
+            >= 1
+        )
+        assert (
+            metric(text, "heteroflow_celery_task_duration_seconds_count", task="monitoring.collect_server_metrics") >= 1
+        )
         assert metric(text, "process_start_time_seconds") > 0
         assert metric(text, "heteroflow_nodes") is None  # the snapshot is the web's alone
         assert len({path.name for path in folder.glob("*.db")}) >= 2
@@ -194,9 +231,13 @@ def test_beat_exports_the_ticks_it_sends(tmp_path):
     folder = tmp_path / "beat-metrics"
     folder.mkdir()
     port = free_port()
-    beat = celery(["beat", "--schedule", str(tmp_path / "schedule")],
-                  PROMETHEUS_MULTIPROC_DIR=str(folder), HETEROFLOW_BEAT_METRICS_ADDR=f"127.0.0.1:{port}")
+    beat = celery(
+        ["beat", "--schedule", str(tmp_path / "schedule")],
+        PROMETHEUS_MULTIPROC_DIR=str(folder),
+        HETEROFLOW_BEAT_METRICS_ADDR=f"127.0.0.1:{port}",
+    )
     try:
+
         def ticks():
             try:
                 text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text

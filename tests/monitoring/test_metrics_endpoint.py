@@ -65,22 +65,50 @@ def value(fams, name, **labels):
 
 
 PROMQL_WORDS = {
-    "sum", "min", "max", "avg", "count", "rate", "irate", "increase", "by", "without", "on", "ignoring", "group_left",
-    "group_right", "and", "or", "unless", "bool", "offset", "histogram_quantile", "clamp_min", "clamp_max", "time",
-    "label_values", "abs", "topk", "bottomk", "delta", "deriv", "vector", "scalar",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count",
+    "rate",
+    "irate",
+    "increase",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "histogram_quantile",
+    "clamp_min",
+    "clamp_max",
+    "time",
+    "label_values",
+    "abs",
+    "topk",
+    "bottomk",
+    "delta",
+    "deriv",
+    "vector",
+    "scalar",
 }
 
 
 def promql_metric_names(expr: str) -> set[str]:
-    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)           # string literals
-    expr = re.sub(r"\{[^}]*\}", "", expr)                      # label matchers
-    expr = re.sub(r"\[[^\]]*\]", "", expr)                     # ranges
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges
     expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)  # label lists
-    expr = re.sub(r"\$\w+", " ", expr)                         # Grafana variables
+    expr = re.sub(r"\$\w+", " ", expr)  # Grafana variables
     names = set()
     for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
         word = match.group()
-        following = expr[match.end():].lstrip()[:1]
+        following = expr[match.end() :].lstrip()[:1]
         if word in PROMQL_WORDS or following == "(" or re.fullmatch(r"\d+[smhdwy]|e\d+", word):
             continue
         names.add(word)
@@ -106,7 +134,8 @@ def test_metrics_parse_and_carry_every_documented_metric(client):
 def test_every_heteroflow_metric_is_documented(client):
     documented = documented_metrics()
     undocumented = [
-        name for name in families(scrape(client))
+        name
+        for name in families(scrape(client))
         if name.startswith("heteroflow_") and name not in documented and f"{name}_total" not in documented
     ]
     assert not undocumented
@@ -122,13 +151,29 @@ def test_metric_names_follow_prometheus_conventions(client):
         if "seconds" in family.name or "bytes" in family.name:
             assert family.name.endswith(("_seconds", "_bytes")) or "_seconds_" in family.name, family.name
         for sample in family.samples:
-            assert set(sample.labels) <= {"le", "reason", "job", "outcome", "task", "status", "gpu_type", "state",
-                                          "type", "severity", "part"}, (family.name, sample.labels)
+            assert set(sample.labels) <= {
+                "le",
+                "reason",
+                "job",
+                "outcome",
+                "task",
+                "status",
+                "gpu_type",
+                "state",
+                "type",
+                "severity",
+                "part",
+            }, (family.name, sample.labels)
 
 
 def test_the_standard_process_and_python_collectors_are_there(client):
     names = exposed_names(scrape(client))
-    assert {"process_resident_memory_bytes", "process_cpu_seconds_total", "python_info", "python_gc_objects_collected_total"} <= names
+    assert {
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "python_info",
+        "python_gc_objects_collected_total",
+    } <= names
 
 
 def test_django_request_and_database_metrics_count(client, world):
@@ -164,8 +209,11 @@ def test_the_snapshot_counts_the_cluster(client, world):
     make_alert(type="GPU_LOST", severity="warning", key="gpu:n1:3", node_id="n1", message="m")
     make_alert(type="GPU_LOST", severity="warning", key="gpu:n1:2", node_id="n1", message="m", state="RECOVERED")
     JobRun.objects.create(key="scheduler.tick", last_started_at=utcnow(), last_finished_at=utcnow(), last_outcome="ran")
-    JobRun.objects.create(key="monitoring.collect_server_metrics@cp-1", last_finished_at=utcnow() - timedelta(minutes=1),
-                          last_outcome="ran")
+    JobRun.objects.create(
+        key="monitoring.collect_server_metrics@cp-1",
+        last_finished_at=utcnow() - timedelta(minutes=1),
+        last_outcome="ran",
+    )
     JobRun.objects.create(key="alerts.sweep", last_finished_at=utcnow(), last_outcome="failed")
 
     fams = families(scrape(client))
@@ -187,7 +235,10 @@ def test_the_snapshot_counts_the_cluster(client, world):
     assert value(fams, "heteroflow_scheduler_running") == 1
     last = {s.labels["job"]: s.value for s in fams["heteroflow_periodic_job_last_success_timestamp_seconds"].samples}
     assert set(last) == {"scheduler.tick", "monitoring.collect_server_metrics"}  # a failed run is no success
-    assert all(value(fams, "heteroflow_metrics_snapshot_up", part=part) == 1 for part in ("nodes", "gpus", "alerts", "queue", "scheduler"))
+    assert all(
+        value(fams, "heteroflow_metrics_snapshot_up", part=part) == 1
+        for part in ("nodes", "gpus", "alerts", "queue", "scheduler")
+    )
 
 
 def test_a_snapshot_part_that_fails_is_left_out_not_a_500(client, monkeypatch):
@@ -227,7 +278,9 @@ def test_rejected_heartbeats_are_counted_by_reason(agents, client):
     assert value(fams, "heteroflow_heartbeats_rejected_total", reason="not_authenticated") == before["no_key"] + 1
     assert value(fams, "heteroflow_heartbeats_rejected_total", reason="parse_error") == before["bad_json"] + 1
     assert value(fams, "heteroflow_heartbeats_rejected_total", reason="method_not_allowed") == before["method"] + 1
-    assert value(fams, "heteroflow_heartbeats_rejected_total", reason="unavailable") is not None  # every reason shows, at 0
+    assert (
+        value(fams, "heteroflow_heartbeats_rejected_total", reason="unavailable") is not None
+    )  # every reason shows, at 0
 
 
 def test_scheduling_is_counted_once_the_bind_commits(world, django_capture_on_commit_callbacks):
@@ -259,13 +312,30 @@ def test_scheduling_is_counted_once_the_bind_commits(world, django_capture_on_co
 # --- who may scrape ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("peer,allowed", [
-    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("10.1.2.3", True), ("172.16.0.1", True),
-    ("172.31.255.254", True), ("192.168.1.1", True), ("100.64.0.1", True), ("100.127.255.254", True),
-    ("::ffff:10.0.0.1", True),
-    ("172.32.0.1", False), ("100.128.0.1", False), ("8.8.8.8", False), ("203.0.113.7", False),
-    ("2001:db8::1", False), ("fe80::1", False), ("", False), (None, False), ("not-an-ip", False),
-])
+@pytest.mark.parametrize(
+    "peer,allowed",
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("10.1.2.3", True),
+        ("172.16.0.1", True),
+        ("172.31.255.254", True),
+        ("192.168.1.1", True),
+        ("100.64.0.1", True),
+        ("100.127.255.254", True),
+        ("::ffff:10.0.0.1", True),
+        ("172.32.0.1", False),
+        ("100.128.0.1", False),
+        ("8.8.8.8", False),
+        ("203.0.113.7", False),
+        ("2001:db8::1", False),
+        ("fe80::1", False),
+        ("", False),
+        (None, False),
+        ("not-an-ip", False),
+    ],
+)
 def test_the_allow_list(settings, peer, allowed):
     settings.HETEROFLOW_METRICS_ALLOW_PUBLIC = False
     assert access.peer_may_scrape(peer) is allowed
@@ -273,8 +343,13 @@ def test_the_allow_list(settings, peer, allowed):
 
 def test_a_public_peer_is_refused_whatever_it_forwards(client, settings):
     settings.HETEROFLOW_METRICS_ALLOW_PUBLIC = False
-    response = client.get("/metrics", REMOTE_ADDR="203.0.113.7", HTTP_X_FORWARDED_FOR="127.0.0.1",
-                          HTTP_X_REAL_IP="10.0.0.1", HTTP_FORWARDED="for=127.0.0.1")
+    response = client.get(
+        "/metrics",
+        REMOTE_ADDR="203.0.113.7",
+        HTTP_X_FORWARDED_FOR="127.0.0.1",
+        HTTP_X_REAL_IP="10.0.0.1",
+        HTTP_FORWARDED="for=127.0.0.1",
+    )
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "forbidden"
     assert client.get("/metrics", REMOTE_ADDR="10.9.8.7", HTTP_X_FORWARDED_FOR="203.0.113.7").status_code == 200
@@ -342,8 +417,14 @@ def test_the_dashboard_parses_and_names_only_exposed_metrics(client):
         named |= names
     assert named <= exposed, sorted(named - exposed)
     # the dashboard covers the heteroflow metrics an operator looks at first
-    assert {"heteroflow_schedule_latency_seconds_bucket", "heteroflow_nodes", "heteroflow_gpus", "heteroflow_alerts_active",
-            "heteroflow_heartbeats_rejected_total", "heteroflow_scheduler_cycle_duration_seconds_bucket"} <= named
+    assert {
+        "heteroflow_schedule_latency_seconds_bucket",
+        "heteroflow_nodes",
+        "heteroflow_gpus",
+        "heteroflow_alerts_active",
+        "heteroflow_heartbeats_rejected_total",
+        "heteroflow_scheduler_cycle_duration_seconds_bucket",
+    } <= named
 
 
 def test_the_promql_name_extraction():

@@ -2,7 +2,7 @@
 retention, the per-host guard, and the live and history endpoints."""
 
 from collections import namedtuple
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
@@ -16,19 +16,22 @@ from tests.headers import AGENT, bearer
 pytestmark = pytest.mark.django_db
 
 Temp = namedtuple("shwtemp", "label current high critical")
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 # --- reading the host ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("chips,expected", [
-    ({"coretemp": [Temp("Package id 0", 54.0, 80, 100), Temp("Core 0", 51.0, 80, 100)]}, 54.0),
-    ({"acpitz": [Temp("", 27.8, None, None)], "k10temp": [Temp("Tctl", 61.25, None, None)]}, 61.25),
-    ({"acpitz": [Temp("", 27.8, None, None)], "nvme": [Temp("Composite", 38.0, 80, 90)]}, None),  # not the CPU
-    ({"coretemp": [Temp("Package id 0", 0.0, 80, 100)]}, None),  # a broken sensor, not a frozen CPU
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "chips,expected",
+    [
+        ({"coretemp": [Temp("Package id 0", 54.0, 80, 100), Temp("Core 0", 51.0, 80, 100)]}, 54.0),
+        ({"acpitz": [Temp("", 27.8, None, None)], "k10temp": [Temp("Tctl", 61.25, None, None)]}, 61.25),
+        ({"acpitz": [Temp("", 27.8, None, None)], "nvme": [Temp("Composite", 38.0, 80, 90)]}, None),  # not the CPU
+        ({"coretemp": [Temp("Package id 0", 0.0, 80, 100)]}, None),  # a broken sensor, not a frozen CPU
+        ({}, None),
+    ],
+)
 def test_cpu_temperature_comes_from_a_cpu_sensor_or_is_none(chips, expected):
     assert hostmetrics.cpu_temperature(lambda: chips) == expected
 
@@ -63,13 +66,17 @@ class FakeClock:
 
 def test_cpu_sampler_measures_between_polls_and_waits_only_when_it_must():
     clock = FakeClock()
-    readings = iter([
-        Times(10, 0, 10, 80, 0, 0, 0),   # first call: baseline...
-        Times(15, 0, 15, 90, 0, 0, 0),   # ...then 1 s later: 10 busy of 20
-        Times(45, 0, 15, 100, 0, 0, 0),  # 5 s after: 30 busy of 40
-        Times(46, 0, 15, 100, 0, 0, 0),  # a poll 0.2 s after: waits 0.8 s
-    ])
-    sampler = hostmetrics.CpuSampler(window=1.0, max_age=120, times=lambda: next(readings), clock=clock, sleep=clock.sleep)
+    readings = iter(
+        [
+            Times(10, 0, 10, 80, 0, 0, 0),  # first call: baseline...
+            Times(15, 0, 15, 90, 0, 0, 0),  # ...then 1 s later: 10 busy of 20
+            Times(45, 0, 15, 100, 0, 0, 0),  # 5 s after: 30 busy of 40
+            Times(46, 0, 15, 100, 0, 0, 0),  # a poll 0.2 s after: waits 0.8 s
+        ]
+    )
+    sampler = hostmetrics.CpuSampler(
+        window=1.0, max_age=120, times=lambda: next(readings), clock=clock, sleep=clock.sleep
+    )
     assert sampler.percent() == (50.0, 1.0)
     assert clock.slept == [1.0]
     clock.now += 5
@@ -93,12 +100,15 @@ def test_read_host_gives_real_readings():
     assert sample.disk_total_bytes > 0 and sample.net_recv_bytes >= 0 and sample.uptime_seconds > 0
 
 
-@pytest.mark.parametrize("previous,current,seconds,expected", [
-    (1_000, 4_000, 30, 100.0),
-    (None, 4_000, 30, None),      # no previous sample
-    (5_000, 4_000, 30, None),     # counter went backwards: the host rebooted
-    (1_000, 4_000, 0, None),
-])
+@pytest.mark.parametrize(
+    "previous,current,seconds,expected",
+    [
+        (1_000, 4_000, 30, 100.0),
+        (None, 4_000, 30, None),  # no previous sample
+        (5_000, 4_000, 30, None),  # counter went backwards: the host rebooted
+        (1_000, 4_000, 0, None),
+    ],
+)
 def test_byte_rate(previous, current, seconds, expected):
     assert hostmetrics.byte_rate(previous, T0, current, T0 + timedelta(seconds=seconds)) == expected
 
@@ -108,9 +118,19 @@ def test_byte_rate(previous, current, seconds, expected):
 
 def sample(**overrides):
     values = dict(
-        cpu_percent=12.5, memory_percent=40.0, memory_used_bytes=4 << 30, memory_total_bytes=10 << 30,
-        disk_percent=30.0, disk_used_bytes=30 << 30, disk_total_bytes=100 << 30, load_1=0.5, load_5=0.4,
-        load_15=0.3, net_recv_bytes=1_000_000, net_sent_bytes=500_000, uptime_seconds=3600,
+        cpu_percent=12.5,
+        memory_percent=40.0,
+        memory_used_bytes=4 << 30,
+        memory_total_bytes=10 << 30,
+        disk_percent=30.0,
+        disk_used_bytes=30 << 30,
+        disk_total_bytes=100 << 30,
+        load_1=0.5,
+        load_5=0.4,
+        load_15=0.3,
+        net_recv_bytes=1_000_000,
+        net_sent_bytes=500_000,
+        uptime_seconds=3600,
         cpu_temperature_celsius=None,
     )
     return hostmetrics.HostSample(**(values | overrides))
@@ -135,10 +155,15 @@ def test_the_collection_guard_is_per_host():
     key = "monitoring.collect_server_metrics"
     ran = []
     assert run_periodic(key, lambda: ran.append("a"), now=T0, host="cp-a").outcome == Outcome.RAN
-    assert run_periodic(key, lambda: ran.append("a2"), now=T0 + timedelta(seconds=5), host="cp-a").outcome == Outcome.EARLY
+    assert (
+        run_periodic(key, lambda: ran.append("a2"), now=T0 + timedelta(seconds=5), host="cp-a").outcome == Outcome.EARLY
+    )
     assert run_periodic(key, lambda: ran.append("b"), now=T0 + timedelta(seconds=5), host="cp-b").outcome == Outcome.RAN
     assert ran == ["a", "b"]
-    assert set(JobRun.objects.filter(key__startswith=key).values_list("key", flat=True)) == {f"{key}@cp-a", f"{key}@cp-b"}
+    assert set(JobRun.objects.filter(key__startswith=key).values_list("key", flat=True)) == {
+        f"{key}@cp-a",
+        f"{key}@cp-b",
+    }
 
 
 def test_a_long_host_name_still_fits_the_job_key():
@@ -151,7 +176,9 @@ def test_pruning_keeps_the_configured_retention(settings):
     for age_hours in (1, 23, 25, 200):
         services.record_sample("cp-1", sample(), T0 - timedelta(hours=age_hours))
     assert services.prune_server_metrics(T0) == 2
-    assert sorted(int((T0 - at).total_seconds() // 3600) for at in ServerMetric.objects.values_list("at", flat=True)) == [1, 23]
+    assert sorted(
+        int((T0 - at).total_seconds() // 3600) for at in ServerMetric.objects.values_list("at", flat=True)
+    ) == [1, 23]
     assert services.prune_server_metrics(T0, retention_hours=2) == 1
 
 
@@ -161,7 +188,10 @@ def test_collection_and_pruning_are_separate_periodic_jobs():
 
     PERIODIC_JOBS = declared_jobs()
 
-    collect, prune = PERIODIC_JOBS["monitoring.collect_server_metrics"], PERIODIC_JOBS["monitoring.prune_server_metrics"]
+    collect, prune = (
+        PERIODIC_JOBS["monitoring.collect_server_metrics"],
+        PERIODIC_JOBS["monitoring.prune_server_metrics"],
+    )
     assert (collect.every, collect.per_host) == (30.0, True)
     assert (prune.every, prune.per_host) == (3600.0, False)
     schedule = beat_schedule()
@@ -182,14 +212,25 @@ def test_latest_samples_are_each_hosts_newest_within_the_hour():
 
 # --- the API ---------------------------------------------------------------------------------
 
-SERVER_ENDPOINTS = ["/api/v1/server/metrics", "/api/v1/server/metrics/history", "/api/v1/server/health-check",
-                    "/api/v1/server/runtime"]
+SERVER_ENDPOINTS = [
+    "/api/v1/server/metrics",
+    "/api/v1/server/metrics/history",
+    "/api/v1/server/health-check",
+    "/api/v1/server/runtime",
+]
 
 
 @pytest.mark.parametrize("path", SERVER_ENDPOINTS)
-@pytest.mark.parametrize("who,expected", [
-    ("anonymous", 401), ("agent", 403), ("acme-admin", 403), ("acme-viewer", 403), ("operator", 200),
-])
+@pytest.mark.parametrize(
+    "who,expected",
+    [
+        ("anonymous", 401),
+        ("agent", 403),
+        ("acme-admin", 403),
+        ("acme-viewer", 403),
+        ("operator", 200),
+    ],
+)
 def test_server_endpoints_are_for_platform_operators_only(world, api, settings, path, who, expected):
     fixed = {"anonymous": {}, "agent": AGENT, "operator": bearer(world.operator_key)}
     headers = fixed[who] if who in fixed else bearer(world.keys[who])

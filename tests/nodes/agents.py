@@ -22,7 +22,9 @@ class Agents:
         self.loop = asyncio.new_event_loop()
         self.app = HeartbeatApp(_not_found)
 
-    def send(self, node_id, payload=None, *, method="POST", headers=AGENT_HTTP, peer="203.0.113.10", content=None, path=None):
+    def send(
+        self, node_id, payload=None, *, method="POST", headers=AGENT_HTTP, peer="203.0.113.10", content=None, path=None
+    ):
         async def go():
             transport = httpx.ASGITransport(app=self.app, client=(peer, 40000))
             async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:

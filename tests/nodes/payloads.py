@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 
 
-def gpu_stat(index: int, vendor: str = "nvidia", model: str = "NVIDIA H100 80GB HBM3", memory_total_mb: int = 81559, **readings):
+def gpu_stat(
+    index: int, vendor: str = "nvidia", model: str = "NVIDIA H100 80GB HBM3", memory_total_mb: int = 81559, **readings
+):
     stat = {
         "index": index,
         "uuid": f"GPU-{index:02d}-5e7c1d2a-90ab-4cde-8f12-3456789abcde",
@@ -54,7 +56,12 @@ def heartbeat(gpus: int = 8, **overrides) -> dict:
         "inference_engines": ["vllm", "sglang"],
         "inference_engine_versions": {"vllm": "0.11.2", "sglang": "0.5.4"},
         "discovered_models": [
-            {"name": "Qwen3-32B", "path": "/data/heteroflow/model-cache/Qwen3-32B", "size_bytes": 65_000_000_000, "format": "safetensors"}
+            {
+                "name": "Qwen3-32B",
+                "path": "/data/heteroflow/model-cache/Qwen3-32B",
+                "size_bytes": 65_000_000_000,
+                "format": "safetensors",
+            }
         ],
     }
     payload.update(copy.deepcopy(overrides))

@@ -43,10 +43,21 @@ class NoEngine(ContainerEngine):
 
 
 def test_what_the_agent_sends_is_what_the_server_records(agents, eight_a100s, tmp_path):
-    config = AgentConfig(server_url="http://testserver", api_key="unused", node_id="gpu-07", data_dir=tmp_path,
-                         allow_process_runtime=True, model_scan_dirs=(str(tmp_path),), labels={"rack": "r7"})
-    beat = Heartbeat(config, ServerClient("http://testserver", "unused"), detect_gpus=Detector(eight_a100s, 5.0).detect,
-                     engine=NoEngine())
+    config = AgentConfig(
+        server_url="http://testserver",
+        api_key="unused",
+        node_id="gpu-07",
+        data_dir=tmp_path,
+        allow_process_runtime=True,
+        model_scan_dirs=(str(tmp_path),),
+        labels={"rack": "r7"},
+    )
+    beat = Heartbeat(
+        config,
+        ServerClient("http://testserver", "unused"),
+        detect_gpus=Detector(eight_a100s, 5.0).detect,
+        engine=NoEngine(),
+    )
     body = beat.payload()
     response = agents.send("gpu-07", body)
     assert response.status_code == 200, response.text

@@ -29,7 +29,9 @@ def control_plane():
 def test_the_agent_registers_its_node_keeps_it_online_and_its_silence_is_noticed(control_plane, tmp_path):
     agent = start_agent(control_plane, tmp_path)
     try:
-        node = wait_until(lambda: Node.objects.filter(last_heartbeat_at__isnull=False).first(), 30, "the first heartbeat")
+        node = wait_until(
+            lambda: Node.objects.filter(last_heartbeat_at__isnull=False).first(), 30, "the first heartbeat"
+        )
         assert node.pk == (tmp_path / "node-id").read_text().strip()
         assert node.status == "online" and node.agent_version == "dev" and node.agent_git_commit == "unknown"
         assert node.executable and node.exec_mode in ("docker", "process")
@@ -58,8 +60,9 @@ def test_the_agent_registers_its_node_keeps_it_online_and_its_silence_is_noticed
 
 
 def test_a_wrong_key_is_a_configuration_error_logged_once(control_plane, tmp_path):
-    agent = start_agent(control_plane, tmp_path, HETEROFLOW_AGENT_KEY="not-the-key-" * 3,
-                        HETEROFLOW_AGENT_LOG_LEVEL="debug")
+    agent = start_agent(
+        control_plane, tmp_path, HETEROFLOW_AGENT_KEY="not-the-key-" * 3, HETEROFLOW_AGENT_LOG_LEVEL="debug"
+    )
     try:
         wait_until(lambda: agent_log(agent).count("heartbeat not accepted") >= 2, 30, "two refused beats")
     finally:

@@ -54,9 +54,15 @@ def test_the_api_the_portal_and_the_admin_show_the_same_state(client, api, world
     inline = client.get("/admin/nodes/node/n1/change/").content.decode()
     changelist = client.get("/admin/nodes/gpu/?o=2").content.decode()  # ordered by index
     shown = {
-        "api detail": [gpu["state"] for gpu in api.get("/api/v1/nodes/n1", **bearer(world.operator_key)).json()["gpus"]],
-        "api list": [gpu["state"] for gpu in api.get("/api/v1/nodes", **bearer(world.operator_key)).json()["results"][0]["gpus"]],
-        "portal detail": [re.search(r'class="badge ([a-z]+)"', row).group(1) for row in detail.split('<tr data-gpu="')[1:]],
+        "api detail": [
+            gpu["state"] for gpu in api.get("/api/v1/nodes/n1", **bearer(world.operator_key)).json()["gpus"]
+        ],
+        "api list": [
+            gpu["state"] for gpu in api.get("/api/v1/nodes", **bearer(world.operator_key)).json()["results"][0]["gpus"]
+        ],
+        "portal detail": [
+            re.search(r'class="badge ([a-z]+)"', row).group(1) for row in detail.split('<tr data-gpu="')[1:]
+        ],
         "portal list": [state for state, _ in sorted(cells, key=lambda cell: int(cell[1]))],
         # the admin says "LOST since … (basis)" for a lost card: its first word is the state
         "admin node": [text.split()[0].lower() for text in re.findall(r'field-state_shown">\s*<p>([^<]+)</p>', inline)],
@@ -71,7 +77,9 @@ def queries(client, url) -> int:
     return len(captured)
 
 
-@pytest.mark.parametrize("url", ["/portal/nodes/", "/portal/nodes/n1/", "/admin/nodes/node/n1/change/", "/admin/nodes/gpu/"])
+@pytest.mark.parametrize(
+    "url", ["/portal/nodes/", "/portal/nodes/n1/", "/admin/nodes/node/n1/change/", "/admin/nodes/gpu/"]
+)
 def test_a_page_of_cards_asks_for_their_state_once_not_per_card(client, world, url):
     client.force_login(world.operator)
     node = make_node("n1", gpus=2)

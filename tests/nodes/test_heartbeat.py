@@ -13,7 +13,8 @@ from apps.nodes import heartbeat
 from apps.nodes.models import Gpu, Node
 from tests.headers import AGENT_HTTP
 from tests.nodes.agents import Agents
-from tests.nodes.payloads import gpu_stat, heartbeat as payload
+from tests.nodes.payloads import gpu_stat
+from tests.nodes.payloads import heartbeat as payload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,7 +46,12 @@ def test_first_heartbeat_registers_the_node_with_its_gpus(agents):
 
 
 def test_public_ip_is_the_tcp_source_never_a_forwarded_header(agents):
-    agents.send("node-b", payload(), peer="198.51.100.8", headers=AGENT_HTTP | {"X-Forwarded-For": "1.2.3.4", "X-Real-IP": "1.2.3.4"})
+    agents.send(
+        "node-b",
+        payload(),
+        peer="198.51.100.8",
+        headers=AGENT_HTTP | {"X-Forwarded-For": "1.2.3.4", "X-Real-IP": "1.2.3.4"},
+    )
     assert Node.objects.get(pk="node-b").ip == "198.51.100.8"
     agents.send("node-b", payload(), peer="198.51.100.9")
     assert Node.objects.get(pk="node-b").ip == "198.51.100.9"  # refreshed on every beat
@@ -55,7 +61,12 @@ def test_forwarded_header_counts_only_behind_a_trusted_proxy(settings):
     settings.HETEROFLOW_TRUSTED_PROXIES = ["10.0.0.0/8"]
     agents = Agents()
     try:
-        agents.send("node-c", payload(), peer="10.1.2.3", headers=AGENT_HTTP | {"X-Forwarded-For": "9.9.9.9, 203.0.113.50, 10.9.9.9"})
+        agents.send(
+            "node-c",
+            payload(),
+            peer="10.1.2.3",
+            headers=AGENT_HTTP | {"X-Forwarded-For": "9.9.9.9, 203.0.113.50, 10.9.9.9"},
+        )
         assert Node.objects.get(pk="node-c").ip == "203.0.113.50"
         agents.send("node-c", payload(), peer="192.0.2.1", headers=AGENT_HTTP | {"X-Forwarded-For": "203.0.113.99"})
         assert Node.objects.get(pk="node-c").ip == "192.0.2.1"
@@ -114,7 +125,11 @@ def test_a_structural_change_takes_the_slow_path_once(agents, monkeypatch):
     assert len(counter.statements) > 1
     node = Node.objects.get(pk="node-f")
     assert node.agent_version == "2.5.0"
-    assert node.labels == {"heteroflow.network_zone": "vpc-0a1b2c3d", "topology": "nvlink", "rack-power": "a"}  # merged by key
+    assert node.labels == {
+        "heteroflow.network_zone": "vpc-0a1b2c3d",
+        "topology": "nvlink",
+        "rack-power": "a",
+    }  # merged by key
     counter.statements.clear()
     agents.send("node-f", payload(agent_version="2.5.0", labels={"rack-power": "a"}))
     assert counter.statements == ["WITH"]
@@ -154,7 +169,9 @@ def test_a_failure_after_the_read_rolls_back_the_whole_beat(agents, monkeypatch)
 def test_an_unreachable_database_answers_503(agents, monkeypatch):
     from apps.nodes.api import heartbeat as route
 
-    monkeypatch.setattr(route, "libpq_params", lambda **kw: {"host": "127.0.0.1", "port": "1", "dbname": "x", "connect_timeout": 2})
+    monkeypatch.setattr(
+        route, "libpq_params", lambda **kw: {"host": "127.0.0.1", "port": "1", "dbname": "x", "connect_timeout": 2}
+    )
     response = agents.send("node-db", payload())
     assert response.status_code == 503
 
@@ -171,7 +188,9 @@ def test_a_node_coming_back_is_online_on_that_beat(agents):
 
 
 def test_a_node_that_cannot_execute_is_degraded(agents):
-    body = agents.send("node-k", payload(executable=False, docker_available=False, error_message="docker: daemon down")).json()
+    body = agents.send(
+        "node-k", payload(executable=False, docker_available=False, error_message="docker: daemon down")
+    ).json()
     assert body["status"] == "degraded"
     assert Node.objects.get(pk="node-k").error_message == "docker: daemon down"
 
@@ -201,7 +220,10 @@ def test_put_is_the_same_as_post_and_other_methods_are_refused(agents):
         ({"mac": "not-a-mac"}, ["mac"]),
         ({"internal_ip": "10.0.0.999"}, ["internal_ip"]),
         ({"colour": "red", "cpu_used": -1}, ["colour", "cpu_used"]),
-        ({"gpu_stats": [{"index": 0, "vendor": "nvidia", "utilization": 250, "bogus": 1}]}, ["gpu_stats[0].bogus", "gpu_stats[0].utilization"]),
+        (
+            {"gpu_stats": [{"index": 0, "vendor": "nvidia", "utilization": 250, "bogus": 1}]},
+            ["gpu_stats[0].bogus", "gpu_stats[0].utilization"],
+        ),
         ({"gpu_stats": [gpu_stat(0), gpu_stat(0)]}, ["gpu_stats"]),
         ({"labels": {"ok": 5}}, ["labels.ok"]),
     ],
@@ -215,7 +237,12 @@ def test_a_malformed_payload_is_refused_naming_each_field(agents, changes, field
 
 
 def test_bad_json_bad_ids_and_a_mismatched_body_id_are_refused(agents):
-    assert agents.send("node-z", content=b"{nope", headers=AGENT_HTTP | {"Content-Type": "application/json"}).json()["error"]["code"] == "parse_error"
+    assert (
+        agents.send("node-z", content=b"{nope", headers=AGENT_HTTP | {"Content-Type": "application/json"}).json()[
+            "error"
+        ]["code"]
+        == "parse_error"
+    )
     assert agents.send("bad id!", payload(), path="/api/v1/nodes/bad%20id!/heartbeat").status_code == 400
     assert agents.send("node-z", payload(node_id="other")).status_code == 400
     assert agents.send("node-z", [1, 2]).status_code == 400
@@ -240,7 +267,10 @@ def test_the_heartbeat_gets_the_host_check_and_the_https_redirect(agents, settin
     settings.ALLOWED_HOSTS = ["testserver"]
     settings.SECURE_SSL_REDIRECT = True
     response = agents.send("node-h1", payload())
-    assert response.status_code == 301 and response.headers["location"] == "https://testserver/api/v1/nodes/node-h1/heartbeat"
+    assert (
+        response.status_code == 301
+        and response.headers["location"] == "https://testserver/api/v1/nodes/node-h1/heartbeat"
+    )
     settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     assert agents.send("node-h1", payload(), headers=AGENT_HTTP | {"X-Forwarded-Proto": "https"}).status_code == 200
 

@@ -47,7 +47,12 @@ def wheelhouse_cache() -> Path:
     """A wheelhouse shared by test runs on this machine, keyed by what decides its content."""
     project = distribution.read_project(REPO / "agent")
     key = json.dumps(
-        [project["dependencies"], project["build_requires"], distribution.MIN_PYTHON, distribution.platform_tags(HOST_ARCH)]
+        [
+            project["dependencies"],
+            project["build_requires"],
+            distribution.MIN_PYTHON,
+            distribution.platform_tags(HOST_ARCH),
+        ]
     )
     return Path(tempfile.gettempdir()) / f"heteroflow-test-wheelhouse-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
@@ -61,15 +66,19 @@ def run_script(url: str, name: str, *args: str, tmp: Path, env: dict | None = No
     other than to the live server goes to a dead proxy, so nothing can quietly use PyPI."""
     scratch = tmp / "tmpdir"
     scratch.mkdir(exist_ok=True)
-    environment = os.environ | {
-        "TMPDIR": str(scratch),
-        "http_proxy": "http://127.0.0.1:9",
-        "https_proxy": "http://127.0.0.1:9",
-        "HTTP_PROXY": "http://127.0.0.1:9",
-        "HTTPS_PROXY": "http://127.0.0.1:9",
-        "no_proxy": "localhost,127.0.0.1",
-        "NO_PROXY": "localhost,127.0.0.1",
-    } | (env or {})
+    environment = (
+        os.environ
+        | {
+            "TMPDIR": str(scratch),
+            "http_proxy": "http://127.0.0.1:9",
+            "https_proxy": "http://127.0.0.1:9",
+            "HTTP_PROXY": "http://127.0.0.1:9",
+            "HTTPS_PROXY": "http://127.0.0.1:9",
+            "no_proxy": "localhost,127.0.0.1",
+            "NO_PROXY": "localhost,127.0.0.1",
+        }
+        | (env or {})
+    )
     quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in args)
     return subprocess.run(
         ["bash", "-o", "pipefail", "-c", f"curl -fsSL '{url}{PATHS}/{name}' | bash -s -- {quoted}"],
@@ -100,7 +109,10 @@ def fake_dist(tmp_path, settings):
         fake_wheel(source, "psutil-7.2.2-cp36-abi3-manylinux2014_x86_64.whl", b"psutil"),
     ]
     root = tmp_path / "dist"
-    manifest = {"arch": HOST_ARCH, "agent": {"version": "0.1.0", "git_commit": "abc1234", "build_time": "2026-01-01T00:00:00Z"}}
+    manifest = {
+        "arch": HOST_ARCH,
+        "agent": {"version": "0.1.0", "git_commit": "abc1234", "build_time": "2026-01-01T00:00:00Z"},
+    }
     build, changed = distribution.publish(HOST_ARCH, files, manifest, root)
     assert changed
     settings.HETEROFLOW_AGENT_DIST_DIR = root
@@ -118,7 +130,9 @@ def real_dist(tmp_path_factory):
         call_command("build_agent_dist", "--arch", HOST_ARCH, "--dist-dir", str(root), "--wheelhouse", str(wheelhouse))
     except CommandError as exc:
         if "could not be reached" in str(exc):
-            pytest.skip(f"PyPI cannot be reached and {wheelhouse} lacks the wheels, so no real dist can be built: {exc}")
+            pytest.skip(
+                f"PyPI cannot be reached and {wheelhouse} lacks the wheels, so no real dist can be built: {exc}"
+            )
         raise
     stamp_after = tree_stamp.read_bytes() if tree_stamp.exists() else None
     assert stamp_after == stamp_before, "the build left a stamp in the source tree"
@@ -162,7 +176,11 @@ def test_script_help_runs(client, tmp_path):
 
 def test_an_unbuilt_architecture_answers_404_with_instructions(client, settings, tmp_path):
     settings.HETEROFLOW_AGENT_DIST_DIR = tmp_path / "empty"
-    for path in (f"dist/{OTHER_ARCH}/", f"dist/{OTHER_ARCH}/SHA256SUMS", f"dist/{OTHER_ARCH}/pip-26.0-py3-none-any.whl"):
+    for path in (
+        f"dist/{OTHER_ARCH}/",
+        f"dist/{OTHER_ARCH}/SHA256SUMS",
+        f"dist/{OTHER_ARCH}/pip-26.0-py3-none-any.whl",
+    ):
         response = client.get(f"{PATHS}/{path}")
         assert response.status_code == 404, path
         error = response.json()["error"]
@@ -176,7 +194,10 @@ def test_one_architectures_build_is_never_served_for_another(client, fake_dist):
     response = client.get(f"{PATHS}/dist/{OTHER_ARCH}/SHA256SUMS")
     assert response.status_code == 404 and response.json()["error"]["code"] == "no_agent_build"
     alias = {"x86_64": "amd64", "aarch64": "arm64"}[HOST_ARCH]
-    assert client.get(f"{PATHS}/dist/{alias}/SHA256SUMS").content == client.get(f"{PATHS}/dist/{HOST_ARCH}/SHA256SUMS").content
+    assert (
+        client.get(f"{PATHS}/dist/{alias}/SHA256SUMS").content
+        == client.get(f"{PATHS}/dist/{HOST_ARCH}/SHA256SUMS").content
+    )
 
 
 def test_an_unknown_architecture_answers_404_naming_the_supported_ones(client, fake_dist):
@@ -196,7 +217,11 @@ def test_sha256sums_lists_every_served_file_with_its_checksum(client, fake_dist)
     for name, digest in listed.items():
         served = client.get(f"{PATHS}/dist/{HOST_ARCH}/{name}")
         assert served.status_code == 200
-        assert hashlib.sha256(served.content).hexdigest() == digest == hashlib.sha256((fake_dist.directory / name).read_bytes()).hexdigest()
+        assert (
+            hashlib.sha256(served.content).hexdigest()
+            == digest
+            == hashlib.sha256((fake_dist.directory / name).read_bytes()).hexdigest()
+        )
     index = client.get(f"{PATHS}/dist/{HOST_ARCH}/").json()
     assert {f["name"]: f["sha256"] for f in index["files"]} == listed
     assert index["agent"]["git_commit"] == "abc1234"
@@ -228,7 +253,9 @@ def test_a_wrong_key_stops_the_installer_before_it_writes_anything(live_server, 
     settings.HETEROFLOW_AGENT_DIST_DIR = tmp_path / "no-dist-needed"
     root = tmp_path / "root"
     root.mkdir()
-    result = run_script(live_server.url, "install.sh", "--key", "not-the-agent-secret", "--root", str(root), tmp=tmp_path)
+    result = run_script(
+        live_server.url, "install.sh", "--key", "not-the-agent-secret", "--root", str(root), tmp=tmp_path
+    )
     assert result.returncode != 0
     assert KEY_MISMATCH in result.stderr
     assert tree(root) == []
@@ -241,7 +268,9 @@ def test_a_tampered_file_stops_the_installer(live_server, tmp_path, fake_dist):
     root = tmp_path / "root"
     root.mkdir()
     key = settings.HETEROFLOW_AGENT_SECRET
-    result = run_script(live_server.url, "install.sh", "--key", key, "--root", str(root), "--arch", HOST_ARCH, tmp=tmp_path)
+    result = run_script(
+        live_server.url, "install.sh", "--key", key, "--root", str(root), "--arch", HOST_ARCH, tmp=tmp_path
+    )
     assert result.returncode != 0
     assert "checksum mismatch" in result.stderr and victim.name in result.stderr
     assert "key accepted" in result.stdout
@@ -252,7 +281,9 @@ def test_an_unbuilt_architecture_stops_the_installer_with_the_servers_instructio
     root = tmp_path / "root"
     root.mkdir()
     key = settings.HETEROFLOW_AGENT_SECRET
-    result = run_script(live_server.url, "install.sh", "--key", key, "--root", str(root), "--arch", OTHER_ARCH, tmp=tmp_path)
+    result = run_script(
+        live_server.url, "install.sh", "--key", key, "--root", str(root), "--arch", OTHER_ARCH, tmp=tmp_path
+    )
     assert result.returncode != 0
     assert f"build_agent_dist --arch {OTHER_ARCH}" in result.stderr
     assert tree(root) == []
@@ -264,7 +295,17 @@ def test_full_install_then_quick_and_force_updates(live_server, tmp_path, real_d
     root.mkdir()
     key = settings.HETEROFLOW_AGENT_SECRET
     result = run_script(
-        live_server.url, "install.sh", "--key", key, "--root", str(root), "--node-id", "gpu-node-1", "--interval", "10", tmp=tmp_path
+        live_server.url,
+        "install.sh",
+        "--key",
+        key,
+        "--root",
+        str(root),
+        "--node-id",
+        "gpu-node-1",
+        "--interval",
+        "10",
+        tmp=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "downloaded and verified" in result.stdout
@@ -293,12 +334,20 @@ def test_full_install_then_quick_and_force_updates(live_server, tmp_path, real_d
     # The agent and its pinned dependencies are in the venv, stamped by the build.
     python = venv / "bin/python"
     probe = subprocess.run(
-        [str(python), "-c", "import json, requests, psutil, pynvml, docker; from heteroflow_agent import version; "
-         "v = version.current(); print(json.dumps([v.version, v.git_commit, v.build_time, requests.__version__, psutil.__version__]))"],
-        capture_output=True, text=True, check=True,
+        [
+            str(python),
+            "-c",
+            "import json, requests, psutil, pynvml, docker; from heteroflow_agent import version; "
+            "v = version.current(); print(json.dumps([v.version, v.git_commit, v.build_time, requests.__version__, psutil.__version__]))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     agent_version, commit, build_time, requests_version, psutil_version = json.loads(probe.stdout)
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     assert agent_version == distribution.read_project(REPO / "agent")["version"]
     assert commit.removesuffix("-dirty") == head
     assert build_time.endswith("Z") and build_time != "unknown"
@@ -325,7 +374,17 @@ def test_full_install_then_quick_and_force_updates(live_server, tmp_path, real_d
 
     # A rebuild needs no network now: everything comes from the wheelhouse.
     out = io.StringIO()
-    call_command("build_agent_dist", "--arch", HOST_ARCH, "--dist-dir", str(real_dist), "--wheelhouse", str(wheelhouse_cache()), "--offline", stdout=out)
+    call_command(
+        "build_agent_dist",
+        "--arch",
+        HOST_ARCH,
+        "--dist-dir",
+        str(real_dist),
+        "--wheelhouse",
+        str(wheelhouse_cache()),
+        "--offline",
+        stdout=out,
+    )
     assert "taken from" in out.getvalue() and "downloading" not in out.getvalue()
 
 
@@ -333,15 +392,28 @@ def test_offline_build_names_every_missing_wheel(tmp_path):
     """No network needed: the agent wheel of a frozen copy of the sources is already in
     the dist's cache, the wheelhouse is empty, so every pin is reported missing."""
     source = tmp_path / "agent-src"
-    shutil.copytree(REPO / "agent", source, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "tests", "build"))
+    shutil.copytree(
+        REPO / "agent", source, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "tests", "build")
+    )
     cached = tmp_path / "dist" / "agent" / distribution.agent_build_key(source)
     cached.mkdir(parents=True)
     fake_wheel(cached, "heteroflow_agent-0.1.0-py3-none-any.whl")
-    (cached / distribution.BUILD_INFO_NAME).write_text(json.dumps({"version": "0.1.0", "git_commit": "unknown", "build_time": "x"}))
+    (cached / distribution.BUILD_INFO_NAME).write_text(
+        json.dumps({"version": "0.1.0", "git_commit": "unknown", "build_time": "x"})
+    )
     with pytest.raises(CommandError) as caught:
         call_command(
-            "build_agent_dist", "--arch", HOST_ARCH, "--dist-dir", str(tmp_path / "dist"), "--wheelhouse", str(tmp_path / "empty"),
-            "--source", str(source), "--offline", stdout=io.StringIO(),
+            "build_agent_dist",
+            "--arch",
+            HOST_ARCH,
+            "--dist-dir",
+            str(tmp_path / "dist"),
+            "--wheelhouse",
+            str(tmp_path / "empty"),
+            "--source",
+            str(source),
+            "--offline",
+            stdout=io.StringIO(),
         )
     message = str(caught.value)
     for pin in distribution.read_project(source)["dependencies"] + ["pip"]:
@@ -352,5 +424,15 @@ def test_offline_build_names_every_missing_wheel(tmp_path):
 
 def test_offline_build_without_build_tools_says_so(tmp_path):
     with pytest.raises(CommandError) as caught:
-        call_command("build_agent_dist", "--arch", HOST_ARCH, "--dist-dir", str(tmp_path / "dist"), "--wheelhouse", str(tmp_path / "empty"), "--offline", stdout=io.StringIO())
+        call_command(
+            "build_agent_dist",
+            "--arch",
+            HOST_ARCH,
+            "--dist-dir",
+            str(tmp_path / "dist"),
+            "--wheelhouse",
+            str(tmp_path / "empty"),
+            "--offline",
+            stdout=io.StringIO(),
+        )
     assert "build tools" in str(caught.value) and "setuptools" in str(caught.value)

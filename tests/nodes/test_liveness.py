@@ -38,11 +38,27 @@ def seed_grid(now):
     nodes = []
     for number, (silence, executable, farewell) in enumerate(product(silences(), (True, False), FAREWELLS)):
         last = now - silence
-        nodes.append(Node(id=f"n{number}", name=f"n{number}", executable=executable, last_heartbeat_at=last,
-                          signed_off_at=None if farewell is None else last + farewell, status="online"))
+        nodes.append(
+            Node(
+                id=f"n{number}",
+                name=f"n{number}",
+                executable=executable,
+                last_heartbeat_at=last,
+                signed_off_at=None if farewell is None else last + farewell,
+                status="online",
+            )
+        )
     for executable, signed_off_at in product((True, False), (None, now - timedelta(minutes=1))):
-        nodes.append(Node(id=f"never-{executable}-{signed_off_at is not None}", name="never", executable=executable,
-                          last_heartbeat_at=None, signed_off_at=signed_off_at, status="online"))
+        nodes.append(
+            Node(
+                id=f"never-{executable}-{signed_off_at is not None}",
+                name="never",
+                executable=executable,
+                last_heartbeat_at=None,
+                signed_off_at=signed_off_at,
+                status="online",
+            )
+        )
     Node.objects.bulk_create(nodes)
     return nodes
 
@@ -116,7 +132,8 @@ THRESHOLDS = re.compile(r"HETEROFLOW_NODE_(OFFLINE|STATUS_SUSPECT|STATUS_OFFLINE
 
 def test_only_the_liveness_module_reads_the_thresholds():
     readers = sorted(
-        str(path.relative_to(REPO)) for path in (REPO / "apps").rglob("*.py")
+        str(path.relative_to(REPO))
+        for path in (REPO / "apps").rglob("*.py")
         if path.name != "liveness.py" and THRESHOLDS.search(re.sub(r"#.*|\"\"\"[\s\S]*?\"\"\"", "", path.read_text()))
     )
     assert readers == []

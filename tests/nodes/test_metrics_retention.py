@@ -25,7 +25,9 @@ def test_retention_drops_whole_partitions_and_prepares_the_coming_days(settings)
     with connection.cursor() as cursor:
         cursor.execute("INSERT INTO node_metrics (node_id, at, gpus) VALUES ('n', %s, '[]')", [now])
         # a sample that arrived with a wild clock lands in the default partition
-        cursor.execute("INSERT INTO node_metrics (node_id, at, gpus) VALUES ('n', %s, '[]')", [now - timedelta(days=400)])
+        cursor.execute(
+            "INSERT INTO node_metrics (node_id, at, gpus) VALUES ('n', %s, '[]')", [now - timedelta(days=400)]
+        )
     result = prune_and_prepare_partitions(now=later)
     assert partition_name(now.date()) in result["dropped"]
     assert partition_name((later + timedelta(days=3)).date()) in partitions()

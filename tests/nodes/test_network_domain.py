@@ -17,8 +17,16 @@ def node(internal_ip="", region="", zone=None):
         ([node("10.0.0.1", zone="vpc-a"), node("10.0.0.2", zone="vpc-a")], "prove", NetworkDomain.PROVEN_SAME),
         # duplicated internal IP: two VPCs, whatever the labels claim
         ([node("10.0.0.1", zone="vpc-a"), node("10.0.0.1", zone="vpc-a")], "prove", NetworkDomain.PROVEN_DIFFERENT),
-        ([node("10.0.0.1", zone="vpc-a"), node("10.0.0.1", zone="vpc-a")], "assume_same", NetworkDomain.PROVEN_DIFFERENT),
-        ([node("10.0.0.1", "cn-north", "z"), node("10.0.0.2", "cn-east", "z")], "prove", NetworkDomain.PROVEN_DIFFERENT),
+        (
+            [node("10.0.0.1", zone="vpc-a"), node("10.0.0.1", zone="vpc-a")],
+            "assume_same",
+            NetworkDomain.PROVEN_DIFFERENT,
+        ),
+        (
+            [node("10.0.0.1", "cn-north", "z"), node("10.0.0.2", "cn-east", "z")],
+            "prove",
+            NetworkDomain.PROVEN_DIFFERENT,
+        ),
         ([node("10.0.0.1", zone="vpc-a"), node("10.0.0.2", zone="vpc-b")], "prove", NetworkDomain.PROVEN_DIFFERENT),
         # same subnet by prefix proves nothing
         ([node("10.0.0.1"), node("10.0.0.2")], "prove", NetworkDomain.UNKNOWN),

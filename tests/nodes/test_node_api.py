@@ -6,8 +6,8 @@ from django.db import connection
 from apps.core.clock import utcnow
 from apps.nodes.models import Gpu, Node
 from apps.tasks.choices import ACTIVE, TaskStatus
-from tests.headers import AGENT, bearer
 from tests.factories import TaskFactory
+from tests.headers import AGENT, bearer
 
 pytestmark = pytest.mark.django_db
 
@@ -15,9 +15,13 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def fleet(world):
     now = utcnow()
-    shared = Node.objects.create(id="shared-1", name="alpha", ip="198.51.100.1", rack="r12", zone="az1", gpu_model="H100", last_heartbeat_at=now)
+    shared = Node.objects.create(
+        id="shared-1", name="alpha", ip="198.51.100.1", rack="r12", zone="az1", gpu_model="H100", last_heartbeat_at=now
+    )
     Gpu.objects.create(node=shared, index=0, vendor="nvidia", model="NVIDIA H100")
-    Gpu.objects.create(node=shared, index=1, vendor="nvidia", model="NVIDIA H100", lost_at=now, lost_basis="heartbeat_absent")
+    Gpu.objects.create(
+        node=shared, index=1, vendor="nvidia", model="NVIDIA H100", lost_at=now, lost_basis="heartbeat_absent"
+    )
     acme_node = Node.objects.create(id="acme-1", name="bravo", tenant=world.tenants["acme"], status="offline")
     Gpu.objects.create(node=acme_node, index=0, vendor="ascend", model="Ascend 910B")
     beta_node = Node.objects.create(id="beta-1", name="charlie", tenant=world.tenants["beta"])
@@ -125,7 +129,12 @@ def test_manual_create_is_for_agents_and_operators_only(api, world):
     assert created.status_code == 201 and created.json()["name"] == "spare"
     again = api.post("/api/v1/nodes", {"id": "manual-1", "cpu_cores": 96}, format="json", **AGENT)
     assert again.status_code == 200 and again.json()["cpu_cores"] == 96 and again.json()["name"] == "spare"
-    assert api.post("/api/v1/nodes", {"id": "manual-2", "status": "online"}, format="json", **bearer(world.operator_key)).status_code == 400
+    assert (
+        api.post(
+            "/api/v1/nodes", {"id": "manual-2", "status": "online"}, format="json", **bearer(world.operator_key)
+        ).status_code
+        == 400
+    )
 
 
 def test_location_semantics(api, world, fleet):
@@ -168,7 +177,10 @@ def insert_metrics(node_id, samples):
 
 def test_metrics_history_is_bucketed_and_bounded(api, world, fleet):
     now = utcnow()
-    insert_metrics("shared-1", [(now - timedelta(seconds=5 * i), 10.0 + i % 3, '[{"i": 0, "u": 50, "p": 300}]') for i in range(720)])
+    insert_metrics(
+        "shared-1",
+        [(now - timedelta(seconds=5 * i), 10.0 + i % 3, '[{"i": 0, "u": 50, "p": 300}]') for i in range(720)],
+    )
     one_hour = api.get("/api/v1/nodes/metrics/shared-1?hours=1", **bearer(world.operator_key)).json()
     assert one_hour["bucket_seconds"] == 10 and 350 <= len(one_hour["points"]) <= 400
     week = api.get("/api/v1/nodes/metrics/shared-1?hours=168", **bearer(world.operator_key)).json()
@@ -183,7 +195,10 @@ def test_energy_is_null_without_data_and_integrated_with_it(api, world, fleet):
     empty = api.get("/api/v1/nodes/acme-1/energy?hours=24", **bearer(world.operator_key)).json()
     assert empty["gpu_energy_kwh"] is None and empty["samples_with_power"] == 0
     now = utcnow()
-    insert_metrics("shared-1", [(now - timedelta(seconds=5 * i), 1.0, '[{"i": 0, "p": 400}, {"i": 1, "p": 200}]') for i in range(13)])
+    insert_metrics(
+        "shared-1",
+        [(now - timedelta(seconds=5 * i), 1.0, '[{"i": 0, "p": 400}, {"i": 1, "p": 200}]') for i in range(13)],
+    )
     energy = api.get("/api/v1/nodes/shared-1/energy?hours=1", **bearer(world.operator_key)).json()
     assert energy["gpu_power_avg_w"] == 600
     assert energy["gpu_energy_kwh"] == pytest.approx(600 * 60 / 3_600_000)  # 12 spans of 5 s at 600 W
@@ -207,7 +222,9 @@ def test_timestamps_are_utc_with_z(api, world, fleet):
 def test_manual_upsert_merges_labels_checks_keys_and_normalises_the_mac(api, world):
     headers = bearer(world.operator_key)
     api.post("/api/v1/nodes", {"id": "m1", "labels": {"a": "1", "b": "2"}}, format="json", **headers)
-    node = api.post("/api/v1/nodes", {"id": "m1", "labels": {"b": "3"}, "mac": "AA-BB-CC-DD-EE-FF"}, format="json", **headers).json()
+    node = api.post(
+        "/api/v1/nodes", {"id": "m1", "labels": {"b": "3"}, "mac": "AA-BB-CC-DD-EE-FF"}, format="json", **headers
+    ).json()
     assert node["labels"] == {"a": "1", "b": "3"} and node["mac"] == "aa:bb:cc:dd:ee:ff"
     response = api.post("/api/v1/nodes", {"id": "m1", "labels": {"bad key!": "x"}}, format="json", **headers)
     assert response.status_code == 400 and "labels" in response.json()["error"]["fields"]
@@ -217,8 +234,15 @@ def test_a_lost_gpu_can_be_removed_by_an_operator_and_only_when_lost(api, world,
     from apps.alerts.models import Alert
     from apps.alerts.services import raise_alert
 
-    raise_alert(type="GPU_LOST", severity="error", scope="gpu", key="GPU_LOST:shared-1:1", message="lost", node_id="shared-1",
-                gpu_index=1)
+    raise_alert(
+        type="GPU_LOST",
+        severity="error",
+        scope="gpu",
+        key="GPU_LOST:shared-1:1",
+        message="lost",
+        node_id="shared-1",
+        gpu_index=1,
+    )
     headers = bearer(world.operator_key)
     assert api.delete("/api/v1/nodes/shared-1/gpus/0", **headers).status_code == 409
     assert api.delete("/api/v1/nodes/shared-1/gpus/1", **bearer(world.keys["acme-admin"])).status_code == 403

@@ -6,7 +6,7 @@ import pytest
 
 from apps.nodes.models import Node
 from apps.nodes.services import drain_node, return_to_service, start_maintenance
-from apps.scheduler.core import CORDON_LABEL, NodeSnap, PluginSettings, TaskReq, GpuSnap, place
+from apps.scheduler.core import CORDON_LABEL, GpuSnap, NodeSnap, PluginSettings, TaskReq, place
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import run_cycle
 from apps.tasks.models import Task
@@ -19,7 +19,9 @@ PCIE = {"topology": "pcie"}
 def test_the_core_keeps_off_a_cordoned_node():
     cards = [GpuSnap(index=0, vendor="nvidia", memory_total_mb=81920)]
     cordoned = NodeSnap(id="n1", status="online", executable=True, labels={CORDON_LABEL: "drain"}, gpus=cards)
-    decisions, failures = place([TaskReq(id=1, tenant_id=1, gpu_required=1)], [cordoned], PluginSettings(), lambda a, b: True)
+    decisions, failures = place(
+        [TaskReq(id=1, tenant_id=1, gpu_required=1)], [cordoned], PluginSettings(), lambda a, b: True
+    )
     assert decisions == [] and failures[0].code == "NoSchedulableNodes" and failures[0].removed == {"unavailable": 1}
 
 

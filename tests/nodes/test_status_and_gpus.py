@@ -11,7 +11,8 @@ from apps.nodes.liveness import status_at
 from apps.nodes.models import Gpu, Node
 from apps.nodes.services import refresh_node_statuses
 from tests.nodes.agents import Agents
-from tests.nodes.payloads import gpu_stat, heartbeat as payload
+from tests.nodes.payloads import gpu_stat
+from tests.nodes.payloads import heartbeat as payload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +33,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_status_at_the_thresholds(silent_seconds, executable, expected):
     now = utcnow()
     assert status_at(now - timedelta(seconds=silent_seconds), executable, now) == expected
-    node = Node.objects.create(id=f"n-{silent_seconds}-{executable}", name="n", last_heartbeat_at=now - timedelta(seconds=silent_seconds), executable=executable, status="online")
+    node = Node.objects.create(
+        id=f"n-{silent_seconds}-{executable}",
+        name="n",
+        last_heartbeat_at=now - timedelta(seconds=silent_seconds),
+        executable=executable,
+        status="online",
+    )
     refresh_node_statuses(now=now)
     node.refresh_from_db()
     assert node.status == expected == node.status_at(now)
@@ -124,7 +131,10 @@ def test_the_counters_survive_a_restart_of_the_control_plane(agents):
 
 
 def test_biren_models_are_named_from_their_memory_size(agents):
-    stats = [gpu_stat(0, vendor="biren", model="Biren GPU", memory_total_mb=32512), gpu_stat(1, vendor="biren", model="Biren GPU", memory_total_mb=65536)]
+    stats = [
+        gpu_stat(0, vendor="biren", model="Biren GPU", memory_total_mb=32512),
+        gpu_stat(1, vendor="biren", model="Biren GPU", memory_total_mb=65536),
+    ]
     agents.send("n7", payload(gpus=0, gpu_stats=stats, gpu_capabilities={}))
     assert [g.model for g in Gpu.objects.filter(node_id="n7").order_by("index")] == ["BR106M", "BR100"]
     assert Node.objects.get(pk="n7").gpu_type == "biren"

@@ -44,16 +44,28 @@ def test_node_pages_show_lost_cards_and_the_service_state(admin, world, cluster)
 def test_location_and_owner_are_changed_through_the_services(admin, world, cluster):
     node = Node.objects.get(pk="shared-2")
     Node.objects.filter(pk="shared-2").update(cpu_used=77.0)  # a heartbeat's column, changed meanwhile
-    form = {"region": "eu", "zone": "az9", "rack": "", "tenant": "", "seen_version": node.version,
-            "gpus-TOTAL_FORMS": "0", "gpus-INITIAL_FORMS": "0"}
+    form = {
+        "region": "eu",
+        "zone": "az9",
+        "rack": "",
+        "tenant": "",
+        "seen_version": node.version,
+        "gpus-TOTAL_FORMS": "0",
+        "gpus-INITIAL_FORMS": "0",
+    }
     assert admin.post("/admin/nodes/node/shared-2/change/", form).status_code == 302
     node.refresh_from_db()
     assert (node.region, node.zone, node.cpu_used) == ("eu", "az9", 77.0)  # no whole-row save
-    stale = admin.post("/admin/nodes/node/shared-2/change/", form | {"tenant": world.tenants["acme"].pk,
-                                                                       "seen_version": node.version - 1}, follow=True)
+    stale = admin.post(
+        "/admin/nodes/node/shared-2/change/",
+        form | {"tenant": world.tenants["acme"].pk, "seen_version": node.version - 1},
+        follow=True,
+    )
     assert "The owner was not changed: The node was changed by someone else" in stale.content.decode()
     assert Node.objects.get(pk="shared-2").tenant is None
-    admin.post("/admin/nodes/node/shared-2/change/", form | {"tenant": world.tenants["acme"].pk, "seen_version": node.version})
+    admin.post(
+        "/admin/nodes/node/shared-2/change/", form | {"tenant": world.tenants["acme"].pk, "seen_version": node.version}
+    )
     node.refresh_from_db()
     assert node.tenant == world.tenants["acme"] and node.version == 2
 
@@ -121,26 +133,36 @@ def test_plugins_keep_the_apis_rules(admin):
     assert 'data-plugin="spread"' in page and 'data-plugin="gpu-filter"' in page
     admin.post("/admin/scheduler/pluginconfig/", {"plugin": "binpack", "action": "enable"})
     assert enabled("binpack") and not enabled("spread")  # the layouts are exclusive
-    html = admin.post("/admin/scheduler/pluginconfig/", {"plugin": "gpu-filter", "action": "disable"}, follow=True).content.decode()
+    html = admin.post(
+        "/admin/scheduler/pluginconfig/", {"plugin": "gpu-filter", "action": "disable"}, follow=True
+    ).content.decode()
     assert "cannot be disabled or enabled" in html and enabled("gpu-filter")
     admin.post("/admin/scheduler/pluginconfig/", {"plugin": "topology", "action": "options", "weight": "2.5"})
     assert PluginConfig.objects.get(name="topology").weight == 2.5
-    html = admin.post("/admin/scheduler/pluginconfig/", {"plugin": "topology", "action": "options", "weight": "500"},
-                      follow=True).content.decode()
+    html = admin.post(
+        "/admin/scheduler/pluginconfig/", {"plugin": "topology", "action": "options", "weight": "500"}, follow=True
+    ).content.decode()
     assert "Ensure this value is less than or equal to 100." in html
-    html = admin.post("/admin/scheduler/pluginconfig/", {"plugin": "resource-filter", "action": "options",
-                                                         "extra": '{"cpu_percent_max": 150}'}, follow=True).content.decode()
+    html = admin.post(
+        "/admin/scheduler/pluginconfig/",
+        {"plugin": "resource-filter", "action": "options", "extra": '{"cpu_percent_max": 150}'},
+        follow=True,
+    ).content.decode()
     assert "Must be a number from 0 to 100." in html
 
 
 def test_tenant_groups_are_saved_through_the_service(admin, world):
-    response = admin.post("/admin/tenants/tenantgroup/add/", {"name": "shared-pool", "description": "",
-                                                              "tenants": [world.tenants["acme"].pk, world.tenants["beta"].pk]})
+    response = admin.post(
+        "/admin/tenants/tenantgroup/add/",
+        {"name": "shared-pool", "description": "", "tenants": [world.tenants["acme"].pk, world.tenants["beta"].pk]},
+    )
     assert response.status_code == 302
     group = TenantGroup.objects.get(name="shared-pool")
     assert sorted(group.tenants.values_list("slug", flat=True)) == ["acme", "beta"]
-    admin.post(f"/admin/tenants/tenantgroup/{group.pk}/change/", {"name": "shared-pool", "description": "x",
-                                                                  "tenants": [world.tenants["acme"].pk]})
+    admin.post(
+        f"/admin/tenants/tenantgroup/{group.pk}/change/",
+        {"name": "shared-pool", "description": "x", "tenants": [world.tenants["acme"].pk]},
+    )
     assert list(group.tenants.values_list("slug", flat=True)) == ["acme"]
 
 

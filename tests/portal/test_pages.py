@@ -16,9 +16,20 @@ from tests.headers import bearer, tenant_header
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/portal/", "/portal/nodes/", "/portal/nodes/monitor/", "/portal/environment/", "/portal/tasks/",
-         "/portal/tasks/new/", "/portal/alerts/", "/portal/keys/", "/portal/members/", "/portal/nodes/shared-1/",
-         "/portal/tasks/1/", "/portal/alerts/1/"]
+PAGES = [
+    "/portal/",
+    "/portal/nodes/",
+    "/portal/nodes/monitor/",
+    "/portal/environment/",
+    "/portal/tasks/",
+    "/portal/tasks/new/",
+    "/portal/alerts/",
+    "/portal/keys/",
+    "/portal/members/",
+    "/portal/nodes/shared-1/",
+    "/portal/tasks/1/",
+    "/portal/alerts/1/",
+]
 
 
 def page(client, url, status=200):
@@ -43,7 +54,9 @@ def test_an_anonymous_visitor_is_sent_to_the_sign_in_page(client, url):
 
 
 def test_signing_in_with_the_form_lands_on_the_dashboard(client, world):
-    response = client.post("/portal/login/", {"username": "acme-member", "password": "pw-for-tests-only", "next": "/portal/nodes/"})
+    response = client.post(
+        "/portal/login/", {"username": "acme-member", "password": "pw-for-tests-only", "next": "/portal/nodes/"}
+    )
     assert response.status_code == 302 and response["Location"] == "/portal/nodes/"
     assert "Nodes" in page(client, "/portal/nodes/")
     client.logout()
@@ -83,6 +96,7 @@ def test_a_user_in_several_tenants_switches_between_them(client, world, cluster)
 
 # --- nodes ----------------------------------------------------------------------------------------
 
+
 def test_nodes_page_summary_search_sorts_and_scope(client, world, cluster):
     task = task_services.create_task(tenant=world.tenants["acme"], name="t", image="busybox", gpu_required=2)
     assert run_cycle().bound == [task.pk]
@@ -96,7 +110,9 @@ def test_nodes_page_summary_search_sorts_and_scope(client, world, cluster):
     assert names(page(client, "/portal/nodes/?sort=name")) == ["alpha", "bravo", "charlie", "delta"]
     assert names(page(client, "/portal/nodes/?sort=busy"))[0] == Node.objects.get(pk=task.node_id).name
     assert names(page(client, "/portal/nodes/?q=r12")) == ["alpha"]  # rack
-    assert names(page(client, "/portal/nodes/?q=nomatch")) == [] and "No node matches" in page(client, "/portal/nodes/?q=nomatch")
+    assert names(page(client, "/portal/nodes/?q=nomatch")) == [] and "No node matches" in page(
+        client, "/portal/nodes/?q=nomatch"
+    )
     member = signed_in(client, world.users["acme-member"])
     assert "charlie" not in page(member, "/portal/nodes/")
     page(member, "/portal/nodes/beta-1/", 404)
@@ -116,9 +132,20 @@ def test_the_utilisation_order_puts_unknown_readings_last(client, world, cluster
 def test_node_detail_shows_cards_labels_models_and_lost_cards(client, world, cluster):
     from apps.nodes.services import upsert_node
 
-    upsert_node("shared-1", {"labels": {"heteroflow.cache/models": "Qwen3-8B, Llama-3-70B"},
-                             "discovered_models": [{"name": "Qwen3-32B", "path": "/models/Qwen3-32B", "size_bytes": 65_000_000_000,
-                                                    "format": "safetensors"}]})
+    upsert_node(
+        "shared-1",
+        {
+            "labels": {"heteroflow.cache/models": "Qwen3-8B, Llama-3-70B"},
+            "discovered_models": [
+                {
+                    "name": "Qwen3-32B",
+                    "path": "/models/Qwen3-32B",
+                    "size_bytes": 65_000_000_000,
+                    "format": "safetensors",
+                }
+            ],
+        },
+    )
     html = page(signed_in(client, world.users["acme-viewer"]), "/portal/nodes/shared-1/")
     assert html.count('<tr data-gpu="') == 4
     lost_row = html.split('data-gpu="3"')[1].split("</tr>")[0]
@@ -185,9 +212,13 @@ def test_the_monitor_renders_history_energy_and_unsupported_metrics(client, worl
     now = utcnow()
     with connection.cursor() as cursor:
         for i in range(24):
-            cursor.execute("INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus) VALUES (%s, %s, %s, %s, %s::jsonb)",
-                           ["shared-2", now - timedelta(seconds=5 * i), 30.0, 45.0, '[{"i": 0, "u": 50, "m": 2048, "p": 300}]'])
-    Gpu.objects.filter(node_id="shared-2").update(metrics_available=["utilization", "memory_used_mb", "power_w"], temperature=None)
+            cursor.execute(
+                "INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus) VALUES (%s, %s, %s, %s, %s::jsonb)",
+                ["shared-2", now - timedelta(seconds=5 * i), 30.0, 45.0, '[{"i": 0, "u": 50, "m": 2048, "p": 300}]'],
+            )
+    Gpu.objects.filter(node_id="shared-2").update(
+        metrics_available=["utilization", "memory_used_mb", "power_w"], temperature=None
+    )
     html = page(signed_in(client, world.users["acme-member"]), "/portal/nodes/monitor/?node=shared-2&hours=6")
     assert 'data-range="6" aria-current="true"' in html
     assert '<div class="value none" data-live="temperature">not supported</div>' in html
@@ -197,7 +228,10 @@ def test_the_monitor_renders_history_energy_and_unsupported_metrics(client, worl
 
     data = json.loads(data)
     assert data["hours"] == 6 and data["supported"]["temperature"] is False and len(data["history"]["points"]) >= 2
-    assert data["metrics_url"] == "/api/v1/nodes/metrics/shared-2" and data["energy_url"] == "/api/v1/nodes/shared-2/energy"
+    assert (
+        data["metrics_url"] == "/api/v1/nodes/metrics/shared-2"
+        and data["energy_url"] == "/api/v1/nodes/shared-2/energy"
+    )
     empty = page(client, "/portal/nodes/monitor/?node=shared-1&hours=168&gpu=2")
     assert 'data-energy="kwh">—</dd>' in empty and 'data-range="168" aria-current="true"' in empty
     assert '<option value="2" selected>' in empty
@@ -218,13 +252,33 @@ def test_environment_tabs_and_scope(client, world, cluster):
 
 # --- tasks ----------------------------------------------------------------------------------------
 
+
 def test_the_task_form_says_what_the_api_says(client, world, cluster, api):
-    bad = {"name": "", "image": "busybox", "gpu_required": 65, "priority": 101, "kind": "training", "preemptible": True,
-           "env": {"1BAD": "x"}}
-    api_fields = api.post("/api/v1/tasks", bad, format="json", **bearer(world.keys["acme-member"])).json()["error"]["fields"]
+    bad = {
+        "name": "",
+        "image": "busybox",
+        "gpu_required": 65,
+        "priority": 101,
+        "kind": "training",
+        "preemptible": True,
+        "env": {"1BAD": "x"},
+    }
+    api_fields = api.post("/api/v1/tasks", bad, format="json", **bearer(world.keys["acme-member"])).json()["error"][
+        "fields"
+    ]
     member = signed_in(client, world.users["acme-member"])
-    response = member.post("/portal/tasks/new/", {"name": "", "image": "busybox", "gpu_required": "65", "priority": "101",
-                                                  "kind": "training", "preemptible": "on", "env": "1BAD=x"})
+    response = member.post(
+        "/portal/tasks/new/",
+        {
+            "name": "",
+            "image": "busybox",
+            "gpu_required": "65",
+            "priority": "101",
+            "kind": "training",
+            "preemptible": "on",
+            "env": "1BAD=x",
+        },
+    )
     assert response.status_code == 400
     html = response.content.decode()
     for field, messages in api_fields.items():
@@ -235,11 +289,12 @@ def test_the_task_form_says_what_the_api_says(client, world, cluster, api):
 
 def test_training_cannot_be_preemptible_and_quota_is_refused_like_the_api(client, world, cluster):
     member = signed_in(client, world.users["acme-member"])
-    html = member.post("/portal/tasks/new/", {"name": "t", "image": "busybox", "kind": "training", "preemptible": "on"}).content.decode()
+    html = member.post(
+        "/portal/tasks/new/", {"name": "t", "image": "busybox", "kind": "training", "preemptible": "on"}
+    ).content.decode()
     assert "Training tasks cannot be preemptible." in html
-    from apps.tenants.services import update_tenant
-
     from apps.tenants.models import Tenant
+    from apps.tenants.services import update_tenant
 
     update_tenant(Tenant.objects.get(slug="acme"), max_gpus=1)  # a copy: the world's object outlives this test
     html = member.post("/portal/tasks/new/", {"name": "t", "image": "busybox", "gpu_required": "2"}).content.decode()
@@ -248,17 +303,40 @@ def test_training_cannot_be_preemptible_and_quota_is_refused_like_the_api(client
 
 def test_submitting_a_task_queues_it_and_the_scheduler_places_it(client, world, cluster):
     member = signed_in(client, world.users["acme-member"])
-    response = member.post("/portal/tasks/new/", {
-        "name": "train-llm", "image": "busybox", "command": "sh\n-c\necho hi", "gpu_required": "2",
-        "env": 'MODEL=qwen\nTOKEN={"secret": "missing"}', "labels": "zone=az1",
-    })
-    assert response.status_code == 400 and "No secret named &#x27;missing&#x27; in tenant &#x27;acme&#x27;." in response.content.decode()
-    response = member.post("/portal/tasks/new/", {"name": "train-llm", "image": "busybox", "command": "sh\n-c\necho hi",
-                                                  "gpu_required": "2", "env": "MODEL=qwen", "labels": "zone=az1"})
+    response = member.post(
+        "/portal/tasks/new/",
+        {
+            "name": "train-llm",
+            "image": "busybox",
+            "command": "sh\n-c\necho hi",
+            "gpu_required": "2",
+            "env": 'MODEL=qwen\nTOKEN={"secret": "missing"}',
+            "labels": "zone=az1",
+        },
+    )
+    assert (
+        response.status_code == 400
+        and "No secret named &#x27;missing&#x27; in tenant &#x27;acme&#x27;." in response.content.decode()
+    )
+    response = member.post(
+        "/portal/tasks/new/",
+        {
+            "name": "train-llm",
+            "image": "busybox",
+            "command": "sh\n-c\necho hi",
+            "gpu_required": "2",
+            "env": "MODEL=qwen",
+            "labels": "zone=az1",
+        },
+    )
     task = Task.objects.get(name="train-llm")
     assert response["Location"] == f"/portal/tasks/{task.pk}/"
-    assert (task.command, task.env, task.labels, task.created_by) == (["sh", "-c", "echo hi"], {"MODEL": "qwen"}, {"zone": "az1"},
-                                                                      world.users["acme-member"])
+    assert (task.command, task.env, task.labels, task.created_by) == (
+        ["sh", "-c", "echo hi"],
+        {"MODEL": "qwen"},
+        {"zone": "az1"},
+        world.users["acme-member"],
+    )
     assert 'data-explanation="waiting"' in page(member, response["Location"])
     assert run_cycle().bound == [task.pk]
     html = page(member, response["Location"])
@@ -306,12 +384,15 @@ def test_a_task_shows_its_history_and_log_tail(client, world, cluster):
     task.refresh_from_db()
     task_services.record_event(task, kind="checkpoint_resume", message="resumed from step 400", node_id=task.node_id)
     task_services.agent_report(task, from_status="scheduled", to_status="running")
-    task_services.agent_report(task, from_status="running", to_status="completed", exit_code=0, log_tail="epoch 3 done\nbye\n")
+    task_services.agent_report(
+        task, from_status="running", to_status="completed", exit_code=0, log_tail="epoch 3 done\nbye\n"
+    )
     html = page(signed_in(client, world.users["acme-member"]), f"/portal/tasks/{task.pk}/")
     assert "resumed from step 400" in html and "Ended as completed." in html and "epoch 3 done\nbye" in html
 
 
 # --- alerts ---------------------------------------------------------------------------------------
+
 
 def test_alerts_are_scoped_and_filtered(client, world, cluster):
     gpu_alert, acme_alert, beta_alert = (cluster.alerts[k] for k in ("GPU_LOST:shared-1:3", "quota:acme", "quota:beta"))
@@ -323,7 +404,9 @@ def test_alerts_are_scoped_and_filtered(client, world, cluster):
     operator = signed_in(client, world.operator)
     assert len(re.findall(r'<tr data-alert="', page(operator, "/portal/alerts/"))) == 3
     assert re.findall(r'<tr data-alert="(\d+)"', page(operator, "/portal/alerts/?scope=gpu")) == [str(gpu_alert.pk)]
-    assert re.findall(r'<tr data-alert="(\d+)"', page(operator, "/portal/alerts/?severity=error")) == [str(gpu_alert.pk)]
+    assert re.findall(r'<tr data-alert="(\d+)"', page(operator, "/portal/alerts/?severity=error")) == [
+        str(gpu_alert.pk)
+    ]
     assert re.findall(r'<tr data-alert="', page(operator, "/portal/alerts/?state=RESOLVED")) == []
 
 
@@ -347,6 +430,7 @@ def test_anyone_who_sees_an_alert_acknowledges_it_only_admins_resolve(client, wo
 
 
 # --- keys and members -----------------------------------------------------------------------------
+
 
 def test_a_new_key_is_shown_once_and_works_and_can_be_revoked(client, world, api):
     member = signed_in(client, world.users["acme-member"])
@@ -383,7 +467,9 @@ def test_members_page_is_for_tenant_admins(client, world):
     assert Membership.objects.get(user__username="newbie").tenant == world.tenants["acme"]
     assert "already a member" in admin.post("/portal/members/", {"username": "newbie"}).content.decode()
     last_admin = Membership.objects.get(user__username="acme-admin")
-    html = admin.post(f"/portal/members/{last_admin.pk}/", {"action": "role", "role": "member"}, follow=True).content.decode()
+    html = admin.post(
+        f"/portal/members/{last_admin.pk}/", {"action": "role", "role": "member"}, follow=True
+    ).content.decode()
     assert "the last admin of &#x27;acme&#x27;" in html
     beta_member = Membership.objects.get(user__username="beta-member")
     assert admin.post(f"/portal/members/{beta_member.pk}/", {"action": "remove"}).status_code == 404
@@ -405,7 +491,11 @@ def test_a_user_of_no_tenant_sees_nothing_and_a_foreign_tenant_header_is_refused
 
     loner = signed_in(client, UserFactory(username="loner"))
     html = page(loner, "/portal/")
-    assert "not a member of any tenant" in html and status_bar(html) == {"gpus-online": 0, "tasks-running": 0, "alerts-active": 0}
+    assert "not a member of any tenant" in html and status_bar(html) == {
+        "gpus-online": 0,
+        "tasks-running": 0,
+        "alerts-active": 0,
+    }
     assert "alpha" not in page(loner, "/portal/nodes/")
     page(loner, "/portal/tasks/new/", 403)
     page(loner, "/portal/keys/", 403)

@@ -23,9 +23,20 @@ UPTIME = 2 * 86400 + 3 * 3600 + 4 * 60  # "2 d 3 h 4 min"
 
 def reading(**overrides):
     values = dict(
-        cpu_percent=30.0, memory_percent=40.0, memory_used_bytes=4 << 30, memory_total_bytes=10 << 30,
-        disk_percent=30.0, disk_used_bytes=30 << 30, disk_total_bytes=100 << 30, load_1=0.5, load_5=0.4, load_15=0.3,
-        net_recv_bytes=1_000_000, net_sent_bytes=500_000, uptime_seconds=UPTIME, cpu_temperature_celsius=None,
+        cpu_percent=30.0,
+        memory_percent=40.0,
+        memory_used_bytes=4 << 30,
+        memory_total_bytes=10 << 30,
+        disk_percent=30.0,
+        disk_used_bytes=30 << 30,
+        disk_total_bytes=100 << 30,
+        load_1=0.5,
+        load_5=0.4,
+        load_15=0.3,
+        net_recv_bytes=1_000_000,
+        net_sent_bytes=500_000,
+        uptime_seconds=UPTIME,
+        cpu_temperature_celsius=None,
     )
     return hostmetrics.HostSample(**(values | overrides))
 
@@ -70,7 +81,9 @@ def reading_of(card_html: str, name: str) -> str:
 
 
 def panel_data(html: str) -> dict:
-    return json.loads(re.search(r'<script id="server-panel-data" type="application/json">(.*?)</script>', html, re.S).group(1))
+    return json.loads(
+        re.search(r'<script id="server-panel-data" type="application/json">(.*?)</script>', html, re.S).group(1)
+    )
 
 
 def test_operators_see_each_hosts_cards_the_history_and_the_health_check(client, world, samples):
@@ -104,8 +117,11 @@ def test_operators_see_each_hosts_cards_the_history_and_the_health_check(client,
 
     # the six checks with status and message, and the verdict, as the health check says
     expected = checks.run_all()
-    rows = re.findall(r'<tr data-check="([a-z_]+)" data-check-status="([a-z]+)"><td><span class="badge [a-z]+">[a-z]+</span></td>'
-                      r"<td>[^<]+</td><td>([^<]+)</td>", html)
+    rows = re.findall(
+        r'<tr data-check="([a-z_]+)" data-check-status="([a-z]+)"><td><span class="badge [a-z]+">[a-z]+</span></td>'
+        r"<td>[^<]+</td><td>([^<]+)</td>",
+        html,
+    )
     assert [(name, status) for name, status, _ in rows] == [(c["name"], c["status"]) for c in expected["checks"]]
     assert [name for name, _, _ in rows] == SIX and all(message.strip() for _, _, message in rows)
     assert f'data-verdict="{expected["status"]}"' in html
@@ -115,8 +131,12 @@ def test_operators_see_each_hosts_cards_the_history_and_the_health_check(client,
     # the history the charts draw is the API's for the same range, one series per host
     data = panel_data(html)
     assert data["hours"] == 1 and data["this_host"] == this_host
-    assert data["urls"] == {"live": "/api/v1/server/metrics", "history": "/api/v1/server/metrics/history",
-                            "health": "/api/v1/server/health-check", "hosts": "/portal/server/hosts/"}
+    assert data["urls"] == {
+        "live": "/api/v1/server/metrics",
+        "history": "/api/v1/server/metrics/history",
+        "health": "/api/v1/server/health-check",
+        "hosts": "/portal/server/hosts/",
+    }
     api = client.get("/api/v1/server/metrics/history?hours=1").json()
     series = {item["host"]: item["points"] for item in data["history"]["hosts"]}
     assert set(series) == {item["host"] for item in api["hosts"]} == {"cp-1", "cp-2", "cp-stale"}
@@ -139,7 +159,11 @@ def test_the_hosts_json_the_refresh_reads(client, world, samples):
     assert response.status_code == 200 and "no-cache" in response["Cache-Control"]
     body = response.json()
     assert body["this_host"] == hostmetrics.host_name() and body["stale_after_seconds"] == 90
-    assert [(host["host"], host["stale"]) for host in body["hosts"]] == [("cp-1", False), ("cp-2", False), ("cp-stale", True)]
+    assert [(host["host"], host["stale"]) for host in body["hosts"]] == [
+        ("cp-1", False),
+        ("cp-2", False),
+        ("cp-stale", True),
+    ]
     newest = ServerMetric.objects.filter(host="cp-1").order_by("-at").first()
     one = body["hosts"][0]
     assert (one["cpu_percent"], one["cpu_temperature_celsius"], one["uptime_seconds"]) == (30.0, 54.0, UPTIME)
@@ -148,11 +172,14 @@ def test_the_hosts_json_the_refresh_reads(client, world, samples):
     assert body["hosts"][2]["net_recv_bytes_per_second"] is None and body["hosts"][2]["age_seconds"] >= 300
 
 
-@pytest.mark.parametrize("hours,bucket,hosts", [
-    ("6", 300, {"cp-1", "cp-2", "cp-stale", "cp-old"}),
-    ("24", 900, {"cp-1", "cp-2", "cp-stale", "cp-old"}),
-    ("168", 3600, {"cp-1", "cp-2", "cp-stale", "cp-old"}),
-])
+@pytest.mark.parametrize(
+    "hours,bucket,hosts",
+    [
+        ("6", 300, {"cp-1", "cp-2", "cp-stale", "cp-old"}),
+        ("24", 900, {"cp-1", "cp-2", "cp-stale", "cp-old"}),
+        ("168", 3600, {"cp-1", "cp-2", "cp-stale", "cp-old"}),
+    ],
+)
 def test_the_range_switch_without_javascript(client, world, samples, hours, bucket, hosts):
     html = signed_in(client, world.operator).get(f"/portal/?hours={hours}").content.decode()
     assert f'data-server-range="{hours}" aria-current="true"' in html
@@ -198,7 +225,9 @@ def test_an_anonymous_visitor_is_sent_to_sign_in_for_the_hosts_json(client):
     assert response.status_code == 302 and response["Location"].startswith("/portal/login/?next=")
 
 
-def test_the_dashboard_does_no_panel_work_for_others_and_no_live_reading_for_anyone(client, world, samples, monkeypatch):
+def test_the_dashboard_does_no_panel_work_for_others_and_no_live_reading_for_anyone(
+    client, world, samples, monkeypatch
+):
     def forbidden(*args, **kwargs):
         raise AssertionError("the dashboard did the panel's work")
 
@@ -211,14 +240,34 @@ def test_the_dashboard_does_no_panel_work_for_others_and_no_live_reading_for_any
     assert signed_in(client, world.operator).get("/portal/").status_code == 200
 
 
-@pytest.mark.parametrize("value,expected", [(None, "—"), ("", "—"), (0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"),
-                                            (4 << 30, "4.0 GiB"), (3 << 40, "3.0 TiB")])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (None, "—"),
+        ("", "—"),
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1536, "1.5 KiB"),
+        (4 << 30, "4.0 GiB"),
+        (3 << 40, "3.0 TiB"),
+    ],
+)
 def test_bytes_are_shown_in_binary_units(value, expected):
     assert bytes_iec(value) == expected
     assert byte_rate(value) == (expected if expected == "—" else expected + "/s")
 
 
-@pytest.mark.parametrize("seconds,expected", [(None, "—"), (0, "0 s"), (59, "59 s"), (60, "1 min"), (3600, "1 h 0 min"),
-                                              (UPTIME, "2 d 3 h 4 min"), (86400, "1 d 0 h 0 min")])
+@pytest.mark.parametrize(
+    "seconds,expected",
+    [
+        (None, "—"),
+        (0, "0 s"),
+        (59, "59 s"),
+        (60, "1 min"),
+        (3600, "1 h 0 min"),
+        (UPTIME, "2 d 3 h 4 min"),
+        (86400, "1 d 0 h 0 min"),
+    ],
+)
 def test_durations(seconds, expected):
     assert duration(seconds) == expected

@@ -43,8 +43,14 @@ def start_schedulers(count: int = 4, delay: float = 3.0) -> list[subprocess.Pope
     env = dict(os.environ, DATABASE_URL=database_url())
     start = time.time() + delay
     return [
-        subprocess.Popen([sys.executable, "-c", SCHEDULER, str(start)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", SCHEDULER, str(start)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(count)
     ]
 

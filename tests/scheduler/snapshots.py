@@ -17,8 +17,14 @@ def task(id=1, gpus=1, tenant=1, **kw):
 
 def group(id=1, workers=4, gpus=8, gpu_type="nvidia", tenant=1, first_member=1000, **kw):
     """A task group of `workers` ranks (task ids from `first_member`), `gpus` cards each."""
-    return GroupReq(id=id, tenant_id=tenant, members=tuple(range(first_member, first_member + workers)), gpus_per_worker=gpus,
-                    gpu_type=gpu_type, **kw)
+    return GroupReq(
+        id=id,
+        tenant_id=tenant,
+        members=tuple(range(first_member, first_member + workers)),
+        gpus_per_worker=gpus,
+        gpu_type=gpu_type,
+        **kw,
+    )
 
 
 SAME_TENANT_ONLY = lambda a, b: a == b  # noqa: E731

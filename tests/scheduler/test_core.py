@@ -32,8 +32,14 @@ def test_topology_scores(node_kw, task_kw, expected):
 
 @pytest.mark.parametrize(
     "labels,expected",
-    [({}, 50), ({"rdma": "true"}, 70), ({"rdma": "true", "rdma-speed": "100"}, 80), ({"rdma": "true", "rdma-speed": "400"}, 100),
-     ({"rdma": "false"}, 40), ({"rdma": "true", "rdma-speed": "fast"}, 70)],
+    [
+        ({}, 50),
+        ({"rdma": "true"}, 70),
+        ({"rdma": "true", "rdma-speed": "100"}, 80),
+        ({"rdma": "true", "rdma-speed": "400"}, 100),
+        ({"rdma": "false"}, 40),
+        ({"rdma": "true", "rdma-speed": "fast"}, 70),
+    ],
 )
 def test_rdma_scores(labels, expected):
     assert score_rdma(node("n", labels=labels)) == expected
@@ -43,7 +49,9 @@ def test_rdma_required_filters_only_nodes_that_say_no():
     nodes = [node("a", labels={"rdma": "false"}), node("b")]
     decisions, _ = place([task(labels={"rdma": "required"})], nodes, PluginSettings(), SAME_TENANT_ONLY)
     assert decisions[0].node_id == "b"
-    _, failures = place([task(labels={"rdma": "required"})], [node("a", labels={"rdma": "false"})], PluginSettings(), SAME_TENANT_ONLY)
+    _, failures = place(
+        [task(labels={"rdma": "required"})], [node("a", labels={"rdma": "false"})], PluginSettings(), SAME_TENANT_ONLY
+    )
     assert failures[0].removed == {"rdma": 1}
 
 
@@ -53,8 +61,12 @@ def test_spread_prefers_the_emptier_node_and_binpack_the_fuller():
     assert layout_score("spread", utilisation(idle)) > layout_score("spread", utilisation(busy))
     assert layout_score("binpack", utilisation(busy)) > layout_score("binpack", utilisation(idle))
     spread, _ = place([task()], [busy, idle], PluginSettings(layout="spread"), SAME_TENANT_ONLY)
-    binpack, _ = place([task()], [node("busy", cpu_used=80.0, memory_used=80.0), node("idle", cpu_used=10.0, memory_used=10.0)],
-                       PluginSettings(layout="binpack"), SAME_TENANT_ONLY)
+    binpack, _ = place(
+        [task()],
+        [node("busy", cpu_used=80.0, memory_used=80.0), node("idle", cpu_used=10.0, memory_used=10.0)],
+        PluginSettings(layout="binpack"),
+        SAME_TENANT_ONLY,
+    )
     assert (spread[0].node_id, binpack[0].node_id) == ("idle", "busy")
 
 
@@ -121,7 +133,9 @@ def test_whole_card_tasks_check_memory_as_admission():
 
 
 def test_cards_near_full_memory_are_skipped():
-    n = node("n", gpus=[GpuSnap(0, "nvidia", 10000, memory_used_mb=9600), GpuSnap(1, "nvidia", 10000, memory_used_mb=100)])
+    n = node(
+        "n", gpus=[GpuSnap(0, "nvidia", 10000, memory_used_mb=9600), GpuSnap(1, "nvidia", 10000, memory_used_mb=100)]
+    )
     decisions, _ = place([task()], [n], PluginSettings(), SAME_TENANT_ONLY)
     assert decisions[0].gpu_indices == [1]
 

@@ -2,12 +2,12 @@
 
 import pytest
 
+from apps.core.clock import utcnow
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation, PluginConfig
 from apps.scheduler.services import run_cycle
 from apps.tasks.models import Task
 from apps.tasks.services import agent_report, stop_task
-from apps.core.clock import utcnow
 from tests.factories import make_node, make_task
 from tests.headers import bearer
 from tests.scheduler.ledger import ledger_agrees
@@ -113,8 +113,15 @@ def test_dry_run_says_where_and_why_and_binds_nothing(api, world):
     assert too_big["placed"] is False and too_big["reason"]["code"] == "InsufficientResources"
     assert too_big["reason"]["removed_by"] == {"tenant": 1, "capacity": 1}
     assert not GpuAllocation.objects.exists() and not Task.objects.exists()
-    assert api.post("/api/v1/scheduler/dry-run", {"gpu_required": 1}, format="json", **bearer(world.operator_key)).status_code == 400
-    assert api.post("/api/v1/scheduler/dry-run", {"gpu_required": 1, "tenant": "acme"}, format="json", **bearer(world.operator_key)).json()["placed"]
+    assert (
+        api.post(
+            "/api/v1/scheduler/dry-run", {"gpu_required": 1}, format="json", **bearer(world.operator_key)
+        ).status_code
+        == 400
+    )
+    assert api.post(
+        "/api/v1/scheduler/dry-run", {"gpu_required": 1, "tenant": "acme"}, format="json", **bearer(world.operator_key)
+    ).json()["placed"]
     assert api.post("/api/v1/scheduler/dry-run", {"nodes": 1}, format="json", **headers).status_code == 400
 
 

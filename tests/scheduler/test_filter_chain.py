@@ -8,14 +8,30 @@ import json
 import pytest
 
 from apps.scheduler import core, nvlink
-from apps.scheduler.core import GpuSnap, NodeSnap, Occupant, PluginSettings, TaskReq, fits, occupants_by_node, place, plan_preemption
+from apps.scheduler.core import (
+    GpuSnap,
+    NodeSnap,
+    Occupant,
+    PluginSettings,
+    TaskReq,
+    fits,
+    occupants_by_node,
+    place,
+    plan_preemption,
+)
 
 SAME_TENANT_ONLY = lambda a, b: a == b  # noqa: E731
 
 
 def snap(id, cards=2, rack="", status="online", **kw):
-    return NodeSnap(id=id, status=status, executable=True, rack=rack,
-                    gpus=[GpuSnap(index, "nvidia", 81920) for index in range(cards)], **kw)
+    return NodeSnap(
+        id=id,
+        status=status,
+        executable=True,
+        rack=rack,
+        gpus=[GpuSnap(index, "nvidia", 81920) for index in range(cards)],
+        **kw,
+    )
 
 
 def odd_rack(ask, fleet):
@@ -41,8 +57,12 @@ def test_a_filter_added_to_the_chain_is_seen_by_placement_explain_fits_and_preem
     decisions, _ = place([TaskReq(1, 1, 1)], [odd, even], PluginSettings(), SAME_TENANT_ONLY)
     assert [d.node_id for d in decisions] == ["b-even"]
     # explain: counted under its reason, after the built-in ones
-    _, failures = place([TaskReq(2, 1, 2)], [snap("a-odd", rack="odd"), snap("small", cards=1), snap("down", status="offline")],
-                        PluginSettings(), SAME_TENANT_ONLY)
+    _, failures = place(
+        [TaskReq(2, 1, 2)],
+        [snap("a-odd", rack="odd"), snap("small", cards=1), snap("down", status="offline")],
+        PluginSettings(),
+        SAME_TENANT_ONLY,
+    )
     assert failures[0].code == "InsufficientResources"
     assert list(failures[0].as_reason()["removed_by"].items()) == [("unavailable", 1), ("capacity", 1), ("odd_rack", 1)]
     # fits
@@ -52,21 +72,46 @@ def test_a_filter_added_to_the_chain_is_seen_by_placement_explain_fits_and_preem
     busy_odd, busy_even = snap("a-odd", cards=1, rack="odd"), snap("b-even", cards=1, rack="even")
     for node, task_id in ((busy_odd, 101), (busy_even, 102)):
         node.gpus[0].holders.append((task_id, 1, None))
-    occupants = [Occupant(101, "a-odd", "running", "job", True, 10, 0.0), Occupant(102, "b-even", "running", "job", True, 20, 0.0)]
-    plan = plan_preemption(TaskReq(4, 1, 1, priority=50), [busy_odd, busy_even], occupants_by_node(occupants), PluginSettings(),
-                           SAME_TENANT_ONLY)
+    occupants = [
+        Occupant(101, "a-odd", "running", "job", True, 10, 0.0),
+        Occupant(102, "b-even", "running", "job", True, 20, 0.0),
+    ]
+    plan = plan_preemption(
+        TaskReq(4, 1, 1, priority=50),
+        [busy_odd, busy_even],
+        occupants_by_node(occupants),
+        PluginSettings(),
+        SAME_TENANT_ONLY,
+    )
     assert (plan.node_id, plan.victims) == ("b-even", [102])  # not the cheaper victim on the odd rack
 
 
 def test_the_built_in_chain_and_its_order():
     """A node is counted under the first filter that removes it: the order is part of the explanation."""
-    assert core.FILTERS == (core.node_available, core.tenant_visible, core.under_load, core.host_port, core.gpu_capacity,
-                            core.rdma_link, core.nvlink_domain)
+    assert core.FILTERS == (
+        core.node_available,
+        core.tenant_visible,
+        core.under_load,
+        core.host_port,
+        core.gpu_capacity,
+        core.rdma_link,
+        core.nvlink_domain,
+    )
 
 
 def test_giving_cards_back_keeps_every_other_field_of_the_node():
-    node = snap("n", cards=2, rack="k1", tenant_id=3, labels={"rdma": "true"}, cpu_used=12.0, memory_used=34.0, ports_free=7,
-                region="r1", zone="z1")
+    node = snap(
+        "n",
+        cards=2,
+        rack="k1",
+        tenant_id=3,
+        labels={"rdma": "true"},
+        cpu_used=12.0,
+        memory_used=34.0,
+        ports_free=7,
+        region="r1",
+        zone="z1",
+    )
     node.gpus[0].holders.append((101, 3, None))
     node.gpus[1].holders.append((102, 3, None))
     freed = core._without(node, {101})
@@ -102,18 +147,29 @@ NODES = {
     "ascend": {"vendor": "ascend"},
 }
 TASKS = [
-    {"gpu_required": 1}, {"gpu_required": 2}, {"gpu_required": 4}, {"gpu_required": 0},
-    {"gpu_required": 0, "gpu_memory_mb": 40000}, {"gpu_required": 2, "labels": {"nvlink": "required"}},
-    {"gpu_required": 1, "labels": {"rdma": "required"}}, {"gpu_required": 1, "kind": "inference"},
-    {"gpu_required": 1, "gpu_type": "ascend"}, {"gpu_required": 1, "gpu_memory_mb": 90000},
+    {"gpu_required": 1},
+    {"gpu_required": 2},
+    {"gpu_required": 4},
+    {"gpu_required": 0},
+    {"gpu_required": 0, "gpu_memory_mb": 40000},
+    {"gpu_required": 2, "labels": {"nvlink": "required"}},
+    {"gpu_required": 1, "labels": {"rdma": "required"}},
+    {"gpu_required": 1, "kind": "inference"},
+    {"gpu_required": 1, "gpu_type": "ascend"},
+    {"gpu_required": 1, "gpu_memory_mb": 90000},
 ]
 
 
 def built(kind):
     spec = dict(NODES[kind])
     taken, holder, vendor = spec.pop("taken", []), spec.pop("holder_tenant", 1), spec.pop("vendor", "nvidia")
-    node = NodeSnap(id=kind, status=spec.pop("status", "online"), executable=True,
-                    gpus=[GpuSnap(index, vendor, 81920) for index in range(4)], **spec)
+    node = NodeSnap(
+        id=kind,
+        status=spec.pop("status", "online"),
+        executable=True,
+        gpus=[GpuSnap(index, vendor, 81920) for index in range(4)],
+        **spec,
+    )
     for index, memory in taken:
         node.gpus[index].holders.append((900 + index, holder, memory))
     return node

@@ -45,8 +45,14 @@ def test_four_schedulers_never_half_bind_a_group():
         for n in range(50):
             make_node(f"g{n:02d}", gpus=8, model="", last_heartbeat_at=now, zone=f"z{n // 10}", rack=f"r{n // 5}")
         for i in range(200):
-            make_group(tenant, workers=2 + i % 3, gpus=(1, 2, 4, 8)[i % 4], name=f"grp{i}", priority=(i * 37) % 100,
-                       strategy=("ddp", "tp", "pp", "fsdp")[i % 4])
+            make_group(
+                tenant,
+                workers=2 + i % 3,
+                gpus=(1, 2, 4, 8)[i % 4],
+                name=f"grp{i}",
+                priority=(i * 37) % 100,
+                strategy=("ddp", "tp", "pp", "fsdp")[i % 4],
+            )
         Task.objects.bulk_create(
             Task(tenant=tenant, name=f"t{i}", image="x", gpu_required=1 + i % 2, priority=i % 100) for i in range(2000)
         )

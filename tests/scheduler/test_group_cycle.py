@@ -82,7 +82,11 @@ def test_a_group_waits_while_an_attempt_is_still_ending(world):
 def group_decision(group, placements):
     """A decision for `group` as the core would make it: (node, cards) per rank."""
     ranks = members(group)
-    return GroupDecision(group.pk, [Decision(t.pk, node, cards, None, 3.0) for t, (node, cards) in zip(ranks, placements, strict=True)], 6)
+    return GroupDecision(
+        group.pk,
+        [Decision(t.pk, node, cards, None, 3.0) for t, (node, cards) in zip(ranks, placements, strict=True)],
+        6,
+    )
 
 
 def worker_tasks(group):
@@ -111,8 +115,9 @@ def test_a_member_moved_meanwhile_rolls_the_group_back_and_keeps_the_singles(wor
     Task.objects.filter(pk=ranks[1].pk).update(status="cancelled")  # the group was being stopped
     tasks = worker_tasks(group) | {single.pk: task(id=single.pk, gpus=1, tenant=acme.pk)}
     decision = group_decision(group, [("n0", [0, 1]), ("n0", [2, 3])])
-    bound, lost = bind_all([Decision(single.pk, "n0", [3], None, 1.0)], tasks, SAME_TENANT_ONLY, PluginSettings(),
-                           groups=[decision])
+    bound, lost = bind_all(
+        [Decision(single.pk, "n0", [3], None, 1.0)], tasks, SAME_TENANT_ONLY, PluginSettings(), groups=[decision]
+    )
     # the single's card 3 is also rank 1's: the core never decides that, but the group
     # losing must leave the single's bind (and only it) in place
     assert bound == [single.pk]

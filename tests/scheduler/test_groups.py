@@ -36,7 +36,9 @@ def test_all_or_nothing_takes_no_card_when_one_worker_does_not_fit():
     assert result.groups == []
     assert failure.message == "not enough nodes of type nvidia in the tenant's reach: 3 of 4 workers"
     assert failure.as_reason() == {
-        "code": "InsufficientResources", "message": failure.message, "removed_by": {"capacity": 1},
+        "code": "InsufficientResources",
+        "message": failure.message,
+        "removed_by": {"capacity": 1},
         "workers": {"placeable": 3, "needed": 4},
     }
     # nothing was held back: the single task behind it gets a node
@@ -67,14 +69,21 @@ def test_a_type_not_present_in_reach_says_so():
 
 def test_the_same_rack_is_preferred_then_the_same_zone():
     nodes = [
-        node("a1", zone="za", rack="ra"), node("b1", zone="zb", rack="rb"), node("b2", zone="zb", rack="rb"),
-        node("b3", zone="zb", rack="rc"), node("c1", zone="zc", rack="rd"),
+        node("a1", zone="za", rack="ra"),
+        node("b1", zone="zb", rack="rb"),
+        node("b2", zone="zb", rack="rb"),
+        node("b3", zone="zb", rack="rc"),
+        node("c1", zone="zc", rack="rd"),
     ]
     [outcome] = placed([group(workers=2, gpus=8)], nodes).groups
     assert {d.node_id for d in outcome.decisions} == {"b1", "b2"}  # one rack can hold the group
     assert outcome.score == 6
-    nodes = [node("a1", zone="za", rack="ra"), node("b1", zone="zb", rack="rb"), node("b3", zone="zb", rack="rc"),
-             node("c1", zone="zc", rack="rd")]
+    nodes = [
+        node("a1", zone="za", rack="ra"),
+        node("b1", zone="zb", rack="rb"),
+        node("b3", zone="zb", rack="rc"),
+        node("c1", zone="zc", rack="rd"),
+    ]
     [outcome] = placed([group(workers=2, gpus=8)], nodes).groups
     assert {d.node_id for d in outcome.decisions} == {"b1", "b3"}  # no rack can: the same zone
     assert outcome.score == 3 + 2
@@ -105,16 +114,21 @@ def test_packing_several_nodes_uses_the_fewest():
 
 
 def test_each_worker_gets_an_nvlink_domain_inside_a_node():
-    topology = json.dumps({"nvlink": [[0, 1], [1, 2], [2, 3], [4, 5], [5, 6], [6, 7]],
-                           "numa": {str(i): i // 4 for i in range(8)}})
+    topology = json.dumps(
+        {"nvlink": [[0, 1], [1, 2], [2, 3], [4, 5], [5, 6], [6, 7]], "numa": {str(i): i // 4 for i in range(8)}}
+    )
     box = node("box", labels={nvlink.TOPOLOGY_LABEL: topology})
     [outcome] = placed([group(workers=2, gpus=4, strategy="tp")], [box]).groups
     assert layout(outcome) == [("box", [0, 1, 2, 3]), ("box", [4, 5, 6, 7])]
 
 
 def test_the_chain_applies_to_each_worker():
-    nodes = [node("down", status="offline"), node("loaded", cpu_used=99.0), node("ok"),
-             node("cordoned", labels={CORDON_LABEL: "true"})]
+    nodes = [
+        node("down", status="offline"),
+        node("loaded", cpu_used=99.0),
+        node("ok"),
+        node("cordoned", labels={CORDON_LABEL: "true"}),
+    ]
     [failure] = placed([group(workers=2, gpus=8)], nodes).group_failures
     assert failure.removed == {"unavailable": 2, "load": 1}
     assert failure.placeable == 1

@@ -8,10 +8,12 @@ from apps.scheduler import nvlink
 from apps.scheduler.core import GpuSnap, NodeSnap, PluginSettings, TaskReq, place
 
 # 8 cards: NVLink domains {0,1,2,3} and {4,5}, PCIe cards 6 and 7; NUMA 0 = 0-3, 1 = 4-7
-TOPOLOGY = json.dumps({
-    "nvlink": [[0, 1], [1, 2], [2, 3], [4, 5]],
-    "numa": {"0": 0, "1": 0, "2": 0, "3": 0, "4": 1, "5": 1, "6": 1, "7": 1},
-})
+TOPOLOGY = json.dumps(
+    {
+        "nvlink": [[0, 1], [1, 2], [2, 3], [4, 5]],
+        "numa": {"0": 0, "1": 0, "2": 0, "3": 0, "4": 1, "5": 1, "6": 1, "7": 1},
+    }
+)
 
 
 def topo():

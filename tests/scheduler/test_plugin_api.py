@@ -12,7 +12,16 @@ def rows(response):
 
 def test_the_list_is_what_the_scheduler_uses(api, world):
     table = rows(api.get("/api/v1/scheduler/plugins", **bearer(world.operator_key)))
-    assert list(table) == ["gpu-filter", "resource-filter", "spread", "binpack", "topology", "rdma", "nvlink", "preempt"]
+    assert list(table) == [
+        "gpu-filter",
+        "resource-filter",
+        "spread",
+        "binpack",
+        "topology",
+        "rdma",
+        "nvlink",
+        "preempt",
+    ]
     assert table["spread"]["enabled"] and not table["binpack"]["enabled"]
     assert table["gpu-filter"]["locked"] and table["resource-filter"]["locked"]
     assert plugin_settings().layout == "spread"
@@ -60,7 +69,12 @@ def test_only_operators(api, world):
 
 
 def test_load_thresholds_are_the_resource_filters_extra(api, world):
-    response = api.put("/api/v1/plugins/resource-filter", {"extra": {"cpu_percent_max": 80, "gpu_temperature_max": 70}}, format="json", **bearer(world.operator_key))
+    response = api.put(
+        "/api/v1/plugins/resource-filter",
+        {"extra": {"cpu_percent_max": 80, "gpu_temperature_max": 70}},
+        format="json",
+        **bearer(world.operator_key),
+    )
     assert response.status_code == 200
     settings = plugin_settings()
     assert (settings.cpu_percent_max, settings.gpu_temperature_max, settings.memory_percent_max) == (80, 70, 90)
@@ -69,10 +83,18 @@ def test_load_thresholds_are_the_resource_filters_extra(api, world):
 def test_preempt_stage_is_the_preempt_plugins_extra(api, world):
     headers = bearer(world.operator_key)
     table = rows(api.get("/api/v1/scheduler/plugins", **headers))
-    assert table["preempt"] == {"name": "preempt", "kind": "postfilter", "enabled": True, "locked": False, "weight": 0.0,
-                                "extra": {"preempt_stage": "running"}}
+    assert table["preempt"] == {
+        "name": "preempt",
+        "kind": "postfilter",
+        "enabled": True,
+        "locked": False,
+        "weight": 0.0,
+        "extra": {"preempt_stage": "running"},
+    }
     assert plugin_settings().preempt_stage == "running"
-    table = rows(api.put("/api/v1/plugins/preempt", {"extra": {"preempt_stage": "scheduled"}}, format="json", **headers))
+    table = rows(
+        api.put("/api/v1/plugins/preempt", {"extra": {"preempt_stage": "scheduled"}}, format="json", **headers)
+    )
     assert table["preempt"]["extra"] == {"preempt_stage": "scheduled"}
     assert plugin_settings().preempt_stage == "scheduled"
     api.post("/api/v1/plugins/preempt?action=disable", **headers)
@@ -84,7 +106,9 @@ def test_extra_is_merged_and_a_null_restores_the_default(api, world):
     api.put("/api/v1/plugins/resource-filter", {"extra": {"cpu_percent_max": 80}}, format="json", **headers)
     api.put("/api/v1/plugins/resource-filter", {"extra": {"gpu_temperature_max": 70}}, format="json", **headers)
     assert (plugin_settings().cpu_percent_max, plugin_settings().gpu_temperature_max) == (80, 70)
-    table = rows(api.put("/api/v1/plugins/resource-filter", {"extra": {"cpu_percent_max": None}}, format="json", **headers))
+    table = rows(
+        api.put("/api/v1/plugins/resource-filter", {"extra": {"cpu_percent_max": None}}, format="json", **headers)
+    )
     assert table["resource-filter"]["extra"] == {"gpu_temperature_max": 70}
     assert plugin_settings().cpu_percent_max == 90
 

@@ -105,8 +105,9 @@ def test_the_watchdog_job_is_guarded_and_runs(world):
 
 
 def test_preemption_disabled_evicts_nobody(api, world, busy_node):
-    api.put("/api/v1/plugins/preempt", {"extra": {"preempt_stage": "disabled"}}, format="json",
-            **bearer(world.operator_key))
+    api.put(
+        "/api/v1/plugins/preempt", {"extra": {"preempt_stage": "disabled"}}, format="json", **bearer(world.operator_key)
+    )
     high = make_task(world.tenants["acme"], name="high", gpu_required=2, priority=90)
     result = run_cycle()
     assert not result.preemptions and result.failed[high.pk]["code"] == "InsufficientResources"

@@ -46,10 +46,14 @@ def cluster(request, tmp_path):
         pytest.skip(why)
     server, url = start_control_plane()
     engine = runtime == "docker"
-    parts = {"url": url, "server": server,
-             "agent": start_agent(url, tmp_path / "agent", container_engine=engine, **QUICK),
-             "data_dir": tmp_path / "agent", "engine": engine,
-             "image": os.environ.get("HETEROFLOW_TEST_IMAGE", "localhost/heteroflow-test:busybox") if engine else ""}
+    parts = {
+        "url": url,
+        "server": server,
+        "agent": start_agent(url, tmp_path / "agent", container_engine=engine, **QUICK),
+        "data_dir": tmp_path / "agent",
+        "engine": engine,
+        "image": os.environ.get("HETEROFLOW_TEST_IMAGE", "localhost/heteroflow-test:busybox") if engine else "",
+    }
     try:
         node = wait_until(lambda: Node.objects.filter(status="online").first(), 40, "the node to come online")
         assert node.exec_mode == runtime
@@ -62,8 +66,14 @@ def cluster(request, tmp_path):
 
 
 def submit(cluster, command, **fields) -> Task:
-    task = create_task(tenant=cluster["tenant"], name=fields.pop("name", "t"), image=cluster["image"], command=command,
-                       gpu_required=0, **fields)
+    task = create_task(
+        tenant=cluster["tenant"],
+        name=fields.pop("name", "t"),
+        image=cluster["image"],
+        command=command,
+        gpu_required=0,
+        **fields,
+    )
     # the test machine is busy running the suite: the node's CPU reading may be over the
     # 90 % threshold for a beat or two, and then the task waits, as it would in production
     wait_until(lambda: task.pk in run_cycle().bound, 30, f"task {task.pk} to be placed")
@@ -81,15 +91,18 @@ def finished(task: Task, timeout: float = 40) -> Task:
 
 
 def test_a_task_runs_and_reports_its_exit_code_and_log_tail(cluster):
-    task = submit(cluster, ["sh", "-c", "echo hello from $HOSTNAME_SAFE; echo line2; exit 0"],
-                  env={"HOSTNAME_SAFE": "the-task"})
+    task = submit(
+        cluster, ["sh", "-c", "echo hello from $HOSTNAME_SAFE; echo line2; exit 0"], env={"HOSTNAME_SAFE": "the-task"}
+    )
     bound_at = task.bound_at
     wait_until(lambda: Task.objects.get(pk=task.pk).started_at, 15, "the claim")
     task = finished(task)
     assert (task.status, task.exit_code) == ("completed", 0), task.error_message
     assert "hello from the-task" in task.log_tail and "line2" in task.log_tail
-    print(f"\nsubmission to running: {(task.started_at - task.created_at).total_seconds():.2f} s "
-          f"(bound to running: {(task.started_at - bound_at).total_seconds():.2f} s)")
+    print(
+        f"\nsubmission to running: {(task.started_at - task.created_at).total_seconds():.2f} s "
+        f"(bound to running: {(task.started_at - bound_at).total_seconds():.2f} s)"
+    )
 
     failing = finished(submit(cluster, ["sh", "-c", "echo broken >&2; exit 3"], name="failing"))
     assert (failing.status, failing.exit_code) == ("failed", 3) and "broken" in failing.log_tail
@@ -115,8 +128,9 @@ def test_a_restarted_agent_adopts_the_running_task_and_reports_it(cluster, tmp_p
     assert "stopped" in output
     task.refresh_from_db()
     assert task.status == "running"
-    cluster["agent"] = start_agent(cluster["url"], cluster["data_dir"], container_engine=cluster["engine"],
-                                   **QUICK)  # same data dir: same node
+    cluster["agent"] = start_agent(
+        cluster["url"], cluster["data_dir"], container_engine=cluster["engine"], **QUICK
+    )  # same data dir: same node
     task = finished(task, timeout=40)
     assert (task.status, task.exit_code) == ("completed", 0) and "survived" in task.log_tail
 

@@ -20,17 +20,21 @@ def test_rank_variables_follow_the_nodes_in_rank_order():
     assert [e["NODE_RANK"] for e in env] == ["0", "0", "1", "1", "2"]
     assert [e["LOCAL_WORLD_SIZE"] for e in env] == ["2", "2", "2", "2", "1"]
     assert {(e["WORLD_SIZE"], e["MASTER_ADDR"], e["MASTER_PORT"], e["HETEROFLOW_DIST_BACKEND"]) for e in env} == {
-        ("5", "10.0.0.1", "8000", "nccl")}
+        ("5", "10.0.0.1", "8000", "nccl")
+    }
 
 
-@pytest.mark.parametrize("gpu_type, domain, internal, expected", [
-    ("nvidia", NetworkDomain.PROVEN_SAME, "10.0.0.1", ("nccl", "internal", "10.0.0.1")),
-    ("Ascend", NetworkDomain.PROVEN_SAME, "10.0.0.1", ("hccl", "internal", "10.0.0.1")),
-    ("virtual", NetworkDomain.PROVEN_SAME, "10.0.0.1", ("gloo", "internal", "10.0.0.1")),
-    ("nvidia", NetworkDomain.UNKNOWN, "10.0.0.1", ("gloo", "public", "203.0.113.1")),
-    ("nvidia", NetworkDomain.PROVEN_DIFFERENT, "10.0.0.1", ("gloo", "public", "203.0.113.1")),
-    ("nvidia", NetworkDomain.PROVEN_SAME, None, ("gloo", "public", "203.0.113.1")),
-])
+@pytest.mark.parametrize(
+    "gpu_type, domain, internal, expected",
+    [
+        ("nvidia", NetworkDomain.PROVEN_SAME, "10.0.0.1", ("nccl", "internal", "10.0.0.1")),
+        ("Ascend", NetworkDomain.PROVEN_SAME, "10.0.0.1", ("hccl", "internal", "10.0.0.1")),
+        ("virtual", NetworkDomain.PROVEN_SAME, "10.0.0.1", ("gloo", "internal", "10.0.0.1")),
+        ("nvidia", NetworkDomain.UNKNOWN, "10.0.0.1", ("gloo", "public", "203.0.113.1")),
+        ("nvidia", NetworkDomain.PROVEN_DIFFERENT, "10.0.0.1", ("gloo", "public", "203.0.113.1")),
+        ("nvidia", NetworkDomain.PROVEN_SAME, None, ("gloo", "public", "203.0.113.1")),
+    ],
+)
 def test_the_backend_needs_proof_of_one_network(gpu_type, domain, internal, expected):
     decision = network_decision(gpu_type, domain, "a", internal, "203.0.113.1", 8000)
     assert (decision["backend"], decision["address"], decision["master_addr"]) == expected

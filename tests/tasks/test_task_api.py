@@ -18,7 +18,12 @@ def test_a_member_queues_a_task_for_their_tenant(api, world):
     response = create(api, bearer(world.keys["acme-member"]))
     assert response.status_code == 201, response.content
     body = response.json()
-    assert (body["status"], body["tenant"], body["priority"], body["created_by"]) == ("pending", "acme", 50, "acme-member")
+    assert (body["status"], body["tenant"], body["priority"], body["created_by"]) == (
+        "pending",
+        "acme",
+        50,
+        "acme-member",
+    )
     assert body["timeout_seconds"] == settings.HETEROFLOW_TASK_TIMEOUT_SECONDS
 
 
@@ -112,7 +117,9 @@ def test_the_agent_must_name_node_and_status(api, world, node):
 def test_the_agent_gets_its_scheduled_tasks_with_secrets_resolved(api, world, node):
     tenant = world.tenants["acme"]
     put_secret(tenant, "hf-token", "s3cr3t")
-    task = Task.objects.create(tenant=tenant, name="t", status="scheduled", node=node, env={"A": "1", "TOKEN": {"secret": "hf-token"}})
+    task = Task.objects.create(
+        tenant=tenant, name="t", status="scheduled", node=node, env={"A": "1", "TOKEN": {"secret": "hf-token"}}
+    )
     Task.objects.create(tenant=tenant, name="other", status="scheduled")
     results = api.get("/api/v1/tasks?node_id=n1&status=scheduled", **AGENT).json()["results"]
     assert [t["id"] for t in results] == [task.pk]
@@ -120,7 +127,9 @@ def test_the_agent_gets_its_scheduled_tasks_with_secrets_resolved(api, world, no
     # the stored task keeps the reference, never the value
     assert Task.objects.get(pk=task.pk).env["TOKEN"] == {"secret": "hf-token"}
     # people see the reference
-    assert api.get(f"/api/v1/tasks/{task.pk}", **bearer(world.keys["acme-admin"])).json()["env"]["TOKEN"] == {"secret": "hf-token"}
+    assert api.get(f"/api/v1/tasks/{task.pk}", **bearer(world.keys["acme-admin"])).json()["env"]["TOKEN"] == {
+        "secret": "hf-token"
+    }
 
 
 def test_agent_reports_are_cas_and_idempotent(api, world, node):
@@ -136,7 +145,9 @@ def test_agent_reports_are_cas_and_idempotent(api, world, node):
     illegal = {"node_id": "n1", "from_status": "completed", "status": "running"}
     assert api.put(f"/api/v1/tasks/{task.pk}", illegal, format="json", **AGENT).status_code == 400
     assert api.put(f"/api/v1/tasks/{task.pk}", claim | {"node_id": "n2"}, format="json", **AGENT).status_code == 404
-    assert api.put(f"/api/v1/tasks/{task.pk}", claim, format="json", **bearer(world.keys["acme-admin"])).status_code == 403
+    assert (
+        api.put(f"/api/v1/tasks/{task.pk}", claim, format="json", **bearer(world.keys["acme-admin"])).status_code == 403
+    )
 
 
 def test_a_preempted_task_confirmed_returns_to_the_queue_once(api, world, node):
@@ -173,14 +184,22 @@ def test_registry_credentials_reference_a_secret_and_reach_only_the_agent(api, w
     put_secret(tenant, "registry-pw", "hunter2")
     headers = bearer(world.keys["acme-admin"])
     auth = {"registry": "registry.example.com:5000", "username": "ci", "password": {"secret": "registry-pw"}}
-    created = api.post("/api/v1/tasks", {"name": "t", "image": "registry.example.com:5000/team/app:1", "registry_auth": auth},
-                       format="json", **headers)
+    created = api.post(
+        "/api/v1/tasks",
+        {"name": "t", "image": "registry.example.com:5000/team/app:1", "registry_auth": auth},
+        format="json",
+        **headers,
+    )
     assert created.status_code == 201 and created.json()["registry_auth"] == auth  # people see the reference
     task = Task.objects.get(pk=created.json()["id"])
     assert "hunter2" not in str(task.registry_auth)  # nothing secret in public
     Task.objects.filter(pk=task.pk).update(status="scheduled", node=node)
     fetched = api.get("/api/v1/tasks?node_id=n1&status=scheduled", **AGENT).json()["results"][0]
-    assert fetched["registry_auth"] == {"registry": "registry.example.com:5000", "username": "ci", "password": "hunter2"}
+    assert fetched["registry_auth"] == {
+        "registry": "registry.example.com:5000",
+        "username": "ci",
+        "password": "hunter2",
+    }
 
 
 @pytest.mark.parametrize(
@@ -193,20 +212,41 @@ def test_registry_credentials_reference_a_secret_and_reach_only_the_agent(api, w
 )
 def test_bad_registry_credentials_are_refused_and_nothing_is_queued(api, world, auth, field):
     before = Task.objects.count()
-    response = api.post("/api/v1/tasks", {"name": "t", "image": "x", "registry_auth": auth}, format="json",
-                        **bearer(world.keys["acme-admin"]))
+    response = api.post(
+        "/api/v1/tasks",
+        {"name": "t", "image": "x", "registry_auth": auth},
+        format="json",
+        **bearer(world.keys["acme-admin"]),
+    )
     assert response.status_code == 400 and field in str(response.json()["error"]["fields"])
     assert Task.objects.count() == before
 
 
 def test_the_agent_adds_to_a_tasks_history_and_its_readers_see_it(api, world, node):
     task = Task.objects.create(tenant=world.tenants["acme"], name="t", status="running", node=node, kind="training")
-    event = {"node_id": "n1", "kind": "checkpoint_resume", "message": "resuming from /ckpt/epoch-2 (marker)",
-             "details": {"resume_from": "/ckpt/epoch-2"}}
+    event = {
+        "node_id": "n1",
+        "kind": "checkpoint_resume",
+        "message": "resuming from /ckpt/epoch-2 (marker)",
+        "details": {"resume_from": "/ckpt/epoch-2"},
+    }
     assert api.post(f"/api/v1/tasks/{task.pk}/events", event, format="json", **AGENT).status_code == 201
-    assert api.post(f"/api/v1/tasks/{task.pk}/events", event | {"node_id": "n2"}, format="json", **AGENT).status_code == 404
-    assert api.post(f"/api/v1/tasks/{task.pk}/events", event | {"kind": "Bad Kind"}, format="json", **AGENT).status_code == 400
-    assert api.post(f"/api/v1/tasks/{task.pk}/events", event, format="json", **bearer(world.keys["acme-admin"])).status_code == 403
+    assert (
+        api.post(f"/api/v1/tasks/{task.pk}/events", event | {"node_id": "n2"}, format="json", **AGENT).status_code
+        == 404
+    )
+    assert (
+        api.post(f"/api/v1/tasks/{task.pk}/events", event | {"kind": "Bad Kind"}, format="json", **AGENT).status_code
+        == 400
+    )
+    assert (
+        api.post(
+            f"/api/v1/tasks/{task.pk}/events", event, format="json", **bearer(world.keys["acme-admin"])
+        ).status_code
+        == 403
+    )
     history = api.get(f"/api/v1/tasks/{task.pk}/events", **bearer(world.keys["acme-viewer"])).json()
-    assert [(e["kind"], e["node"], e["details"]) for e in history] == [("checkpoint_resume", "n1", {"resume_from": "/ckpt/epoch-2"})]
+    assert [(e["kind"], e["node"], e["details"]) for e in history] == [
+        ("checkpoint_resume", "n1", {"resume_from": "/ckpt/epoch-2"})
+    ]
     assert api.get(f"/api/v1/tasks/{task.pk}/events", **bearer(world.keys["beta-viewer"])).status_code == 404

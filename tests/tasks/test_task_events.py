@@ -26,7 +26,8 @@ def test_one_and_many_events_are_shaped_the_same_way(world):
 
 def test_no_other_module_writes_task_events_itself():
     writers = sorted(
-        str(path.relative_to(REPO)) for path in (REPO / "apps").rglob("*.py")
+        str(path.relative_to(REPO))
+        for path in (REPO / "apps").rglob("*.py")
         if path != REPO / "apps/tasks/services.py" and WRITES_AN_EVENT.search(path.read_text())
     )
     assert writers == []

@@ -9,25 +9,28 @@ from apps.tasks.models import TaskGroup
 from tests.factories import make_task
 
 
-@pytest.mark.parametrize("members, expected", [
-    ([], G.PENDING),
-    (["pending", "pending"], G.PENDING),
-    (["scheduled", "pending"], G.SCHEDULED),
-    (["scheduled", "running"], G.SCHEDULED),
-    (["starting", "running"], G.SCHEDULED),
-    (["running", "running"], G.RUNNING),
-    (["completed", "running"], G.RUNNING),  # rank 0 may finish first
-    (["completed", "completed"], G.COMPLETED),
-    (["failed", "running"], G.STOPPING),  # a lost worker ends the attempt
-    (["stopping", "running"], G.STOPPING),
-    (["preempting", "running"], G.STOPPING),
-    (["stopped", "pending"], G.STOPPING),
-    (["stopped", "stopped"], G.STOPPED),
-    (["cancelled", "cancelled"], G.STOPPED),
-    (["stopped", "completed"], G.STOPPED),
-    (["failed", "stopped"], G.FAILED),
-    (["failed", "completed"], G.FAILED),
-])
+@pytest.mark.parametrize(
+    "members, expected",
+    [
+        ([], G.PENDING),
+        (["pending", "pending"], G.PENDING),
+        (["scheduled", "pending"], G.SCHEDULED),
+        (["scheduled", "running"], G.SCHEDULED),
+        (["starting", "running"], G.SCHEDULED),
+        (["running", "running"], G.RUNNING),
+        (["completed", "running"], G.RUNNING),  # rank 0 may finish first
+        (["completed", "completed"], G.COMPLETED),
+        (["failed", "running"], G.STOPPING),  # a lost worker ends the attempt
+        (["stopping", "running"], G.STOPPING),
+        (["preempting", "running"], G.STOPPING),
+        (["stopped", "pending"], G.STOPPING),
+        (["stopped", "stopped"], G.STOPPED),
+        (["cancelled", "cancelled"], G.STOPPED),
+        (["stopped", "completed"], G.STOPPED),
+        (["failed", "stopped"], G.FAILED),
+        (["failed", "completed"], G.FAILED),
+    ],
+)
 def test_status_is_a_function_of_the_members(members, expected):
     assert group_status(members) == expected
 
@@ -35,8 +38,9 @@ def test_status_is_a_function_of_the_members(members, expected):
 @pytest.mark.django_db
 def test_status_follows_the_member_rows(world):
     acme = world.tenants["acme"]
-    group = TaskGroup.objects.create(tenant=acme, name="llm", world_size=2, gpus_per_worker=4, gpu_type="nvidia",
-                                     strategy="ddp")
+    group = TaskGroup.objects.create(
+        tenant=acme, name="llm", world_size=2, gpus_per_worker=4, gpu_type="nvidia", strategy="ddp"
+    )
     assert group.status == G.PENDING
     first = make_task(acme, group=group, rank=0, kind="training", gpu_required=4)
     make_task(acme, group=group, rank=1, kind="training", gpu_required=4, status="running")

@@ -25,7 +25,13 @@ def admin_client(client, world):
 def test_admin_add_creates_the_tenant_and_its_schema(admin_client):
     response = admin_client.post(
         "/admin/tenants/tenant/add/",
-        {"name": "Delta", "slug": "delta", "max_gpus": "4", "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"},
+        {
+            "name": "Delta",
+            "slug": "delta",
+            "max_gpus": "4",
+            "memberships-TOTAL_FORMS": "0",
+            "memberships-INITIAL_FORMS": "0",
+        },
     )
     assert response.status_code == 302, response.content.decode()[:2000]
     tenant = Tenant.objects.get(slug="delta")
@@ -86,8 +92,12 @@ def test_admin_adds_members_through_the_service(admin_client, world):
 
     user = UserFactory(username="erin")
     tenant = world.tenants["acme"]
-    response = admin_client.post("/admin/tenants/membership/add/", {"user": user.pk, "tenant": tenant.pk, "role": "member"})
+    response = admin_client.post(
+        "/admin/tenants/membership/add/", {"user": user.pk, "tenant": tenant.pk, "role": "member"}
+    )
     assert response.status_code == 302
     assert Membership.objects.filter(user=user, tenant=tenant, role="member").exists()
-    response = admin_client.post("/admin/tenants/membership/add/", {"user": user.pk, "tenant": tenant.pk, "role": "viewer"})
+    response = admin_client.post(
+        "/admin/tenants/membership/add/", {"user": user.pk, "tenant": tenant.pk, "role": "viewer"}
+    )
     assert response.status_code == 200 and "already a member" in response.content.decode()

@@ -29,19 +29,31 @@ def test_adding_a_new_member_creates_the_user_and_shows_a_generated_password_onc
 
 
 def test_adding_an_existing_user_to_a_second_tenant_keeps_one_user(world, api):
-    response = api.post("/api/v1/tenants/beta/members", {"username": "acme-viewer", "role": "member"}, format="json", **bearer(world.keys["beta-admin"]))
+    response = api.post(
+        "/api/v1/tenants/beta/members",
+        {"username": "acme-viewer", "role": "member"},
+        format="json",
+        **bearer(world.keys["beta-admin"]),
+    )
     assert response.status_code == 201
     assert response.json()["user_created"] is False and response.json()["initial_password"] is None
     assert Membership.objects.filter(user__username="acme-viewer").count() == 2
 
 
 def test_adding_a_member_twice_is_a_conflict(world, api):
-    response = api.post("/api/v1/tenants/acme/members", {"username": "acme-viewer"}, format="json", **bearer(world.keys["acme-admin"]))
+    response = api.post(
+        "/api/v1/tenants/acme/members", {"username": "acme-viewer"}, format="json", **bearer(world.keys["acme-admin"])
+    )
     assert response.status_code == 409
 
 
 def test_weak_password_is_refused_and_no_user_is_created(world, api):
-    response = api.post("/api/v1/tenants/acme/members", {"username": "weak", "password": "123"}, format="json", **bearer(world.keys["acme-admin"]))
+    response = api.post(
+        "/api/v1/tenants/acme/members",
+        {"username": "weak", "password": "123"},
+        format="json",
+        **bearer(world.keys["acme-admin"]),
+    )
     assert response.status_code == 400 and "password" in response.json()["error"]["fields"]
     assert not User.objects.filter(username="weak").exists()
 
@@ -127,9 +139,14 @@ def test_a_key_never_outranks_its_member(world, api):
     # The key was issued as admin; the member is demoted; the key acts as member.
     headers = bearer(world.operator_key)
     api.patch("/api/v1/tenants/acme/members/acme-member", {"role": "admin"}, format="json", **headers)
-    admin_key = api.post("/api/v1/api-keys", {"name": "strong", "role": "admin"}, format="json", **bearer(world.keys["acme-admin"])).json()
+    admin_key = api.post(
+        "/api/v1/api-keys", {"name": "strong", "role": "admin"}, format="json", **bearer(world.keys["acme-admin"])
+    ).json()
     promoted = api.post(
-        "/api/v1/api-keys", {"name": "m", "tenant": "acme", "username": "acme-member", "role": "admin"}, format="json", **headers
+        "/api/v1/api-keys",
+        {"name": "m", "tenant": "acme", "username": "acme-member", "role": "admin"},
+        format="json",
+        **headers,
     ).json()["key"]
     api.patch("/api/v1/tenants/acme/members/acme-member", {"role": "viewer"}, format="json", **headers)
     assert api.get("/api/v1/me", **bearer(promoted)).json()["role"] == "viewer"
@@ -139,7 +156,9 @@ def test_a_key_never_outranks_its_member(world, api):
 
 
 def test_platform_keys_act_as_operators(world, api):
-    body = api.post("/api/v1/api-keys", {"name": "automation", "scope": "platform"}, format="json", **bearer(world.operator_key)).json()
+    body = api.post(
+        "/api/v1/api-keys", {"name": "automation", "scope": "platform"}, format="json", **bearer(world.operator_key)
+    ).json()
     assert body["key"].startswith("sk-admin-") and body["tenant"] is None
     assert api.get("/api/v1/me", **bearer(body["key"])).json()["kind"] == "operator"
 
@@ -151,7 +170,12 @@ def test_a_demoted_operator_loses_platform_keys(world, api):
 
 
 def test_session_users_pick_their_tenant(world, api):
-    api.post("/api/v1/tenants/beta/members", {"username": "acme-viewer", "role": "admin"}, format="json", **bearer(world.operator_key))
+    api.post(
+        "/api/v1/tenants/beta/members",
+        {"username": "acme-viewer", "role": "admin"},
+        format="json",
+        **bearer(world.operator_key),
+    )
     api.force_login(world.users["acme-viewer"])
     assert api.get("/api/v1/me").json()["tenant"] == "acme"  # alphabetical default
     assert api.get("/api/v1/me", **tenant_header("beta")).json()["role"] == "admin"
@@ -166,7 +190,9 @@ def test_a_signed_in_user_without_a_tenant_can_do_nothing(world, api):
 
 def test_a_limited_key_cannot_mint_a_stronger_one(world, api):
     # An admin's viewer-limited key (say, for a dashboard) must not issue an admin key.
-    viewer_key = api.post("/api/v1/api-keys", {"name": "dash", "role": "viewer"}, format="json", **bearer(world.keys["acme-admin"])).json()["key"]
+    viewer_key = api.post(
+        "/api/v1/api-keys", {"name": "dash", "role": "viewer"}, format="json", **bearer(world.keys["acme-admin"])
+    ).json()["key"]
     response = api.post("/api/v1/api-keys", {"name": "escalate", "role": "admin"}, format="json", **bearer(viewer_key))
     assert response.status_code == 400
     assert "at most viewer" in response.json()["error"]["fields"]["role"][0]

@@ -8,8 +8,8 @@ from apps.tasks.choices import ACTIVE, TERMINAL
 from apps.tenants import services
 from apps.tenants.models import Tenant
 from apps.tenants.selectors import tenants_may_share
-from tests.headers import bearer
 from tests.factories import TaskFactory
+from tests.headers import bearer
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +27,9 @@ def table_in_schema(schema: str, table: str) -> bool:
 
 
 def test_creating_a_tenant_creates_its_migrated_schema(world, api):
-    response = api.post("/api/v1/tenants", {"name": "Gamma Labs", "slug": "gamma-labs"}, format="json", **bearer(world.operator_key))
+    response = api.post(
+        "/api/v1/tenants", {"name": "Gamma Labs", "slug": "gamma-labs"}, format="json", **bearer(world.operator_key)
+    )
     assert response.status_code == 201, response.content
     tenant = Tenant.objects.get(slug="gamma-labs")
     assert tenant.schema_name == "t_gamma_labs"
@@ -131,7 +133,9 @@ def test_deleting_a_tenant_drops_its_schema_and_what_it_owns(world, api):
 
 
 def test_operator_sets_quotas(world, api):
-    response = api.patch("/api/v1/tenants/acme", {"max_gpus": 8, "max_concurrent_tasks": 20}, format="json", **bearer(world.operator_key))
+    response = api.patch(
+        "/api/v1/tenants/acme", {"max_gpus": 8, "max_concurrent_tasks": 20}, format="json", **bearer(world.operator_key)
+    )
     assert response.status_code == 200
     assert response.json()["max_gpus"] == 8
     tenant = Tenant.objects.get(slug="acme")

@@ -21,11 +21,11 @@ from .model import Detection
 
 __all__ = ["detect", "Detection", "Detector", "find_command", "run_tool", "MATRIX", "DEFAULT_TIMEOUT"]
 
-_detectors: Dict[Tuple[str, float, Optional[bool]], Detector] = {}
+_detectors: dict[tuple[str, float, bool | None], Detector] = {}
 _detectors_lock = threading.Lock()
 
 
-def detect(root: str = "/", timeout: float = DEFAULT_TIMEOUT, is_container: Optional[bool] = None) -> Detection:
+def detect(root: str = "/", timeout: float = DEFAULT_TIMEOUT, is_container: bool | None = None) -> Detection:
     """One reading of this machine's GPUs, reusing the detector kept for these arguments
     so that the vendor is found once and known cards are remembered between calls."""
     key = (root, float(timeout), is_container)

@@ -9,7 +9,6 @@ card by index, hence partial attribution.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional
 
 from .base import Runner, VendorTool, reading_from
 from .model import Card, Reading
@@ -36,14 +35,14 @@ def _entries(data) -> list:
     return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
 
 
-def _value(item) -> Optional[float]:
+def _value(item) -> float | None:
     """amd-smi writes {"value": 41, "unit": "C"} or, in older releases, "41 C" or 41."""
     if isinstance(item, dict):
         item = item.get("value")
     return number(item)
 
 
-def _first(section, *keys) -> Optional[float]:
+def _first(section, *keys) -> float | None:
     if not isinstance(section, dict):
         return None
     for key in keys:
@@ -53,14 +52,14 @@ def _first(section, *keys) -> Optional[float]:
     return None
 
 
-def _mib(item) -> Optional[int]:
+def _mib(item) -> int | None:
     if isinstance(item, dict):
         return to_mib(number(item.get("value")), str(item.get("unit") or "MB"))
     return to_mib(item, "MB") if item is not None else None
 
 
-def parse_amd_smi_metric(text: str, names: Optional[Dict[int, str]] = None) -> List[Card]:
-    cards: List[Card] = []
+def parse_amd_smi_metric(text: str, names: dict[int, str] | None = None) -> list[Card]:
+    cards: list[Card] = []
     for entry in _entries(extract_json(text)):
         index = entry.get("gpu")
         if not isinstance(index, int) or isinstance(index, bool):
@@ -77,8 +76,8 @@ def parse_amd_smi_metric(text: str, names: Optional[Dict[int, str]] = None) -> L
     return cards
 
 
-def parse_amd_smi_static(text: str) -> Dict[int, str]:
-    names: Dict[int, str] = {}
+def parse_amd_smi_static(text: str) -> dict[int, str]:
+    names: dict[int, str] = {}
     for entry in _entries(extract_json(text)):
         index, asic = entry.get("gpu"), entry.get("asic")
         if isinstance(index, int) and isinstance(asic, dict):
@@ -93,7 +92,7 @@ class AmdTool(VendorTool):
     tools = ("amd-smi", "rocm-smi")
 
     def __init__(self):
-        self._names: Optional[Dict[int, str]] = None
+        self._names: dict[int, str] | None = None
 
     def read(self, path: str, run: Runner, *, slicing: bool = False) -> Reading:
         if os.path.basename(path) == "rocm-smi":

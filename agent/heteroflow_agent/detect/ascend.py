@@ -11,7 +11,6 @@ sample, and the capability matrix drops it anyway.
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Tuple
 
 from .base import VendorTool
 from .model import Card
@@ -20,12 +19,12 @@ from .parsing import BUS_ID, number, pipe_cells, to_mib
 _PAIR = re.compile(r"(\S+)\s*/\s*(\S+)")
 
 
-def _pairs(text: str) -> List[Tuple[Optional[int], Optional[int]]]:
+def _pairs(text: str) -> list[tuple[int | None, int | None]]:
     return [(to_mib(a, "MiB"), to_mib(b, "MiB")) for a, b in _PAIR.findall(text)]
 
 
-def parse_npu_smi(text: str) -> List[Card]:
-    cards: List[Card] = []
+def parse_npu_smi(text: str) -> list[Card]:
+    cards: list[Card] = []
     first = None  # the chip's first row, waiting for its second
     hbm = False  # the header has an HBM-Usage column: that is the NPU's memory
     for line in (text or "").splitlines():
@@ -70,5 +69,5 @@ class AscendTool(VendorTool):
     tools = ("npu-smi",)
     args = ("info",)
 
-    def parse(self, text: str) -> List[Card]:
+    def parse(self, text: str) -> list[Card]:
         return parse_npu_smi(text)

@@ -7,7 +7,7 @@ names, an NVML handle.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
 
 from .command import ToolResult, find_command, first_line
 from .model import Card, Reading
@@ -21,7 +21,7 @@ class VendorTool:
     tools: Sequence[str] = ()  # tool names, tried in order
     args: Sequence[str] = ()  # arguments of the per-beat run
 
-    def locate(self, root: str) -> Optional[str]:
+    def locate(self, root: str) -> str | None:
         """Where this vendor's tool is on this machine, or None: the vendor is absent."""
         for name in self.tools:
             path = find_command(name, root)
@@ -33,19 +33,19 @@ class VendorTool:
         """One reading of every card. `slicing`: also read what slicing needs (MIG)."""
         return reading_from(run([path, *self.args]), self.parse)
 
-    def parse(self, text: str) -> List[Card]:
+    def parse(self, text: str) -> list[Card]:
         raise NotImplementedError
 
-    def probe(self, path: str, run: Runner, card: str) -> Union[Card, str]:
+    def probe(self, path: str, run: Runner, card: str) -> Card | str:
         """Ask about one card by its key: the card, or why it could not be read."""
         return "this tool cannot be asked about one card"
 
-    def topology(self, path: str, run: Runner) -> Optional[str]:
+    def topology(self, path: str, run: Runner) -> str | None:
         """The gpu-topology label value, or None when the vendor has none."""
         return None
 
 
-def reading_from(result: ToolResult, parse: Callable[[str], List[Card]]) -> Reading:
+def reading_from(result: ToolResult, parse: Callable[[str], list[Card]]) -> Reading:
     """Judge one run: cards if any could be parsed, else why not.
 
     A non-zero exit that still printed cards is kept (nvidia-smi exits non-zero when one

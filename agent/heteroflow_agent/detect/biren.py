@@ -7,8 +7,6 @@ on as printed and the memory total is what matters.
 
 from __future__ import annotations
 
-from typing import List
-
 from .base import VendorTool
 from .model import Card
 from .smi_table import parse_two_row_table
@@ -18,5 +16,5 @@ class BirenTool(VendorTool):
     vendor = "biren"
     tools = ("brsmi", "birensmi")
 
-    def parse(self, text: str) -> List[Card]:
+    def parse(self, text: str) -> list[Card]:
         return parse_two_row_table(text)

@@ -7,7 +7,6 @@ against it (partial attribution in the spec's matrix).
 from __future__ import annotations
 
 import re
-from typing import List
 
 from .base import VendorTool
 from .model import Card
@@ -20,8 +19,8 @@ def _value(value):
     return None if value is None or value.strip().upper() in ("N/A", "NA", "-") else value
 
 
-def parse_cnmon_info(text: str) -> List[Card]:
-    cards: List[Card] = []
+def parse_cnmon_info(text: str) -> list[Card]:
+    cards: list[Card] = []
     for opened, record in sectioned_records(text, _CARD):
         index = int(opened.group(1))
         card = Card(key=str(index), index=index)
@@ -42,5 +41,5 @@ class CambriconTool(VendorTool):
     tools = ("cnmon",)
     args = ("info",)
 
-    def parse(self, text: str) -> List[Card]:
+    def parse(self, text: str) -> list[Card]:
         return parse_cnmon_info(text)

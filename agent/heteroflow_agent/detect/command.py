@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -53,7 +53,7 @@ def candidate_paths(name: str, root: str = "/") -> list:
     return [os.path.join(root, rel) for rel in rels]
 
 
-def find_command(name: str, root: str = "/") -> Optional[str]:
+def find_command(name: str, root: str = "/") -> str | None:
     """Where the tool `name` is: fixed paths, per-tool fallbacks, then PATH; or None."""
     for path in candidate_paths(name, root):
         if _executable(path):
@@ -69,7 +69,7 @@ def find_command(name: str, root: str = "/") -> Optional[str]:
 @dataclass
 class ToolResult:
     argv: tuple
-    returncode: Optional[int] = None
+    returncode: int | None = None
     stdout: str = ""
     stderr: str = ""
     timed_out: bool = False
@@ -155,5 +155,5 @@ def run_tool(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> ToolResul
     return ToolResult(argv, proc.returncode, _text(out), _text(err), timeout=timeout)
 
 
-def _text(data: Optional[bytes]) -> str:
+def _text(data: bytes | None) -> str:
     return (data or b"").decode("utf-8", "replace")

@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
 
 from . import slicing
 from .base import VendorTool
@@ -28,7 +28,8 @@ from .matrix import FULL, MATRIX, PARTIAL, VendorCapability
 from .model import METRICS, Card, Detection, Reading
 from .nvidia import NVML, TOPOLOGY_LABEL, NvidiaTool
 from .registry import DETECTORS
-from .virtual import VENDOR as VIRTUAL, virtual_card
+from .virtual import VENDOR as VIRTUAL
+from .virtual import virtual_card
 
 log = logging.getLogger(__name__)
 
@@ -53,26 +54,26 @@ class Detector:
         self,
         root: str = "/",
         timeout: float = DEFAULT_TIMEOUT,
-        is_container: Optional[bool] = None,
+        is_container: bool | None = None,
         *,
-        nvml: Optional[bool] = None,
+        nvml: bool | None = None,
         rescan_every: int = 12,
-        detectors: Optional[Iterable[type]] = None,
+        detectors: Iterable[type] | None = None,
     ):
         self.root = root or "/"
         self.timeout = float(timeout)
         self._container_given = is_container
-        self._container: Optional[bool] = None
+        self._container: bool | None = None
         # NVML reads the real machine and cannot be pointed at a scratch root
         use_nvml = os.path.abspath(self.root) == "/" if nvml is None else nvml
-        self._tools: List[VendorTool] = [
+        self._tools: list[VendorTool] = [
             cls(nvml=use_nvml) if cls is NvidiaTool else cls() for cls in (detectors or DETECTORS)
         ]
         self._rescan_every = max(1, int(rescan_every))
-        self._tool: Optional[VendorTool] = None
+        self._tool: VendorTool | None = None
         self._path = ""
-        self._known: Dict[str, _Known] = {}
-        self._topology: Optional[str] = None
+        self._known: dict[str, _Known] = {}
+        self._topology: str | None = None
         self._topology_tried = 0  # the call number of the last attempt
         self._calls = 0
         self._last_error = ""
@@ -89,7 +90,7 @@ class Detector:
         return self._container
 
     @property
-    def vendor(self) -> Optional[str]:
+    def vendor(self) -> str | None:
         """The vendor chosen so far (None before the first call or while virtual)."""
         return self._tool.vendor if self._tool else None
 
@@ -112,12 +113,15 @@ class Detector:
             except Exception as exc:  # a bug here must cost one beat's GPU part, not the beat
                 log.exception("gpu detection failed")
                 vendor = self._tool.vendor if self._tool else VIRTUAL
-                return Detection(vendor=vendor, is_container=container,
-                                 collector_error=f"gpu detection failed: {type(exc).__name__}: {exc}"[:2000])
+                return Detection(
+                    vendor=vendor,
+                    is_container=container,
+                    collector_error=f"gpu detection failed: {type(exc).__name__}: {exc}"[:2000],
+                )
 
     # -- choosing the vendor ---------------------------------------------------
 
-    def _select(self, container: bool) -> Optional[Reading]:
+    def _select(self, container: bool) -> Reading | None:
         """The first vendor in priority order whose tool is here claims the machine.
 
         A tool that is present but fails still claims it (a broken driver on a GPU
@@ -199,7 +203,7 @@ class Detector:
         self._note(result.collector_error)
         return result
 
-    def _labels(self) -> Dict[str, str]:
+    def _labels(self) -> dict[str, str]:
         return {TOPOLOGY_LABEL: self._topology} if self._topology else {}
 
     def _note(self, error: str) -> None:
@@ -232,10 +236,10 @@ class Detector:
             failure["uuid"] = known.uuid[:128]
         return failure
 
-    def _check_by_uuid(self, reading: Reading) -> Tuple[List[Tuple[int, Card]], List[dict]]:
+    def _check_by_uuid(self, reading: Reading) -> tuple[list[tuple[int, Card]], list[dict]]:
         """NVIDIA: every known card checked by UUID; one that is missing is asked about
         on its own, and what the tool says about it is the failure reported."""
-        seen: Dict[str, Card] = {}
+        seen: dict[str, Card] = {}
         for card in reading.cards:
             if card.uuid:  # a row whose UUID is unreadable cannot be trusted to be any card
                 card.key = card.uuid
@@ -263,10 +267,10 @@ class Detector:
             cards.append((known.index, card))
         return cards, failures
 
-    def _check_by_key(self, reading: Reading) -> Tuple[List[Tuple[int, Card]], List[dict]]:
+    def _check_by_key(self, reading: Reading) -> tuple[list[tuple[int, Card]], list[dict]]:
         """Ascend, Kunlun, Cambricon, AMD: the tool names each card, so a known card it
         leaves out while others answer is reported against that card."""
-        present: Dict[str, Card] = {}
+        present: dict[str, Card] = {}
         for card in reading.cards:
             present.setdefault(card.key, card)
         self._enroll(present.values())
@@ -281,7 +285,7 @@ class Detector:
                 cards.append((known.index, card))
         return cards, failures
 
-    def _by_position(self, reading: Reading) -> List[Tuple[int, Card]]:
+    def _by_position(self, reading: Reading) -> list[tuple[int, Card]]:
         """Vendors matched by position: the cards as printed, nothing kept between beats."""
         usable = [c for c in reading.cards if not c.error][:MAX_CARDS]
         indices = [c.index for c in usable]

@@ -6,7 +6,6 @@ Matched by position in the spec's matrix (no per-card failure attribution).
 from __future__ import annotations
 
 import re
-from typing import List
 
 from .base import VendorTool
 from .model import Card
@@ -19,8 +18,8 @@ def _value(value):
     return None if value is None or value.strip().upper() in ("N/A", "NA", "-") else value
 
 
-def parse_efsmi(text: str) -> List[Card]:
-    cards: List[Card] = []
+def parse_efsmi(text: str) -> list[Card]:
+    cards: list[Card] = []
     for opened, record in sectioned_records(text, _DEVICE):
         index = int(opened.group(1))
         card = Card(key=str(index), index=index)
@@ -41,5 +40,5 @@ class EnflameTool(VendorTool):
     tools = ("efsmi",)
     args = ("-q",)
 
-    def parse(self, text: str) -> List[Card]:
+    def parse(self, text: str) -> list[Card]:
         return parse_efsmi(text)

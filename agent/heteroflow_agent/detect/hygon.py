@@ -7,8 +7,6 @@ failure attribution): the "cardN" keys are re-numbered when a card drops off.
 
 from __future__ import annotations
 
-from typing import List
-
 from .base import VendorTool
 from .model import Card
 from .rocm_json import parse_rocm_json
@@ -19,5 +17,5 @@ class HygonTool(VendorTool):
     tools = ("hy-smi",)
     args = ("--showproductname", "--showuse", "--showtemp", "--showpower", "--showmeminfo", "vram", "--json")
 
-    def parse(self, text: str) -> List[Card]:
+    def parse(self, text: str) -> list[Card]:
         return parse_rocm_json(text)

@@ -6,8 +6,6 @@ so only the parsing is shared with NVIDIA, not the UUID check.
 
 from __future__ import annotations
 
-from typing import List
-
 from .base import VendorTool
 from .model import Card
 from .nvidia import parse_query_csv
@@ -29,5 +27,5 @@ class IluvatarTool(VendorTool):
     tools = ("ixsmi",)
     args = ("--query-gpu=" + ",".join(FIELDS), "--format=csv,noheader,nounits")
 
-    def parse(self, text: str) -> List[Card]:
+    def parse(self, text: str) -> list[Card]:
         return parse_query_csv(text, FIELDS)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import List, Optional
 
 from .base import VendorTool
 from .command import find_command
@@ -22,8 +21,8 @@ from .parsing import number, pipe_cells, to_mib
 _MEMORY = re.compile(r"^\s*(\S+)\s*/\s*(\S+)\s*([KMG]i?B)?\s*$", re.IGNORECASE)
 
 
-def parse_xpu_smi(text: str) -> List[Card]:
-    cards: List[Card] = []
+def parse_xpu_smi(text: str) -> list[Card]:
+    cards: list[Card] = []
     header = None
     for line in (text or "").splitlines():
         if header is None:
@@ -58,7 +57,7 @@ class KunlunTool(VendorTool):
     vendor = "kunlun"
     tools = ("xpu_smi", "xpu-smi")
 
-    def locate(self, root: str) -> Optional[str]:
+    def locate(self, root: str) -> str | None:
         path = find_command("xpu_smi", root)
         if path:
             return path
@@ -67,5 +66,5 @@ class KunlunTool(VendorTool):
             return path
         return None
 
-    def parse(self, text: str) -> List[Card]:
+    def parse(self, text: str) -> list[Card]:
         return parse_xpu_smi(text)

@@ -21,7 +21,6 @@ Attribution (the spec's lost-GPU matrix):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import FrozenSet
 
 FULL = "full"
 PARTIAL = "partial"
@@ -34,12 +33,12 @@ UTIL, MEM, TEMP, POWER = "utilization", "memory_used_mb", "temperature", "power_
 @dataclass(frozen=True)
 class VendorCapability:
     tools: str  # the tool names, for people reading the table
-    metrics: FrozenSet[str]
+    metrics: frozenset[str]
     attribution: str
     compute_capability: bool = False
 
 
-def _m(*names: str) -> FrozenSet[str]:
+def _m(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 

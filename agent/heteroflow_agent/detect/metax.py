@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List
-
 from .base import VendorTool
 from .model import Card
 from .smi_table import parse_two_row_table
@@ -13,5 +11,5 @@ class MetaxTool(VendorTool):
     vendor = "metax"
     tools = ("mx-smi",)
 
-    def parse(self, text: str) -> List[Card]:
+    def parse(self, text: str) -> list[Card]:
         return parse_two_row_table(text)

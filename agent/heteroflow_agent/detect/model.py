@@ -8,7 +8,6 @@ detector's job, from the capability matrix, so the rule lives in one place.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
 
 # Order of the schema's `metric_name` enum: the order metrics_available is written in.
 METRICS = ("utilization", "memory_used_mb", "temperature", "power_w")
@@ -19,14 +18,14 @@ class Card:
     """One card as a tool printed it. None means "not read this round", never 0."""
 
     key: str  # the tool's own identity for the card: UUID, "npu-chip", card number
-    index: Optional[int] = None  # the tool's own index, when it prints one
+    index: int | None = None  # the tool's own index, when it prints one
     uuid: str = ""
     model: str = ""
-    memory_total_mb: Optional[int] = None
-    memory_used_mb: Optional[int] = None
-    utilization: Optional[float] = None
-    temperature: Optional[float] = None
-    power_w: Optional[float] = None
+    memory_total_mb: int | None = None
+    memory_used_mb: int | None = None
+    utilization: float | None = None
+    temperature: float | None = None
+    power_w: float | None = None
     compute_capability: str = ""
     error: str = ""  # the tool itself said this card failed ("[GPU is lost]")
 
@@ -40,10 +39,10 @@ class Card:
 class Reading:
     """One run of a vendor tool (or one NVML pass)."""
 
-    cards: List[Card] = field(default_factory=list)
+    cards: list[Card] = field(default_factory=list)
     error: str = ""  # the tool failed as a whole: missing, hung, garbage, nothing printed
     no_devices: bool = False  # the tool ran and said plainly that there is no card
-    mig: Dict[str, bool] = field(default_factory=dict)  # uuid -> MIG mode currently Enabled
+    mig: dict[str, bool] = field(default_factory=dict)  # uuid -> MIG mode currently Enabled
     source: str = ""  # the tool path (or "nvml") the reading came from
 
 
@@ -57,11 +56,11 @@ class Detection:
     """
 
     vendor: str
-    gpus: List[dict] = field(default_factory=list)
-    collect_failures: List[dict] = field(default_factory=list)
+    gpus: list[dict] = field(default_factory=list)
+    collect_failures: list[dict] = field(default_factory=list)
     collector_error: str = ""
-    capabilities: Dict[str, dict] = field(default_factory=dict)
-    labels: Dict[str, str] = field(default_factory=dict)
+    capabilities: dict[str, dict] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
     virtual: bool = False
     is_container: bool = False
     tool: str = ""  # what produced the reading: a tool path, "nvml", or "" (virtual)

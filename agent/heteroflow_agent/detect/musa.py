@@ -10,7 +10,6 @@ it gives the temperature. Matched by position in the spec's matrix.
 from __future__ import annotations
 
 import re
-from typing import List
 
 from .base import VendorTool
 from .model import Card
@@ -20,8 +19,8 @@ _ROW = re.compile(r"^\s*(\d+)\s+(\S.*?)\s*\|\s*(\S+)\s*\|\s*(\S+)\s+(\S+)\s*$")
 _MEMORY = re.compile(r"^(\S+?)\((\S+?)\)$")
 
 
-def parse_mthreads_gmi(text: str) -> List[Card]:
-    cards: List[Card] = []
+def parse_mthreads_gmi(text: str) -> list[Card]:
+    cards: list[Card] = []
     lines = (text or "").splitlines()
     for position, line in enumerate(lines):
         row = _ROW.match(line)
@@ -48,5 +47,5 @@ class MusaTool(VendorTool):
     vendor = "musa"
     tools = ("mthreads-gmi",)
 
-    def parse(self, text: str) -> List[Card]:
+    def parse(self, text: str) -> list[Card]:
         return parse_mthreads_gmi(text)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import csv
 import json
 import re
-from typing import Dict, List, Optional, Sequence, Union
+from collections.abc import Sequence
 
 from .base import Runner, VendorTool, reading_from
 from .model import Card, Reading
-from .parsing import CARD_ERROR, integer, number, strip_ansi, to_mib, sectioned_records, lookup
+from .parsing import CARD_ERROR, integer, lookup, number, sectioned_records, strip_ansi, to_mib
 
 NVML = "nvml"  # the "path" of the NVML source
 QUERY_FIELDS = (
@@ -44,17 +44,17 @@ def _missing(cell: str) -> bool:
     return not cell or cell.startswith("[") or cell.upper() in ("N/A", "NA", "-")
 
 
-def query_argv(path: str, fields: Sequence[str], *extra: str) -> List[str]:
+def query_argv(path: str, fields: Sequence[str], *extra: str) -> list[str]:
     return [path, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits", *extra]
 
 
-def parse_query_csv(text: str, fields: Sequence[str]) -> List[Card]:
+def parse_query_csv(text: str, fields: Sequence[str]) -> list[Card]:
     """Rows of `--query-gpu=... --format=csv,noheader,nounits` (nvidia-smi and ixsmi).
 
     A row whose cell count does not match the query is not a card row (an error line,
     garbage) and is skipped.
     """
-    cards: List[Card] = []
+    cards: list[Card] = []
     for cells in csv.reader((text or "").splitlines(), skipinitialspace=True):
         cells = [c.strip() for c in cells]
         if len(cells) != len(fields):
@@ -85,14 +85,14 @@ def parse_query_csv(text: str, fields: Sequence[str]) -> List[Card]:
 _GPU_BLOCK = re.compile(r"^GPU\s+[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s*$")
 
 
-def parse_mig_modes(text: str) -> Dict[str, bool]:
+def parse_mig_modes(text: str) -> dict[str, bool]:
     """UUID -> whether `nvidia-smi -q` says MIG mode is currently Enabled.
 
     Only "Enabled" counts: "Disabled", "N/A" (a card without MIG) and a pending change
     are all false, because a slice must not be offered on the strength of a mode the
     card is not in yet.
     """
-    modes: Dict[str, bool] = {}
+    modes: dict[str, bool] = {}
     for _, record in sectioned_records(text, _GPU_BLOCK):
         uuid = lookup(record, r"^gpu uuid$")
         if not uuid:
@@ -102,17 +102,17 @@ def parse_mig_modes(text: str) -> Dict[str, bool]:
     return modes
 
 
-def parse_topology(text: str) -> Optional[dict]:
+def parse_topology(text: str) -> dict | None:
     """`nvidia-smi topo -m` as {"nvlink": [[a, b], ...], "numa": {"a": node}}, or None.
 
     Cells are read by whitespace rather than by tab position: the matrix cells are
     single tokens, and nvidia-smi's tabs do not line up the trailing columns the same
     way across versions (empty cells, doubled tabs, underline escapes in the header).
     """
-    devices: Optional[List[str]] = None
+    devices: list[str] | None = None
     has_numa = False
     pairs = set()
-    numa: Dict[str, int] = {}
+    numa: dict[str, int] = {}
     gpus = set()
     for raw in strip_ansi(text).splitlines():
         tokens = raw.split()
@@ -151,9 +151,9 @@ def parse_topology(text: str) -> Optional[dict]:
     return {"nvlink": [list(p) for p in sorted(pairs)], "numa": numa}
 
 
-def _spanning(pairs: List[List[int]]) -> List[List[int]]:
+def _spanning(pairs: list[list[int]]) -> list[list[int]]:
     """Fewer pairs joining the same cards: the server only unions them into domains."""
-    parent: Dict[int, int] = {}
+    parent: dict[int, int] = {}
 
     def find(x: int) -> int:
         parent.setdefault(x, x)
@@ -254,7 +254,7 @@ class _Nvml:
             reading.no_devices = count == 0
         return reading
 
-    def probe(self, uuid: str) -> Union[Card, str]:
+    def probe(self, uuid: str) -> Card | str:
         try:
             handle = self.m.nvmlDeviceGetHandleByUUID(uuid)
             return self._card(handle, -1)
@@ -272,10 +272,10 @@ class NvidiaTool(VendorTool):
 
     def __init__(self, nvml: bool = False):
         self._want_nvml = nvml
-        self._nvml: Optional[_Nvml] = None
+        self._nvml: _Nvml | None = None
         self._fields = QUERY_FIELDS
 
-    def locate(self, root: str) -> Optional[str]:
+    def locate(self, root: str) -> str | None:
         path = super().locate(root)
         if self._want_nvml and self._nvml is None:
             self._nvml = _Nvml.load()
@@ -302,7 +302,7 @@ class NvidiaTool(VendorTool):
                 reading.mig = parse_mig_modes(details.stdout)
         return reading
 
-    def probe(self, path: str, run: Runner, card: str) -> Union[Card, str]:
+    def probe(self, path: str, run: Runner, card: str) -> Card | str:
         if self._nvml is not None:
             answer = self._nvml.probe(card)
             if isinstance(answer, Card) or path == NVML:
@@ -315,7 +315,7 @@ class NvidiaTool(VendorTool):
                 return found
         return result.describe() if not result.ok else "nvidia-smi did not report this card"
 
-    def topology(self, path: str, run: Runner) -> Optional[str]:
+    def topology(self, path: str, run: Runner) -> str | None:
         if path == NVML:
             return None
         result = run([path, "topo", "-m"])

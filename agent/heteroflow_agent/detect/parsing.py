@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Dict, List, Optional, Tuple
 
 _NUMBER = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -37,7 +36,7 @@ def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text or "")
 
 
-def number(value) -> Optional[float]:
+def number(value) -> float | None:
     """The leading number of `value` ("45.0C", "0 %", "118.0W"), or None."""
     if value is None or isinstance(value, bool):
         return None
@@ -47,12 +46,12 @@ def number(value) -> Optional[float]:
     return float(match.group(1)) if match else None
 
 
-def integer(value) -> Optional[int]:
+def integer(value) -> int | None:
     n = number(value)
     return int(n) if n is not None else None
 
 
-def to_mib(value, unit: str = "MiB") -> Optional[int]:
+def to_mib(value, unit: str = "MiB") -> int | None:
     """A memory amount in MiB. The unit may be inside `value` ("16384 MiB", "17163091968 B")."""
     n = number(value)
     if n is None:
@@ -92,7 +91,7 @@ def extract_json(text: str):
 _KV = re.compile(r"^(\s*)(\S.*?)\s*:\s(.*)$|^(\s*)(\S.*?)\s*:$")
 
 
-def sectioned_records(text: str, start: "re.Pattern") -> List[Tuple["re.Match", Dict[str, str]]]:
+def sectioned_records(text: str, start: re.Pattern) -> list[tuple[re.Match, dict[str, str]]]:
     """Split "Key : Value" reports (nvidia-smi -q, cnmon info, efsmi -q) into one record
     per card.
 
@@ -101,9 +100,9 @@ def sectioned_records(text: str, start: "re.Pattern") -> List[Tuple["re.Match", 
     lower-case path, e.g. "physical memory usage/used". The first value wins when a
     path repeats.
     """
-    records: List[Tuple[re.Match, Dict[str, str]]] = []
-    current: Optional[Dict[str, str]] = None
-    stack: List[Tuple[int, str]] = []
+    records: list[tuple[re.Match, dict[str, str]]] = []
+    current: dict[str, str] | None = None
+    stack: list[tuple[int, str]] = []
     for raw in (text or "").splitlines():
         line = raw.rstrip()
         if not line.strip():
@@ -132,7 +131,7 @@ def sectioned_records(text: str, start: "re.Pattern") -> List[Tuple["re.Match", 
     return records
 
 
-def lookup(record: Dict[str, str], *patterns: str) -> Optional[str]:
+def lookup(record: dict[str, str], *patterns: str) -> str | None:
     """The first value whose path matches one of `patterns` (regexes, tried in order)."""
     for pattern in patterns:
         regex = re.compile(pattern)
@@ -142,7 +141,7 @@ def lookup(record: Dict[str, str], *patterns: str) -> Optional[str]:
     return None
 
 
-def pipe_cells(line: str) -> List[str]:
+def pipe_cells(line: str) -> list[str]:
     """The cells of a "| a | b | c |" table row."""
     body = line.strip()
     if body.startswith("|"):

@@ -8,7 +8,6 @@ differently: "GPU use (%)" / "DCU use (%)" / "HCU use (%)", "VRAM Total Memory (
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Tuple
 
 from .model import Card
 from .parsing import extract_json, number, to_mib
@@ -16,7 +15,7 @@ from .parsing import extract_json, number, to_mib
 _MISSING = {"", "N/A", "NA", "-", "UNKNOWN", "NONE"}
 
 
-def _find(info: dict, *patterns: str) -> Tuple[Optional[str], Optional[re.Match]]:
+def _find(info: dict, *patterns: str) -> tuple[str | None, re.Match | None]:
     for pattern in patterns:
         regex = re.compile(pattern, re.IGNORECASE)
         for key, value in info.items():
@@ -26,18 +25,18 @@ def _find(info: dict, *patterns: str) -> Tuple[Optional[str], Optional[re.Match]
     return None, None
 
 
-def _memory(info: dict, pattern: str) -> Optional[int]:
+def _memory(info: dict, pattern: str) -> int | None:
     value, match = _find(info, pattern)
     if value is None:
         return None
     return to_mib(number(value), match.group("unit"))
 
 
-def parse_rocm_json(text: str) -> List[Card]:
+def parse_rocm_json(text: str) -> list[Card]:
     data = extract_json(text)
     if not isinstance(data, dict):
         return []
-    cards: List[Card] = []
+    cards: list[Card] = []
     for key, info in data.items():
         match = re.fullmatch(r"card(\d+)", str(key))
         if not match or not isinstance(info, dict):
@@ -56,9 +55,7 @@ def parse_rocm_json(text: str) -> List[Card]:
                 r"^temperature \(sensor mem(ory)?\) \(c\)$",
             )[0]
         )
-        card.power_w = number(
-            _find(info, r"^(average|current).*power \(w\)$", r"^(?!max).*package power \(w\)$")[0]
-        )
+        card.power_w = number(_find(info, r"^(average|current).*power \(w\)$", r"^(?!max).*package power \(w\)$")[0])
         card.memory_total_mb = _memory(info, r"^vram total memory \((?P<unit>[kmg]?i?b)\)$")
         card.memory_used_mb = _memory(info, r"^vram total used memory \((?P<unit>[kmg]?i?b)\)$")
         cards.append(card)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, Iterable, Tuple
+from collections.abc import Iterable
 
 TIER_MIG = 1
 TIER_MPS = 2
@@ -63,16 +63,16 @@ def mps_daemon_alive(root: str = "/") -> bool:
 
 
 def capabilities(
-    cards: Iterable[Tuple[int, str]],
+    cards: Iterable[tuple[int, str]],
     *,
     nvidia: bool,
-    mig: Dict[str, bool],
+    mig: dict[str, bool],
     mps_alive: bool,
     container: bool,
-) -> Dict[str, dict]:
+) -> dict[str, dict]:
     """gpu_capabilities for (index, uuid) cards, keyed by the index as a string."""
     hardware = nvidia and not container
-    result: Dict[str, dict] = {}
+    result: dict[str, dict] = {}
     for index, uuid in cards:
         mig_capable = hardware and bool(uuid) and mig.get(uuid, False)
         mps_capable = hardware and mps_alive

@@ -10,7 +10,6 @@ Row one: index and name, bus id, utilisation. Row two: temperature and power, me
 from __future__ import annotations
 
 import re
-from typing import List
 
 from .model import Card
 from .parsing import BUS_ID, number, pipe_cells, to_mib
@@ -21,13 +20,13 @@ _TEMP = re.compile(r"^-?\d+(?:\.\d+)?C$")
 _WATTS = re.compile(r"^\d+(?:\.\d+)?W$")
 
 
-def _cells(line: str) -> List[str]:
+def _cells(line: str) -> list[str]:
     # "N/A" would read as a fraction in "N/A / 350W" and "N/A/65536 MiB"
     return [cell.replace("N/A", "NA") for cell in pipe_cells(line)]
 
 
-def parse_two_row_table(text: str) -> List[Card]:
-    cards: List[Card] = []
+def parse_two_row_table(text: str) -> list[Card]:
+    cards: list[Card] = []
     lines = (text or "").splitlines()
     for number_, line in enumerate(lines):
         if not line.lstrip().startswith("|"):

@@ -251,7 +251,14 @@ class DockerRuntime(Runtime):
                 self._pull_once(image, auth, secret)
             except RuntimeError_ as exc:
                 last_error = str(exc)
-                logger.warning("pull of %s failed (attempt %d of %d, %.1f s): %s", image, attempt, self._pull_attempts, time.monotonic() - started, last_error)
+                logger.warning(
+                    "pull of %s failed (attempt %d of %d, %.1f s): %s",
+                    image,
+                    attempt,
+                    self._pull_attempts,
+                    time.monotonic() - started,
+                    last_error,
+                )
             else:
                 if self.image_present(image):
                     logger.info("pulled %s in %.1f s", image, time.monotonic() - started)
@@ -288,7 +295,10 @@ class DockerRuntime(Runtime):
             labels=labels,
             environment={str(k): str(v) for k, v in spec.env.items()},
             network_mode="host",
-            mounts=[docker.types.Mount(target=v.container, source=v.host, type="bind", read_only=v.read_only) for v in spec.volumes],
+            mounts=[
+                docker.types.Mount(target=v.container, source=v.host, type="bind", read_only=v.read_only)
+                for v in spec.volumes
+            ],
         )
         if spec.workdir:
             options["working_dir"] = spec.workdir
@@ -367,7 +377,9 @@ class DockerRuntime(Runtime):
     def tasks(self) -> dict[int, TaskState]:
         client = self._client()
         with self._errors("cannot list the task containers"):
-            containers = client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=true"}, ignore_removed=True)
+            containers = client.containers.list(
+                all=True, filters={"label": f"{MANAGED_LABEL}=true"}, ignore_removed=True
+            )
         held: dict[int, TaskState] = {}
         for container in containers:
             task_id = _task_id_of(container)
@@ -411,10 +423,17 @@ class DockerRuntime(Runtime):
         password = str(credentials.get("password") or "")
         registry = _normal_registry(str(credentials.get("registry") or DOCKER_HUB))
         if not username or not password:
-            logger.warning("pull credentials for %s lack a username or password; pulling %s without them", registry, image)
+            logger.warning(
+                "pull credentials for %s lack a username or password; pulling %s without them", registry, image
+            )
             return None, None
         if registry != registry_of(image):
-            logger.warning("pull credentials are for %s, %s comes from %s; pulling without them", registry, image, registry_of(image))
+            logger.warning(
+                "pull credentials are for %s, %s comes from %s; pulling without them",
+                registry,
+                image,
+                registry_of(image),
+            )
             return None, None
         address = "https://index.docker.io/v1/" if registry == DOCKER_HUB else registry
         return {"username": username, "password": password, "serveraddress": address}, password
@@ -430,7 +449,9 @@ class DockerRuntime(Runtime):
         if colon > slash:
             source = source[:colon]  # the repository as the user wrote it
         client = self._client()
-        api = docker.APIClient(timeout=max(1.0, self._pull_attempt_timeout), version=client.api.api_version, **self._client_kwargs())
+        api = docker.APIClient(
+            timeout=max(1.0, self._pull_attempt_timeout), version=client.api.api_version, **self._client_kwargs()
+        )
         outcome: dict = {}
 
         def pull() -> None:
@@ -440,7 +461,9 @@ class DockerRuntime(Runtime):
                     kwargs["auth_config"] = auth
                 for message in api.pull(source, **kwargs):
                     if isinstance(message, dict) and (message.get("error") or message.get("errorDetail")):
-                        outcome["error"] = message.get("error") or (message.get("errorDetail") or {}).get("message") or str(message)
+                        outcome["error"] = (
+                            message.get("error") or (message.get("errorDetail") or {}).get("message") or str(message)
+                        )
             except Exception as exc:  # reported by the caller
                 outcome["error"] = _explain(exc)
             finally:
@@ -484,7 +507,13 @@ def _state_of(task_id: int, attrs: dict) -> TaskState:
         with contextlib.suppress(TypeError, ValueError):
             exit_code = int(state.get("ExitCode"))
     finished_at = None if running else parse_engine_time(state.get("FinishedAt"))
-    return TaskState(task_id=task_id, running=running, exit_code=exit_code, started_at=parse_engine_time(state.get("StartedAt")), finished_at=finished_at)
+    return TaskState(
+        task_id=task_id,
+        running=running,
+        exit_code=exit_code,
+        started_at=parse_engine_time(state.get("StartedAt")),
+        finished_at=finished_at,
+    )
 
 
 def _explain(exc: BaseException) -> str:

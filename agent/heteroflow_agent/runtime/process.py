@@ -375,9 +375,7 @@ class ProcessRuntime(Runtime):
                 raise
             raise RuntimeError_(f"cannot start {spec.name}: {error}") from error
 
-    def _launch(
-        self, spec: TaskSpec, directory: Path, command: list[str], env: dict, cwd: str, launched: dict
-    ) -> None:
+    def _launch(self, spec: TaskSpec, directory: Path, command: list[str], env: dict, cwd: str, launched: dict) -> None:
         """Start the supervisor, record it, let it run the command. Raises when anything
         fails, with launched["supervisor"] set once there is a supervisor to kill."""
         ours, theirs = socket.socketpair()
@@ -472,7 +470,7 @@ def _command_alive(task: _Task) -> bool:
 def _receive(channel) -> dict | None:
     try:
         line = channel.readline()
-    except (OSError, socket.timeout):
+    except (TimeoutError, OSError):
         return None
     if not line:
         return None

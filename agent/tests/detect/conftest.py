@@ -20,7 +20,7 @@ from heteroflow_agent.detect import Detector
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "heteroflow_agent" / "protocol" / "heartbeat.schema.json"
 
-_STAND_IN = '''#!{python} -S
+_STAND_IN = """#!{python} -S
 import os, sys, time
 RULES = {rules!r}
 args = sys.argv[1:]
@@ -49,7 +49,7 @@ for rule in RULES:
         sys.exit(rule["code"])
 sys.stderr.write("stand-in: no rule for %r\\n" % (args,))
 sys.exit(64)
-'''
+"""
 
 
 def rule(out=None, *, when=(), code=0, err="", sleep=0.0, text=None, pid_file=None):
@@ -62,8 +62,15 @@ def rule(out=None, *, when=(), code=0, err="", sleep=0.0, text=None, pid_file=No
         body, is_file = str(FIXTURES / out), True
     else:
         body, is_file = None, False
-    return {"when": list(when), "out": body, "file": is_file, "code": code, "err": err, "sleep": sleep,
-            "pid_file": str(pid_file) if pid_file else None}
+    return {
+        "when": list(when),
+        "out": body,
+        "file": is_file,
+        "code": code,
+        "err": err,
+        "sleep": sleep,
+        "pid_file": str(pid_file) if pid_file else None,
+    }
 
 
 class Host:
@@ -117,6 +124,7 @@ def fixture_text(rel: str) -> str:
 
 
 # -- a small JSON Schema checker for the heartbeat contract (stdlib only) ----------
+
 
 class SchemaError(AssertionError):
     pass

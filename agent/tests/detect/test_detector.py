@@ -37,18 +37,38 @@ def test_amd_falls_back_to_rocm_smi(host, validate):
     host.tool("rocm-smi", rule("amd/rocm-smi_2x_mi210.json"), at="opt/rocm/bin")
     result = host.detector().detect()
     assert result.vendor == "amd" and result.tool.endswith("rocm-smi")
-    assert result.gpus[1] == {"index": 1, "vendor": "amd", "uuid": "0x5c88007d760374f4", "model": "Instinct MI210",
-                              "memory_total_mb": 65520, "utilization": 98, "memory_used_mb": 57344,
-                              "temperature": 36, "power_w": 277,
-                              "metrics_available": ["utilization", "memory_used_mb", "temperature", "power_w"]}
+    assert result.gpus[1] == {
+        "index": 1,
+        "vendor": "amd",
+        "uuid": "0x5c88007d760374f4",
+        "model": "Instinct MI210",
+        "memory_total_mb": 65520,
+        "utilization": 98,
+        "memory_used_mb": 57344,
+        "temperature": 36,
+        "power_w": 277,
+        "metrics_available": ["utilization", "memory_used_mb", "temperature", "power_w"],
+    }
     validate(result.heartbeat_fields())
 
 
-@pytest.mark.parametrize("fixture, expected", [
-    ("amd/rocm-smi_1x_rx7800xt.json", {"model": "Navi 32 [Radeon RX 7700 XT / 7800 XT]", "memory_total_mb": 16368,
-                                       "memory_used_mb": 11077, "utilization": 100, "temperature": 45, "power_w": 53}),
-    ("amd/rocm-smi_missing_fields.json", {"model": "Instinct MI100", "memory_total_mb": 32752}),
-])
+@pytest.mark.parametrize(
+    "fixture, expected",
+    [
+        (
+            "amd/rocm-smi_1x_rx7800xt.json",
+            {
+                "model": "Navi 32 [Radeon RX 7700 XT / 7800 XT]",
+                "memory_total_mb": 16368,
+                "memory_used_mb": 11077,
+                "utilization": 100,
+                "temperature": 45,
+                "power_w": 53,
+            },
+        ),
+        ("amd/rocm-smi_missing_fields.json", {"model": "Instinct MI100", "memory_total_mb": 32752}),
+    ],
+)
 def test_rocm_smi_one_card_and_missing_fields(host, fixture, expected):
     host.tool("rocm-smi", rule(fixture), at="opt/rocm/bin")
     [card] = host.detector().detect().gpus
@@ -60,7 +80,10 @@ def test_a_tool_that_fails_still_claims_the_machine(host):
     host.tool("npu-smi", rule("ascend/dcmi_failed.txt", code=255))
     result = host.detector().detect()
     assert (result.vendor, result.virtual, result.gpus) == ("ascend", False, [])
-    assert result.collector_error == "npu-smi exited with status 255: dcmi model initialized failed, because the device is used. ret is -8020"
+    assert (
+        result.collector_error
+        == "npu-smi exited with status 255: dcmi model initialized failed, because the device is used. ret is -8020"
+    )
 
 
 def test_a_tool_that_says_no_devices_lets_the_chain_go_on(host):
@@ -117,11 +140,14 @@ def _drop_card(text_rel: str, start: str, stop: str) -> str:
     return "".join(lines[:i] + lines[j:])
 
 
-@pytest.mark.parametrize("tool, fixture, cut, lost, at", [
-    ("npu-smi", "ascend/info_8x_910b3.txt", ("| 3     910B3", "| 4     910B3"), 3, "usr/bin"),
-    ("cnmon", "cambricon/cnmon_info_4x_mlu370x4.txt", ("Card 1", "Card 2"), 1, "usr/bin"),
-    ("xpu_smi", "kunlun/xpu-smi_8x_r300.txt", ("|     6 |", "|     7 |"), 6, "usr/bin"),
-])
+@pytest.mark.parametrize(
+    "tool, fixture, cut, lost, at",
+    [
+        ("npu-smi", "ascend/info_8x_910b3.txt", ("| 3     910B3", "| 4     910B3"), 3, "usr/bin"),
+        ("cnmon", "cambricon/cnmon_info_4x_mlu370x4.txt", ("Card 1", "Card 2"), 1, "usr/bin"),
+        ("xpu_smi", "kunlun/xpu-smi_8x_r300.txt", ("|     6 |", "|     7 |"), 6, "usr/bin"),
+    ],
+)
 def test_partial_vendors_name_a_card_missing_while_others_answer(host, validate, tool, fixture, cut, lost, at):
     host.tool(tool, rule(fixture), at=at)
     detector = host.detector()

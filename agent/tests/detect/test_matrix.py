@@ -9,7 +9,19 @@ from heteroflow_agent.detect.registry import DETECTORS
 from heteroflow_agent.detect.virtual import VENDOR as VIRTUAL
 
 # The spec's priority order (domestic first), then AMD; virtual is the fallback.
-SPEC_ORDER = ["musa", "hygon", "cambricon", "biren", "ascend", "kunlun", "iluvatar", "nvidia", "metax", "enflame", "amd"]
+SPEC_ORDER = [
+    "musa",
+    "hygon",
+    "cambricon",
+    "biren",
+    "ascend",
+    "kunlun",
+    "iluvatar",
+    "nvidia",
+    "metax",
+    "enflame",
+    "amd",
+]
 
 
 def test_the_chain_is_in_the_spec_order():

@@ -27,9 +27,12 @@ def test_a_card_that_falls_off_the_bus_is_named_by_its_uuid_and_the_others_keep_
     eight_cards(host)
     assert [g["uuid"] for g in detector.detect().gpus] == A100
     # card 5 is gone: nvidia-smi renumbers the cards after it and exits non-zero
-    host.tool("nvidia-smi",
-              rule("nvidia/probe_card5_lost.txt", when=[QUERY, "-i"], code=15),
-              rule("nvidia/query_8x_a100_card5_gone.csv", when=[QUERY], code=15), *STANDARD)
+    host.tool(
+        "nvidia-smi",
+        rule("nvidia/probe_card5_lost.txt", when=[QUERY, "-i"], code=15),
+        rule("nvidia/query_8x_a100_card5_gone.csv", when=[QUERY], code=15),
+        *STANDARD,
+    )
     result = detector.detect()
     assert result.collector_error == ""
     assert [(g["index"], g["uuid"]) for g in result.gpus] == [(i, A100[i]) for i in (0, 1, 2, 3, 4, 6, 7)]
@@ -67,8 +70,12 @@ def test_a_missing_card_that_answers_on_its_own_is_kept(host):
     eight_cards(host)
     detector.detect()
     five = fixture_text("nvidia/query_8x_a100.csv").splitlines()[5]
-    host.tool("nvidia-smi", rule(text=five + "\n", when=[QUERY, "-i"]),
-              rule("nvidia/query_8x_a100_card5_gone.csv", when=[QUERY], code=15), *STANDARD)
+    host.tool(
+        "nvidia-smi",
+        rule(text=five + "\n", when=[QUERY, "-i"]),
+        rule("nvidia/query_8x_a100_card5_gone.csv", when=[QUERY], code=15),
+        *STANDARD,
+    )
     result = detector.detect()
     assert [g["index"] for g in result.gpus] == list(range(8)) and result.collect_failures == []
 
@@ -77,9 +84,12 @@ def test_a_hung_probe_is_not_repeated_for_every_missing_card(host):
     detector = host.detector(timeout=2.0)
     eight_cards(host)
     detector.detect()
-    host.tool("nvidia-smi", rule(sleep=30, when=[QUERY, "-i"]),
-              rule(text="\n".join(fixture_text("nvidia/query_8x_a100.csv").splitlines()[:5]) + "\n", when=[QUERY]),
-              *STANDARD)
+    host.tool(
+        "nvidia-smi",
+        rule(sleep=30, when=[QUERY, "-i"]),
+        rule(text="\n".join(fixture_text("nvidia/query_8x_a100.csv").splitlines()[:5]) + "\n", when=[QUERY]),
+        *STANDARD,
+    )
     result = detector.detect()
     assert [f["index"] for f in result.collect_failures] == [5, 6, 7]
     assert "timed out" in result.collect_failures[0]["error"]
@@ -106,10 +116,19 @@ def test_a_row_with_an_unreadable_uuid_is_not_a_new_card(host):
     eight_cards(host)
     detector.detect()
     rows = fixture_text("nvidia/query_8x_a100.csv").splitlines()
-    rows[3] = "3, [Unknown Error], NVIDIA A100-SXM4-80GB, [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], 8.0"
-    host.tool("nvidia-smi", rule(text="Unable to determine the device handle for gpu " + A100[3] + ": Unknown Error\n",
-                                 when=[QUERY, "-i"], code=15),
-              rule(text="\n".join(rows) + "\n", when=[QUERY], code=15), *STANDARD)
+    rows[3] = (
+        "3, [Unknown Error], NVIDIA A100-SXM4-80GB, [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], [Unknown Error], 8.0"
+    )
+    host.tool(
+        "nvidia-smi",
+        rule(
+            text="Unable to determine the device handle for gpu " + A100[3] + ": Unknown Error\n",
+            when=[QUERY, "-i"],
+            code=15,
+        ),
+        rule(text="\n".join(rows) + "\n", when=[QUERY], code=15),
+        *STANDARD,
+    )
     result = detector.detect()
     assert [g["index"] for g in result.gpus] == [0, 1, 2, 4, 5, 6, 7]
     assert [(f["index"], f["uuid"]) for f in result.collect_failures] == [(3, A100[3])]
@@ -119,9 +138,13 @@ def test_a_row_with_an_unreadable_uuid_is_not_a_new_card(host):
 def test_a_driver_without_compute_cap_is_asked_without_it(host):
     fields = ",".join(QUERY_FIELDS[:-1])
     row = fixture_text("nvidia/query_1x_rtx4060_wsl.csv").rsplit(", ", 1)[0] + "\n"
-    host.tool("nvidia-smi", rule(text=row, when=[f"{QUERY}{fields}"]),
-              rule("nvidia/invalid_field.txt", when=[QUERY], code=2), rule("nvidia/q_1x_rtx4060_wsl.txt", when=["-q"]),
-              rule("nvidia/topo_2x_pcie.txt", when=["topo", "-m"]))
+    host.tool(
+        "nvidia-smi",
+        rule(text=row, when=[f"{QUERY}{fields}"]),
+        rule("nvidia/invalid_field.txt", when=[QUERY], code=2),
+        rule("nvidia/q_1x_rtx4060_wsl.txt", when=["-q"]),
+        rule("nvidia/topo_2x_pcie.txt", when=["topo", "-m"]),
+    )
     detector = host.detector()
     first = detector.detect()
     assert first.collector_error == "" and "compute_capability" not in first.gpus[0]
@@ -142,14 +165,22 @@ def test_mig_is_offered_only_where_the_mode_is_enabled_now(host, validate):
 
 
 def test_a_card_without_mig_reports_none(host):
-    host.tool("nvidia-smi", rule("nvidia/query_1x_rtx4060_wsl.csv", when=[QUERY]),
-              rule("nvidia/q_1x_rtx4060_wsl.txt", when=["-q"]), rule("nvidia/topo_2x_pcie.txt", when=["topo", "-m"]))
+    host.tool(
+        "nvidia-smi",
+        rule("nvidia/query_1x_rtx4060_wsl.csv", when=[QUERY]),
+        rule("nvidia/q_1x_rtx4060_wsl.txt", when=["-q"]),
+        rule("nvidia/topo_2x_pcie.txt", when=["topo", "-m"]),
+    )
     assert host.detector().detect().capabilities == {"0": {"mig_capable": False, "mps_capable": False, "best_tier": 9}}
 
 
 def test_no_mig_when_nvidia_smi_q_fails(host):
-    host.tool("nvidia-smi", rule("nvidia/query_8x_a100.csv", when=[QUERY]), rule(text="", when=["-q"], code=1),
-              rule("nvidia/topo_8x_nvswitch.txt", when=["topo", "-m"]))
+    host.tool(
+        "nvidia-smi",
+        rule("nvidia/query_8x_a100.csv", when=[QUERY]),
+        rule(text="", when=["-q"], code=1),
+        rule("nvidia/topo_8x_nvswitch.txt", when=["topo", "-m"]),
+    )
     caps = host.detector().detect().capabilities
     assert not any(c["mig_capable"] for c in caps.values())
 
@@ -182,7 +213,8 @@ def test_in_a_container_only_software_accounting_and_no_mig_query(host):
     result = host.detector(is_container=True).detect()
     assert result.is_container
     assert set(map(json.dumps, result.capabilities.values())) == {
-        json.dumps({"mig_capable": False, "mps_capable": False, "best_tier": 9})}
+        json.dumps({"mig_capable": False, "mps_capable": False, "best_tier": 9})
+    }
     assert ["-q"] not in host.calls("nvidia-smi")
 
 
@@ -199,44 +231,69 @@ def test_one_or_two_runs_per_beat(host):
 
 
 def test_topology_label(host):
-    host.tool("nvidia-smi", rule("nvidia/query_8x_a100.csv", when=[QUERY]), rule("nvidia/q_8x_a100.txt", when=["-q"]),
-              rule("nvidia/topo_4x_bridges.txt", when=["topo", "-m"]))
+    host.tool(
+        "nvidia-smi",
+        rule("nvidia/query_8x_a100.csv", when=[QUERY]),
+        rule("nvidia/q_8x_a100.txt", when=["-q"]),
+        rule("nvidia/topo_4x_bridges.txt", when=["topo", "-m"]),
+    )
     labels = host.detector().detect().labels
     assert labels == {TOPOLOGY_LABEL: '{"nvlink":[[0,1],[1,2]],"numa":{"0":0,"1":0,"2":0,"3":1}}'}
 
 
-@pytest.mark.parametrize("fixture, nvlink, numa", [
-    ("topo_8x_nvswitch.txt", [[a, b] for a in range(8) for b in range(a + 1, 8)],
-     {str(i): 0 if i < 4 else 1 for i in range(8)}),
-    ("topo_4x_bridges.txt", [[0, 1], [1, 2]], {"0": 0, "1": 0, "2": 0, "3": 1}),
-    ("topo_2x_pcie.txt", [], {}),
-    ("topo_2x_old_driver.txt", [[0, 1]], {}),
-])
+@pytest.mark.parametrize(
+    "fixture, nvlink, numa",
+    [
+        (
+            "topo_8x_nvswitch.txt",
+            [[a, b] for a in range(8) for b in range(a + 1, 8)],
+            {str(i): 0 if i < 4 else 1 for i in range(8)},
+        ),
+        ("topo_4x_bridges.txt", [[0, 1], [1, 2]], {"0": 0, "1": 0, "2": 0, "3": 1}),
+        ("topo_2x_pcie.txt", [], {}),
+        ("topo_2x_old_driver.txt", [[0, 1]], {}),
+    ],
+)
 def test_topology_outputs(fixture, nvlink, numa):
     assert parse_topology(fixture_text(f"nvidia/{fixture}")) == {"nvlink": nvlink, "numa": numa}
 
 
 @pytest.mark.parametrize("text", ["", "garbage\nmore garbage\n", fixture_text("nvidia/query_8x_a100.csv")])
 def test_no_topology_no_label(host, text):
-    host.tool("nvidia-smi", rule("nvidia/query_8x_a100.csv", when=[QUERY]), rule("nvidia/q_8x_a100.txt", when=["-q"]),
-              rule(text=text, when=["topo", "-m"]))
+    host.tool(
+        "nvidia-smi",
+        rule("nvidia/query_8x_a100.csv", when=[QUERY]),
+        rule("nvidia/q_8x_a100.txt", when=["-q"]),
+        rule(text=text, when=["topo", "-m"]),
+    )
     assert host.detector().detect().labels == {}
 
 
 def test_a_failed_topology_read_is_retried_later_not_every_beat(host):
-    host.tool("nvidia-smi", rule("nvidia/query_8x_a100.csv", when=[QUERY]), rule("nvidia/q_8x_a100.txt", when=["-q"]),
-              rule(text="", when=["topo", "-m"], code=1))
+    host.tool(
+        "nvidia-smi",
+        rule("nvidia/query_8x_a100.csv", when=[QUERY]),
+        rule("nvidia/q_8x_a100.txt", when=["-q"]),
+        rule(text="", when=["topo", "-m"], code=1),
+    )
     detector = host.detector(rescan_every=3)
     for _ in range(3):
         assert detector.detect().labels == {}
     assert len([c for c in host.calls("nvidia-smi") if c[0] == "topo"]) == 1
-    host.tool("nvidia-smi", rule("nvidia/query_8x_a100.csv", when=[QUERY]), rule("nvidia/q_8x_a100.txt", when=["-q"]),
-              rule("nvidia/topo_4x_bridges.txt", when=["topo", "-m"]))
+    host.tool(
+        "nvidia-smi",
+        rule("nvidia/query_8x_a100.csv", when=[QUERY]),
+        rule("nvidia/q_8x_a100.txt", when=["-q"]),
+        rule("nvidia/topo_4x_bridges.txt", when=["topo", "-m"]),
+    )
     assert TOPOLOGY_LABEL in detector.detect().labels
 
 
 def test_a_label_too_long_for_the_schema_keeps_the_same_domains():
-    everything = {"nvlink": [[a, b] for a in range(64) for b in range(a + 1, 64)], "numa": {str(i): i // 32 for i in range(64)}}
+    everything = {
+        "nvlink": [[a, b] for a in range(64) for b in range(a + 1, 64)],
+        "numa": {str(i): i // 32 for i in range(64)},
+    }
     value = topology_label(everything)
     assert len(value) <= 4096
     pairs = json.loads(value)["nvlink"]
@@ -289,6 +346,7 @@ def _fake_pynvml(cards, lost=None, gone=None):
             if h["uuid"] in lost:
                 raise _GpuIsLost("GPU is lost")
             return value(h)
+
         return call
 
     m.nvmlDeviceGetMemoryInfo = guarded(lambda h: types.SimpleNamespace(total=h["total"] << 20, used=h["used"] << 20))
@@ -301,8 +359,16 @@ def _fake_pynvml(cards, lost=None, gone=None):
 
 
 NVML_CARDS = [
-    {"uuid": f"GPU-nvml-{i}", "name": "NVIDIA H100 80GB HBM3", "total": 81559, "used": 100 * i, "util": 10 * i,
-     "temp": 30 + i, "mw": 70000 + i, "mig": 1 if i == 0 else 0}
+    {
+        "uuid": f"GPU-nvml-{i}",
+        "name": "NVIDIA H100 80GB HBM3",
+        "total": 81559,
+        "used": 100 * i,
+        "util": 10 * i,
+        "temp": 30 + i,
+        "mw": 70000 + i,
+        "mig": 1 if i == 0 else 0,
+    }
     for i in range(3)
 ]
 
@@ -311,10 +377,19 @@ def test_nvml_when_it_loads(host, monkeypatch, validate):
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(NVML_CARDS))
     result = host.detector(nvml=True).detect()
     assert (result.vendor, result.tool, result.collector_error) == ("nvidia", "nvml", "")
-    assert result.gpus[2] == {"index": 2, "vendor": "nvidia", "uuid": "GPU-nvml-2", "model": "NVIDIA H100 80GB HBM3",
-                              "memory_total_mb": 81559, "utilization": 20, "memory_used_mb": 200, "temperature": 32,
-                              "power_w": 70.0, "compute_capability": "9.0",
-                              "metrics_available": ["utilization", "memory_used_mb", "temperature", "power_w"]}
+    assert result.gpus[2] == {
+        "index": 2,
+        "vendor": "nvidia",
+        "uuid": "GPU-nvml-2",
+        "model": "NVIDIA H100 80GB HBM3",
+        "memory_total_mb": 81559,
+        "utilization": 20,
+        "memory_used_mb": 200,
+        "temperature": 32,
+        "power_w": 70.0,
+        "compute_capability": "9.0",
+        "metrics_available": ["utilization", "memory_used_mb", "temperature", "power_w"],
+    }
     assert result.capabilities["0"]["mig_capable"] and not result.capabilities["1"]["mig_capable"]
     assert host.calls() == []  # no tool ran
     validate(result.heartbeat_fields())
@@ -330,7 +405,9 @@ def test_nvml_names_a_lost_card(host, monkeypatch):
     result = detector.detect()
     assert [g["index"] for g in result.gpus] == [0]
     assert [(f["index"], f["uuid"], "lost" in f["error"]) for f in result.collect_failures] == [
-        (1, "GPU-nvml-1", True), (2, "GPU-nvml-2", True)]
+        (1, "GPU-nvml-1", True),
+        (2, "GPU-nvml-2", True),
+    ]
 
 
 def test_nvml_that_does_not_load_leaves_nvidia_smi(host, monkeypatch):

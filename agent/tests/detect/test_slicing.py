@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import pytest
 
-from heteroflow_agent.detect.slicing import TIER_MIG, TIER_MPS, TIER_SOFTWARE, capabilities, is_container, mps_daemon_alive
+from heteroflow_agent.detect.slicing import (
+    TIER_MIG,
+    TIER_MPS,
+    TIER_SOFTWARE,
+    capabilities,
+    is_container,
+    mps_daemon_alive,
+)
 
 
 def test_tiers_follow_the_spec():
     assert (TIER_MIG, TIER_MPS, TIER_SOFTWARE) == (1, 2, 9)
 
 
-@pytest.mark.parametrize("marker, content", [
-    (".dockerenv", ""),
-    ("run/.containerenv", ""),
-    ("proc/1/cgroup", "12:pids:/docker/3f2a9c1d\n0::/system.slice/containerd.service\n"),
-    ("proc/1/cgroup", "0::/kubepods/besteffort/pod1234/abcd\n"),
-    ("proc/1/cgroup", "1:name=systemd:/machine.slice/libpod-4f3e.scope\n"),
-])
+@pytest.mark.parametrize(
+    "marker, content",
+    [
+        (".dockerenv", ""),
+        ("run/.containerenv", ""),
+        ("proc/1/cgroup", "12:pids:/docker/3f2a9c1d\n0::/system.slice/containerd.service\n"),
+        ("proc/1/cgroup", "0::/kubepods/besteffort/pod1234/abcd\n"),
+        ("proc/1/cgroup", "1:name=systemd:/machine.slice/libpod-4f3e.scope\n"),
+    ],
+)
 def test_container_markers(host, marker, content):
     host.file(marker, content)
     assert is_container(str(host.root))
@@ -71,5 +81,9 @@ def test_capability_rule():
         "2": {"mig_capable": False, "mps_capable": True, "best_tier": 2},
     }
     software = {"mig_capable": False, "mps_capable": False, "best_tier": 9}
-    assert set(map(str, capabilities(cards, nvidia=True, mig=mig, mps_alive=True, container=True).values())) == {str(software)}
-    assert set(map(str, capabilities(cards, nvidia=False, mig=mig, mps_alive=True, container=False).values())) == {str(software)}
+    assert set(map(str, capabilities(cards, nvidia=True, mig=mig, mps_alive=True, container=True).values())) == {
+        str(software)
+    }
+    assert set(map(str, capabilities(cards, nvidia=False, mig=mig, mps_alive=True, container=False).values())) == {
+        str(software)
+    }

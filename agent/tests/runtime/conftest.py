@@ -20,7 +20,7 @@ RUN_ID = uuid.uuid4().hex[:12]
 # nothing of another run or of a real agent on the same engine is ever touched.
 _IDS = itertools.count(10**12 + secrets.randbelow(10**9) * 1000)
 
-HOW_TO = "start one with: eval \"$(scripts/container-engine.sh --install start)\""
+HOW_TO = 'start one with: eval "$(scripts/container-engine.sh --install start)"'
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +38,9 @@ def docker_engine():
     try:
         client.images.get(TEST_IMAGE)
     except Exception as exc:
-        pytest.skip(f"the test image {TEST_IMAGE} is not in the engine at {os.environ['DOCKER_HOST']}: {exc} ({HOW_TO})")
+        pytest.skip(
+            f"the test image {TEST_IMAGE} is not in the engine at {os.environ['DOCKER_HOST']}: {exc} ({HOW_TO})"
+        )
     yield client
     # whatever this run left behind
     for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={RUN_ID}"}):

@@ -56,7 +56,11 @@ def run(runtime, docker_task_ids, docker_test_image, docker_test_labels):
     def start(command, **fields):
         task_id = fields.pop("task_id", None) or docker_task_ids()
         labels = {**docker_test_labels, **fields.pop("labels", {})}
-        runtime.start(TaskSpec(task_id=task_id, image=fields.pop("image", docker_test_image), command=command, labels=labels, **fields))
+        runtime.start(
+            TaskSpec(
+                task_id=task_id, image=fields.pop("image", docker_test_image), command=command, labels=labels, **fields
+            )
+        )
         return task_id
 
     return start
@@ -85,7 +89,9 @@ def test_split_reference_normalizes_like_docker(reference, expected):
     assert split_reference(reference) == expected
 
 
-@pytest.mark.parametrize("reference", ["", " ", "a b", "x@sha256:zz", "x@@sha256:" + "a" * 64, "x:", "/x", "x//y", "x:tag;rm"])
+@pytest.mark.parametrize(
+    "reference", ["", " ", "a b", "x@sha256:zz", "x@@sha256:" + "a" * 64, "x:", "/x", "x//y", "x:tag;rm"]
+)
 def test_split_reference_refuses_what_is_no_reference(reference):
     with pytest.raises(RuntimeError_):
         split_reference(reference)
@@ -94,7 +100,10 @@ def test_split_reference_refuses_what_is_no_reference(reference):
 def test_image_present_matches_exactly():
     digest = "sha256:" + "c" * 64
     images = [
-        {"RepoTags": ["172.29.0.1:5000/lmsysorg/sglang:latest", "docker.io/library/busybox:1.36"], "RepoDigests": [f"172.29.0.1:5000/lmsysorg/sglang@{digest}"]},
+        {
+            "RepoTags": ["172.29.0.1:5000/lmsysorg/sglang:latest", "docker.io/library/busybox:1.36"],
+            "RepoDigests": [f"172.29.0.1:5000/lmsysorg/sglang@{digest}"],
+        },
         {"RepoTags": ["<none>:<none>"], "RepoDigests": None},
         {"RepoTags": None, "RepoDigests": ["<none>@<none>"]},
     ]
@@ -151,7 +160,13 @@ def test_available(runtime):
 
 def test_echo_exits_zero_with_state_and_log_tail(runtime, run):
     before = time.time()
-    task_id = run(["sh", "-c", "echo to-stderr >&2; sleep 0.2; for i in 1 2 3 4 5; do echo line$i; done; printf 'bad \\377 byte\\n'"])
+    task_id = run(
+        [
+            "sh",
+            "-c",
+            "echo to-stderr >&2; sleep 0.2; for i in 1 2 3 4 5; do echo line$i; done; printf 'bad \\377 byte\\n'",
+        ]
+    )
     state = wait_exited(runtime, task_id)
     assert state.task_id == task_id and not state.running and state.exit_code == 0
     assert before - 5 <= state.started_at <= state.finished_at <= time.time() + 5
@@ -198,7 +213,10 @@ def test_stop_ends_a_task_that_honours_sigterm_within_the_grace(runtime, run):
 
 @pytest.mark.parametrize(
     "command",
-    [["sh", "-c", "echo trap-set; exec sleep 300"], ["sh", "-c", "trap '' TERM; echo trap-set; while true; do sleep 1; done"]],
+    [
+        ["sh", "-c", "echo trap-set; exec sleep 300"],
+        ["sh", "-c", "trap '' TERM; echo trap-set; while true; do sleep 1; done"],
+    ],
     ids=["sleep-as-pid-1", "traps-term"],
 )
 def test_stop_kills_after_the_grace(runtime, run, command):
@@ -235,7 +253,10 @@ def test_env_workdir_and_volumes(runtime, run, tmp_path):
         ["sh", "-c", script],
         env={"FOO": "bar", "SPACED": "a b=c"},
         workdir="/data/rw",
-        volumes=(Volume(host=str(ro), container="/data/ro", read_only=True), Volume(host=str(rw), container="/data/rw")),
+        volumes=(
+            Volume(host=str(ro), container="/data/ro", read_only=True),
+            Volume(host=str(rw), container="/data/rw"),
+        ),
     )
     assert wait_exited(runtime, task_id).exit_code == 0
     out = runtime.logs_tail(task_id).splitlines()
@@ -297,17 +318,25 @@ def test_shm_size_and_ipc_host(runtime, run, docker_engine):
     assert runtime.logs_tail(ipc).strip() == os.readlink("/proc/self/ns/ipc")
 
 
-def test_tasks_lists_every_managed_container_and_survives_a_new_runtime(runtime, run, docker_engine, docker_task_ids, docker_test_image, docker_test_labels):
+def test_tasks_lists_every_managed_container_and_survives_a_new_runtime(
+    runtime, run, docker_engine, docker_task_ids, docker_test_image, docker_test_labels
+):
     done = run(["sh", "-c", "exit 5"])
     live = run(["sleep", "300"])
     wait_exited(runtime, done)
     wait_running(runtime, live)
     # not tasks: a task-N container without our labels, and our labels on another name
     stranger = docker_task_ids()
-    docker_engine.containers.create(docker_test_image, ["true"], name=f"task-{stranger}", labels=docker_test_labels, network_mode="host")
+    docker_engine.containers.create(
+        docker_test_image, ["true"], name=f"task-{stranger}", labels=docker_test_labels, network_mode="host"
+    )
     impostor = docker_task_ids()
     docker_engine.containers.create(
-        docker_test_image, ["true"], name=f"other-{impostor}", labels={**docker_test_labels, MANAGED_LABEL: "true", TASK_ID_LABEL: str(impostor)}, network_mode="host"
+        docker_test_image,
+        ["true"],
+        name=f"other-{impostor}",
+        labels={**docker_test_labels, MANAGED_LABEL: "true", TASK_ID_LABEL: str(impostor)},
+        network_mode="host",
     )
     try:
         for rt in (runtime, DockerRuntime()):  # a new instance: what a restarted agent sees
@@ -346,9 +375,13 @@ def test_an_exited_leftover_of_the_same_task_is_replaced(runtime, run):
     assert runtime.logs_tail(task_id) == "second\n"
 
 
-def test_a_foreign_container_with_the_task_name_is_never_touched(runtime, run, docker_engine, docker_task_ids, docker_test_image, docker_test_labels):
+def test_a_foreign_container_with_the_task_name_is_never_touched(
+    runtime, run, docker_engine, docker_task_ids, docker_test_image, docker_test_labels
+):
     task_id = docker_task_ids()
-    docker_engine.containers.create(docker_test_image, ["true"], name=f"task-{task_id}", labels=docker_test_labels, network_mode="host")
+    docker_engine.containers.create(
+        docker_test_image, ["true"], name=f"task-{task_id}", labels=docker_test_labels, network_mode="host"
+    )
     with pytest.raises(RuntimeError_, match="did not start"):
         run(["true"], task_id=task_id)
     runtime.remove(task_id)

@@ -27,8 +27,22 @@ class ChannelSerializer(serializers.ModelSerializer):
     class Meta:
         model = NotificationChannel
         fields = [
-            "id", "tenant", "name", "kind", "url", "recipients", "min_severity", "types", "enabled", "created_at",
-            "created_by", "updated_at", "last_success_at", "last_failure_at", "last_error", "consecutive_failures",
+            "id",
+            "tenant",
+            "name",
+            "kind",
+            "url",
+            "recipients",
+            "min_severity",
+            "types",
+            "enabled",
+            "created_at",
+            "created_by",
+            "updated_at",
+            "last_success_at",
+            "last_failure_at",
+            "last_error",
+            "consecutive_failures",
         ]
         read_only_fields = fields
 
@@ -41,7 +55,8 @@ class ChannelSerializer(serializers.ModelSerializer):
 
 class ChannelCreatedSerializer(ChannelSerializer):
     secret = serializers.CharField(
-        read_only=True, allow_null=True,
+        read_only=True,
+        allow_null=True,
         help_text="The webhook's signing secret. Shown in this answer only; null for e-mail channels.",
     )
 
@@ -57,13 +72,17 @@ class ChannelSecretSerializer(serializers.Serializer):
 
 class _ChannelFields(StrictSerializer):
     name = serializers.CharField(max_length=100)
-    url = serializers.CharField(max_length=URL_MAX_LENGTH, validators=[webhook_url], help_text="webhooks: http or https")
+    url = serializers.CharField(
+        max_length=URL_MAX_LENGTH, validators=[webhook_url], help_text="webhooks: http or https"
+    )
     recipients = serializers.ListField(
         child=serializers.EmailField(), min_length=1, max_length=MAX_RECIPIENTS, help_text="e-mail channels: addresses"
     )
     min_severity = serializers.ChoiceField(choices=Severity.choices, default=Severity.INFO)
     types = serializers.ListField(
-        child=serializers.ChoiceField(choices=AlertType.choices), max_length=len(AlertType.choices), default=list,
+        child=serializers.ChoiceField(choices=AlertType.choices),
+        max_length=len(AlertType.choices),
+        default=list,
         help_text="alert types sent; empty: every type",
     )
     enabled = serializers.BooleanField(default=True)
@@ -95,9 +114,10 @@ class _ChannelFields(StrictSerializer):
 
 class ChannelCreateSerializer(_ChannelFields):
     tenant = serializers.SlugField(
-        required=False, allow_null=True,
+        required=False,
+        allow_null=True,
         help_text="The tenant the channel belongs to. Tenant principals: their own (the default). "
-                  "Operators: a tenant's slug, or null/absent for an operators' channel.",
+        "Operators: a tenant's slug, or null/absent for an operators' channel.",
     )
     kind = serializers.ChoiceField(choices=ChannelKind.choices)
 
@@ -140,7 +160,17 @@ class DeliverySerializer(serializers.ModelSerializer):
     class Meta:
         model = NotificationDelivery
         fields = [
-            "id", "event", "alert", "status", "attempts", "last_status_code", "last_error", "created_at",
-            "last_attempt_at", "next_attempt_at", "delivered_at", "failed_at",
+            "id",
+            "event",
+            "alert",
+            "status",
+            "attempts",
+            "last_status_code",
+            "last_error",
+            "created_at",
+            "last_attempt_at",
+            "next_attempt_at",
+            "delivered_at",
+            "failed_at",
         ]
         read_only_fields = fields

@@ -53,7 +53,9 @@ def _tenant_for_new_channel(principal, data: dict) -> Tenant | None:
     slug = data["tenant"]
     if slug is None:
         if principal.is_tenant:
-            raise ValidationError({"tenant": ["Tenants' channels belong to their tenant; only operators have channels of no tenant."]})
+            raise ValidationError(
+                {"tenant": ["Tenants' channels belong to their tenant; only operators have channels of no tenant."]}
+            )
         return None
     return policy.named_tenant(principal, slug)
 

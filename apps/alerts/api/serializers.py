@@ -15,8 +15,24 @@ class AlertSerializer(serializers.ModelSerializer):
     class Meta:
         model = Alert
         fields = [
-            "id", "type", "severity", "scope", "state", "key", "node", "gpu_index", "task", "tenant", "message",
-            "details", "created_at", "updated_at", "acknowledged_at", "acknowledged_by", "ended_at", "resolved_by",
+            "id",
+            "type",
+            "severity",
+            "scope",
+            "state",
+            "key",
+            "node",
+            "gpu_index",
+            "task",
+            "tenant",
+            "message",
+            "details",
+            "created_at",
+            "updated_at",
+            "acknowledged_at",
+            "acknowledged_by",
+            "ended_at",
+            "resolved_by",
         ]
 
 

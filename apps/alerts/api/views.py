@@ -57,7 +57,9 @@ class AlertAcknowledgeView(AlertView):
     def post(self, request, pk):
         alert = self.get_object()
         if not services.acknowledge_alert(alert, request.auth.user) and alert.state != "ACTIVE":
-            raise Conflict(f"Alert {alert.pk} is {alert.state}; only an active alert can be acknowledged.", "alert_ended")
+            raise Conflict(
+                f"Alert {alert.pk} is {alert.state}; only an active alert can be acknowledged.", "alert_ended"
+            )
         return Response(s.AlertSerializer(alert).data)
 
 

@@ -67,8 +67,18 @@ def _audit(channel: NotificationChannel, principal, action: str, **details) -> N
         record_audit(channel.tenant, principal, action, channel.name, channel_id=channel.pk, **details)
 
 
-def create_channel(*, principal, tenant, name: str, kind: str, url: str = "", recipients=(), min_severity: str = Severity.INFO,
-                   types=(), enabled: bool = True) -> ChannelCreated:
+def create_channel(
+    *,
+    principal,
+    tenant,
+    name: str,
+    kind: str,
+    url: str = "",
+    recipients=(),
+    min_severity: str = Severity.INFO,
+    types=(),
+    enabled: bool = True,
+) -> ChannelCreated:
     """`tenant` None: an operators' channel."""
     if NotificationChannel.objects.filter(tenant=tenant, name=name).exists():
         raise _name_taken(name)
@@ -76,8 +86,14 @@ def create_channel(*, principal, tenant, name: str, kind: str, url: str = "", re
     try:
         with transaction.atomic():
             channel = NotificationChannel.objects.create(
-                tenant=tenant, name=name, kind=kind, recipients=list(recipients), min_severity=min_severity,
-                types=list(types), enabled=enabled, created_by=user,
+                tenant=tenant,
+                name=name,
+                kind=kind,
+                recipients=list(recipients),
+                min_severity=min_severity,
+                types=list(types),
+                enabled=enabled,
+                created_by=user,
             )
             secret = None
             if kind == ChannelKind.WEBHOOK:
@@ -110,9 +126,12 @@ def update_channel(channel: NotificationChannel, *, principal, **changes) -> Not
         raise TypeError("only webhook channels have a URL")
     if not changes and url is None:
         return channel  # nothing asked: nothing to save or to record
-    if "name" in changes and NotificationChannel.objects.filter(tenant=channel.tenant_id, name=changes["name"]).exclude(
-        pk=channel.pk
-    ).exists():
+    if (
+        "name" in changes
+        and NotificationChannel.objects.filter(tenant=channel.tenant_id, name=changes["name"])
+        .exclude(pk=channel.pk)
+        .exists()
+    ):
         raise _name_taken(changes["name"])
     try:
         with transaction.atomic():
@@ -157,11 +176,14 @@ def send_test(channel: NotificationChannel, *, principal) -> NotificationDeliver
     be tried before it is switched on). One at a time per channel."""
     with transaction.atomic():
         NotificationChannel.objects.select_for_update().filter(pk=channel.pk).exists()
-        if NotificationDelivery.objects.filter(channel=channel, event=NotificationEvent.TEST,
-                                               status=DeliveryStatus.PENDING).exists():
+        if NotificationDelivery.objects.filter(
+            channel=channel, event=NotificationEvent.TEST, status=DeliveryStatus.PENDING
+        ).exists():
             raise Conflict("A test of this channel is still on its way; wait for its outcome.", "test_pending")
         delivery = NotificationDelivery.objects.create(
-            channel=channel, event=NotificationEvent.TEST, next_attempt_at=utcnow(),
+            channel=channel,
+            event=NotificationEvent.TEST,
+            next_attempt_at=utcnow(),
             payload={"alert": None, "message": f"A test notification from HeteroFlow for channel '{channel.name}'."},
         )
         _audit(channel, principal, "alert_channel.tested", delivery_id=delivery.pk)

@@ -23,7 +23,7 @@ import smtplib
 import socket
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
 import requests
@@ -83,8 +83,15 @@ def backoff_seconds(attempts: int, retry_after: float | None = None) -> float:
 def deliver(delivery_id: int, *, now=None) -> Attempt:
     now = now or utcnow()
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(CLAIM, {"id": delivery_id, "now": now, "due": now + EARLY_TOLERANCE,
-                               "lease": now + timedelta(seconds=lease_seconds())})
+        cursor.execute(
+            CLAIM,
+            {
+                "id": delivery_id,
+                "now": now,
+                "due": now + EARLY_TOLERANCE,
+                "lease": now + timedelta(seconds=lease_seconds()),
+            },
+        )
         if cursor.fetchone() is None:
             return Attempt("skipped")  # gone, finished, not due yet, or another attempt holds it
     delivery = NotificationDelivery.objects.select_related("channel__tenant").filter(pk=delivery_id).first()
@@ -93,7 +100,9 @@ def deliver(delivery_id: int, *, now=None) -> Attempt:
     channel = delivery.channel
     if delivery.attempts > settings.HETEROFLOW_NOTIFY_MAX_ATTEMPTS:
         # the worker that made the last attempt stopped before recording it
-        return _record(delivery, now, Sent(False, error="no attempt left (the last one never finished)", permanent=True))
+        return _record(
+            delivery, now, Sent(False, error="no attempt left (the last one never finished)", permanent=True)
+        )
     if delivery.event != NotificationEvent.TEST and not channel.enabled:
         NotificationDelivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.PENDING).update(
             status=DeliveryStatus.CANCELLED, locked_until=None, last_error="the channel was disabled"
@@ -116,7 +125,9 @@ def _record(delivery: NotificationDelivery, now, sent: Sent) -> Attempt:
             error = sent.error if sent.permanent else f"{sent.error} (gave up after {delivery.attempts} attempts)"
             common["last_error"] = error[:300]
             pending.update(status=DeliveryStatus.FAILED, failed_at=now, next_attempt_at=now, **common)
-            channel.update(last_failure_at=now, last_error=error[:300], consecutive_failures=F("consecutive_failures") + 1)
+            channel.update(
+                last_failure_at=now, last_error=error[:300], consecutive_failures=F("consecutive_failures") + 1
+            )
             return Attempt("failed")
         delay = backoff_seconds(delivery.attempts, sent.retry_after)
         pending.update(next_attempt_at=now + timedelta(seconds=delay), **common)
@@ -148,7 +159,7 @@ def send_webhook(channel: NotificationChannel, delivery: NotificationDelivery) -
         return refused
     timeout = settings.HETEROFLOW_NOTIFY_TIMEOUT_SECONDS
     wall = int(time.time())  # the receiver checks freshness against its own clock: real time
-    body = json.dumps(body_of(channel, delivery, datetime.fromtimestamp(wall, dt_timezone.utc)), separators=(",", ":")).encode()
+    body = json.dumps(body_of(channel, delivery, datetime.fromtimestamp(wall, UTC)), separators=(",", ":")).encode()
     timestamp = str(wall)
     headers = {
         "Content-Type": "application/json",
@@ -160,8 +171,9 @@ def send_webhook(channel: NotificationChannel, delivery: NotificationDelivery) -
     }
     try:
         # stream: the answer's body is never read (only its status matters)
-        with requests.post(credentials.url, data=body, headers=headers, timeout=(timeout, timeout),
-                           allow_redirects=False, stream=True) as response:
+        with requests.post(
+            credentials.url, data=body, headers=headers, timeout=(timeout, timeout), allow_redirects=False, stream=True
+        ) as response:
             code, retry_after = response.status_code, response.headers.get("Retry-After")
     except requests.exceptions.ConnectTimeout:
         return Sent(False, error=f"could not connect within {timeout:g} s")
@@ -200,8 +212,8 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     if when is None:
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt_timezone.utc)
-    return max(0.0, (when - (now or datetime.now(dt_timezone.utc))).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 _ERRNO_TEXT = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
@@ -230,8 +242,11 @@ def _target_refused(channel: NotificationChannel, url: str) -> Sent | None:
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
             address = address.ipv4_mapped
         if not address.is_global:
-            return Sent(False, error="the webhook's host has a non-public address, which tenants' webhooks may not use",
-                        permanent=True)
+            return Sent(
+                False,
+                error="the webhook's host has a non-public address, which tenants' webhooks may not use",
+                permanent=True,
+            )
     return None
 
 
@@ -250,9 +265,18 @@ def email_text(channel: NotificationChannel, delivery: NotificationDelivery) -> 
         else:
             subject = f"{alert['state'].capitalize()}: {alert['type']}: {first_line}"
         lines = [alert["message"], ""]
-        for label, key in (("Type", "type"), ("Severity", "severity"), ("State", "state"), ("Scope", "scope"),
-                           ("Tenant", "tenant"), ("Node", "node_id"), ("GPU", "gpu_index"), ("Task", "task_id"),
-                           ("Raised at", "created_at"), ("Ended at", "ended_at")):
+        for label, key in (
+            ("Type", "type"),
+            ("Severity", "severity"),
+            ("State", "state"),
+            ("Scope", "scope"),
+            ("Tenant", "tenant"),
+            ("Node", "node_id"),
+            ("GPU", "gpu_index"),
+            ("Task", "task_id"),
+            ("Raised at", "created_at"),
+            ("Ended at", "ended_at"),
+        ):
             if alert.get(key) is not None:
                 lines.append(f"{label}: {alert[key]}")
         if alert.get("details"):
@@ -266,15 +290,21 @@ def email_text(channel: NotificationChannel, delivery: NotificationDelivery) -> 
 def send_email(channel: NotificationChannel, delivery: NotificationDelivery) -> Sent:
     subject, text = email_text(channel, delivery)
     message = EmailMessage(
-        subject, text, settings.DEFAULT_FROM_EMAIL, list(channel.recipients),
+        subject,
+        text,
+        settings.DEFAULT_FROM_EMAIL,
+        list(channel.recipients),
         headers={signing.EVENT_HEADER: delivery.event, signing.DELIVERY_HEADER: str(delivery.pk)},
     )
     try:
         message.send(fail_silently=False)
     except smtplib.SMTPRecipientsRefused as exc:  # every recipient refused
         codes = sorted({code for code, _ in exc.recipients.values()})
-        return Sent(False, error=f"every recipient refused (SMTP {', '.join(map(str, codes))})",
-                    permanent=all(code >= 500 for code in codes))
+        return Sent(
+            False,
+            error=f"every recipient refused (SMTP {', '.join(map(str, codes))})",
+            permanent=all(code >= 500 for code in codes),
+        )
     except smtplib.SMTPResponseException as exc:
         return Sent(False, error=f"SMTP {exc.smtp_code}", permanent=exc.smtp_code >= 500)
     except (smtplib.SMTPException, OSError) as exc:

@@ -135,7 +135,9 @@ def fan_out(event: str, alert_ids: list[int], now) -> list[int]:
     for channel in channels:
         if channel.tenant_id and channel.tenant_id not in visible:
             visible[channel.tenant_id] = set(
-                Alert.objects.filter(pk__in=alert_ids).visible_to(tenant_viewer(channel.tenant)).values_list("pk", flat=True)
+                Alert.objects.filter(pk__in=alert_ids)
+                .visible_to(tenant_viewer(channel.tenant))
+                .values_list("pk", flat=True)
             )
     columns = {"channels": [], "alerts": [], "payloads": []}
     for alert in alerts:

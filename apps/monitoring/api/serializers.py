@@ -8,7 +8,9 @@ from apps.monitoring.selectors import HISTORY_MAX_HOURS, HISTORY_MIN_HOURS
 
 class HistoryQuerySerializer(StrictSerializer):
     hours = serializers.IntegerField(
-        min_value=HISTORY_MIN_HOURS, max_value=HISTORY_MAX_HOURS, default=1,
+        min_value=HISTORY_MIN_HOURS,
+        max_value=HISTORY_MAX_HOURS,
+        default=1,
         help_text="1..168. Buckets: up to 1 h per minute, 6 h per 5 min, 24 h per 15 min, 168 h per hour.",
     )
     host = serializers.CharField(max_length=255, required=False, default="", help_text="Only this host's series.")
@@ -40,7 +42,9 @@ class LiveMetricsSerializer(HostReadingSerializer):
     python = serializers.CharField()
     uptime_seconds = serializers.IntegerField(allow_null=True)
     cpu_window_seconds = serializers.FloatField(help_text="The time the CPU figure covers.")
-    net_rate_since = serializers.DateTimeField(allow_null=True, help_text="The stored sample the rates are measured from.")
+    net_rate_since = serializers.DateTimeField(
+        allow_null=True, help_text="The stored sample the rates are measured from."
+    )
 
 
 class HistoryPointSerializer(HostReadingSerializer):

@@ -122,11 +122,17 @@ class HeartbeatApp:
             status, body, headers = exc.status, exc.body, exc.headers
         record_heartbeat(status, body.get("error", {}).get("code"))
         payload = orjson.dumps(body)
-        await send({
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    *headers,
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
 
     async def respond(self, scope, receive, node_id: str) -> tuple[int, dict]:
@@ -139,15 +145,27 @@ class HeartbeatApp:
             location = f"https://{host}{scope['path']}".encode()
             raise HttpError(301, "https_required", "Use HTTPS.", headers=[(b"location", location)])
         if scope["method"] not in ("POST", "PUT"):
-            raise HttpError(405, "method_not_allowed", f"Method \"{scope['method']}\" not allowed.", headers=[(b"allow", b"POST, PUT")])
+            raise HttpError(
+                405,
+                "method_not_allowed",
+                f'Method "{scope["method"]}" not allowed.',
+                headers=[(b"allow", b"POST, PUT")],
+            )
         await self.authenticate(scope)
         if not NODE_ID.match(node_id):
-            raise HttpError(400, "invalid", "Invalid node id.", {"node_id": ["1-128 characters: letters, digits, '.', '_', ':', '-'."]})
+            raise HttpError(
+                400,
+                "invalid",
+                "Invalid node id.",
+                {"node_id": ["1-128 characters: letters, digits, '.', '_', ':', '-'."]},
+            )
         payload = orjson_or_400(await read_body(scope, receive, settings.HETEROFLOW_HEARTBEAT_MAX_BYTES))
         if not isinstance(payload, dict):
             raise HttpError(400, "invalid", "A heartbeat is a JSON object.")
         if payload.get("node_id", node_id) != node_id:
-            raise HttpError(400, "invalid", "node_id in the body differs from the path.", {"node_id": ["Must match the path."]})
+            raise HttpError(
+                400, "invalid", "node_id in the body differs from the path.", {"node_id": ["Must match the path."]}
+            )
         errors = heartbeat_errors(payload)
         if errors:
             raise HttpError(400, "invalid", "Invalid heartbeat: " + ", ".join(sorted(errors)) + ".", errors)
@@ -177,11 +195,19 @@ class HeartbeatApp:
         if offered is None:
             if header(scope, b"authorization"):
                 raise HttpError(403, "permission_denied", "Heartbeats take the agent key (X-API-Key).")
-            raise HttpError(401, "not_authenticated", "Authentication credentials were not provided.",
-                            headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')])
+            raise HttpError(
+                401,
+                "not_authenticated",
+                "Authentication credentials were not provided.",
+                headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')],
+            )
         if not expected or not hmac.compare_digest(offered.encode(), expected.encode()):
-            raise HttpError(401, "authentication_failed", "Invalid agent key.",
-                            headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')])
+            raise HttpError(
+                401,
+                "authentication_failed",
+                "Invalid agent key.",
+                headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')],
+            )
 
     def after_beat(self, outcome) -> None:
         """Follow-ups that talk to Redis run in a thread, off the event loop: a slow or

@@ -121,7 +121,11 @@ def dist_file(request, arch, filename):
     try:
         content = path.read_bytes()
     except OSError:
-        return _error(404, "not_found", f"{filename} went away (a rebuild replaced the set); fetch {distribution.SUMS_NAME} again.")
+        return _error(
+            404,
+            "not_found",
+            f"{filename} went away (a rebuild replaced the set); fetch {distribution.SUMS_NAME} again.",
+        )
     suffix = "." + filename.rsplit(".", 1)[-1] if "." in filename else ""
     response = HttpResponse(content, content_type=CONTENT_TYPES.get(suffix, "text/plain; charset=utf-8"))
     response["Content-Disposition"] = f'attachment; filename="{filename}"'

@@ -5,8 +5,8 @@ from rest_framework import serializers
 from apps.core.pagination import PageQuerySerializer
 from apps.core.serializers import StrictSerializer
 from apps.nodes.choices import ExecMode, GpuState, GpuVendor, NodeStatus
-from apps.nodes.presenters import GPU_COLUMNS, GPU_COMPUTED, NODE_COLUMNS, NODE_COMPUTED
 from apps.nodes.models import Gpu, Node
+from apps.nodes.presenters import GPU_COLUMNS, GPU_COMPUTED, NODE_COLUMNS, NODE_COMPUTED
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -22,7 +22,9 @@ class GpuSerializer(serializers.ModelSerializer):
 class NodeSerializer(serializers.ModelSerializer):
     """The shape of a node in API answers (built by presenters.present)."""
 
-    tenant = serializers.CharField(allow_null=True, read_only=True, help_text="Slug of the owning tenant; null: shared.")
+    tenant = serializers.CharField(
+        allow_null=True, read_only=True, help_text="Slug of the owning tenant; null: shared."
+    )
     gpu_used = serializers.IntegerField(read_only=True, help_text="GPUs held by active tasks.")
     gpus_lost = serializers.IntegerField(read_only=True)
     gpus = GpuSerializer(many=True, read_only=True)

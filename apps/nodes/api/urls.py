@@ -1,7 +1,6 @@
 from django.urls import path
 
-from apps.nodes.api import install_views
-from apps.nodes.api import views
+from apps.nodes.api import install_views, views
 
 urlpatterns = [
     path("agent/auth-check", views.AgentAuthCheckView.as_view(), name="agent-auth-check"),

@@ -20,7 +20,9 @@ class AgentAuthCheckView(APIView):
     permission_classes = [IsAgent]
 
     @extend_schema(
-        responses=inline_serializer("AgentAuthCheck", {"ok": serializers.BooleanField(), "server_time": serializers.DateTimeField()})
+        responses=inline_serializer(
+            "AgentAuthCheck", {"ok": serializers.BooleanField(), "server_time": serializers.DateTimeField()}
+        )
     )
     def get(self, request):
         return Response({"ok": True, "server_time": utcnow()})
@@ -57,10 +59,19 @@ class NodeView(ScopedAPIView):
 class NodeListView(APIView):
     permission_classes = [IsOperatorOrAgentForWrites]
 
-    @extend_schema(operation_id="v1_nodes_list", parameters=[s.NodeListQuerySerializer], responses=inline_serializer("PaginatedNodeList", {
-        "count": serializers.IntegerField(), "next": serializers.URLField(allow_null=True),
-        "previous": serializers.URLField(allow_null=True), "results": s.NodeSerializer(many=True),
-    }))
+    @extend_schema(
+        operation_id="v1_nodes_list",
+        parameters=[s.NodeListQuerySerializer],
+        responses=inline_serializer(
+            "PaginatedNodeList",
+            {
+                "count": serializers.IntegerField(),
+                "next": serializers.URLField(allow_null=True),
+                "previous": serializers.URLField(allow_null=True),
+                "results": s.NodeSerializer(many=True),
+            },
+        ),
+    )
     def get(self, request):
         params = query(s.NodeListQuerySerializer, request)
         nodes = selectors.node_list(request.auth, q=params["q"], status=params["status"], gpu_type=params["gpu_type"])
@@ -85,10 +96,25 @@ class NodeDetailView(NodeView):
         return Response(presenters.present_one(self.get_object()))
 
     @extend_schema(
-        parameters=[OpenApiParameter("force", bool, description=(
-            "Also delete the node's model registrations. There is no model registry yet, so today it deletes "
-            "nothing more; it never overrides the active-task check."))],
-        responses={200: inline_serializer("NodeDeleted", {"deleted": serializers.CharField(), "deleted_models": serializers.ListField(child=serializers.CharField())})},
+        parameters=[
+            OpenApiParameter(
+                "force",
+                bool,
+                description=(
+                    "Also delete the node's model registrations. There is no model registry yet, so today it deletes "
+                    "nothing more; it never overrides the active-task check."
+                ),
+            )
+        ],
+        responses={
+            200: inline_serializer(
+                "NodeDeleted",
+                {
+                    "deleted": serializers.CharField(),
+                    "deleted_models": serializers.ListField(child=serializers.CharField()),
+                },
+            )
+        },
     )
     def delete(self, request, node_id):
         node = self.get_object()
@@ -124,11 +150,15 @@ class NodeTenantView(NodeView):
 
     @extend_schema(
         request=s.TenantAssignmentSerializer,
-        responses=inline_serializer("TenantAssigned", {
-            "node": s.NodeSerializer(), "mode": serializers.CharField(),
-            "other_tenant_tasks": serializers.ListField(child=serializers.IntegerField()),
-            "stopping": serializers.ListField(child=serializers.IntegerField()),
-        }),
+        responses=inline_serializer(
+            "TenantAssigned",
+            {
+                "node": s.NodeSerializer(),
+                "mode": serializers.CharField(),
+                "other_tenant_tasks": serializers.ListField(child=serializers.IntegerField()),
+                "stopping": serializers.ListField(child=serializers.IntegerField()),
+            },
+        ),
     )
     def put(self, request, node_id):
         node = self.get_object()
@@ -137,40 +167,68 @@ class NodeTenantView(NodeView):
         data = serializer.validated_data
         tenant = None if data["tenant"] is None else policy.named_tenant(request.auth, data["tenant"])
         result = services.assign_tenant(node, tenant, expected_version=data["version"], mode=data["mode"])
-        return Response({
-            "node": presenters.present_one(result.node),
-            "mode": result.mode,
-            "other_tenant_tasks": result.other_tenant_tasks,
-            "stopping": result.stopping,
-        })
+        return Response(
+            {
+                "node": presenters.present_one(result.node),
+                "mode": result.mode,
+                "other_tenant_tasks": result.other_tenant_tasks,
+                "stopping": result.stopping,
+            }
+        )
 
 
 class NodeMetricsView(NodeView):
-    @extend_schema(parameters=[s.HoursSerializer], responses=inline_serializer("NodeMetricsHistory", {
-        "node_id": serializers.CharField(), "hours": serializers.IntegerField(), "bucket_seconds": serializers.IntegerField(),
-        "points": serializers.ListField(child=serializers.DictField()),
-    }))
+    @extend_schema(
+        parameters=[s.HoursSerializer],
+        responses=inline_serializer(
+            "NodeMetricsHistory",
+            {
+                "node_id": serializers.CharField(),
+                "hours": serializers.IntegerField(),
+                "bucket_seconds": serializers.IntegerField(),
+                "points": serializers.ListField(child=serializers.DictField()),
+            },
+        ),
+    )
     def get(self, request, node_id):
         node = self.get_object()
         return Response(metrics.history(node.pk, query(s.HoursSerializer, request)["hours"]))
 
 
 class NodeEnergyView(NodeView):
-    @extend_schema(parameters=[s.HoursSerializer], responses=inline_serializer("NodeEnergy", {
-        "node_id": serializers.CharField(), "hours": serializers.IntegerField(),
-        "gpu_energy_kwh": serializers.FloatField(allow_null=True), "gpu_power_avg_w": serializers.FloatField(allow_null=True),
-        "gpu_power_max_w": serializers.FloatField(allow_null=True), "samples_with_power": serializers.IntegerField(),
-    }))
+    @extend_schema(
+        parameters=[s.HoursSerializer],
+        responses=inline_serializer(
+            "NodeEnergy",
+            {
+                "node_id": serializers.CharField(),
+                "hours": serializers.IntegerField(),
+                "gpu_energy_kwh": serializers.FloatField(allow_null=True),
+                "gpu_power_avg_w": serializers.FloatField(allow_null=True),
+                "gpu_power_max_w": serializers.FloatField(allow_null=True),
+                "samples_with_power": serializers.IntegerField(),
+            },
+        ),
+    )
     def get(self, request, node_id):
         node = self.get_object()
         return Response(metrics.energy(node.pk, query(s.HoursSerializer, request)["hours"], node.heartbeat_interval))
 
 
 class EnvironmentSummaryView(APIView):
-    @extend_schema(responses=inline_serializer("EnvironmentSummary", {
-        "nodes": serializers.IntegerField(), "online_checkable": serializers.IntegerField(), "offline": serializers.IntegerField(),
-        "by_status": serializers.DictField(child=serializers.IntegerField()), "gpus": serializers.IntegerField(),
-        "gpus_lost": serializers.IntegerField(), "gpu_vendors": serializers.DictField(child=serializers.IntegerField()),
-    }))
+    @extend_schema(
+        responses=inline_serializer(
+            "EnvironmentSummary",
+            {
+                "nodes": serializers.IntegerField(),
+                "online_checkable": serializers.IntegerField(),
+                "offline": serializers.IntegerField(),
+                "by_status": serializers.DictField(child=serializers.IntegerField()),
+                "gpus": serializers.IntegerField(),
+                "gpus_lost": serializers.IntegerField(),
+                "gpu_vendors": serializers.DictField(child=serializers.IntegerField()),
+            },
+        )
+    )
     def get(self, request):
         return Response(selectors.environment_summary(request.auth))

@@ -20,8 +20,8 @@ from apps.tenants.api.serializers import ApiKeyCreateSerializer, MemberCreateSer
 from apps.tenants.choices import KeyScope, Role
 from apps.tenants.models import ApiKey, Membership, Tenant
 
-
 # --- API keys ---------------------------------------------------------------------------------
+
 
 def key_request(post, principal) -> dict:
     """The form as the body of POST /api/v1/keys: operators issue platform keys here,
@@ -43,10 +43,14 @@ def key_request(post, principal) -> dict:
 def issue(principal, data: dict):
     if data["scope"] == KeyScope.PLATFORM:
         return services.issue_platform_key(user=principal.user, name=data["name"], expires_at=data.get("expires_at"))
-    return services.issue_tenant_key(principal=principal,
-                                     tenant=policy.acting_tenant(principal, None, required=policy.KEY_TENANT_REQUIRED),
-                                     owner=policy.key_owner(principal, data.get("username")), name=data["name"],
-                                     role=data.get("role"), expires_at=data.get("expires_at"))
+    return services.issue_tenant_key(
+        principal=principal,
+        tenant=policy.acting_tenant(principal, None, required=policy.KEY_TENANT_REQUIRED),
+        owner=policy.key_owner(principal, data.get("username")),
+        name=data["name"],
+        role=data.get("role"),
+        expires_at=data.get("expires_at"),
+    )
 
 
 @portal_page
@@ -56,13 +60,23 @@ def keys(request):
         raise PermissionDenied("You are not a member of any tenant.")
     errors, issued = {}, None
     if request.method == "POST":
-        issued, errors = through_api(ApiKeyCreateSerializer, key_request(request.POST, principal),
-                                     lambda data: issue(principal, data))
+        issued, errors = through_api(
+            ApiKeyCreateSerializer, key_request(request.POST, principal), lambda data: issue(principal, data)
+        )
     listed = ApiKey.objects.visible_to(principal).select_related("tenant", "user").order_by("-created_at", "-id")
-    response = render(request, "portal/keys.html", {
-        "page": paginate(request, listed, 50), "errors": errors, "issued": issued, "roles": Role.choices,
-        "form": request.POST if errors else {}, "now": utcnow(),
-    }, status=400 if errors else 200)
+    response = render(
+        request,
+        "portal/keys.html",
+        {
+            "page": paginate(request, listed, 50),
+            "errors": errors,
+            "issued": issued,
+            "roles": Role.choices,
+            "form": request.POST if errors else {},
+            "now": utcnow(),
+        },
+        status=400 if errors else 200,
+    )
     response["Cache-Control"] = "no-store"  # a new key is on this page once
     return response
 
@@ -81,6 +95,7 @@ def key_revoke(request, pk):
 
 
 # --- members ----------------------------------------------------------------------------------
+
 
 def managed_tenant(request) -> Tenant:
     """Tenant admins manage their own tenant; operators pick one (?tenant=slug)."""
@@ -107,10 +122,13 @@ def members(request):
     tenant = managed_tenant(request)
     errors, added = {}, None
     if request.method == "POST":
-        serializer = MemberCreateSerializer(data={
-            "username": request.POST.get("username", "").strip(), "email": request.POST.get("email", "").strip(),
-            "role": request.POST.get("role", Role.MEMBER),
-        })
+        serializer = MemberCreateSerializer(
+            data={
+                "username": request.POST.get("username", "").strip(),
+                "email": request.POST.get("email", "").strip(),
+                "role": request.POST.get("role", Role.MEMBER),
+            }
+        )
         try:
             serializer.is_valid(raise_exception=True)
             added = services.add_member(tenant, principal=principal, **serializer.validated_data)
@@ -118,11 +136,23 @@ def members(request):
             errors = error_messages(exc)
         except Conflict as exc:
             errors = {"__all__": flatten(exc.detail)}
-    listed = Membership.objects.visible_to(principal).filter(tenant=tenant).select_related("user").order_by("user__username")
-    response = render(request, "portal/members.html", {
-        "tenant": tenant, "members": listed, "errors": errors, "added": added, "roles": Role.choices,
-        "form": request.POST if errors else {}, "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
-    }, status=400 if errors else 200)
+    listed = (
+        Membership.objects.visible_to(principal).filter(tenant=tenant).select_related("user").order_by("user__username")
+    )
+    response = render(
+        request,
+        "portal/members.html",
+        {
+            "tenant": tenant,
+            "members": listed,
+            "errors": errors,
+            "added": added,
+            "roles": Role.choices,
+            "form": request.POST if errors else {},
+            "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
+        },
+        status=400 if errors else 200,
+    )
     response["Cache-Control"] = "no-store"  # a generated password is shown once
     return response
 

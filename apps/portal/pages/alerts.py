@@ -33,17 +33,30 @@ def alert_list(request):
         "scope": choice(request.GET.get("scope", ""), AlertScope.values),
     }
     alerts = alerts_for(principal, acknowledged=acknowledged, **filters).select_related("task", "tenant")
-    return render(request, "portal/alerts.html", {
-        "page": paginate(request, alerts, 50), "filters": filters, "acknowledged": request.GET.get("acknowledged", ""),
-        "stats": alert_stats(principal), "states": AlertState.values, "severities": Severity.values,
-        "types": AlertType.values, "scopes": AlertScope.values,
-    })
+    return render(
+        request,
+        "portal/alerts.html",
+        {
+            "page": paginate(request, alerts, 50),
+            "filters": filters,
+            "acknowledged": request.GET.get("acknowledged", ""),
+            "stats": alert_stats(principal),
+            "states": AlertState.values,
+            "severities": Severity.values,
+            "types": AlertType.values,
+            "scopes": AlertScope.values,
+        },
+    )
 
 
 @portal_page
 def alert_detail(request, pk):
     alert = get_visible_or_404(ALERTS, request.principal, pk=pk)
-    return render(request, "portal/alert_detail.html", {"alert": alert, "may_resolve": may_resolve_alert(request.principal, alert)})
+    return render(
+        request,
+        "portal/alert_detail.html",
+        {"alert": alert, "may_resolve": may_resolve_alert(request.principal, alert)},
+    )
 
 
 @require_POST

@@ -42,7 +42,9 @@ def node_list(request):
     principal = request.principal
     q = request.GET.get("q", "").strip()[:200]
     sort = choice(request.GET.get("sort", ""), selectors.NODE_SORTS, "tasks")
-    cards = selectors.node_cards(principal, q=q, sort=sort).prefetch_related(Prefetch("gpus", queryset=gpus_with_state()))
+    cards = selectors.node_cards(principal, q=q, sort=sort).prefetch_related(
+        Prefetch("gpus", queryset=gpus_with_state())
+    )
     page = paginate(request, cards)
     for node in page:
         node.cards = list(node.gpus.all())
@@ -51,16 +53,32 @@ def node_list(request):
         used = [gpu.memory_used_mb for gpu in present if gpu.memory_used_mb is not None]
         node.gpu_memory_total_mb = sum(totals) if totals else None
         node.gpu_memory_in_use_mb = sum(used) if used else None
-    return render(request, "portal/nodes.html", {
-        "page": page, "q": q, "sort": sort, "sorts": SORT_LABELS,
-        "gpus": selectors.gpu_summary(principal), "scheduling": scheduling_summary(principal),
-    })
+    return render(
+        request,
+        "portal/nodes.html",
+        {
+            "page": page,
+            "q": q,
+            "sort": sort,
+            "sorts": SORT_LABELS,
+            "gpus": selectors.gpu_summary(principal),
+            "scheduling": scheduling_summary(principal),
+        },
+    )
 
 
 def cached_models(node: Node) -> list[dict]:
     """Models on the node: what the agent found on disk, and the cache label's list."""
-    found = [{"name": m.get("name", ""), "path": m.get("path", ""), "size_bytes": m.get("size_bytes"), "format": m.get("format", "")}
-             for m in node.discovered_models or [] if isinstance(m, dict)]
+    found = [
+        {
+            "name": m.get("name", ""),
+            "path": m.get("path", ""),
+            "size_bytes": m.get("size_bytes"),
+            "format": m.get("format", ""),
+        }
+        for m in node.discovered_models or []
+        if isinstance(m, dict)
+    ]
     named = {m["name"] for m in found}
     for name in str(node.labels.get(CACHED_MODELS_LABEL, "")).split(","):
         name = name.strip()
@@ -74,15 +92,27 @@ def node_detail(request, node_id):
     principal = request.principal
     node = get_visible_or_404(Node, principal, pk=node_id)
     gpus = list(gpus_with_state().filter(node=node))
-    tasks = Task.objects.visible_to(principal).filter(node=node, status__in=ACTIVE).select_related("tenant").order_by("id")[:50]
+    tasks = (
+        Task.objects.visible_to(principal)
+        .filter(node=node, status__in=ACTIVE)
+        .select_related("tenant")
+        .order_by("id")[:50]
+    )
     others = [int(x) for x in request.GET.get("others", "").split(",") if x.isdigit()]
-    return render(request, "portal/node_detail.html", {
-        "node": node, "gpus": gpus, "tasks": tasks, "models": cached_models(node),
-        "labels": sorted(node.labels.items()),
-        "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
-        "can_delete": policy.may_delete_node(principal, node),
-        "other_tenant_tasks": others,
-    })
+    return render(
+        request,
+        "portal/node_detail.html",
+        {
+            "node": node,
+            "gpus": gpus,
+            "tasks": tasks,
+            "models": cached_models(node),
+            "labels": sorted(node.labels.items()),
+            "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
+            "can_delete": policy.may_delete_node(principal, node),
+            "other_tenant_tasks": others,
+        },
+    )
 
 
 def back_to(node_id: str, **query) -> str:
@@ -115,9 +145,13 @@ def node_location(request, node_id):
 @operators_only
 def node_tenant(request, node_id):
     node = get_visible_or_404(Node, request.principal, pk=node_id)
-    serializer = TenantAssignmentSerializer(data={
-        "tenant": request.POST.get("tenant") or None, "version": request.POST.get("version"), "mode": request.POST.get("mode", "drain"),
-    })
+    serializer = TenantAssignmentSerializer(
+        data={
+            "tenant": request.POST.get("tenant") or None,
+            "version": request.POST.get("version"),
+            "mode": request.POST.get("mode", "drain"),
+        }
+    )
     if not serializer.is_valid():
         for field, problems in error_messages(ValidationError(serializer.errors)).items():
             messages.error(request, f"{field}: {' '.join(problems)}")
@@ -138,8 +172,11 @@ def node_tenant(request, node_id):
     if result.mode == "evict":
         stopping = ", ".join(f"#{pk}" for pk in result.stopping) or "none"
         left = sorted(set(result.other_tenant_tasks) - set(result.stopping))
-        messages.success(request, f"Node is now {owner}. Asked to stop: {stopping}."
-                         + (f" Could not be stopped now: {', '.join(f'#{pk}' for pk in left)}." if left else ""))
+        messages.success(
+            request,
+            f"Node is now {owner}. Asked to stop: {stopping}."
+            + (f" Could not be stopped now: {', '.join(f'#{pk}' for pk in left)}." if left else ""),
+        )
         return redirect(back_to(node.pk))
     messages.success(request, f"Node is now {owner}.")
     if result.other_tenant_tasks:
@@ -171,8 +208,10 @@ READINGS = ("utilization", "memory_used_mb", "temperature", "power_w")
 def supported(gpus, reading: str) -> bool:
     """A reading is supported when some card reports it (the agent lists what it read in
     metrics_available; an agent that sends no list read what it sent)."""
-    return any(reading in (gpu.metrics_available or []) or (not gpu.metrics_available and getattr(gpu, reading) is not None)
-               for gpu in gpus)
+    return any(
+        reading in (gpu.metrics_available or []) or (not gpu.metrics_available and getattr(gpu, reading) is not None)
+        for gpu in gpus
+    )
 
 
 def live_readings(node: Node, gpus: list) -> dict:
@@ -220,10 +259,14 @@ def node_monitor(request):
         gpu = choice(request.GET.get("gpu", ""), indices, "all")
         shown = gpus if gpu == "all" else [g for g in gpus if str(g.index) == gpu]
         context |= {
-            "gpus": gpus, "gpu": gpu, "live": live_readings(node, shown),
+            "gpus": gpus,
+            "gpu": gpu,
+            "live": live_readings(node, shown),
             "energy": metrics.energy(node.pk, int(hours), node.heartbeat_interval),
             "chart_data": {
-                "node_id": node.pk, "hours": int(hours), "gpu": gpu,
+                "node_id": node.pk,
+                "hours": int(hours),
+                "gpu": gpu,
                 "supported": {reading: supported(shown, reading) for reading in READINGS},
                 "history": metrics.history(node.pk, int(hours)),
                 "metrics_url": reverse("node-metrics", args=[node.pk]),
@@ -241,7 +284,16 @@ def node_monitor(request):
 def environment(request):
     principal = request.principal
     tab = choice(request.GET.get("tab", ""), ENVIRONMENT_TABS, "alive")
-    page = paginate(request, selectors.nodes_by_liveness(principal, tab).select_related("tenant").order_by("name", "id"), 50)
-    return render(request, "portal/environment.html", {
-        "summary": selectors.environment_summary(principal), "tab": tab, "tabs": ENVIRONMENT_TABS, "page": page,
-    })
+    page = paginate(
+        request, selectors.nodes_by_liveness(principal, tab).select_related("tenant").order_by("name", "id"), 50
+    )
+    return render(
+        request,
+        "portal/environment.html",
+        {
+            "summary": selectors.environment_summary(principal),
+            "tab": tab,
+            "tabs": ENVIRONMENT_TABS,
+            "page": page,
+        },
+    )

@@ -32,10 +32,17 @@ REFRESH_SECONDS = 30
 # each host is sampled every 30 s: a newest sample older than three periods means its
 # worker stopped sampling it, and the card says so instead of showing old figures as now
 STALE_AFTER = timedelta(seconds=90)
-READINGS = tuple(f.name for f in fields(hostmetrics.HostSample)) + ("net_recv_bytes_per_second", "net_sent_bytes_per_second")
+READINGS = tuple(f.name for f in fields(hostmetrics.HostSample)) + (
+    "net_recv_bytes_per_second",
+    "net_sent_bytes_per_second",
+)
 CHECK_LABELS = {
-    "database": "Database", "storage": "Storage", "scheduler": "Scheduler", "gpu_nodes": "GPU nodes",
-    "broker": "Broker (Redis)", "configuration": "Configuration",
+    "database": "Database",
+    "storage": "Storage",
+    "scheduler": "Scheduler",
+    "gpu_nodes": "GPU nodes",
+    "broker": "Broker (Redis)",
+    "configuration": "Configuration",
 }
 
 
@@ -58,7 +65,10 @@ def server_range(query) -> str:
 def host_card(sample: ServerMetric, now: datetime) -> dict:
     age = max(0.0, (now - sample.at).total_seconds())
     return {
-        "host": sample.host, "at": sample.at, "source": "sample", "age_seconds": round(age, 1),
+        "host": sample.host,
+        "at": sample.at,
+        "source": "sample",
+        "age_seconds": round(age, 1),
         "stale": age > STALE_AFTER.total_seconds(),
         **{name: getattr(sample, name) for name in READINGS},
     }
@@ -69,7 +79,9 @@ def host_cards(now: datetime | None = None) -> dict:
     one the live endpoint describes)."""
     now = now or utcnow()
     return {
-        "now": now, "this_host": hostmetrics.host_name(), "stale_after_seconds": STALE_AFTER.total_seconds(),
+        "now": now,
+        "this_host": hostmetrics.host_name(),
+        "stale_after_seconds": STALE_AFTER.total_seconds(),
         "hosts": [host_card(sample, now) for sample in selectors.latest_samples(now=now)],
     }
 
@@ -86,18 +98,29 @@ def panel_context(request) -> dict:
     hosts = {card["host"] for card in cards["hosts"]}
     history = selectors.history(int(hours), now=now)
     return {
-        "hours": hours, "ranges": SERVER_RANGES, "refresh_seconds": REFRESH_SECONDS,
-        "cards": cards["hosts"], "this_host": cards["this_host"], "this_host_sampled": cards["this_host"] in hosts,
+        "hours": hours,
+        "ranges": SERVER_RANGES,
+        "refresh_seconds": REFRESH_SECONDS,
+        "cards": cards["hosts"],
+        "this_host": cards["this_host"],
+        "this_host_sampled": cards["this_host"] in hosts,
         "platform": hostmetrics.platform_facts(),
-        "health": checks.run_all(now), "check_labels": CHECK_LABELS,
+        "health": checks.run_all(now),
+        "check_labels": CHECK_LABELS,
         "summary": range_summary(history),
         "data": {
-            "hours": int(hours), "ranges": SERVER_RANGES, "refresh_seconds": REFRESH_SECONDS,
-            "this_host": cards["this_host"], "stale_after_seconds": cards["stale_after_seconds"],
-            "check_labels": CHECK_LABELS, "history": history,
+            "hours": int(hours),
+            "ranges": SERVER_RANGES,
+            "refresh_seconds": REFRESH_SECONDS,
+            "this_host": cards["this_host"],
+            "stale_after_seconds": cards["stale_after_seconds"],
+            "check_labels": CHECK_LABELS,
+            "history": history,
             "urls": {
-                "live": reverse("server-metrics"), "history": reverse("server-metrics-history"),
-                "health": reverse("server-health-check"), "hosts": reverse("portal:server-hosts"),
+                "live": reverse("server-metrics"),
+                "history": reverse("server-metrics-history"),
+                "health": reverse("server-health-check"),
+                "hosts": reverse("portal:server-hosts"),
             },
         },
     }
@@ -115,11 +138,19 @@ def range_summary(history: dict) -> list[dict]:
     browser without JavaScript gets instead of the charts). Missing readings stay None."""
     return [
         {
-            "host": series["host"], "points": len(series["points"]),
-            **{name: _stats(series["points"], name) for name in (
-                "cpu_percent", "memory_percent", "disk_percent", "net_recv_bytes_per_second", "net_sent_bytes_per_second",
-                "cpu_temperature_max_celsius",
-            )},
+            "host": series["host"],
+            "points": len(series["points"]),
+            **{
+                name: _stats(series["points"], name)
+                for name in (
+                    "cpu_percent",
+                    "memory_percent",
+                    "disk_percent",
+                    "net_recv_bytes_per_second",
+                    "net_sent_bytes_per_second",
+                    "cpu_temperature_max_celsius",
+                )
+            },
         }
         for series in sorted(history["hosts"], key=lambda item: item["host"])
     ]
@@ -132,5 +163,7 @@ def server_hosts(request):
     """Each host's newest stored sample, for the panel's refresh. Operators only, as the
     monitoring API is; others get the API's 403 body."""
     if not request.principal.is_operator:
-        return JsonResponse(error_body("permission_denied", "Only platform operators can read server metrics."), status=403)
+        return JsonResponse(
+            error_body("permission_denied", "Only platform operators can read server metrics."), status=403
+        )
     return JsonResponse(host_cards())

@@ -48,6 +48,7 @@ REASON_CODES = {
 
 # --- the form ---------------------------------------------------------------------------------
 
+
 def lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
@@ -72,8 +73,12 @@ def form_to_request(post, principal) -> dict:
     """The form's fields as the JSON body POST /api/v1/tasks takes. Optional fields left
     empty are omitted, so the API's defaults apply."""
     data = {
-        "name": post.get("name", "").strip(), "kind": post.get("kind", TaskKind.JOB), "image": post.get("image", "").strip(),
-        "command": lines(post.get("command", "")), "env": pairs(post.get("env", "")), "labels": pairs(post.get("labels", "")),
+        "name": post.get("name", "").strip(),
+        "kind": post.get("kind", TaskKind.JOB),
+        "image": post.get("image", "").strip(),
+        "command": lines(post.get("command", "")),
+        "env": pairs(post.get("env", "")),
+        "labels": pairs(post.get("labels", "")),
         "preemptible": post.get("preemptible") == "on",
     }
     for field in ("gpu_required", "gpu_memory_mb", "gpu_type", "priority", "timeout_seconds", "checkpoint_path"):
@@ -101,21 +106,32 @@ def task_new(request):
     errors: dict[str, list[str]] = {}
     if request.method == "POST":
         try:
-            task, errors = through_api(TaskCreateSerializer, form_to_request(request.POST, principal),
-                                       lambda data: submit_task(principal, data))
+            task, errors = through_api(
+                TaskCreateSerializer,
+                form_to_request(request.POST, principal),
+                lambda data: submit_task(principal, data),
+            )
         except Http404:
             errors = {"tenant": ["Not found."]}
         if not errors:
             messages.success(request, f"Task #{task.pk} queued.")
             return redirect("portal:task", task.pk)
-    return render(request, "portal/task_new.html", {
-        "form": request.POST if request.method == "POST" else {}, "errors": errors,
-        "kinds": TaskKind.choices, "vendors": GpuVendor.choices,
-        "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
-    }, status=400 if errors else 200)
+    return render(
+        request,
+        "portal/task_new.html",
+        {
+            "form": request.POST if request.method == "POST" else {},
+            "errors": errors,
+            "kinds": TaskKind.choices,
+            "vendors": GpuVendor.choices,
+            "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
+        },
+        status=400 if errors else 200,
+    )
 
 
 # --- list and detail ----------------------------------------------------------------------------
+
 
 @portal_page
 def task_list(request):
@@ -128,10 +144,18 @@ def task_list(request):
         "q": request.GET.get("q", "").strip()[:200],
     }
     page = paginate(request, tasks_for(principal, **filters).order_by("-created_at", "-id"), 50)
-    return render(request, "portal/tasks.html", {
-        "page": page, "filters": filters, "statuses": TaskStatus.values, "kinds": TaskKind.values,
-        "tenants": Tenant.objects.order_by("name") if principal.is_operator else [], "may_create": may_create(principal),
-    })
+    return render(
+        request,
+        "portal/tasks.html",
+        {
+            "page": page,
+            "filters": filters,
+            "statuses": TaskStatus.values,
+            "kinds": TaskKind.values,
+            "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
+            "may_create": may_create(principal),
+        },
+    )
 
 
 def explanation(task: Task) -> dict | None:
@@ -155,7 +179,9 @@ def history(task: Task) -> list[dict]:
     items = [{"at": task.created_at, "kind": "created", "message": f"Queued by {task.created_by or 'an API key'}."}]
     if task.started_at:
         items.append({"at": task.started_at, "kind": "started", "message": "Running on its node."})
-    items += [{"at": e.created_at, "kind": e.kind, "message": e.message, "node": e.node_id} for e in task.events.all()[:200]]
+    items += [
+        {"at": e.created_at, "kind": e.kind, "message": e.message, "node": e.node_id} for e in task.events.all()[:200]
+    ]
     if task.finished_at:
         items.append({"at": task.finished_at, "kind": task.status, "message": f"Ended as {task.status}."})
     return sorted(items, key=lambda item: item["at"])
@@ -166,12 +192,19 @@ def task_detail(request, pk):
     principal = request.principal
     task = get_visible_or_404(Task.objects.select_related("tenant", "node", "created_by"), principal, pk=pk)
     cards = sorted(task.allocations.values_list("gpu_index", flat=True))
-    return render(request, "portal/task_detail.html", {
-        "task": task, "cards": cards, "explanation": explanation(task), "history": history(task),
-        "may_stop": policy.may_stop_task(principal, task) and task.status in CANCELLABLE + STOPPABLE,
-        "stop_label": "Cancel" if task.status in CANCELLABLE else "Stop",
-        "command": " ".join(task.command or []),
-    })
+    return render(
+        request,
+        "portal/task_detail.html",
+        {
+            "task": task,
+            "cards": cards,
+            "explanation": explanation(task),
+            "history": history(task),
+            "may_stop": policy.may_stop_task(principal, task) and task.status in CANCELLABLE + STOPPABLE,
+            "stop_label": "Cancel" if task.status in CANCELLABLE else "Stop",
+            "command": " ".join(task.command or []),
+        },
+    )
 
 
 @require_POST

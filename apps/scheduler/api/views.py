@@ -10,6 +10,7 @@ from apps.scheduler import services
 from apps.scheduler.core import TaskReq, place
 from apps.tenants import policy
 
+
 class PluginRow(serializers.Serializer):
     name = serializers.CharField()
     kind = serializers.CharField()
@@ -43,7 +44,8 @@ class PluginView(APIView):
 
     @extend_schema(
         parameters=[OpenApiParameter("action", str, enum=["enable", "disable"], required=True)],
-        request=None, responses=PluginRow(many=True),
+        request=None,
+        responses=PluginRow(many=True),
     )
     def post(self, request, name):
         action = request.query_params.get("action")
@@ -66,7 +68,9 @@ class DryRunSerializer(StrictSerializer):
     gpu_memory_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     gpu_type = serializers.CharField(max_length=20, required=False, allow_blank=True, default="")
     priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
-    labels = serializers.DictField(child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict)
+    labels = serializers.DictField(
+        child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
+    )
 
 
 class DryRunAnswer(serializers.Serializer):
@@ -85,12 +89,24 @@ class DryRunView(APIView):
         serializer = DryRunSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
-        tenant = policy.acting_tenant(request.auth, data.pop("tenant", None),
-                                      required="Required: the slug of the tenant the task would run for.")
+        tenant = policy.acting_tenant(
+            request.auth, data.pop("tenant", None), required="Required: the slug of the tenant the task would run for."
+        )
         request_ = TaskReq(id=0, tenant_id=tenant.pk, **data)
-        decisions, failures = place([request_], services.load_nodes(), services.plugin_settings(), services.sharing_rule())
+        decisions, failures = place(
+            [request_], services.load_nodes(), services.plugin_settings(), services.sharing_rule()
+        )
         if decisions:
             decision = decisions[0]
-            return Response({"placed": True, "node_id": decision.node_id, "gpu_indices": decision.gpu_indices,
-                             "score": decision.score, "reason": None})
-        return Response({"placed": False, "node_id": None, "gpu_indices": [], "score": None, "reason": failures[0].as_reason()})
+            return Response(
+                {
+                    "placed": True,
+                    "node_id": decision.node_id,
+                    "gpu_indices": decision.gpu_indices,
+                    "score": decision.score,
+                    "reason": None,
+                }
+            )
+        return Response(
+            {"placed": False, "node_id": None, "gpu_indices": [], "score": None, "reason": failures[0].as_reason()}
+        )

@@ -45,11 +45,15 @@ class TaskCreateSerializer(StrictSerializer):
     name = serializers.CharField(max_length=200)
     kind = serializers.ChoiceField(choices=TaskKind.choices, default=TaskKind.JOB)
     image = serializers.CharField(max_length=500)
-    command = serializers.ListField(child=serializers.CharField(max_length=10_000), required=False, default=list, max_length=1000)
+    command = serializers.ListField(
+        child=serializers.CharField(max_length=10_000), required=False, default=list, max_length=1000
+    )
     env = serializers.DictField(child=EnvValueField(), required=False, default=dict)
     volumes = VolumeSerializer(many=True, required=False, default=list)
     registry_auth = RegistryAuthSerializer(required=False, allow_null=True, default=None)
-    ports = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=65535), required=False, default=list, max_length=16)
+    ports = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=65535), required=False, default=list, max_length=16
+    )
     health_probe = HealthProbeSerializer(required=False, allow_null=True, default=None)
     gpu_required = serializers.IntegerField(min_value=0, max_value=64, default=1)
     gpu_memory_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
@@ -58,7 +62,9 @@ class TaskCreateSerializer(StrictSerializer):
     memory_request_mb = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
     priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
     preemptible = serializers.BooleanField(default=False)
-    labels = serializers.DictField(child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict)
+    labels = serializers.DictField(
+        child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
+    )
     timeout_seconds = serializers.IntegerField(min_value=1, max_value=31 * 86_400, required=False)
     checkpoint_path = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
     resume_from_checkpoint = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
@@ -70,7 +76,7 @@ class TaskCreateSerializer(StrictSerializer):
                 problems.append(f"{name!r} is not a valid variable name")
             elif isinstance(value, dict):
                 if set(value) != {"secret"} or not isinstance(value["secret"], str) or not value["secret"]:
-                    problems.append(f"{name}: a reference is {{\"secret\": \"<name>\"}}")
+                    problems.append(f'{name}: a reference is {{"secret": "<name>"}}')
             elif not isinstance(value, str):
                 problems.append(f"{name}: values are strings or secret references")
         if problems:
@@ -92,11 +98,41 @@ class TaskSerializer(serializers.ModelSerializer):
     class Meta:
         model = Task
         fields = [
-            "id", "tenant", "name", "kind", "status", "image", "command", "env", "volumes", "ports", "health_probe",
-            "registry_auth", "gpu_required", "gpu_memory_mb", "gpu_type", "cpu_request", "memory_request_mb", "priority",
-            "preemptible", "labels", "timeout_seconds", "checkpoint_path", "resume_from_checkpoint", "node",
-            "host_port", "preempt_count", "exit_code", "error_message", "schedule_reason", "created_by", "created_at",
-            "updated_at", "started_at", "finished_at", "gpu_seconds",
+            "id",
+            "tenant",
+            "name",
+            "kind",
+            "status",
+            "image",
+            "command",
+            "env",
+            "volumes",
+            "ports",
+            "health_probe",
+            "registry_auth",
+            "gpu_required",
+            "gpu_memory_mb",
+            "gpu_type",
+            "cpu_request",
+            "memory_request_mb",
+            "priority",
+            "preemptible",
+            "labels",
+            "timeout_seconds",
+            "checkpoint_path",
+            "resume_from_checkpoint",
+            "node",
+            "host_port",
+            "preempt_count",
+            "exit_code",
+            "error_message",
+            "schedule_reason",
+            "created_by",
+            "created_at",
+            "updated_at",
+            "started_at",
+            "finished_at",
+            "gpu_seconds",
         ]
 
 
@@ -111,9 +147,13 @@ class TaskListQuerySerializer(PageQuerySerializer):
     status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
     kind = serializers.ChoiceField(choices=TaskKind.choices, required=False)
     node_id = serializers.CharField(max_length=128, required=False)
-    limit = serializers.IntegerField(min_value=1, max_value=MAX_LIMIT, required=False,
-                                     help_text=f"{LIMIT_HELP} The agent key: at most {AGENT_MAX_LIMIT} tasks "
-                                               f"(default {AGENT_DEFAULT_LIMIT}), not paged.")
+    limit = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_LIMIT,
+        required=False,
+        help_text=f"{LIMIT_HELP} The agent key: at most {AGENT_MAX_LIMIT} tasks "
+        f"(default {AGENT_DEFAULT_LIMIT}), not paged.",
+    )
 
 
 LOG_TAIL_MAX_CHARS = 64 * 1024
@@ -125,8 +165,14 @@ class AgentReportSerializer(StrictSerializer):
     status = serializers.ChoiceField(choices=TaskStatus.choices)
     exit_code = serializers.IntegerField(required=False, allow_null=True, default=None)
     error_message = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
-    log_tail = serializers.CharField(required=False, allow_blank=True, default="", max_length=LOG_TAIL_MAX_CHARS,
-                                     trim_whitespace=False, help_text="the last lines of output, with a terminal report")
+    log_tail = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=LOG_TAIL_MAX_CHARS,
+        trim_whitespace=False,
+        help_text="the last lines of output, with a terminal report",
+    )
 
 
 class TaskLogsSerializer(serializers.Serializer):

@@ -100,8 +100,14 @@ class TaskDetailView(TaskView):
     agent_only_methods = ("PUT",)
 
     @extend_schema(
-        parameters=[OpenApiParameter("node_id", str, description="The agent key only, required: the node asking. "
-                                     "A task not (or no longer) on that node is 404, which tells the agent to stop it.")],
+        parameters=[
+            OpenApiParameter(
+                "node_id",
+                str,
+                description="The agent key only, required: the node asking. "
+                "A task not (or no longer) on that node is 404, which tells the agent to stop it.",
+            )
+        ],
         responses=s.TaskSerializer,
     )
     def get(self, request, pk):
@@ -124,14 +130,20 @@ class TaskDetailView(TaskView):
         task = get_object_or_404(Task.objects.filter(Q(node_id=data["node_id"]) | Q(node__isnull=True)), pk=pk)
         try:
             won = services.agent_report(
-                task, from_status=data["from_status"], to_status=data["status"],
-                exit_code=data["exit_code"], error_message=data["error_message"], log_tail=data["log_tail"],
+                task,
+                from_status=data["from_status"],
+                to_status=data["status"],
+                exit_code=data["exit_code"],
+                error_message=data["error_message"],
+                log_tail=data["log_tail"],
             )
         except IllegalTransition as exc:
             raise ValidationError({"status": [str(exc)]}) from None
         task.refresh_from_db()
         if not won:
-            raise Conflict(f"Task {task.pk} is {task.status}, not {data['from_status']}; nothing changed.", "status_changed")
+            raise Conflict(
+                f"Task {task.pk} is {task.status}, not {data['from_status']}; nothing changed.", "status_changed"
+            )
         return Response(s.TaskSerializer(task).data)
 
 
@@ -144,11 +156,17 @@ class TaskStopView(TaskView):
 
 
 class TaskStatsView(APIView):
-    @extend_schema(responses=inline_serializer("TaskStats", {
-        "total": serializers.IntegerField(), "by_status": serializers.DictField(child=serializers.IntegerField()),
-        "gpus_held": serializers.IntegerField(),
-        "gpu_seconds_settled": serializers.FloatField(help_text="GPU time of the tasks that ended"),
-    }))
+    @extend_schema(
+        responses=inline_serializer(
+            "TaskStats",
+            {
+                "total": serializers.IntegerField(),
+                "by_status": serializers.DictField(child=serializers.IntegerField()),
+                "gpus_held": serializers.IntegerField(),
+                "gpu_seconds_settled": serializers.FloatField(help_text="GPU time of the tasks that ended"),
+            },
+        )
+    )
     def get(self, request):
         return Response(task_stats(request.auth))
 
@@ -182,8 +200,9 @@ class TaskEventsView(TaskView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         task = get_object_or_404(Task, pk=pk, node_id=data["node_id"])
-        event = services.record_event(task, kind=data["kind"], message=data["message"], details=data["details"],
-                                      node_id=data["node_id"])
+        event = services.record_event(
+            task, kind=data["kind"], message=data["message"], details=data["details"], node_id=data["node_id"]
+        )
         return Response(s.TaskEventSerializer(event).data, status=status.HTTP_201_CREATED)
 
 
@@ -198,18 +217,23 @@ class ContainerLostView(APIView):
     agent_methods = ("POST",)
     agent_only_methods = ("POST",)
 
-    @extend_schema(request=s.ContainerLostSerializer,
-                   responses={200: s.ContainerLostVerdictSerializer, 202: s.ContainerLostVerdictSerializer})
+    @extend_schema(
+        request=s.ContainerLostSerializer,
+        responses={200: s.ContainerLostVerdictSerializer, 202: s.ContainerLostVerdictSerializer},
+    )
     def post(self, request, pk):
         serializer = s.ContainerLostSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         node_id = serializer.validated_data["node_id"]
         task = get_object_or_404(Task.objects.filter(Q(node_id=node_id) | Q(node__isnull=True)), pk=pk)
         if task.node_id != node_id or task.status not in LOST_RUN_STATUSES:
-            raise Conflict(f"Task {task.pk} is {task.status}{'' if task.node_id == node_id else ' elsewhere'}; "
-                           "nothing to decide.", "status_changed")
-        (outcome,) = adjudicate_lost_runs([task.pk], node_id=node_id, cause="container_lost",
-                                          detail=serializer.validated_data["detail"])
+            raise Conflict(
+                f"Task {task.pk} is {task.status}{'' if task.node_id == node_id else ' elsewhere'}; nothing to decide.",
+                "status_changed",
+            )
+        (outcome,) = adjudicate_lost_runs(
+            [task.pk], node_id=node_id, cause="container_lost", detail=serializer.validated_data["detail"]
+        )
         task.refresh_from_db()
         if outcome.verdict != Verdict.UNDECIDED and not outcome.moved:
             raise Conflict(f"Task {task.pk} is {task.status}; nothing to decide.", "status_changed")

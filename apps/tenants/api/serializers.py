@@ -80,8 +80,18 @@ class ApiKeySerializer(serializers.ModelSerializer):
     class Meta:
         model = ApiKey
         fields = [
-            "id", "scope", "tenant", "username", "role", "name", "display_prefix",
-            "created_at", "expires_at", "last_used_at", "revoked_at", "active",
+            "id",
+            "scope",
+            "tenant",
+            "username",
+            "role",
+            "name",
+            "display_prefix",
+            "created_at",
+            "expires_at",
+            "last_used_at",
+            "revoked_at",
+            "active",
         ]
 
     def get_active(self, obj) -> bool:
@@ -105,7 +115,9 @@ class ApiKeyCreateSerializer(StrictSerializer):
         if attrs["scope"] == KeyScope.PLATFORM:
             extra = [name for name in ("tenant", "username", "role") if attrs.get(name)]
             if extra:
-                raise serializers.ValidationError({name: ["Platform keys have no tenant, member or role."] for name in extra})
+                raise serializers.ValidationError(
+                    {name: ["Platform keys have no tenant, member or role."] for name in extra}
+                )
         return attrs
 
 

@@ -147,7 +147,9 @@ class ApiKeyListView(generics.ListAPIView):
         if data["scope"] == KeyScope.PLATFORM:
             if not principal.is_operator:
                 raise PermissionDenied("Only platform operators can issue platform keys.")
-            issued = services.issue_platform_key(user=principal.user, name=data["name"], expires_at=data.get("expires_at"))
+            issued = services.issue_platform_key(
+                user=principal.user, name=data["name"], expires_at=data.get("expires_at")
+            )
         else:
             issued = services.issue_tenant_key(
                 principal=principal,
@@ -159,7 +161,6 @@ class ApiKeyListView(generics.ListAPIView):
             )
         body = s.ApiKeySerializer(issued.api_key).data | {"key": issued.key}
         return Response(body, status=status.HTTP_201_CREATED)
-
 
 
 class ApiKeyDetailView(ScopedAPIView):

@@ -29,7 +29,9 @@ sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install -r requirements/dev.txt)"
 )
 if not os.path.exists(CHROMIUM):
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium; .ci/run installs it)", allow_module_level=True)
+    pytest.skip(
+        f"no Chromium at {CHROMIUM} (apt-get install -y chromium; .ci/run installs it)", allow_module_level=True
+    )
 
 from django.contrib.contenttypes.models import ContentType  # noqa: E402
 from django.core.management import call_command  # noqa: E402
@@ -61,9 +63,16 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db]
 REPO = Path(__file__).resolve().parents[3]
 SCREENSHOTS = REPO / "test-artefacts" / "screenshots"
 PASSWORD = "pw-for-browser-tests"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic",
-                 "--disable-dev-shm-usage"]  # containers often have a small /dev/shm
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-dev-shm-usage",
+]  # containers often have a small /dev/shm
 WAIT_MS = 10_000  # the longest any single expectation waits
 
 
@@ -85,8 +94,7 @@ def committed(function, *args, **kwargs):
 
 
 def beat(url: str, node_id: str, payload: dict) -> None:
-    response = requests.post(f"{url}/api/v1/nodes/{node_id}/heartbeat", json=payload,
-                             headers=AGENT_HTTP, timeout=10)
+    response = requests.post(f"{url}/api/v1/nodes/{node_id}/heartbeat", json=payload, headers=AGENT_HTTP, timeout=10)
     assert response.status_code == 200, response.text
 
 
@@ -96,12 +104,21 @@ def backfill_history(node_id: str, gpus: int, minutes: int = 60) -> None:
     rows = []
     for step in range(minutes * 3, 0, -1):
         wave = (step % 30) / 30
-        cards = [{"i": i, "u": round(20 + 60 * wave + i, 1), "m": 20480 + 4096 * i, "t": 50 + 10 * wave, "p": 250 + 100 * wave}
-                 for i in range(gpus)]
+        cards = [
+            {
+                "i": i,
+                "u": round(20 + 60 * wave + i, 1),
+                "m": 20480 + 4096 * i,
+                "t": 50 + 10 * wave,
+                "p": 250 + 100 * wave,
+            }
+            for i in range(gpus)
+        ]
         rows.append((node_id, now - timedelta(seconds=20 * step), 20 + 30 * wave, 40 + 10 * wave, json.dumps(cards)))
     with connection.cursor() as cursor:
         cursor.executemany(
-            "INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus) VALUES (%s, %s, %s, %s, %s::jsonb)", rows
+            "INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus) VALUES (%s, %s, %s, %s, %s::jsonb)",
+            rows,
         )
 
 
@@ -119,7 +136,9 @@ def backfill_server_samples() -> None:
     now = utcnow()
     this_host = hostmetrics.host_name()
     real, _window = hostmetrics.read_host()
-    seconds_ago = [s for s in range(168 * 3600 - 1800, 24 * 3600, -1800)] + [s for s in range(24 * 3600, 6 * 3600, -900)]
+    seconds_ago = [s for s in range(168 * 3600 - 1800, 24 * 3600, -1800)] + [
+        s for s in range(24 * 3600, 6 * 3600, -900)
+    ]
     seconds_ago += [s for s in range(6 * 3600, 2 * 3600, -300)] + [s for s in range(2 * 3600, 0, -30)]
     mine_rate = min(50_000, (real.net_recv_bytes or 0) // (8 * 86400))  # bytes/s the counters grew by
     standby_in, standby_out = 10_000_000, 5_000_000
@@ -128,12 +147,20 @@ def backfill_server_samples() -> None:
         at = now - timedelta(seconds=ago)
         wave = (n % 20) / 20
         mine = hostmetrics.HostSample(
-            cpu_percent=round(15 + 50 * wave, 1), memory_percent=round(45 + 10 * wave, 1), memory_used_bytes=29 << 30,
-            memory_total_bytes=64 << 30, disk_percent=61.0, disk_used_bytes=305 << 30, disk_total_bytes=500 << 30,
-            load_1=round(1 + 2 * wave, 2), load_5=1.5, load_15=1.2,
+            cpu_percent=round(15 + 50 * wave, 1),
+            memory_percent=round(45 + 10 * wave, 1),
+            memory_used_bytes=29 << 30,
+            memory_total_bytes=64 << 30,
+            disk_percent=61.0,
+            disk_used_bytes=305 << 30,
+            disk_total_bytes=500 << 30,
+            load_1=round(1 + 2 * wave, 2),
+            load_5=1.5,
+            load_15=1.2,
             net_recv_bytes=None if real.net_recv_bytes is None else real.net_recv_bytes - mine_rate * ago,
             net_sent_bytes=None if real.net_sent_bytes is None else real.net_sent_bytes - mine_rate // 4 * ago,
-            uptime_seconds=None, cpu_temperature_celsius=round(48 + 10 * wave, 1),
+            uptime_seconds=None,
+            cpu_temperature_celsius=round(48 + 10 * wave, 1),
         )
         monitoring_services.collect_server_metrics(at, read=lambda sample=mine: (sample, 1.0))
         standby_in += int((60_000 + 60_000 * wave) * (previous - ago))  # 59 to 117 KiB/s received
@@ -141,12 +168,26 @@ def backfill_server_samples() -> None:
         previous = ago
         if GAP_MINUTES[0] * 60 <= ago < GAP_MINUTES[1] * 60:
             continue
-        monitoring_services.record_sample(OTHER_HOST, hostmetrics.HostSample(
-            cpu_percent=round(70 + 20 * wave, 1), memory_percent=72.0, memory_used_bytes=46 << 30, memory_total_bytes=64 << 30,
-            disk_percent=38.5, disk_used_bytes=190 << 30, disk_total_bytes=500 << 30, load_1=round(3 + wave, 2), load_5=3.2,
-            load_15=3.1, net_recv_bytes=standby_in, net_sent_bytes=standby_out, uptime_seconds=9 * 86400 - ago,
-            cpu_temperature_celsius=None,
-        ), at)
+        monitoring_services.record_sample(
+            OTHER_HOST,
+            hostmetrics.HostSample(
+                cpu_percent=round(70 + 20 * wave, 1),
+                memory_percent=72.0,
+                memory_used_bytes=46 << 30,
+                memory_total_bytes=64 << 30,
+                disk_percent=38.5,
+                disk_used_bytes=190 << 30,
+                disk_total_bytes=500 << 30,
+                load_1=round(3 + wave, 2),
+                load_5=3.2,
+                load_15=3.1,
+                net_recv_bytes=standby_in,
+                net_sent_bytes=standby_out,
+                uptime_seconds=9 * 86400 - ago,
+                cpu_temperature_celsius=None,
+            ),
+            at,
+        )
     assert monitoring_services.collect_server_metrics(now, read=lambda: (real, 1.0))  # the machine's own reading
     assert this_host != OTHER_HOST
 
@@ -166,15 +207,36 @@ def build_cluster(url: str) -> dict:
     for _ in range(3):
         beat(url, "gpu-a100-01", heartbeat(gpu_stats=a100[:3], hostname="gpu-a100-01", internal_ip="10.0.0.11"))
     beat(url, "gpu-h100-02", heartbeat(gpus=8, hostname="gpu-h100-02", internal_ip="10.0.0.12"))
-    ascend = [gpu_stat(i, vendor="ascend", model="Ascend 910B", memory_total_mb=65536,
-                       metrics_available=["utilization", "memory_used_mb"]) for i in range(8)]
+    ascend = [
+        gpu_stat(
+            i,
+            vendor="ascend",
+            model="Ascend 910B",
+            memory_total_mb=65536,
+            metrics_available=["utilization", "memory_used_mb"],
+        )
+        for i in range(8)
+    ]
     for card in ascend:  # not read: absent, never null or 0
         del card["temperature"], card["power_w"]
-    beat(url, "npu-910b-03", heartbeat(gpu_stats=ascend, hostname="npu-910b-03", internal_ip="10.0.0.13",
-                                       inference_engines=["mindie"], inference_engine_versions={"mindie": "2.0"}))
+    beat(
+        url,
+        "npu-910b-03",
+        heartbeat(
+            gpu_stats=ascend,
+            hostname="npu-910b-03",
+            internal_ip="10.0.0.13",
+            inference_engines=["mindie"],
+            inference_engine_versions={"mindie": "2.0"},
+        ),
+    )
     beat(url, "gpu-vega-04", heartbeat(gpus=2, hostname="gpu-vega-04", internal_ip="10.0.0.14"))
-    for node_id, name in (("gpu-a100-01", "a100-01"), ("gpu-h100-02", "h100-02"), ("npu-910b-03", "ascend-03"),
-                          ("gpu-vega-04", "vega-04")):
+    for node_id, name in (
+        ("gpu-a100-01", "a100-01"),
+        ("gpu-h100-02", "h100-02"),
+        ("npu-910b-03", "ascend-03"),
+        ("gpu-vega-04", "vega-04"),
+    ):
         Node.objects.filter(pk=node_id).update(name=name)
     vega_node = Node.objects.get(pk="gpu-vega-04")
     assign_tenant(vega_node, vega, expected_version=vega_node.version)
@@ -182,8 +244,14 @@ def build_cluster(url: str) -> dict:
     backfill_server_samples()
     # another tenant's task, and alerts for each audience
     vega_task = create_task(tenant=vega, name="vega-secret-job", image="busybox", gpu_required=1)
-    raise_alert(type=AlertType.QUOTA_EXCEEDED, severity=Severity.WARNING, scope=AlertScope.TENANT, key="quota:orbit",
-                tenant_id=orbit.pk, message="Orbit Labs asked for 12 GPUs; its quota is 8.")
+    raise_alert(
+        type=AlertType.QUOTA_EXCEEDED,
+        severity=Severity.WARNING,
+        scope=AlertScope.TENANT,
+        key="quota:orbit",
+        tenant_id=orbit.pk,
+        message="Orbit Labs asked for 12 GPUs; its quota is 8.",
+    )
     assert Alert.objects.filter(type=AlertType.GPU_LOST, node_id="gpu-a100-01", gpu_index=3).exists()
     return {"operator": operator, "member": member, "orbit": orbit, "vega": vega, "vega_task": vega_task}
 
@@ -272,14 +340,17 @@ def member(live):
 
 
 def status_numbers(page) -> dict:
-    return {name: int(page.locator(f'[data-status="{name}"]').inner_text())
-            for name in ("gpus-online", "tasks-running", "alerts-active")}
+    return {
+        name: int(page.locator(f'[data-status="{name}"]').inner_text())
+        for name in ("gpus-online", "tasks-running", "alerts-active")
+    }
 
 
 expect = sync_api.expect
 
 
 # --- the operator ---------------------------------------------------------------------------------
+
 
 def test_operator_dashboard_and_status_bar(operator):
     page = operator.page
@@ -319,7 +390,13 @@ def test_operator_dashboard_server_panel(operator):
     checks = panel.locator("#server-checks tr[data-check]")
     expect(checks).to_have_count(6)
     assert checks.evaluate_all("rows => rows.map(r => r.dataset.check)") == [
-        "database", "storage", "scheduler", "gpu_nodes", "broker", "configuration"]
+        "database",
+        "storage",
+        "scheduler",
+        "gpu_nodes",
+        "broker",
+        "configuration",
+    ]
     expect(panel.locator('#server-checks tr[data-check="database"] .badge')).to_have_text("ok")
     expect(panel.locator("[data-verdict]")).to_have_text(re.compile(r"^(healthy|degraded|unhealthy)$"))
     # the hour's charts, one line per host; the other host's silent quarter hour is a gap
@@ -341,7 +418,9 @@ def test_operator_dashboard_server_panel(operator):
 
     # the range switch reads the history API with the session and redraws
     for hours, low, high in (("6", 70, 73), ("168", 160, 169), ("24", 94, 97)):
-        with page.expect_response(lambda r, hours=hours: f"/api/v1/server/metrics/history?hours={hours}" in r.url) as answer:
+        with page.expect_response(
+            lambda r, hours=hours: f"/api/v1/server/metrics/history?hours={hours}" in r.url
+        ) as answer:
             page.click(f'[data-server-range="{hours}"]')
         assert answer.value.status == 200
         expect(panel.locator(f'#server-charts[data-hours="{hours}"]')).to_have_count(1)
@@ -446,6 +525,7 @@ def test_operator_resolves_the_lost_gpu_alert(operator):
 
 # --- the tenant member ----------------------------------------------------------------------------
 
+
 def test_member_dashboard_is_narrowed_to_the_tenant(member):
     page = member.page
     member.go("/portal/")
@@ -454,8 +534,12 @@ def test_member_dashboard_is_narrowed_to_the_tenant(member):
     assert status_numbers(page) == {"gpus-online": 19, "tasks-running": 0, "alerts-active": 1}
     # no server panel, and none of its data with this session
     expect(page.locator("#server-panel")).to_have_count(0)
-    for path in ("/portal/server/hosts/", "/api/v1/server/metrics", "/api/v1/server/metrics/history?hours=1",
-                 "/api/v1/server/health-check"):
+    for path in (
+        "/portal/server/hosts/",
+        "/api/v1/server/metrics",
+        "/api/v1/server/metrics/history?hours=1",
+        "/api/v1/server/health-check",
+    ):
         assert member.context.request.get(path).status == 403, path
     member.shot("dashboard")
 

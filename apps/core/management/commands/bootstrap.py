@@ -33,7 +33,9 @@ class Command(BaseCommand):
         if user is None:
             generated = password is None
             password = password or secrets.token_urlsafe(16)
-            user = User.objects.create_superuser(username=username, email=settings.HETEROFLOW_ADMIN_EMAIL, password=password)
+            user = User.objects.create_superuser(
+                username=username, email=settings.HETEROFLOW_ADMIN_EMAIL, password=password
+            )
             if generated:
                 credentials.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(credentials, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -44,7 +46,9 @@ class Command(BaseCommand):
                     f"(shown once; also stored in {credentials}, readable only by you)"
                 )
             else:
-                self.stdout.write(f"Created platform administrator '{username}' (password from HETEROFLOW_ADMIN_PASSWORD).")
+                self.stdout.write(
+                    f"Created platform administrator '{username}' (password from HETEROFLOW_ADMIN_PASSWORD)."
+                )
         else:
             if not (user.is_staff and user.is_superuser and user.is_active):
                 user.is_staff = user.is_superuser = user.is_active = True

@@ -43,10 +43,25 @@ class Command(BaseCommand):
             action="store_true",
             help="ask the package index again even when the wheelhouse can satisfy the pins (newer transitive dependencies)",
         )
-        parser.add_argument("--rebuild", action="store_true", help="rebuild the agent wheel even if this commit and source were built before")
+        parser.add_argument(
+            "--rebuild",
+            action="store_true",
+            help="rebuild the agent wheel even if this commit and source were built before",
+        )
         parser.add_argument("--dist-dir", type=Path, help="where to publish (default: HETEROFLOW_AGENT_DIST_DIR)")
-        parser.add_argument("--wheelhouse", type=Path, help="where downloaded wheels are kept and reused (default: <dist dir>/wheelhouse)")
-        parser.add_argument("--find-links", type=Path, action="append", default=[], metavar="DIR", help="another folder of wheels to take from; repeatable")
+        parser.add_argument(
+            "--wheelhouse",
+            type=Path,
+            help="where downloaded wheels are kept and reused (default: <dist dir>/wheelhouse)",
+        )
+        parser.add_argument(
+            "--find-links",
+            type=Path,
+            action="append",
+            default=[],
+            metavar="DIR",
+            help="another folder of wheels to take from; repeatable",
+        )
         parser.add_argument("--source", type=Path, help="the agent's source folder (default: <repository>/agent)")
 
     def handle(self, *args, **options):
@@ -77,14 +92,19 @@ class Command(BaseCommand):
             self.stdout.write(f"build_agent_dist: {line}")
             self.stdout.flush()
 
-        say(f"building for {', '.join(arches)} into {build_options.root}" + (" (offline)" if build_options.offline else ""))
+        say(
+            f"building for {', '.join(arches)} into {build_options.root}"
+            + (" (offline)" if build_options.offline else "")
+        )
         try:
             result = distribution.build_dist(build_options, say=say)
         except distribution.BuildError as exc:
             raise CommandError(f"build_agent_dist: {exc}") from None
         elapsed = time.monotonic() - started
         for arch, build in result.builds.items():
-            say(f"{arch}: served at {distribution.AGENT_PATH}/dist/{arch}/ ({distribution.SUMS_NAME} lists {len(build.sums)} files)")
+            say(
+                f"{arch}: served at {distribution.AGENT_PATH}/dist/{arch}/ ({distribution.SUMS_NAME} lists {len(build.sums)} files)"
+            )
         if result.failures:
             raise CommandError(
                 f"build_agent_dist: {len(result.failures)} of {len(arches)} architectures failed after {elapsed:.1f} s:\n"
