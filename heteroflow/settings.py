@@ -267,6 +267,10 @@ METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_
 HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS = env.float(
     "HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS", 0.0 if HETEROFLOW_ENV == "test" else 5.0, low=0.0, high=60.0
 )
+# Task groups: how the scheduler decides that a group's nodes share one private network
+# (apps/nodes/network.py). "prove": only explicit, agreeing labels count; "assume_same":
+# one VPC is assumed unless a difference is proven (docs/scheduler.md#task-groups).
+HETEROFLOW_NETWORK_DOMAIN_POLICY = env.choice("HETEROFLOW_NETWORK_DOMAIN_POLICY", "prove", ("prove", "assume_same"))
 # --- node liveness (apps/nodes/liveness.py, docs/nodes.md#node-status) ------------------
 # The node list's status: suspect after this much silence, offline after that much.
 HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS = env.int("HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS", 30, low=10, high=3_600)

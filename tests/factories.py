@@ -1,5 +1,5 @@
 """Factories for the rows tests start from: users, nodes with their GPUs, tasks in any
-status on a node, alerts. They write rows as they are, past the services, so a test can
+status on a node, task groups with their members, alerts. They write rows as they are, past the services, so a test can
 start from any state; a test of a service's own writes calls the service."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from apps.core.clock import utcnow
 from apps.nodes.choices import NodeStatus
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation
-from apps.tasks.models import Task
+from apps.tasks.models import Task, TaskGroup
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -70,6 +70,36 @@ def make_task(tenant, **fields) -> Task:
     """A task of `tenant` written as it is, in any status and on any node (`status=`,
     `node=`), without the scheduler; name "t" and image "x" unless given."""
     return TaskFactory(tenant=tenant, **{"name": "t", "image": "x", **fields})
+
+
+def make_group(tenant, workers: int = 2, gpus: int = 8, *, gpu_type: str = "nvidia", **fields) -> TaskGroup:
+    """A task group of `tenant` with its `workers` member tasks (ranks 0…workers-1, kind
+    training, `gpus` cards each, pending and of the group's priority), as a submission
+    leaves it; `fields` are the group's other columns."""
+    group = TaskGroup.objects.create(
+        tenant=tenant,
+        name=fields.pop("name", "g"),
+        world_size=workers,
+        gpus_per_worker=gpus,
+        gpu_type=gpu_type,
+        image="x",
+        **fields,
+    )
+    Task.objects.bulk_create(
+        Task(
+            tenant=tenant,
+            name=f"{group.name}-{rank}",
+            image="x",
+            kind="training",
+            group=group,
+            rank=rank,
+            gpu_required=gpus,
+            gpu_type=gpu_type,
+            priority=group.priority,
+        )
+        for rank in range(workers)
+    )
+    return group
 
 
 def make_alert(**fields) -> Alert:

@@ -12,6 +12,7 @@ planning all run the same chain.
 from __future__ import annotations
 
 import itertools
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -584,14 +585,43 @@ def place(
 ) -> tuple[list[Decision], list[Failure]]:
     """`mark`, if given, is called before each task and once at the end (the benchmark
     times single decisions with it; the core itself reads no clock)."""
-    decisions, failures = [], []
+    placement = place_queue(tasks, nodes, settings, may_share, mark)
+    return placement.decisions, placement.failures
+
+
+@dataclass
+class Placement:
+    """A cycle's decisions: single tasks, and task groups placed whole."""
+
+    decisions: list[Decision] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    groups: list[GroupDecision] = field(default_factory=list)
+    group_failures: list[GroupFailure] = field(default_factory=list)
+
+
+def place_queue(
+    queue: Sequence[TaskReq | GroupReq],
+    nodes: Sequence[NodeSnap],
+    settings: PluginSettings,
+    may_share: Callable[[int, int], bool],
+    mark: Callable[[], None] | None = None,
+) -> Placement:
+    """The queue in its order (single tasks and groups interleaved by priority): each
+    single task on its best node, each group whole or not at all (`place_group`), every
+    decision applied to the snapshot before the next item is decided."""
+    placement = Placement()
+    decisions, failures = placement.decisions, placement.failures
     fleet = FleetView(nodes, settings, may_share)
     total = len(fleet.nodes)
     limit = nodes_to_score(total)
     start = 0
-    for task in tasks:
+    for task in queue:
         if mark:
             mark()
+        if isinstance(task, GroupReq):
+            outcome = place_group(task, fleet)
+            (placement.groups if isinstance(outcome, GroupDecision) else placement.group_failures).append(outcome)
+            continue
         ask = Ask.of(task, settings)
         best, removed, examined = search(ask, fleet, start, limit)
         # the next task starts where this one stopped looking, so sampling rotates
@@ -602,7 +632,7 @@ def place(
             decisions.append(take(ask, fleet, best))
     if mark:
         mark()
-    return decisions, failures
+    return placement
 
 
 def search(ask: Ask, fleet: FleetView, start: int, limit: int) -> tuple[Candidate | None, dict[str, int], int]:
@@ -689,6 +719,241 @@ def _failure_code(removed: dict, total: int) -> str:
 def fits(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> bool:
     """Whether the chain lets the task onto this node as it is."""
     return Chain.of(Ask.of(task, settings), FleetView([node], settings, may_share, scores=False)).rejection(0) is None
+
+
+# --- task groups: all workers or none ---------------------------------------------------
+
+# pp puts consecutive stages on different nodes; the others fill a node first (tp needs
+# the intra-node links most; the data-parallel ones lose least that way)
+SPREAD_STRATEGIES = frozenset({"pp"})
+# the spec's batch score of a worker's node against the master's: same rack 3, same
+# zone 2, other 0 (the same node counts as the same rack)
+RACK_AFFINITY, ZONE_AFFINITY = 3, 2
+
+
+@dataclass(frozen=True)
+class GroupReq:
+    """A task group as placement sees it: one task per rank (`members`, rank order), each
+    needing `gpus_per_worker` whole cards of exactly `gpu_type`."""
+
+    id: int
+    tenant_id: int
+    members: tuple[int, ...]
+    gpus_per_worker: int
+    gpu_type: str
+    strategy: str = "ddp"
+    priority: int = 50
+    labels: dict = field(default_factory=dict)
+    kind: str = "training"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def worker(self, rank: int = 0) -> TaskReq:
+        return TaskReq(
+            self.members[rank],
+            self.tenant_id,
+            self.gpus_per_worker,
+            None,
+            self.gpu_type,
+            self.priority,
+            self.labels,
+            self.kind,
+        )
+
+
+@dataclass
+class GroupDecision:
+    group_id: int
+    decisions: list[Decision]  # by rank; rank 0's node is the master
+    score: int  # the batch score: each worker's affinity to the master's node, summed
+
+
+@dataclass
+class GroupFailure:
+    group_id: int
+    code: str  # GpuTypeNotPresent | NoSchedulableNodes | InsufficientResources
+    message: str
+    removed: dict[str, int]
+    placeable: int  # workers the fleet could take now
+    needed: int
+
+    def as_reason(self) -> dict:
+        return {
+            "code": self.code,
+            "message": self.message,
+            "removed_by": self.removed,
+            "workers": {"placeable": self.placeable, "needed": self.needed},
+        }
+
+
+@dataclass(slots=True)
+class _Slot:
+    position: int
+    workers: int  # how many workers the node could take
+    score: float  # the task-independent part of its score (layout, rdma)
+    node: NodeSnap
+
+
+def place_group(group: GroupReq, fleet: FleetView) -> GroupDecision | GroupFailure:
+    """Every worker of the group, or none. The candidates are the nodes that pass the
+    normal chain (FILTERS) for one worker; on each, the workers it could take (its open
+    cards of the type // gpus_per_worker). Then greedily over the best set: the rack
+    (then zone) that can take the most of the group anchors it, its nodes first, then
+    the rest of its zone, then the others (the batch score is a soft preference; a group
+    that fits anywhere is placed). `pp` spreads the workers one per node first; the other
+    strategies fill a node first, and a node that takes the whole group wins outright.
+    Inside each node, each worker's cards by the usual NVLink/NUMA choice."""
+    needed = group.world_size
+    vendor = group.gpu_type.lower()
+    ask = Ask.of(group.worker(), fleet.settings)
+    chain = Chain.of(ask, fleet)
+    removed: dict[str, int] = {}
+    slots: list[_Slot] = []
+    for position, node in enumerate(fleet.nodes):
+        reason = chain.rejection(position)
+        if reason is None:
+            workers = len(_worker_cards(ask, fleet, position, needed))
+            if workers:
+                slots.append(_Slot(position, workers, fleet.base_score[position], node))
+                continue
+            reason = "nvlink" if ask.nvlink_required else "capacity"
+        removed[reason] = removed.get(reason, 0) + 1
+    placeable = sum(slot.workers for slot in slots)
+    if not vendor or placeable < needed:
+        return _group_failure(group, fleet, explained(removed), min(placeable, needed))
+    plan = _choose_nodes(slots, needed, group.strategy not in SPREAD_STRATEGIES)
+    master = plan[0][0].node
+    decisions: list[Decision] = []
+    score = 0
+    for slot, workers in plan:
+        affinity = _affinity(master, slot.node)
+        groups = _worker_cards(ask, fleet, slot.position, workers)
+        by_index = {gpu.index: gpu for gpu in fleet.whole_cards(slot.position, ask.vendor, None)}
+        for indices in groups:
+            rank = len(decisions)
+            task_id = group.members[rank]
+            for index in indices:
+                by_index[index].holders.append((task_id, group.tenant_id, None))
+            decisions.append(Decision(task_id, slot.node.id, indices, None, float(affinity)))
+            score += affinity
+        if group.kind == "inference" and slot.node.ports_free is not None:
+            slot.node.ports_free -= workers
+        fleet.changed(slot.position)
+    return GroupDecision(group.id, decisions, score)
+
+
+def _worker_cards(ask: Ask, fleet: FleetView, position: int, limit: int) -> list[list[int]]:
+    """The cards each of up to `limit` workers would get on the node, worker by worker
+    (the NVLink choice with topology data, else the lowest free indices; `nvlink:
+    required` stops where no single domain is left for one more)."""
+    need = ask.need
+    free = [gpu.index for gpu in fleet.whole_cards(position, ask.vendor, None)]
+    limit = min(limit, len(free) // need)
+    if ask.task.kind == "inference" and (ports := fleet.nodes[position].ports_free) is not None:
+        limit = min(limit, ports)
+    topology = fleet.topology(position) if "nvlink" in fleet.settings.enabled else None
+    if topology is None:
+        return [free[k * need : (k + 1) * need] for k in range(limit)]
+    groups = []
+    while len(groups) < limit:
+        if ask.nvlink_required and not nvlink.has_domain_for(topology, free, need):
+            break
+        chosen = nvlink.choose(topology, free, need)
+        groups.append(chosen)
+        free = [index for index in free if index not in chosen]
+    return groups
+
+
+def _rack_key(node: NodeSnap):
+    return (node.region, node.zone, node.rack) if node.rack else ("node", node.id)
+
+
+def _zone_key(node: NodeSnap):
+    return (node.region, node.zone) if node.zone else ("node", node.id)
+
+
+def _affinity(master: NodeSnap, node: NodeSnap) -> int:
+    if node is master or _rack_key(node) == _rack_key(master):
+        return RACK_AFFINITY
+    if _zone_key(node) == _zone_key(master):
+        return ZONE_AFFINITY
+    return 0
+
+
+def _choose_nodes(slots: list[_Slot], needed: int, pack: bool) -> list[tuple[_Slot, int]]:
+    """The greedy choice over the candidates: (node, workers on it), master's node first."""
+    if pack:
+        whole = [slot for slot in slots if slot.workers >= needed]
+        if whole:
+            best = min(whole, key=lambda slot: (-slot.score, slot.node.id))
+            return [(best, needed)]
+    racks: dict = defaultdict(int)
+    zones: dict = defaultdict(int)
+    for slot in slots:
+        racks[_rack_key(slot.node)] += slot.workers
+        zones[_zone_key(slot.node)] += slot.workers
+
+    def within(slot: _Slot):
+        return (-slot.workers, -slot.score, slot.node.id) if pack else (-slot.score, slot.node.id)
+
+    anchor = min(
+        slots,
+        key=lambda slot: (
+            -min(racks[_rack_key(slot.node)], needed),
+            -min(zones[_zone_key(slot.node)], needed),
+            *within(slot),
+        ),
+    )
+    rack, zone = _rack_key(anchor.node), _zone_key(anchor.node)
+
+    def order(slot: _Slot):
+        here_rack, here_zone = _rack_key(slot.node), _zone_key(slot.node)
+        tier = 0 if here_rack == rack else 1 if here_zone == zone else 2
+        # fill whole racks and zones before starting another
+        return (tier, -min(zones[here_zone], needed), -min(racks[here_rack], needed), here_rack, *within(slot))
+
+    ordered = sorted(slots, key=order)
+    taken: dict[int, int] = {}
+    left = needed
+    if pack:
+        for slot in ordered:
+            if left == 0:
+                break
+            taken[slot.position] = min(slot.workers, left)
+            left -= taken[slot.position]
+    else:
+        while left:  # one more worker per node per round
+            for slot in ordered:
+                if left and taken.get(slot.position, 0) < slot.workers:
+                    taken[slot.position] = taken.get(slot.position, 0) + 1
+                    left -= 1
+    return [(slot, taken[slot.position]) for slot in ordered if slot.position in taken]
+
+
+def _group_failure(group: GroupReq, fleet: FleetView, removed: dict[str, int], placeable: int) -> GroupFailure:
+    vendor, needed = group.gpu_type.lower(), group.world_size
+    if not vendor:
+        return GroupFailure(
+            group.id, "GpuTypeRequired", "a group names its gpu_type (never a mix of vendors)", removed, 0, needed
+        )
+    tenant = group.tenant_id
+    present = any(
+        node.tenant_id in (None, tenant) and any(gpu.vendor.lower() == vendor for gpu in node.gpus)
+        for node in fleet.nodes
+    )
+    if not present:
+        return GroupFailure(group.id, "GpuTypeNotPresent", f"type {group.gpu_type} not present", removed, 0, needed)
+    code = "NoSchedulableNodes" if removed.get("unavailable", 0) == len(fleet.nodes) else "InsufficientResources"
+    return GroupFailure(
+        group.id,
+        code,
+        f"not enough nodes of type {group.gpu_type} in the tenant's reach: {placeable} of {needed} workers",
+        removed,
+        placeable,
+        needed,
+    )
 
 
 # --- preemption -------------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """The scheduler's shell: load a snapshot in a few queries, let the pure core decide,
 bind the cycle's decisions in one transaction (nodes locked, cards re-checked against
-the live ledger, one multi-row CAS pending → scheduled, ledger rows), and record why
-the other tasks did not fit."""
+the live ledger, one multi-row CAS pending → scheduled, ledger rows; each task group in
+a savepoint of its own, all its members or none), and record why the other tasks and
+groups did not fit."""
 
 from __future__ import annotations
 
 import gc
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -30,6 +32,7 @@ from apps.core.errors import Conflict
 from apps.monitoring import metrics
 from apps.nodes import liveness
 from apps.nodes.models import Gpu, Node
+from apps.nodes.network import same_network_domain
 from apps.scheduler.core import (
     PREEMPT_STAGES,
     SCHEDULABLE_STATUSES,
@@ -37,24 +40,28 @@ from apps.scheduler.core import (
     Decision,
     Failure,
     GpuSnap,
+    GroupDecision,
+    GroupReq,
     NodeSnap,
     Occupant,
     PluginSettings,
     PreemptionPlan,
     TaskReq,
     occupants_by_node,
-    place,
+    place_queue,
     plan_preemption,
 )
 from apps.scheduler.ledger import ALLOCATE
 from apps.scheduler.models import GpuAllocation, PluginConfig
-from apps.tasks.choices import HOLDING, TRANSITIONS, TaskKind
+from apps.tasks.choices import HOLDING, TERMINAL, TRANSITIONS, TaskKind
 from apps.tasks.choices import TaskStatus as S
-from apps.tasks.models import Task
+from apps.tasks.models import Task, TaskGroup
+from apps.tasks.ranks import network_decision
 from apps.tasks.services import move_tasks, requeue_preempted
 from apps.tenants.models import TenantGroup
 
 BATCH_SIZE = 200
+GROUP_BATCH_SIZE = 20  # pending task groups considered per cycle, in queue order
 
 
 # --- configuration ----------------------------------------------------------------------
@@ -334,7 +341,7 @@ def card_at(cards: list[GpuSnap], index: int) -> GpuSnap | None:
 
 QUEUE_SQL = """
     SELECT id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at
-    FROM tasks WHERE status = 'pending' {after}
+    FROM tasks WHERE status = 'pending' AND group_id IS NULL {after}
     ORDER BY priority DESC, created_at, id LIMIT %s
 """
 AFTER_CURSOR = "AND (priority < %s OR (priority = %s AND (created_at, id) > (%s, %s)))"
@@ -347,7 +354,13 @@ MOVE_CURSOR = (
 
 
 def next_batch(size: int = BATCH_SIZE) -> list[TaskReq]:
-    """The next `size` pending tasks in queue order after the cursor, wrapping around."""
+    """The next `size` pending tasks (not members of a group) in queue order after the
+    cursor, wrapping around."""
+    return [task for task, _ in next_batch_ordered(size)]
+
+
+def next_batch_ordered(size: int = BATCH_SIZE) -> list[tuple[TaskReq, tuple]]:
+    """next_batch, each task with its queue key (-priority, created_at, id)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT priority, created_at, task_id FROM scheduler_queue_cursor WHERE id = 1")
         mark = cursor.fetchone()
@@ -366,17 +379,68 @@ def next_batch(size: int = BATCH_SIZE) -> list[TaskReq]:
     # decided in queue order even when the batch wrapped around the cursor
     rows.sort(key=lambda row: (-row[5], row[8], row[0]))
     return [
-        TaskReq(
-            id=task_id,
-            tenant_id=tenant_id,
-            gpu_required=gpu_required,
-            gpu_memory_mb=gpu_memory_mb,
-            gpu_type=gpu_type,
-            priority=priority,
-            labels=orjson.loads(labels) if labels else {},
-            kind=kind,
+        (
+            TaskReq(
+                id=task_id,
+                tenant_id=tenant_id,
+                gpu_required=gpu_required,
+                gpu_memory_mb=gpu_memory_mb,
+                gpu_type=gpu_type,
+                priority=priority,
+                labels=orjson.loads(labels) if labels else {},
+                kind=kind,
+            ),
+            (-priority, created_at, task_id),
         )
-        for task_id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, _ in rows
+        for task_id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at in rows
+    ]
+
+
+# The groups whose current members (those not ended) are all pending, every rank there.
+GROUPS_SQL = """
+    SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind, g.created_at,
+           array_agg(t.id ORDER BY t.rank)
+    FROM task_groups g JOIN tasks t ON t.group_id = g.id AND NOT (t.status = ANY(%s))
+    WHERE g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
+    GROUP BY g.id
+    HAVING bool_and(t.status = 'pending') AND count(*) = g.world_size
+    ORDER BY g.priority DESC, g.created_at, g.id LIMIT %s
+"""
+
+
+def pending_groups(size: int = GROUP_BATCH_SIZE) -> list[tuple[GroupReq, tuple]]:
+    """The first `size` task groups waiting to be placed, in queue order, each with its
+    queue key (-priority, created_at, id)."""
+    with connection.cursor() as cursor:
+        cursor.execute(GROUPS_SQL, [list(TERMINAL), size])
+        rows = cursor.fetchall()
+    return [
+        (
+            GroupReq(
+                id=group_id,
+                tenant_id=tenant_id,
+                members=tuple(members),
+                gpus_per_worker=gpus_per_worker,
+                gpu_type=gpu_type,
+                strategy=strategy,
+                priority=priority,
+                labels=orjson.loads(labels) if labels else {},
+                kind=kind,
+            ),
+            (-priority, created_at, members[0]),
+        )
+        for (
+            group_id,
+            tenant_id,
+            gpus_per_worker,
+            gpu_type,
+            strategy,
+            priority,
+            labels,
+            kind,
+            created_at,
+            members,
+        ) in rows
     ]
 
 
@@ -391,13 +455,16 @@ PORTS_IN_USE = """
 """
 
 
-def assign_host_ports(decisions: list[Decision], tasks: dict[int, TaskReq], node_ids) -> dict[int, int | None]:
-    """A free port of INFERENCE_PORTS on its node for each inference decision (None for
-    the others); a decision whose node has no port left is not in the answer. The
-    caller holds the nodes' row locks, so no other binder hands out the same port (and
-    a unique index backs that up)."""
-    wanted = [d for d in decisions if tasks[d.task_id].kind == TaskKind.INFERENCE]
-    ports: dict[int, int | None] = {d.task_id: None for d in decisions if tasks[d.task_id].kind != TaskKind.INFERENCE}
+def assign_host_ports(
+    decisions: list[Decision], tasks: dict[int, TaskReq], node_ids, wanted: list[Decision] | None = None
+) -> dict[int, int | None]:
+    """A free port of INFERENCE_PORTS on its node for each inference decision (or each of
+    `wanted`: a task group's master) and None for the others; a decision whose node has
+    no port left is not in the answer. The caller holds the nodes' row locks, so no
+    other binder hands out the same port (and a unique index backs that up)."""
+    if wanted is None:
+        wanted = [d for d in decisions if tasks[d.task_id].kind == TaskKind.INFERENCE]
+    ports: dict[int, int | None] = {d.task_id: None for d in decisions if d not in wanted}
     if not wanted:
         return ports
     used: dict[str, set[int]] = defaultdict(set)
@@ -415,18 +482,26 @@ def assign_host_ports(decisions: list[Decision], tasks: dict[int, TaskReq], node
 
 
 def bind_all(
-    decisions: list[Decision], tasks: dict[int, TaskReq], may_share, settings: PluginSettings | None = None
+    decisions: list[Decision],
+    tasks: dict[int, TaskReq],
+    may_share,
+    settings: PluginSettings | None = None,
+    groups: Sequence[GroupDecision] = (),
 ) -> tuple[list[int], list[int]]:
     """Bind a cycle's decisions in one transaction: lock their nodes (in id order, so
     concurrent schedulers queue rather than deadlock), drop the decisions the live ledger
     now contradicts (a node gone, a card taken, a holder this tenant may not share with),
     move the rest pending → scheduled in one multi-row compare-and-set, and write the
-    ledger rows of the winners. Returns (bound, lost)."""
-    if not decisions:
+    ledger rows of the winners. A task group (`groups`; its members' TaskReq in `tasks`)
+    is bound whole or not at all: one contradicted member drops the group, and its
+    members' compare-and-set runs in a savepoint of its own that is rolled back unless
+    every member won. Returns (bound, lost), task ids (members of groups included)."""
+    members = [d for g in groups for d in g.decisions]
+    if not decisions and not members:
         return [], []
     check_transition(TRANSITIONS, [S.PENDING], S.SCHEDULED)  # before any lock is taken
     with transaction.atomic():
-        node_ids = sorted({d.node_id for d in decisions})
+        node_ids = sorted({d.node_id for d in (*decisions, *members)})
         settings = settings or PluginSettings()
         # the load thresholds again, on the node rows as they are now
         alive = set(
@@ -453,47 +528,68 @@ def bind_all(
             "node_id", "gpu_index", "tenant_id", "memory_mb"
         ):
             holders[(node_id, index)].append((tenant_id, memory))
-        still_valid = []
-        for decision in decisions:
+
+        def still_holds(decision: Decision) -> bool:
             task = tasks[decision.task_id]
             cards = [holders[(decision.node_id, index)] for index in decision.gpu_indices]
             if decision.node_id not in alive:
-                continue
+                return False
             if any((decision.node_id, index) not in usable for index in decision.gpu_indices):
-                continue
+                return False
             if decision.memory_mb is None and any(cards):
-                continue
-            if decision.memory_mb is not None and any(
+                return False
+            return decision.memory_mb is None or not any(
                 memory is None or not may_share(task.tenant_id, tenant_id)
                 for card in cards
                 for tenant_id, memory in card
-            ):
-                continue
-            still_valid.append(decision)
+            )
+
+        still_valid = [decision for decision in decisions if still_holds(decision)]
         ports = assign_host_ports(still_valid, tasks, alive)
         still_valid = [d for d in still_valid if d.task_id in ports]
-        bound_rows = compare_and_set(
-            Task._meta.db_table,
-            TRANSITIONS,
-            [d.task_id for d in still_valid],
-            [S.PENDING],
-            S.SCHEDULED,
-            fixed={"schedule_reason": Jsonb({}), "updated_at": utcnow()},
-            per_row={
-                "node_id": ("text", [d.node_id for d in still_valid]),
-                "host_port": ("int", [ports[d.task_id] for d in still_valid]),
-            },
-            returning="extract(epoch FROM tasks.updated_at - tasks.created_at)",
-        )
-        won = {row[0] for row in bound_rows}
+        now = utcnow()
+        bound_rows = bind_rows(still_valid, ports, now)
+        winners = [d for d in still_valid if d.task_id in {row[0] for row in bound_rows}]
+        hosts = {
+            node.pk: node
+            for node in Node.objects.filter(pk__in={d.node_id for d in members} & alive).only(
+                "id", "ip", "internal_ip", "region", "labels"
+            )
+        }
+        policy = django_settings.HETEROFLOW_NETWORK_DOMAIN_POLICY
+        for group in groups:
+            if not all(still_holds(d) for d in group.decisions):
+                continue
+            master = group.decisions[0]
+            ports = assign_host_ports(group.decisions, tasks, alive, wanted=[master])
+            if master.task_id not in ports:
+                continue  # no host port left on the master's node
+            node = hosts[master.node_id]
+            domain = same_network_domain(
+                [hosts[node_id] for node_id in dict.fromkeys(d.node_id for d in group.decisions)], policy
+            )
+            network = network_decision(
+                tasks[master.task_id].gpu_type, domain, node.pk, node.internal_ip, node.ip, ports[master.task_id]
+            )
+            savepoint = transaction.savepoint()
+            rows = bind_rows(group.decisions, ports, now)
+            if len(rows) == len(group.decisions):
+                TaskGroup.objects.filter(pk=group.group_id).update(
+                    attempts=F("attempts") + 1, schedule_reason={}, network=network, updated_at=now
+                )
+                transaction.savepoint_commit(savepoint)
+                bound_rows += rows
+                winners += group.decisions
+            else:  # a member was moved meanwhile: none of them is bound
+                transaction.savepoint_rollback(savepoint)
         transaction.on_commit(partial(metrics.record_binds, [float(row[1]) for row in bound_rows]))
-        cards = [(d, index) for d in still_valid if d.task_id in won for index in d.gpu_indices]
+        cards = [(d, index) for d in winners for index in d.gpu_indices]
         if cards:
             with connection.cursor() as cursor:
                 cursor.execute(
                     ALLOCATE,
                     [
-                        utcnow(),
+                        now,
                         [d.task_id for d, _ in cards],
                         [d.node_id for d, _ in cards],
                         [index for _, index in cards],
@@ -501,8 +597,27 @@ def bind_all(
                         [d.memory_mb for d, _ in cards],
                     ],
                 )
-    bound = [d.task_id for d in decisions if d.task_id in won]
-    return bound, [d.task_id for d in decisions if d.task_id not in won]
+    won = {d.task_id for d in winners}
+    every = [*decisions, *members]
+    return [d.task_id for d in every if d.task_id in won], [d.task_id for d in every if d.task_id not in won]
+
+
+def bind_rows(decisions: Sequence[Decision], ports: dict[int, int | None], now) -> list[tuple]:
+    """The multi-row compare-and-set pending → scheduled: each task onto its node (with
+    its host port, if any). Returns the winners' (id, seconds it waited)."""
+    return compare_and_set(
+        Task._meta.db_table,
+        TRANSITIONS,
+        [d.task_id for d in decisions],
+        [S.PENDING],
+        S.SCHEDULED,
+        fixed={"schedule_reason": Jsonb({}), "updated_at": now},
+        per_row={
+            "node_id": ("text", [d.node_id for d in decisions]),
+            "host_port": ("int", [ports.get(d.task_id) for d in decisions]),
+        },
+        returning="extract(epoch FROM tasks.updated_at - tasks.created_at)",
+    )
 
 
 # --- one cycle --------------------------------------------------------------------------
@@ -516,6 +631,10 @@ class CycleResult:
     failed: dict[int, dict] = field(default_factory=dict)
     backlog: bool = False
     preemptions: dict[int, PreemptionPlan] = field(default_factory=dict)
+    # task groups: bound whole this cycle, and why the others wait (their members'
+    # task ids are in bound / lost_races / failed as well)
+    groups_bound: list[int] = field(default_factory=list)
+    groups_failed: dict[int, dict] = field(default_factory=dict)
     # seconds spent in each phase, for the benchmark and the cycle metrics
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -613,6 +732,12 @@ EXPLAIN = """
 """
 
 
+EXPLAIN_GROUPS = """
+    UPDATE task_groups AS g SET schedule_reason = v.reason
+    FROM unnest(%s::bigint[], %s::jsonb[]) AS v(id, reason) WHERE g.id = v.id
+"""
+
+
 def run_cycle(batch_size: int = BATCH_SIZE) -> CycleResult:
     # A cycle allocates tens of thousands of short-lived objects (the snapshot) that the
     # cyclic collector would traverse again and again; reference counting frees them.
@@ -628,20 +753,30 @@ def run_cycle(batch_size: int = BATCH_SIZE) -> CycleResult:
 def _run_cycle(batch_size: int) -> CycleResult:
     result = CycleResult()
     clock = PhaseClock(result.phases)
-    batch = next_batch(batch_size)
-    result.considered = len(batch)
-    if not batch:
+    ordered = next_batch_ordered(batch_size)
+    groups = pending_groups()
+    batch = [task for task, _ in ordered]
+    result.considered = len(batch) + sum(group.world_size for group, _ in groups)
+    if not batch and not groups:
         return result
-    result.backlog = Task.objects.filter(status=S.PENDING).count() > len(batch)
+    result.backlog = Task.objects.filter(status=S.PENDING, group__isnull=True).count() > len(batch)
+    # one queue: a group is decided after the singles ahead of it (higher priority, or
+    # older at the same priority) and before those behind it
+    queue = [item for item, _ in sorted([*ordered, *groups], key=lambda entry: entry[1])]
     may_share = sharing_rule()
     settings = plugin_settings()
     clock.lap("queue")
     nodes = load_nodes(reuse_seconds=django_settings.HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS)
     clock.lap("snapshot")
-    decisions, failures = place(batch, nodes, settings, may_share)
+    placement = place_queue(queue, nodes, settings, may_share)
+    decisions, failures = placement.decisions, placement.failures
     clock.lap("decide")
     tasks = {task.id: task for task in batch}
-    result.bound, result.lost_races = bind_all(decisions, tasks, may_share, settings)
+    for group, _ in groups:
+        tasks.update((member, group.worker(rank)) for rank, member in enumerate(group.members))
+    result.bound, result.lost_races = bind_all(decisions, tasks, may_share, settings, groups=placement.groups)
+    bound = set(result.bound)
+    result.groups_bound = [g.group_id for g in placement.groups if g.decisions[0].task_id in bound]
     clock.lap("bind")
     result.preemptions = preempt_for(failures, tasks, nodes, settings, may_share)
     clock.lap("preempt")
@@ -657,11 +792,24 @@ def _run_cycle(batch_size: int) -> CycleResult:
                 "preemption": {"node_id": plan.node_id, "victims": plan.victims},
             }
         result.failed[failure.task_id] = reason
+    members = {group.id: group.members for group, _ in groups}
+    for failure in placement.group_failures:
+        reason = result.groups_failed[failure.group_id] = failure.as_reason() | {"at": now}
+        for member in members[failure.group_id]:
+            result.failed[member] = reason | {"group": failure.group_id}
     if result.failed:
         with connection.cursor() as cursor:
             cursor.execute(
                 EXPLAIN, [list(result.failed), [orjson.dumps(reason).decode() for reason in result.failed.values()]]
             )
+            if result.groups_failed:
+                cursor.execute(
+                    EXPLAIN_GROUPS,
+                    [
+                        list(result.groups_failed),
+                        [orjson.dumps(reason).decode() for reason in result.groups_failed.values()],
+                    ],
+                )
     clock.lap("explain")
     return result
 

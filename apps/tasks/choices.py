@@ -62,3 +62,64 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.CANCELLED: frozenset(),
     S.STOPPED: frozenset(),
 }
+
+
+# --- task groups (multi-worker training; inference groups use the same model) ------------
+
+
+class GroupKind(models.TextChoices):
+    TRAINING = "training"
+    INFERENCE = "inference"
+
+
+class GroupStrategy(models.TextChoices):
+    """How the workers split the model; it decides how placement spreads them (tp packs
+    within a node, pp spreads across nodes, the data-parallel ones pack first)."""
+
+    DDP = "ddp"
+    DEEPSPEED = "deepspeed"
+    FSDP = "fsdp"
+    TP = "tp"
+    PP = "pp"
+
+
+class GroupStatus(models.TextChoices):
+    PENDING = "pending"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+# member statuses that mean the attempt is being ended (a stop, a preemption, a drain)
+_ENDING = frozenset({S.STOPPING, S.DRAINING, S.PREEMPTING})
+
+
+def group_status(member_statuses) -> str:
+    """A group's status, derived from its members' (never stored, so it cannot drift):
+    - every member ended: failed if one failed, stopped if one was stopped or cancelled,
+      else completed;
+    - a member being stopped, or one failed or stopped while others still run: stopping
+      (the attempt is being ended as a whole);
+    - every member pending (or no members yet): pending;
+    - every member running or already completed: running;
+    - otherwise (bound, not every worker started): scheduled."""
+    statuses = list(member_statuses)
+    if not statuses:
+        return GroupStatus.PENDING
+    ended = [status for status in statuses if status in TERMINAL]
+    if len(ended) == len(statuses):
+        if S.FAILED in ended:
+            return GroupStatus.FAILED
+        if S.STOPPED in ended or S.CANCELLED in ended:
+            return GroupStatus.STOPPED
+        return GroupStatus.COMPLETED
+    if any(status in _ENDING for status in statuses) or any(status != S.COMPLETED for status in ended):
+        return GroupStatus.STOPPING
+    if all(status == S.PENDING for status in statuses):
+        return GroupStatus.PENDING
+    if all(status in (S.RUNNING, S.COMPLETED) for status in statuses):
+        return GroupStatus.RUNNING
+    return GroupStatus.SCHEDULED

@@ -1,13 +1,16 @@
 """Tasks: what tenants ask the cluster to run. Status moves only through
-apps.core.cas.transition with choices.TRANSITIONS."""
+apps.core.cas.transition with choices.TRANSITIONS. A task group (multi-worker training)
+is a set of ordinary tasks, one per rank, placed and bound all or nothing."""
 
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import models
+from django.db.models import Q, Value
 
 from apps.core.scoping import ScopedQuerySet
-from apps.tasks.choices import HOLDING, TaskKind, TaskStatus
+from apps.tasks.choices import HOLDING, GroupKind, GroupStrategy, TaskKind, TaskStatus, group_status
 
 
 class TaskQuerySet(ScopedQuerySet):
@@ -15,6 +18,70 @@ class TaskQuerySet(ScopedQuerySet):
 
     def in_queue_order(self):
         return self.order_by("-priority", "created_at", "id")
+
+
+class TaskGroupQuerySet(ScopedQuerySet):
+    tenant_field = "tenant"
+
+    def with_status(self):
+        """Each group with its members' statuses (`member_statuses`), so `status` needs no
+        query per group in a list."""
+        return self.annotate(
+            member_statuses=ArrayAgg("tasks__status", filter=Q(tasks__isnull=False), default=Value([]))
+        )
+
+
+class TaskGroup(models.Model):
+    """Workers of one distributed job: `world_size` tasks (Task.group, Task.rank), each
+    with `gpus_per_worker` cards of exactly `gpu_type` (never another vendor). Its status
+    is derived from its members' (`choices.group_status`), not stored."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="task_groups")
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=10, choices=GroupKind.choices, default=GroupKind.TRAINING)
+    strategy = models.CharField(max_length=10, choices=GroupStrategy.choices, default=GroupStrategy.DDP)
+    world_size = models.PositiveIntegerField(help_text="workers (one task each)")
+    gpus_per_worker = models.PositiveIntegerField(default=1)
+    gpu_type = models.CharField(max_length=20, help_text="every worker on this vendor's cards, strictly")
+    # what every worker runs
+    image = models.CharField(max_length=500, blank=True, default="")
+    command = models.JSONField(default=list, blank=True, help_text="argv list")
+    env = models.JSONField(default=dict, blank=True)
+    volumes = models.JSONField(default=list, blank=True)
+    checkpoint_path = models.CharField(max_length=1024, blank=True, default="")
+    priority = models.PositiveSmallIntegerField(default=50)
+    labels = models.JSONField(default=dict, blank=True, help_text="scheduling hints, as for tasks")
+    # decided at bind: the backend and addresses the workers use, and why
+    network = models.JSONField(default=dict, blank=True, help_text='{"backend", "address", "reason", ...}')
+    schedule_reason = models.JSONField(default=dict, blank=True, help_text="why the last cycle did not place it")
+    attempts = models.PositiveIntegerField(default=0, help_text="placements so far (a lost worker ends the attempt)")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TaskGroupQuerySet.as_manager()
+
+    class Meta:
+        db_table = "task_groups"
+        indexes = [models.Index(fields=["tenant", "created_at"], name="task_groups_tenant")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_group_priority_0_100"),
+            models.CheckConstraint(
+                condition=models.Q(world_size__gte=1, gpus_per_worker__gte=1), name="task_group_sizes_positive"
+            ),
+        ]
+
+    @property
+    def status(self) -> str:
+        statuses = getattr(self, "member_statuses", None)
+        if statuses is None:
+            statuses = self.tasks.values_list("status", flat=True)
+        return group_status(statuses)
+
+    def __str__(self):
+        return f"{self.name} ({self.world_size} × {self.gpus_per_worker} {self.gpu_type})"
 
 
 class Task(models.Model):
@@ -49,6 +116,9 @@ class Task(models.Model):
     timeout_seconds = models.PositiveIntegerField(default=7_200)
     checkpoint_path = models.CharField(max_length=1024, blank=True, default="")
     resume_from_checkpoint = models.CharField(max_length=1024, blank=True, default="")
+    # a worker of a task group, and its rank in it (0 is the master)
+    group = models.ForeignKey(TaskGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="tasks")
+    rank = models.PositiveIntegerField(null=True, blank=True)
     # where and how it went
     node = models.ForeignKey("nodes.Node", null=True, blank=True, on_delete=models.PROTECT, related_name="tasks")
     host_port = models.PositiveIntegerField(
@@ -90,6 +160,12 @@ class Task(models.Model):
             models.Index(fields=["node", "status"], name="tasks_node_status"),
             # the queue: pending tasks by priority, then age
             models.Index(fields=["status", "-priority", "created_at", "id"], name="tasks_queue"),
+            # the groups waiting to be placed, found without reading the singles' queue
+            models.Index(
+                fields=["group"],
+                condition=models.Q(status=TaskStatus.PENDING, group__isnull=False),
+                name="tasks_pending_group_members",
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_priority_0_100"),
@@ -101,6 +177,12 @@ class Task(models.Model):
             ),
             models.CheckConstraint(
                 condition=~models.Q(kind=TaskKind.TRAINING, preemptible=True), name="task_training_not_preemptible"
+            ),
+            models.UniqueConstraint(
+                fields=["group", "rank"], condition=models.Q(group__isnull=False), name="task_one_rank_per_group"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(group__isnull=True) | models.Q(rank__isnull=False), name="task_group_member_has_rank"
             ),
         ]
 

@@ -2,12 +2,6 @@
 over 2,000 pending tasks and 50 nodes × 8 GPUs: every task bound at most once, no card
 over capacity at any sampled moment, and the ledger equal to the sum over active tasks."""
 
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 from django.db import connection
 from django.db.models import Count, Sum
@@ -19,24 +13,9 @@ from apps.tasks.choices import HOLDING
 from apps.tasks.models import Task
 from apps.tenants import services as tenant_services
 from tests.factories import make_node
+from tests.scheduler.racers import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
-REPO = Path(__file__).resolve().parents[2]
-
-SCHEDULER = r"""
-import os, sys, time
-import django
-django.setup()
-from apps.scheduler.services import run_cycle
-start = float(sys.argv[1])
-while time.time() < start:
-    time.sleep(0.005)
-idle = 0
-while idle < 3:
-    result = run_cycle()
-    idle = idle + 1 if not result.bound and not result.lost_races else 0
-print("done", flush=True)
-"""
 
 
 def over_capacity() -> list:
@@ -63,35 +42,8 @@ def test_four_schedulers_never_double_bind():
         Task.objects.bulk_create(
             Task(tenant=tenant, name=f"t{i}", image="x", gpu_required=1 + i % 2, priority=i % 100) for i in range(2000)
         )
-        db = connection.settings_dict
-        env = dict(
-            os.environ,
-            DATABASE_URL=f"postgresql://{db['USER']}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}",
-        )
-        if db["HOST"] and db["HOST"].startswith("/"):
-            from urllib.parse import quote
-
-            env["DATABASE_URL"] = f"postgresql://{db['USER']}@{quote(db['HOST'], safe='')}/{db['NAME']}"
-        start = time.time() + 3
-        schedulers = [
-            subprocess.Popen(
-                [sys.executable, "-c", SCHEDULER, str(start)],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(4)
-        ]
-        samples = 0
-        while any(p.poll() is None for p in schedulers):
-            assert over_capacity() == [], "a card or a task was over capacity"
-            samples += 1
-            time.sleep(0.05)
-        for process in schedulers:
-            out, err = process.communicate()
-            assert process.returncode == 0 and "done" in out, err[-2000:]
+        samples, seen = race(over_capacity)
+        assert seen == [], "a card or a task was over capacity"
         assert samples > 3
         assert over_capacity() == []
         bound = Task.objects.filter(status__in=HOLDING)

@@ -14,6 +14,7 @@ from apps.core.views import ScopedAPIView
 from apps.tasks import services
 from apps.tasks.api import serializers as s
 from apps.tasks.models import Task
+from apps.tasks.ranks import wiring_env
 from apps.tasks.selectors import task_list, task_stats
 from apps.tasks.submission import submit_array, submit_task
 from apps.tenants import policy
@@ -39,7 +40,7 @@ class PeopleOrAgent(BasePermission):
 def agent_task(task: Task) -> dict:
     env, missing = services.resolve_env(task)
     data = s.TaskSerializer(task).data
-    data["env"] = env
+    data["env"] = env | wiring_env(task)  # a group member's rank variables: the task's own env never wins
     data["registry_auth"] = services.resolve_registry_auth(task)
     if task.registry_auth and data["registry_auth"] is None:
         missing = [*missing, task.registry_auth["password"]["secret"]]
