@@ -408,6 +408,24 @@ def run_heartbeats(args, port: int, secret: str, database_url: str, env: dict) -
     )
 
 
+def start_server(env: dict, workers: int, *extra: str) -> tuple[subprocess.Popen, int]:
+    """The control plane's web process as `make up` starts it, with `workers` processes,
+    on a free port; returns once /health answers."""
+    port = free_port()
+    server = subprocess.Popen(
+        web_command("127.0.0.1", port, "--workers", str(workers), "--no-access-log", *extra, "--log-level", "warning"),
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+    )
+    wait_for(f"http://127.0.0.1:{port}/health")
+    return server, port
+
+
+def stores_in_use(stores) -> str:
+    return ", ".join(stores.embedded) + " embedded" if stores.embedded else "from DATABASE_URL / REDIS_URL"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=2000)
@@ -432,27 +450,8 @@ def main() -> int:
         subprocess.run(
             [sys.executable, "manage.py", "migrate_schemas", "--noinput", "-v", "0"], cwd=REPO, env=env, check=True
         )
-        port = free_port()
-        server = subprocess.Popen(
-            web_command(
-                "127.0.0.1",
-                port,
-                "--workers",
-                str(args.workers),
-                "--no-access-log",
-                "--loop",
-                "uvloop",
-                "--http",
-                "httptools",
-                "--log-level",
-                "warning",
-            ),
-            cwd=REPO,
-            env=env,
-            start_new_session=True,
-        )
-        wait_for(f"http://127.0.0.1:{port}/health")
-        where = ", ".join(stores.embedded) + " embedded" if stores.embedded else "from DATABASE_URL / REDIS_URL"
+        server, port = start_server(env, args.workers, "--loop", "uvloop", "--http", "httptools")
+        where = stores_in_use(stores)
         say(
             f"server: uvicorn, {args.workers} workers, production settings; "
             f"data stores: {where}; machine: {os.cpu_count()} cores"

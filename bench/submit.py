@@ -37,9 +37,8 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.heartbeats import free_port, percentile, server_env, wait_for, with_database  # noqa: E402
+from bench.heartbeats import percentile, server_env, start_server, stores_in_use, with_database  # noqa: E402
 from heteroflow.embedded import ensure_data_stores  # noqa: E402
-from heteroflow.launcher import web_command  # noqa: E402
 
 DB_NAME = "heteroflow_bench_submit"
 TENANT = "bench"
@@ -185,15 +184,8 @@ def main() -> int:
             .stdout.strip()
             .splitlines()[-1]
         )
-        port = free_port()
-        server = subprocess.Popen(
-            web_command("127.0.0.1", port, "--workers", str(args.workers), "--no-access-log", "--log-level", "warning"),
-            cwd=REPO,
-            env=env,
-            start_new_session=True,
-        )
-        wait_for(f"http://127.0.0.1:{port}/health")
-        where = ", ".join(stores.embedded) + " embedded" if stores.embedded else "from DATABASE_URL / REDIS_URL"
+        server, port = start_server(env, args.workers)
+        where = stores_in_use(stores)
         say(
             f"server: uvicorn, {args.workers} process(es), production settings; data stores: {where}; "
             f"machine: {os.cpu_count()} cores; tenant '{TENANT}' with {active_tasks(database_url)[0]} active tasks"
