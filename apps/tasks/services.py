@@ -199,9 +199,19 @@ CANCEL_FROM = (S.PENDING, S.SCHEDULED, S.PAUSED)
 STOP_FROM = (S.STARTING, S.RUNNING, S.SLEEPING)
 
 
+def stop_tasks(task_ids) -> list[int]:
+    """The stop intent for several tasks at once (a group's members): the queued ones
+    cancelled, the ones with a container moved to stopping. The ids that moved."""
+    task_ids = list(task_ids)
+    with transaction.atomic():
+        cancelled = set(move_tasks(task_ids, CANCEL_FROM, S.CANCELLED))
+        rest = [pk for pk in task_ids if pk not in cancelled]
+        return sorted(cancelled) + move_tasks(rest, STOP_FROM, S.STOPPING)
+
+
 def stop_task(task: Task) -> Task:
     with transaction.atomic():
-        if not move_tasks(task.pk, CANCEL_FROM, S.CANCELLED) and not move_tasks(task.pk, STOP_FROM, S.STOPPING):
+        if not stop_tasks([task.pk]):
             task.refresh_from_db()
             if task.status not in TERMINAL and task.status != S.STOPPING:
                 raise Conflict(f"Task {task.pk} is {task.status} and cannot be stopped now.", "invalid_state")
