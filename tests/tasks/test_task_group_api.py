@@ -170,6 +170,15 @@ def test_every_refusal_is_clear_and_writes_nothing(api, world, who, changes, sta
     assert written() == before
 
 
+def test_a_vendor_or_strategy_not_known_is_refused_with_the_known_ones(api, world):
+    fields = submit(api, bearer(world.keys["acme-member"]), gpu_type="tpu", strategy="zero3").json()["error"]["fields"]
+    assert fields["gpu_type"] == [
+        '"tpu" is not a known GPU vendor: one of nvidia, amd, musa, hygon, cambricon, biren, ascend, kunlun, '
+        "iluvatar, metax, enflame, virtual."
+    ]
+    assert fields["strategy"] == ['"zero3" is not a strategy: one of ddp, deepspeed, fsdp, tp, pp.']
+
+
 def test_missing_required_fields_are_each_named(api, world):
     response = api.post("/api/v1/task-groups", {}, format="json", **bearer(world.keys["acme-member"]))
     assert response.status_code == 400

@@ -257,13 +257,18 @@ class TaskGroupCreateSerializer(StrictSerializer):
         choices=GroupStrategy.choices,
         default=GroupStrategy.DDP,
         help_text="how the workers split the model: tp packs them within a node, pp spreads them across nodes",
+        error_messages={"invalid_choice": f'"{{input}}" is not a strategy: one of {", ".join(GroupStrategy.values)}.'},
     )
     world_size = serializers.IntegerField(
         min_value=1, help_text="workers, one task each (at most HETEROFLOW_GROUP_MAX_WORLD_SIZE, 1,024 by default)"
     )
     gpus_per_worker = serializers.IntegerField(min_value=1, max_value=64, default=1)
     gpu_type = serializers.ChoiceField(
-        choices=GpuVendor.choices, help_text="every worker on this vendor's cards, never another"
+        choices=GpuVendor.choices,
+        help_text="every worker on this vendor's cards, never another",
+        error_messages={
+            "invalid_choice": '"{input}" is not a known GPU vendor: one of ' + ", ".join(GpuVendor.values) + "."
+        },
     )
     image = serializers.CharField(max_length=500)
     command = serializers.ListField(
