@@ -426,4 +426,7 @@ def test_the_schema_describes_the_group_endpoints(client):
     assert {"post", "get"} <= set(paths["/api/v1/task-groups"])
     assert "get" in paths["/api/v1/task-groups/{id}"]
     assert "post" in paths["/api/v1/task-groups/{id}/stop"]
-    assert "get" in paths["/api/v1/task-groups/{id}/events"]
+    for path in ("/api/v1/task-groups", "/api/v1/task-groups/{id}/events"):
+        listed = paths[path]["get"]
+        assert {"limit", "offset"} <= {parameter["name"] for parameter in listed["parameters"]}
+        assert "Paginated" in listed["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
