@@ -16,6 +16,7 @@ from apps.tenants.models import Tenant
 from apps.tenants.services import update_tenant
 from tests.factories import make_group, make_node
 from tests.headers import bearer
+from tests.portal.client import page, signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -32,17 +33,6 @@ FORM = {
     "checkpoint_path": "/ckpt/llm",
     "labels": "zone=az1",
 }
-
-
-def page(client, url, status=200):
-    response = client.get(url)
-    assert response.status_code == status, (url, response.status_code)
-    return response.content.decode()
-
-
-def signed_in(client, user):
-    client.force_login(user)
-    return client
 
 
 def written():
@@ -116,6 +106,8 @@ def test_operators_name_the_tenant_and_viewers_get_no_form(client, world):
     operator = signed_in(client, world.operator)
     html = operator.post("/portal/training/new/", FORM).content.decode()
     assert "Required: the slug of the tenant" in html
+    html = operator.post("/portal/training/new/", FORM | {"tenant": "nope"}).content.decode()
+    assert '<ul class="errorlist" data-errors="tenant"><li>Not found.</li>' in html
     assert operator.post("/portal/training/new/", FORM | {"tenant": "beta"}).status_code == 302
     assert TaskGroup.objects.get(name="llm").tenant == world.tenants["beta"]
     viewer = signed_in(client, world.users["acme-viewer"])

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 from django.contrib import messages
-from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -16,7 +15,7 @@ from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404, visible
 from apps.nodes.choices import GpuVendor
 from apps.portal.access import portal_page
-from apps.portal.pages.common import choice, paginate, through_api
+from apps.portal.pages.common import choice, paginate, through_api_for_a_tenant
 from apps.portal.pages.tasks import REASON_CODES, REMOVED_BY, lines, may_create, pairs
 from apps.tasks import services
 from apps.tasks.api.serializers import TaskGroupCreateSerializer
@@ -83,14 +82,11 @@ def training_new(request):
     policy.check_may_create_tasks(principal, principal.tenant)
     errors: dict[str, list[str]] = {}
     if request.method == "POST":
-        try:
-            group, errors = through_api(
-                TaskGroupCreateSerializer,
-                form_to_request(request.POST, principal),
-                lambda data: submit_group(principal, data),
-            )
-        except Http404:
-            errors = {"tenant": ["Not found."]}
+        group, errors = through_api_for_a_tenant(
+            TaskGroupCreateSerializer,
+            form_to_request(request.POST, principal),
+            lambda data: submit_group(principal, data),
+        )
         if not errors:
             messages.success(request, f"Training group #{group.pk} queued: {group.world_size} workers.")
             return redirect("portal:training-group", group.pk)
