@@ -242,6 +242,8 @@ SPECTACULAR_SETTINGS = {
         "TaskKindEnum": "apps.tasks.choices.TaskKind",
         "ChannelKindEnum": "apps.alerts.choices.ChannelKind",
         "DeliveryStatusEnum": "apps.alerts.choices.DeliveryStatus",
+        "TaskGroupStatusEnum": "apps.tasks.choices.GroupStatus",
+        "TaskGroupKindEnum": "apps.tasks.choices.GroupKind",
     },
 }
 
@@ -267,6 +269,9 @@ METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_
 HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS = env.float(
     "HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS", 0.0 if HETEROFLOW_ENV == "test" else 5.0, low=0.0, high=60.0
 )
+# Task groups: the most workers one group may ask for (POST /api/v1/task-groups,
+# world_size); more is 400. Its members are created in one transaction.
+HETEROFLOW_GROUP_MAX_WORLD_SIZE = env.int("HETEROFLOW_GROUP_MAX_WORLD_SIZE", 1_024, low=1, high=65_536)
 # Task groups: how the scheduler decides that a group's nodes share one private network
 # (apps/nodes/network.py). "prove": only explicit, agreeing labels count; "assume_same":
 # one VPC is assumed unless a difference is proven (docs/scheduler.md#task-groups).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -63,7 +63,9 @@ def exception_handler(exc, context):
     if not isinstance(code, str):
         code = "error"
     message = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
-    if isinstance(exc, exceptions.NotFound) or getattr(exc, "status_code", None) == 404:
+    # Http404 (get_visible_or_404) as well: the same words whether the row is absent or
+    # outside the caller's scope, never the model's name
+    if isinstance(exc, (exceptions.NotFound, Http404)) or getattr(exc, "status_code", None) == 404:
         code, message = "not_found", "Not found."
     response.data = error_body(code, str(message))
     return response

@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import views
-from apps.portal.pages import account, alerts, nodes, server, tasks
+from apps.portal.pages import account, alerts, nodes, server, tasks, training
 
 app_name = "portal"
 urlpatterns = [
@@ -28,6 +28,11 @@ urlpatterns = [
     path("tasks/new/", tasks.task_new, name="task-new"),
     path("tasks/<int:pk>/", tasks.task_detail, name="task"),
     path("tasks/<int:pk>/stop/", tasks.task_stop, name="task-stop"),
+    # training (task groups)
+    path("training/", training.training_list, name="training"),
+    path("training/new/", training.training_new, name="training-new"),
+    path("training/<int:pk>/", training.training_detail, name="training-group"),
+    path("training/<int:pk>/stop/", training.training_stop, name="training-stop"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),

@@ -94,7 +94,7 @@ class GroupStatus(models.TextChoices):
 
 
 # member statuses that mean the attempt is being ended (a stop, a preemption, a drain)
-_ENDING = frozenset({S.STOPPING, S.DRAINING, S.PREEMPTING})
+ENDING = frozenset({S.STOPPING, S.DRAINING, S.PREEMPTING})
 
 
 def group_status(member_statuses) -> str:
@@ -116,7 +116,7 @@ def group_status(member_statuses) -> str:
         if S.STOPPED in ended or S.CANCELLED in ended:
             return GroupStatus.STOPPED
         return GroupStatus.COMPLETED
-    if any(status in _ENDING for status in statuses) or any(status != S.COMPLETED for status in ended):
+    if any(status in ENDING for status in statuses) or any(status != S.COMPLETED for status in ended):
         return GroupStatus.STOPPING
     if all(status == S.PENDING for status in statuses):
         return GroupStatus.PENDING

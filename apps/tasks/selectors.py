@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Case, CharField, Count, F, Prefetch, Q, Sum, Value, When
 
-from apps.tasks.choices import HOLDING, TaskStatus
-from apps.tasks.models import Task, UsageRecord
+from apps.tasks.choices import ENDING, HOLDING, TERMINAL, GroupStatus, TaskStatus
+from apps.tasks.models import Task, TaskEvent, TaskGroup, UsageRecord
 
 
 def task_list(principal, *, status: str = "", kind: str = "", node_id: str = "", tenant_slug: str = "", q: str = ""):
@@ -59,3 +59,67 @@ def scheduling_summary(principal) -> dict:
     decided = counts["placed"] + counts["unplaced"]
     counts["rate"] = round(100.0 * counts["placed"] / decided, 1) if decided else None
     return counts
+
+
+# --- task groups ---------------------------------------------------------------------------
+
+# The member counts choices.group_status decides from, for its SQL form below.
+_GROUP_COUNTS = {
+    "_members": Q(),
+    "_ended": Q(tasks__status__in=TERMINAL),
+    "_failed": Q(tasks__status=TaskStatus.FAILED),
+    "_stopped": Q(tasks__status__in=(TaskStatus.STOPPED, TaskStatus.CANCELLED)),
+    "_ended_not_completed": Q(tasks__status__in=TERMINAL) & ~Q(tasks__status=TaskStatus.COMPLETED),
+    "_ending": Q(tasks__status__in=ENDING),
+    "_pending": Q(tasks__status=TaskStatus.PENDING),
+    "_running_or_completed": Q(tasks__status__in=(TaskStatus.RUNNING, TaskStatus.COMPLETED)),
+}
+
+
+def with_group_status(groups):
+    """Each group with `derived_status`: choices.group_status written in SQL over its
+    members' statuses, so a list filters on it in the database (a test holds the two to
+    the same answers, case by case)."""
+    all_ended = Q(_ended=F("_members"))
+    return groups.annotate(
+        **{name: Count("tasks", filter=condition or None) for name, condition in _GROUP_COUNTS.items()}
+    ).annotate(
+        derived_status=Case(
+            When(_members=0, then=Value(GroupStatus.PENDING)),
+            When(all_ended & Q(_failed__gt=0), then=Value(GroupStatus.FAILED)),
+            When(all_ended & Q(_stopped__gt=0), then=Value(GroupStatus.STOPPED)),
+            When(all_ended, then=Value(GroupStatus.COMPLETED)),
+            When(Q(_ending__gt=0) | Q(_ended_not_completed__gt=0), then=Value(GroupStatus.STOPPING)),
+            When(_pending=F("_members"), then=Value(GroupStatus.PENDING)),
+            When(_running_or_completed=F("_members"), then=Value(GroupStatus.RUNNING)),
+            default=Value(GroupStatus.SCHEDULED),
+            output_field=CharField(),
+        )
+    )
+
+
+def task_group_list(groups, *, status: str = ""):
+    """Visible groups (`groups`, already scoped) newest first, each with its status; only
+    those of `status` when given."""
+    groups = groups.with_status().select_related("tenant", "created_by").order_by("-created_at", "-id")
+    if status:
+        groups = with_group_status(groups).filter(derived_status=status)
+    return groups
+
+
+def task_group_detail(groups):
+    """Visible groups (`groups`, already scoped) ready to show one: its status, and its
+    members in rank order with the cards each holds."""
+    members = Task.objects.order_by("rank").select_related("node").prefetch_related("allocations")
+    return (
+        groups.with_status()
+        .select_related("tenant", "created_by")
+        .prefetch_related(Prefetch("tasks", queryset=members))
+    )
+
+
+def task_group_events(group: TaskGroup):
+    """Its members' events, newest first, each with the member's `rank`."""
+    return (
+        TaskEvent.objects.filter(task__group_id=group.pk).annotate(rank=F("task__rank")).order_by("-created_at", "-id")
+    )

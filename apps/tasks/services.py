@@ -19,9 +19,9 @@ from apps.core.clock import utcnow
 from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import release
-from apps.tasks.choices import TERMINAL, TRANSITIONS
+from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupStatus, TaskKind, group_status
 from apps.tasks.choices import TaskStatus as S
-from apps.tasks.models import Task, TaskEvent, TenantUsage
+from apps.tasks.models import Task, TaskEvent, TaskGroup, TenantUsage
 
 logger = logging.getLogger(__name__)
 
@@ -132,14 +132,17 @@ def create_task(*, tenant, created_by=None, **fields) -> Task:
 INSERT_BATCH = 1000  # rows per INSERT statement of a batch
 
 
-def create_tasks(tenant, specs, *, created_by=None) -> list[Task]:
+def create_tasks(tenant, specs, *, created_by=None, before_insert=None) -> list[Task]:
     """Queue tasks, all or none: `specs` are Task fields, one dict per task. The quota is
     checked once for them all against the tenant's usage row, locked (FOR UPDATE) for
     the check and the insert, so two concurrent creates cannot both pass a quota with
     room for one; the triggers on `tasks` add the new rows to that counter in the same
     transaction. The rows are built before the lock is taken, so the critical section
     is two statements: the lock and the (bulk) insert. Conflict (quota_exceeded) when
-    they do not fit: nothing is created."""
+    they do not fit: nothing is created. `before_insert()`, if given, runs under the
+    lock once the quota check has passed, just before the insert, in the same
+    transaction (create_group writes the group row there, so a refused group writes
+    nothing)."""
     tasks = [Task(tenant=tenant, created_by=created_by, **spec) for spec in specs]
     if not tasks:
         return []
@@ -149,6 +152,8 @@ def create_tasks(tenant, specs, *, created_by=None) -> list[Task]:
         use = TenantUsage.objects.locked(tenant.pk).as_use()
         problems = quota_problems(tenant, use, tasks=len(tasks), gpus=gpus, gpu_memory_mb=memory)
         if not problems:
+            if before_insert is not None:
+                before_insert()
             Task.objects.bulk_create(tasks, batch_size=INSERT_BATCH)
             transaction.on_commit(ask_for_a_cycle)
             return tasks
@@ -218,6 +223,77 @@ def stop_task(task: Task) -> Task:
             # already ending: asking again is not an error
     task.refresh_from_db()
     return task
+
+
+# --- task groups: submitting one, stopping one ------------------------------------------
+
+# A group's own columns; the rest of a group spec (timeout_seconds) is its members'.
+GROUP_FIELDS = frozenset(f.name for f in TaskGroup._meta.concrete_fields) - {"id", "tenant", "created_by"}
+
+
+def member_name(group_name: str, rank: int) -> str:
+    """`<group>-<rank>`, cut to the task name's column."""
+    suffix = f"-{rank}"
+    return group_name[: Task._meta.get_field("name").max_length - len(suffix)] + suffix
+
+
+def create_group(tenant, spec: dict, *, created_by=None) -> TaskGroup:
+    """Queue a task group: its row and its `world_size` members, ordinary training tasks
+    of ranks 0…n-1 with `gpus_per_worker` cards of exactly `gpu_type` each and the
+    group's image, command, env, volumes, checkpoint path, priority and labels (the
+    agent resumes each from the checkpoint path as it does any task's). All or nothing:
+    the members go through create_tasks, which checks the quota for the whole group at
+    once under the tenant's lock and writes the group row there (before_insert), after
+    the check passed; a group that does not fit is refused whole (Conflict
+    quota_exceeded) and nothing is written. `spec` holds TaskGroup fields and,
+    optionally, the members' `timeout_seconds`."""
+    unknown = set(spec) - GROUP_FIELDS - {"timeout_seconds"}
+    if unknown:
+        raise TypeError(f"not fields of a task group: {', '.join(sorted(unknown))}")
+    group = TaskGroup(
+        tenant=tenant, created_by=created_by, **{name: value for name, value in spec.items() if name in GROUP_FIELDS}
+    )
+    member = {
+        "kind": TaskKind.TRAINING,
+        "group": group,  # its id is set once before_insert has saved it
+        "image": group.image,
+        "command": group.command,
+        "env": group.env,
+        "volumes": group.volumes,
+        "gpu_required": group.gpus_per_worker,
+        "gpu_type": group.gpu_type,
+        "priority": group.priority,
+        "labels": group.labels,
+        "checkpoint_path": group.checkpoint_path,
+        "preemptible": False,
+    }
+    if "timeout_seconds" in spec:
+        member["timeout_seconds"] = spec["timeout_seconds"]
+    specs = [{**member, "name": member_name(group.name, rank), "rank": rank} for rank in range(group.world_size)]
+    create_tasks(tenant, specs, created_by=created_by, before_insert=group.save)
+    return group
+
+
+ENDED_GROUP = (GroupStatus.COMPLETED, GroupStatus.FAILED, GroupStatus.STOPPED)
+
+
+def stop_group(group: TaskGroup) -> TaskGroup:
+    """Stop every member of a group through the one stop intent (stop_tasks): the queued
+    ones cancelled, the running ones asked to stop. Asking again while it stops is not
+    an error; a group that has already ended is a Conflict (invalid_state), as a task is.
+    Returns the group as it is now."""
+    members = list(Task.objects.filter(group_id=group.pk).values_list("pk", flat=True))
+    with transaction.atomic():
+        if not stop_tasks(members):
+            status = group_status(Task.objects.filter(group_id=group.pk).values_list("status", flat=True))
+            if status in ENDED_GROUP:
+                raise Conflict(f"Task group {group.pk} is {status} and cannot be stopped now.", "invalid_state")
+            if status != GroupStatus.STOPPING:
+                raise Conflict(
+                    f"Task group {group.pk} is {status}, its members in no state to be stopped now.", "invalid_state"
+                )
+            # already stopping: asking again is not an error
+    return TaskGroup.objects.with_status().get(pk=group.pk)
 
 
 # What an agent may report, from each state it may see.

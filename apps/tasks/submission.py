@@ -1,7 +1,8 @@
 """Submitting a task: what POST /api/v1/tasks and the portal's task form both do with
 the data TaskCreateSerializer validated (the tenant, the role, the tenant's secrets, the
 default timeout), before services.create_task. One place, so both say the same. An
-array (POST /api/v1/tasks/batch) is checked the same way once, then created N times."""
+array (POST /api/v1/tasks/batch) is checked the same way once, then created N times; so
+is a task group (POST /api/v1/task-groups), then created as its world_size members."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from rest_framework.exceptions import ValidationError
 
 from apps.confidential.models import Secret
 from apps.tasks import services
-from apps.tasks.models import Task
+from apps.tasks.models import Task, TaskGroup
 from apps.tenants import policy
 from apps.tenants.models import Tenant
 
@@ -62,3 +63,12 @@ def submit_array(principal, validated: dict) -> list[Task]:
     tenant, fields = prepared(principal, data)
     specs = [{**fields, "array_index": index, "array_size": count} for index in range(count)]
     return services.create_tasks(tenant, specs, created_by=principal.user)
+
+
+def submit_group(principal, validated: dict) -> TaskGroup:
+    """Queue a task group from TaskGroupCreateSerializer's validated data: checked as a
+    task is (the tenant, the role, the secrets its env names, the default timeout for its
+    members), then services.create_group, all or nothing against the quota. Raises as
+    submit_task."""
+    tenant, data = prepared(principal, validated)
+    return services.create_group(tenant, data, created_by=principal.user)

@@ -174,3 +174,29 @@ def test_tasks_and_gpus_cannot_be_saved_whole_in_the_admin(admin, world, cluster
     assert Task.objects.get(pk=task.pk).status == "pending"
     gpu = Gpu.objects.get(node_id="shared-1", index=0)
     assert admin.post(f"/admin/nodes/gpu/{gpu.pk}/change/", {"utilization": "1"}).status_code == 403
+
+
+def test_task_groups_list_filter_show_their_members_and_stop_through_the_service(admin, world):
+    waiting = task_services.create_group(
+        world.tenants["acme"], {"name": "llm-a", "world_size": 2, "gpu_type": "nvidia", "image": "x"}
+    )
+    ended = task_services.create_group(
+        world.tenants["beta"], {"name": "llm-b", "world_size": 1, "gpu_type": "ascend", "image": "x"}
+    )
+    task_services.stop_group(ended)
+    listing = admin.get("/admin/tasks/taskgroup/").content.decode()
+    assert "llm-a" in listing and "llm-b" in listing
+    pending = admin.get("/admin/tasks/taskgroup/?status=pending").content.decode()
+    assert "llm-a" in pending and "llm-b" not in pending
+    assert "llm-b" in admin.get("/admin/tasks/taskgroup/?status=stopped").content.decode()
+    assert "llm-a" not in admin.get("/admin/tasks/taskgroup/?gpu_type__exact=ascend").content.decode()
+    assert "llm-b" not in admin.get("/admin/tasks/taskgroup/?q=llm-a").content.decode()
+    page = admin.get(f"/admin/tasks/taskgroup/{waiting.pk}/change/").content.decode()
+    assert "llm-a-0" in page and "llm-a-1" in page  # the members inline
+    html = action(admin, "/admin/tasks/taskgroup/", "stop", waiting.pk)
+    assert f"Task group #{waiting.pk} is stopped." in html
+    assert set(Task.objects.filter(group=waiting).values_list("status", flat=True)) == {"cancelled"}
+    html = action(admin, "/admin/tasks/taskgroup/", "stop", waiting.pk)
+    assert "is stopped and cannot be stopped now" in html
+    assert admin.get("/admin/tasks/taskgroup/add/").status_code == 403
+    assert admin.post(f"/admin/tasks/taskgroup/{waiting.pk}/change/", {"world_size": 9}).status_code == 403

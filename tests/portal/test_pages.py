@@ -13,6 +13,7 @@ from apps.tasks import services as task_services
 from apps.tasks.models import Task
 from apps.tenants.models import ApiKey, Membership
 from tests.headers import bearer, tenant_header
+from tests.portal.client import page, signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -30,17 +31,6 @@ PAGES = [
     "/portal/tasks/1/",
     "/portal/alerts/1/",
 ]
-
-
-def page(client, url, status=200):
-    response = client.get(url)
-    assert response.status_code == status, (url, response.status_code)
-    return response.content.decode()
-
-
-def signed_in(client, user):
-    client.force_login(user)
-    return client
 
 
 def status_bar(html):

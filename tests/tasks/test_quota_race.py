@@ -1,40 +1,15 @@
 """Creates at the same moment against a quota with room for fewer: never more pass than
 fit. Real threads, real connections, the tenant's usage row locked for the check."""
 
-import threading
-
 import pytest
-from django.db import connection
 
 from apps.core.errors import Conflict
-from apps.tasks.models import Task
-from apps.tasks.services import create_task, create_tasks, quota_use
+from apps.tasks.models import Task, TaskGroup
+from apps.tasks.services import create_group, create_task, create_tasks, quota_use
 from apps.tenants import services
+from tests.concurrency import together
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def together(threads: int, work) -> list:
-    """work(i) in `threads` threads released at once, each on its own connection; the
-    results in the order they finished."""
-    barrier = threading.Barrier(threads)
-    results, lock = [], threading.Lock()
-
-    def run(i):
-        try:
-            barrier.wait(10)
-            result = work(i)
-        finally:
-            connection.close()
-        with lock:
-            results.append(result)
-
-    started = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    for thread in started:
-        thread.start()
-    for thread in started:
-        thread.join(60)
-    return results
 
 
 def test_concurrent_creates_cannot_both_pass_a_quota_with_room_for_one():
@@ -85,4 +60,33 @@ def test_racing_creates_and_batches_through_the_counter_never_overrun_the_quota(
         assert quota_use(tenant) == {"tasks": rows, "gpus": rows, "gpu_memory_mb": 0}
     finally:
         Task.objects.filter(tenant=tenant).delete()
+        services.delete_tenant(tenant)
+
+
+def test_two_groups_racing_for_room_for_one_leave_one_whole_group_and_nothing_of_the_other():
+    """A group's members are counted against the quota at once, under the same lock: of
+    two 2 × 4-GPU groups submitted together against room for 8 GPUs, one is created with
+    both members and the other leaves neither its row nor a member."""
+    tenant = services.create_tenant(name="Group Race", slug="group-race", max_gpus=8)
+    try:
+
+        def submit(i):
+            try:
+                group = create_group(
+                    tenant, {"name": f"g{i}", "world_size": 2, "gpus_per_worker": 4, "gpu_type": "nvidia", "image": "x"}
+                )
+                return group.pk
+            except Conflict:
+                return "refused"
+
+        outcomes = together(2, submit)
+        (created,) = [outcome for outcome in outcomes if outcome != "refused"]
+        assert outcomes.count("refused") == 1
+        assert list(TaskGroup.objects.filter(tenant=tenant).values_list("pk", flat=True)) == [created]
+        rows = sorted(Task.objects.filter(tenant=tenant).values_list("group_id", "rank"))
+        assert rows == [(created, 0), (created, 1)]
+        assert quota_use(tenant) == {"tasks": 2, "gpus": 8, "gpu_memory_mb": 0}
+    finally:
+        Task.objects.filter(tenant=tenant).delete()
+        TaskGroup.objects.filter(tenant=tenant).delete()
         services.delete_tenant(tenant)

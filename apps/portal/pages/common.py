@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.core.paginator import Paginator
+from django.http import Http404
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
 from apps.core.errors import Conflict
@@ -47,3 +48,12 @@ def through_api(serializer_class, data: dict, act):
         return None, error_messages(exc)
     except (PermissionDenied, Conflict) as exc:
         return None, {"__all__": flatten(exc.detail)}
+
+
+def through_api_for_a_tenant(serializer_class, data: dict, act):
+    """through_api for a submit form whose body may name a tenant (operators do): a tenant
+    the principal cannot see (the API's 404) is that field's error, as the API answers."""
+    try:
+        return through_api(serializer_class, data, act)
+    except Http404:
+        return None, {"tenant": ["Not found."]}

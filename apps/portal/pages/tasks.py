@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 from django.contrib import messages
-from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -15,7 +14,7 @@ from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404
 from apps.nodes.choices import GpuVendor
 from apps.portal.access import portal_page
-from apps.portal.pages.common import choice, paginate, through_api
+from apps.portal.pages.common import choice, paginate, through_api_for_a_tenant
 from apps.tasks import services
 from apps.tasks.api.serializers import TaskCreateSerializer
 from apps.tasks.choices import TaskKind, TaskStatus
@@ -105,14 +104,11 @@ def task_new(request):
     policy.check_may_create_tasks(principal, principal.tenant)
     errors: dict[str, list[str]] = {}
     if request.method == "POST":
-        try:
-            task, errors = through_api(
-                TaskCreateSerializer,
-                form_to_request(request.POST, principal),
-                lambda data: submit_task(principal, data),
-            )
-        except Http404:
-            errors = {"tenant": ["Not found."]}
+        task, errors = through_api_for_a_tenant(
+            TaskCreateSerializer,
+            form_to_request(request.POST, principal),
+            lambda data: submit_task(principal, data),
+        )
         if not errors:
             messages.success(request, f"Task #{task.pk} queued.")
             return redirect("portal:task", task.pk)

@@ -1,12 +1,14 @@
 import re
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.pagination import LIMIT_HELP, MAX_LIMIT, PageQuerySerializer
 from apps.core.serializers import StrictSerializer
-from apps.tasks.choices import TaskKind, TaskStatus
-from apps.tasks.models import Task
+from apps.nodes.choices import GpuVendor
+from apps.tasks.choices import GroupKind, GroupStatus, GroupStrategy, TaskKind, TaskStatus
+from apps.tasks.models import Task, TaskGroup
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -235,3 +237,149 @@ class TaskEventSerializer(serializers.Serializer):
     details = serializers.DictField()
     node = serializers.CharField(source="node_id", allow_null=True)
     created_at = serializers.DateTimeField()
+
+
+# --- task groups ---------------------------------------------------------------------------
+
+
+class TaskGroupCreateSerializer(StrictSerializer):
+    """A task group: `world_size` workers of `gpus_per_worker` cards of exactly `gpu_type`
+    each, all running the same image and command (POST /api/v1/task-groups)."""
+
+    tenant = serializers.CharField(required=False, help_text="Tenant slug; operators only, defaults to yours.")
+    name = serializers.CharField(max_length=200)
+    kind = serializers.ChoiceField(
+        choices=GroupKind.choices,
+        default=GroupKind.TRAINING,
+        help_text="training (inference groups come with inference services and are refused for now)",
+    )
+    strategy = serializers.ChoiceField(
+        choices=GroupStrategy.choices,
+        default=GroupStrategy.DDP,
+        help_text="how the workers split the model: tp packs them within a node, pp spreads them across nodes",
+        error_messages={"invalid_choice": f'"{{input}}" is not a strategy: one of {", ".join(GroupStrategy.values)}.'},
+    )
+    world_size = serializers.IntegerField(
+        min_value=1, help_text="workers, one task each (at most HETEROFLOW_GROUP_MAX_WORLD_SIZE, 1,024 by default)"
+    )
+    gpus_per_worker = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    gpu_type = serializers.ChoiceField(
+        choices=GpuVendor.choices,
+        help_text="every worker on this vendor's cards, never another",
+        error_messages={
+            "invalid_choice": '"{input}" is not a known GPU vendor: one of ' + ", ".join(GpuVendor.values) + "."
+        },
+    )
+    image = serializers.CharField(max_length=500)
+    command = serializers.ListField(
+        child=serializers.CharField(max_length=10_000), required=False, default=list, max_length=1000
+    )
+    env = serializers.DictField(child=EnvValueField(), required=False, default=dict)
+    volumes = VolumeSerializer(many=True, required=False, default=list)
+    checkpoint_path = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
+    priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
+    labels = serializers.DictField(
+        child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
+    )
+    timeout_seconds = serializers.IntegerField(
+        min_value=1, max_value=31 * 86_400, required=False, help_text="each worker's; default as for tasks"
+    )
+
+    validate_env = TaskCreateSerializer.validate_env  # a task's rule for its env, word for word
+
+    def validate_kind(self, kind):
+        if kind != GroupKind.TRAINING:
+            raise serializers.ValidationError(
+                f"Only training groups can be submitted for now; {kind} groups come with inference services."
+            )
+        return kind
+
+    def validate_world_size(self, world_size):
+        if world_size > settings.HETEROFLOW_GROUP_MAX_WORLD_SIZE:
+            raise serializers.ValidationError(
+                f"Ensure this value is less than or equal to {settings.HETEROFLOW_GROUP_MAX_WORLD_SIZE}."
+            )
+        return world_size
+
+
+class TaskGroupMemberSerializer(serializers.ModelSerializer):
+    """A worker of a group: its task, where it runs and how it is doing."""
+
+    gpu_indices = serializers.SerializerMethodField(help_text="the cards it holds on its node")
+
+    class Meta:
+        model = Task
+        fields = [
+            "id",
+            "rank",
+            "name",
+            "status",
+            "node",
+            "host_port",
+            "gpu_indices",
+            "exit_code",
+            "error_message",
+            "schedule_reason",
+            "started_at",
+            "finished_at",
+        ]
+
+    def get_gpu_indices(self, task) -> list[int]:
+        return sorted(allocation.gpu_index for allocation in task.allocations.all())
+
+
+class TaskGroupSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    status = serializers.ChoiceField(
+        choices=GroupStatus.choices, read_only=True, help_text="derived from the members' statuses"
+    )
+
+    class Meta:
+        model = TaskGroup
+        fields = [
+            "id",
+            "tenant",
+            "name",
+            "kind",
+            "strategy",
+            "status",
+            "world_size",
+            "gpus_per_worker",
+            "gpu_type",
+            "image",
+            "command",
+            "env",
+            "volumes",
+            "checkpoint_path",
+            "priority",
+            "labels",
+            "network",
+            "schedule_reason",
+            "attempts",
+            "created_by",
+            "created_at",
+            "updated_at",
+        ]
+
+
+class TaskGroupDetailSerializer(TaskGroupSerializer):
+    members = serializers.SerializerMethodField(help_text="the workers, in rank order")
+
+    class Meta(TaskGroupSerializer.Meta):
+        fields = [*TaskGroupSerializer.Meta.fields, "members"]
+
+    @extend_schema_field(TaskGroupMemberSerializer(many=True))
+    def get_members(self, group):
+        return TaskGroupMemberSerializer(group.tasks.all(), many=True).data
+
+
+class TaskGroupListQuerySerializer(PageQuerySerializer):
+    status = serializers.ChoiceField(choices=GroupStatus.choices, required=False)
+
+
+class TaskGroupEventSerializer(TaskEventSerializer):
+    """A member's event, with the member it happened to."""
+
+    task = serializers.IntegerField(source="task_id")
+    rank = serializers.IntegerField(help_text="the rank of the member it happened to")

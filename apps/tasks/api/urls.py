@@ -12,4 +12,8 @@ urlpatterns = [
     path("tasks/<int:pk>/container-lost", views.ContainerLostView.as_view(), name="task-container-lost"),
     path("tasks/<int:pk>/stop", views.TaskStopView.as_view(), name="task-stop"),
     path("tasks/<int:pk>/cancel", views.TaskStopView.as_view(), name="task-cancel"),
+    path("task-groups", views.TaskGroupListView.as_view(), name="task-group-list"),
+    path("task-groups/<int:pk>", views.TaskGroupDetailView.as_view(), name="task-group-detail"),
+    path("task-groups/<int:pk>/stop", views.TaskGroupStopView.as_view(), name="task-group-stop"),
+    path("task-groups/<int:pk>/events", views.TaskGroupEventsView.as_view(), name="task-group-events"),
 ]

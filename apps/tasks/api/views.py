@@ -13,10 +13,10 @@ from apps.core.errors import Conflict
 from apps.core.views import ScopedAPIView
 from apps.tasks import services
 from apps.tasks.api import serializers as s
-from apps.tasks.models import Task
+from apps.tasks.models import Task, TaskGroup
 from apps.tasks.ranks import wiring_env
-from apps.tasks.selectors import task_list, task_stats
-from apps.tasks.submission import submit_array, submit_task
+from apps.tasks.selectors import task_group_detail, task_group_events, task_group_list, task_list, task_stats
+from apps.tasks.submission import submit_array, submit_group, submit_task
 from apps.tenants import policy
 
 
@@ -250,3 +250,74 @@ class ContainerLostView(APIView):
             raise Conflict(f"Task {task.pk} is {task.status}; nothing to decide.", "status_changed")
         code = status.HTTP_202_ACCEPTED if outcome.verdict == Verdict.UNDECIDED else status.HTTP_200_OK
         return Response({"task_id": task.pk, "verdict": outcome.verdict, "status": task.status}, status=code)
+
+
+# --- task groups -----------------------------------------------------------------------------
+
+
+class TaskGroupListView(ScopedAPIView, generics.ListAPIView):
+    """The caller's task groups, newest first, paged; `?status=` filters on the status
+    derived from the members (in SQL). POST queues a group: all or nothing."""
+
+    queryset = TaskGroup.objects.all()
+    serializer_class = s.TaskGroupSerializer
+
+    def get_queryset(self):
+        return task_group_list(super().get_queryset(), status=self.params.get("status", ""))
+
+    @extend_schema(parameters=[s.TaskGroupListQuerySerializer])
+    def get(self, request, *args, **kwargs):
+        serializer = s.TaskGroupListQuerySerializer(data=request.query_params.dict())
+        serializer.is_valid(raise_exception=True)
+        self.params = serializer.validated_data
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(request=s.TaskGroupCreateSerializer, responses={201: s.TaskGroupDetailSerializer})
+    def post(self, request):
+        serializer = s.TaskGroupCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        group = submit_group(request.auth, serializer.validated_data)
+        return Response(
+            s.TaskGroupDetailSerializer(task_group_detail(TaskGroup.objects.all()).get(pk=group.pk)).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class TaskGroupView(ScopedAPIView):
+    """One group by the id in its URL, among those the caller may see (404 otherwise)."""
+
+    queryset = TaskGroup.objects.all()
+
+    def get_queryset(self):
+        return task_group_detail(super().get_queryset())
+
+
+class TaskGroupDetailView(TaskGroupView):
+    """A group with its members in rank order (node, status, host port, cards), its
+    network decision and reason, why the scheduler has not placed it, its attempts."""
+
+    @extend_schema(responses=s.TaskGroupDetailSerializer)
+    def get(self, request, pk):
+        return Response(s.TaskGroupDetailSerializer(self.get_object()).data)
+
+
+class TaskGroupStopView(TaskGroupView):
+    """Stop every member: the queued ones are cancelled, the running ones asked to stop.
+    Asking again while it stops is 200; a group that has ended is 409."""
+
+    @extend_schema(request=None, responses=s.TaskGroupDetailSerializer)
+    def post(self, request, pk):
+        group = self.get_object()
+        policy.check_may_stop_task(request.auth, group)
+        services.stop_group(group)
+        return Response(s.TaskGroupDetailSerializer(self.get_object()).data)
+
+
+class TaskGroupEventsView(TaskGroupView):
+    """The members' task events, each with its rank, newest first, paged."""
+
+    @extend_schema(responses=s.TaskGroupEventSerializer(many=True))
+    def get(self, request, pk):
+        group = self.get_object()
+        page = self.paginate_queryset(task_group_events(group))
+        return self.get_paginated_response(s.TaskGroupEventSerializer(page, many=True).data)
