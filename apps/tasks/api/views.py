@@ -137,8 +137,14 @@ class TaskDetailView(TaskView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         # a task sent back to the queue (preemption confirmed, or forced) has left its
-        # node: the retried confirmation must still learn that it lost (409), not 404
-        task = get_object_or_404(Task.objects.filter(Q(node_id=data["node_id"]) | Q(node__isnull=True)), pk=pk)
+        # node: the retried confirmation must still learn that it lost (409), not 404;
+        # so must a group member placed elsewhere since (its attempt here ended)
+        task = get_object_or_404(
+            Task.objects.filter(Q(node_id=data["node_id"]) | Q(node__isnull=True) | Q(group__isnull=False)), pk=pk
+        )
+        late = services.late_group_report(task, data["node_id"])
+        if late:
+            raise Conflict(late, "attempt_ended")
         try:
             won = services.agent_report(
                 task,
@@ -151,6 +157,9 @@ class TaskDetailView(TaskView):
         except IllegalTransition as exc:
             raise ValidationError({"status": [str(exc)]}) from None
         task.refresh_from_db()
+        late = not won and services.late_group_report(task, data["node_id"], lost=True)
+        if late:
+            raise Conflict(late, "attempt_ended")
         if not won:
             raise Conflict(
                 f"Task {task.pk} is {task.status}, not {data['from_status']}; nothing changed.", "status_changed"
