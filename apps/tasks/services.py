@@ -570,14 +570,18 @@ def report_group_member(task: Task, *, from_status: str, to_status: str, changes
         return False
 
 
-def late_group_report(task: Task, node_id: str, *, lost: bool = False) -> str:
+def late_group_report(task: Task, node_id: str, *, attempt: int | None = None, lost: bool = False) -> str:
     """Why an agent's report on a group member is about an attempt that has ended ("" if
-    it is not): the member is placed on another node now, or (`lost`: its compare-and-set
-    lost) it is back in the queue, off its node. Such a report is refused (409
-    attempt_ended) and never moves the member of a later attempt."""
+    it is not): it names another `attempt` than the group's (the agent echoes the one it
+    was handed), the member is placed on another node now, or (`lost`: its
+    compare-and-set lost) it is back in the queue, off its node. Such a report is refused
+    (409 attempt_ended) and never moves the member of a later attempt."""
     if task.group_id is None:
         return ""
     where = f"Task {task.pk} (rank {task.rank} of task group {task.group_id})"
+    current = task.group.attempts
+    if attempt is not None and attempt != current:
+        return f"{where} is in attempt {current} now: this report is about attempt {attempt}; nothing changed."
     if task.node_id is not None and task.node_id != node_id:
         return (
             f"{where} is {task.status} on node {task.node_id} now: this report from node {node_id} is about "

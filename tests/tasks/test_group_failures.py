@@ -277,3 +277,27 @@ def test_a_late_report_from_an_ended_attempt_is_refused(world, nodes, api):
     # a task outside a group keeps its answer: not on that node, not found
     single = Task.objects.create(tenant=world.tenants["acme"], name="single", node=nodes[0], status="running")
     assert api.put(f"/api/v1/tasks/{single.pk}", done, format="json", **AGENT).status_code == 404
+
+
+def test_a_report_naming_an_ended_attempt_never_moves_the_next_one_on_the_same_node(world, api):
+    make_node("n0", gpus=8)  # one node: the group is placed again where it was
+    group = running_group(world.tenants["acme"], workers=2, gpus=4)
+    rank1 = members(group)[1]
+    hand_out = api.get("/api/v1/tasks", {"node_id": "n0", "status": "running"}, **AGENT).json()["results"]
+    assert {task["attempt"] for task in hand_out} == {1}
+    agent_report(members(group)[0], from_status="running", to_status="failed", exit_code=1)
+    confirm_stops(group)
+    assert run_cycle().groups_bound == [group.pk]
+    scheduled = api.get("/api/v1/tasks", {"node_id": "n0", "status": "scheduled"}, **AGENT).json()["results"]
+    assert {task["attempt"] for task in scheduled} == {2}
+    for task in members(group):
+        agent_report(task, from_status="scheduled", to_status="running")
+    # attempt 1's outcome for rank 1, retried late, from the same node: refused
+    late = {"node_id": "n0", "from_status": "running", "status": "failed", "exit_code": 1, "attempt": 1}
+    answer = api.put(f"/api/v1/tasks/{rank1.pk}", late, format="json", **AGENT)
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "attempt_ended"
+    assert "is in attempt 2 now: this report is about attempt 1" in answer.json()["error"]["message"]
+    assert statuses(group) == ["running", "running"]
+    # the current attempt's own report goes through
+    done = late | {"status": "completed", "exit_code": 0, "attempt": 2}
+    assert api.put(f"/api/v1/tasks/{rank1.pk}", done, format="json", **AGENT).json()["status"] == "completed"

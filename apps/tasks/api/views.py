@@ -46,6 +46,8 @@ def agent_task(task: Task) -> dict:
         missing = [*missing, task.registry_auth["password"]["secret"]]
     # the cards it holds, for the vendor's visibility variable (NVIDIA_VISIBLE_DEVICES, …)
     data["gpu_indices"] = sorted(task.allocations.values_list("gpu_index", flat=True))
+    if task.group_id is not None:  # echoed in the agent's reports (services.late_group_report)
+        data["attempt"] = task.group.attempts
     if missing:
         data["missing_secrets"] = missing
     return data
@@ -73,7 +75,7 @@ class TaskListView(generics.ListAPIView):
                 raise ValidationError({"limit": [f"Ensure this value is less than or equal to {s.AGENT_MAX_LIMIT}."]})
             tasks = (
                 Task.objects.filter(node_id=self.params["node_id"], status=self.params["status"])
-                .select_related("tenant", "created_by")
+                .select_related("tenant", "created_by", "group")
                 .in_queue_order()[: self.params.get("limit", s.AGENT_DEFAULT_LIMIT)]
             )
             return Response({"results": [agent_task(task) for task in tasks]})
@@ -142,7 +144,7 @@ class TaskDetailView(TaskView):
         task = get_object_or_404(
             Task.objects.filter(Q(node_id=data["node_id"]) | Q(node__isnull=True) | Q(group__isnull=False)), pk=pk
         )
-        late = services.late_group_report(task, data["node_id"])
+        late = services.late_group_report(task, data["node_id"], attempt=data["attempt"])
         if late:
             raise Conflict(late, "attempt_ended")
         try:
