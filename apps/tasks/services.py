@@ -49,7 +49,7 @@ def move_tasks(task_ids, from_statuses, to_status, **changes) -> list[int]:
     with transaction.atomic():
         # a member of a task group leaving for the queue or failing ends its group's
         # attempt: the groups are locked before the members (see follow_group_losses)
-        members = lock_groups_of(ids) if to_status in GROUP_LOSS_TARGETS else []
+        members = lock_groups_of(ids) if to_status in GROUP_FOLLOWED else []
         won = transition(Task, TRANSITIONS, ids, from_statuses, to_status, **changes)
         if won and to_status in OFF_NODE:
             _count_gpu_time(won, now)
@@ -386,11 +386,14 @@ def requeue_task(task: Task, *, why: str = "requeued by an operator") -> Task:
 #   (HETEROFLOW_GROUP_MAX_ATTEMPTS). The pending members fail with the reason, the others
 #   get the stop intent (stop_tasks).
 # A group someone stopped (a member stopping, stopped or cancelled) is never requeued: a
-# member lost meanwhile is cancelled. Whether a requeued group can be placed at all is the
+# member lost meanwhile is cancelled, and a member whose stop is confirmed (stopped)
+# takes the others with it (the stop intent). Whether a requeued group can be placed at all is the
 # failure policy's to say (apps.alerts.failures.sweep_requeued_groups, the single tasks'
 # capacity verdict).
 
 GROUP_LOSS_TARGETS = (S.PENDING, S.FAILED)
+# moves of a member followed for its group: the losses, and a member's stop confirmed
+GROUP_FOLLOWED = (*GROUP_LOSS_TARGETS, S.STOPPED)
 STOPPED_ON_PURPOSE = frozenset({S.STOPPING, S.STOPPED, S.CANCELLED})
 # members that end the hope of running the group again whole
 NO_RERUN = STOPPED_ON_PURPOSE | {S.FAILED, S.COMPLETED}
@@ -459,7 +462,12 @@ def _follow_group_loss(group: TaskGroup, lost: list[LeavingMember], to_status: s
     cause = f"{attempt}{who} {'failed' if to_status == S.FAILED else 'was lost'}"
     limit = settings.HETEROFLOW_GROUP_MAX_ATTEMPTS
     last = group.attempts >= limit
-    if to_status != S.FAILED and S.FAILED in statuses:
+    if to_status == S.STOPPED:
+        # one member stopped (its own stop, an eviction): the others cannot go on without it
+        live = Task.objects.filter(group=group).exclude(status__in=(*TERMINAL, S.PENDING)).values_list("pk", flat=True)
+        stopped = stop_tasks(list(live))
+        _group_events(group, stopped, "group_stopped", f"{who} was stopped: the group stops with it")
+    elif to_status != S.FAILED and S.FAILED in statuses:
         fail_group(group, "the group has failed")  # a member back from a stop, to a group that failed
     elif to_status != S.FAILED and statuses & STOPPED_ON_PURPOSE:
         # stopped on purpose: what comes back to the queue is cancelled, never placed again

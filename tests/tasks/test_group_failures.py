@@ -301,3 +301,18 @@ def test_a_report_naming_an_ended_attempt_never_moves_the_next_one_on_the_same_n
     # the current attempt's own report goes through
     done = late | {"status": "completed", "exit_code": 0, "attempt": 2}
     assert api.put(f"/api/v1/tasks/{rank1.pk}", done, format="json", **AGENT).json()["status"] == "completed"
+
+
+def test_one_member_stopped_stops_the_group_with_it(world, nodes):
+    group = running_group(world.tenants["acme"])
+    rank1 = members(group)[1]
+    stop_tasks([rank1.pk])  # a person stops one worker (or an eviction does)
+    assert statuses(group) == ["running", "stopping", "running", "running"]
+    assert agent_report(rank1, from_status="stopping", to_status="stopped", exit_code=143)
+    assert statuses(group) == ["stopping", "stopped", "stopping", "stopping"]
+    event = TaskEvent.objects.get(task=members(group)[0], kind="group_stopped")
+    assert event.message == "rank 1 on node n0 was stopped: the group stops with it"
+    confirm_stops(group)
+    assert statuses(group) == ["stopped"] * 4
+    assert TaskGroup.objects.get(pk=group.pk).status == "stopped"
+    assert run_cycle().groups_bound == []
