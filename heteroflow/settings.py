@@ -296,6 +296,9 @@ HETEROFLOW_STALLED_TASK_SECONDS = env.int("HETEROFLOW_STALLED_TASK_SECONDS", 60,
 # A task still queued this long after it was created or last changed (the later of the
 # two) fails. 0: tasks wait as long as it takes.
 HETEROFLOW_QUEUE_TIMEOUT_SECONDS = env.int("HETEROFLOW_QUEUE_TIMEOUT_SECONDS", 86_400, low=0, high=90 * 86_400)
+# A task group whose attempt ends on a lost worker is requeued whole this many times in
+# all (placements, counting the first); the loss that ends the last one fails it whole.
+HETEROFLOW_GROUP_MAX_ATTEMPTS = env.int("HETEROFLOW_GROUP_MAX_ATTEMPTS", 3, low=1, high=100)
 # No scheduler cycle finished for this long while tasks wait: SCHEDULER_STALLED.
 HETEROFLOW_SCHEDULER_STALLED_SECONDS = env.int("HETEROFLOW_SCHEDULER_STALLED_SECONDS", 60, low=15, high=3_600)
 # Agent installation (docs/agent-install.md). `manage.py build_agent_dist` puts the agent

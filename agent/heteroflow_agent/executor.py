@@ -126,6 +126,16 @@ class Outcome:
     exit_code: int | None
     error_message: str = ""
     log_tail: str = ""
+    # a task group member's attempt, as the server handed it out: echoed in the report so
+    # that a report about an attempt that has ended never moves the member of a later one
+    attempt: int | None = None
+
+
+def of_attempt(task: dict, outcome: Outcome | None) -> Outcome | None:
+    """The outcome stamped with the attempt of the task it is about (group members)."""
+    if outcome is not None and isinstance(task.get("attempt"), int):
+        outcome.attempt = task["attempt"]
+    return outcome
 
 
 class Executor:
@@ -293,6 +303,9 @@ class Executor:
     def run(self, task: dict, stop: threading.Event) -> Outcome | None:
         """Start the task and watch it to its end. The outcome to report, or None when
         there is nothing to report (the task was deleted, or the agent is stopping)."""
+        return of_attempt(task, self._run(task, stop))
+
+    def _run(self, task: dict, stop: threading.Event) -> Outcome | None:
         task_id = task["id"]
         if task.get("missing_secrets"):
             # the tenant deleted a secret the task needs: running without it would be wrong
@@ -308,9 +321,12 @@ class Executor:
         except RuntimeError_ as exc:
             return Outcome(task_id, "running", "failed", None, f"could not start: {exc}")
         logger.info("task %s started (%s)", task_id, self.runtime.kind)
-        return self.watch(task, stop, time.monotonic())
+        return self._watch(task, stop, time.monotonic())
 
     def watch(self, task: dict, stop: threading.Event, started: float) -> Outcome | None:
+        return of_attempt(task, self._watch(task, stop, started))
+
+    def _watch(self, task: dict, stop: threading.Event, started: float) -> Outcome | None:
         task_id = task["id"]
         deadline = started + (task.get("timeout_seconds") or 7200)
         next_poll = time.monotonic() + self.stop_poll_seconds
@@ -462,6 +478,8 @@ class Executor:
             "error_message": outcome.error_message[:10_000],
             "log_tail": outcome.log_tail[-64 * 1024 :],
         }
+        if outcome.attempt is not None:
+            body["attempt"] = outcome.attempt
         try:
             response = self.report_client.request("PUT", f"/api/v1/tasks/{outcome.task_id}", json=body)
         except (ServerError, AuthError) as exc:

@@ -11,7 +11,7 @@ import logging
 import time
 
 from heteroflow_agent.client import ServerError
-from heteroflow_agent.executor import STOP_GRACE_SECONDS, TERMINAL, Executor, Outcome
+from heteroflow_agent.executor import STOP_GRACE_SECONDS, TERMINAL, Executor, Outcome, of_attempt
 from heteroflow_agent.runtime import RuntimeError_
 
 logger = logging.getLogger("heteroflow_agent.reconcile")
@@ -113,7 +113,7 @@ class Reconciler:
                         "" if code == 0 else f"exited with code {code} while the agent was away",
                         executor.runtime.logs_tail(task_id),
                     )
-                    executor.deliver(outcome)
+                    executor.deliver(of_attempt(task, outcome))
                     done["reported"].append(task_id)
             elif task.get("status") in ("stopping", "preempting"):
                 executor.watch_adopted(task, state.started_at)  # the watch stops it and confirms

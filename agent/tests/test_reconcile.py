@@ -74,7 +74,28 @@ def test_a_task_left_running_is_adopted_and_reported_when_it_ends(server, runtim
     report = next(r["json"] for r in server.requests if r["method"] == "PUT")
     assert (report["from_status"], report["status"], report["exit_code"]) == ("running", "completed", 0)
     assert "adopted" in report["log_tail"]
+    assert "attempt" not in report  # not a group member: nothing to name
     assert wait_for(lambda: 7 not in runtime.tasks())  # removed once delivered
+    executor.close()
+
+
+def test_a_group_members_report_names_the_attempt_it_is_about(server, runtime):
+    """The server refuses a report about an attempt that has ended (409 attempt_ended):
+    the agent echoes the attempt it was handed, whether it watched or found the end."""
+    start(runtime, 17, ["sh", "-c", "exit 0"])
+    start(runtime, 18, ["sh", "-c", "sleep 1; exit 1"])
+    assert wait_for(lambda: not runtime.state(17).running)
+    ended = {"id": 17, "status": "running", "kind": "training", "attempt": 2}
+    watched = {"id": 18, "status": "running", "kind": "training", "attempt": 3, "timeout_seconds": 60}
+    server.answer("/api/v1/tasks/17", (200, ended), (200, {}))
+    server.answer("/api/v1/tasks/18", *[(200, watched)] * 20)
+    executor = executor_for(server, runtime)
+    done = Reconciler(executor).run_once()
+    assert done["reported"] == [17] and done["adopted"] == [18]
+    assert wait_for(lambda: sum(r["method"] == "PUT" for r in server.requests) == 2)
+    reports = {r["path"]: r["json"] for r in server.requests if r["method"] == "PUT"}
+    assert reports["/api/v1/tasks/17"]["attempt"] == 2
+    assert (reports["/api/v1/tasks/18"]["status"], reports["/api/v1/tasks/18"]["attempt"]) == ("failed", 3)
     executor.close()
 
 

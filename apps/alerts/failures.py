@@ -27,8 +27,16 @@ from apps.nodes import liveness
 from apps.nodes.choices import NodeStatus
 from apps.nodes.models import Node
 from apps.tasks.choices import TaskStatus as S
-from apps.tasks.models import Task
-from apps.tasks.services import move_tasks, quota_problems, quota_use, record_event, record_events, task_event
+from apps.tasks.models import Task, TaskGroup
+from apps.tasks.services import (
+    fail_group,
+    move_tasks,
+    quota_problems,
+    quota_use,
+    record_event,
+    record_events,
+    task_event,
+)
 from apps.tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -172,6 +180,7 @@ class SweepResult:
     failed: list[int] = field(default_factory=list)  # no node alive anywhere: nothing to wait for
     stalled: list[LostRun] = field(default_factory=list)
     queue_timed_out: list[int] = field(default_factory=list)
+    groups_failed: list[int] = field(default_factory=list)  # requeued whole, and nothing alive could run them
     quota_recovered: list[int] = field(default_factory=list)  # tenants back under their quota
     scheduler_stalled: bool = False
 
@@ -181,6 +190,7 @@ def sweep(now=None) -> SweepResult:
     now = now or utcnow()
     result = sweep_offline_nodes(now)
     result.stalled = sweep_stalled_tasks(now)
+    result.groups_failed = sweep_requeued_groups(now)
     result.queue_timed_out = fail_overdue_queue(now)
     result.quota_recovered = recover_quota_alerts()
     result.scheduler_stalled = check_scheduler(now)
@@ -308,6 +318,41 @@ def sweep_stalled_tasks(now=None) -> list[LostRun]:
     for node_id, task_ids in sorted(stalled.items()):
         outcomes += adjudicate_lost_runs(task_ids, node_id=node_id, cause="stalled", now=now)
     return outcomes
+
+
+# Task groups requeued whole (a lost worker ended their attempt, apps.tasks.services) and
+# waiting in the queue, every member pending; found through the pending members' index.
+REQUEUED_GROUPS_SQL = """
+    SELECT g.id, g.gpus_per_worker, g.gpu_type FROM task_groups AS g
+    WHERE g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
+      AND g.attempts > 0 AND g.ended_attempt = g.attempts
+      AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.group_id = g.id AND t.status <> 'pending')
+    ORDER BY g.id
+"""
+
+
+def sweep_requeued_groups(now=None) -> list[int]:
+    """A task group requeued whole fails whole when no live node could run one of its
+    workers: the verdict a single task of `gpus_per_worker` cards of the group's type
+    gets (capacity_verdict). While capacity is alive, or that cannot be told, it waits
+    for the scheduler. Returns the groups failed."""
+    now = now or utcnow()
+    with connection.cursor() as cursor:
+        cursor.execute(REQUEUED_GROUPS_SQL)
+        rows = cursor.fetchall()
+    verdicts: dict[tuple[int, str], Verdict] = {}
+    failed = []
+    for group_id, gpus, gpu_type in rows:
+        verdict = verdicts.setdefault((gpus, gpu_type), capacity_verdict(gpus=gpus, gpu_type=gpu_type, now=now))
+        if verdict != Verdict.FAIL:
+            continue
+        with transaction.atomic():
+            group = TaskGroup.objects.select_for_update().get(pk=group_id)
+            still_waiting = group.ended_attempt == group.attempts and not group.tasks.exclude(status=S.PENDING).exists()
+            reason = f"no live node could run one of its workers ({gpus} {gpu_type or 'any'} cards)"
+            if still_waiting and fail_group(group, f"requeued after attempt {group.attempts}, and {reason}"):
+                failed.append(group_id)
+    return failed
 
 
 def fail_overdue_queue(now=None) -> list[int]:

@@ -55,6 +55,9 @@ class TaskGroup(models.Model):
     network = models.JSONField(default=dict, blank=True, help_text='{"backend", "address", "reason", ...}')
     schedule_reason = models.JSONField(default=dict, blank=True, help_text="why the last cycle did not place it")
     attempts = models.PositiveIntegerField(default=0, help_text="placements so far (a lost worker ends the attempt)")
+    # the attempt (1, 2, …) a lost worker has ended; the attempt under way is live while
+    # this is below `attempts`. Set once per attempt by one compare-and-set (services.end_group_attempt)
+    ended_attempt = models.PositiveIntegerField(default=0, help_text="the last attempt a lost worker ended")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
+from typing import NamedTuple
 
 from django.conf import settings
 from django.core.cache import cache
@@ -45,6 +47,9 @@ def move_tasks(task_ids, from_statuses, to_status, **changes) -> list[int]:
     if to_status != S.RUNNING:
         changes.setdefault("missing_since", None)
     with transaction.atomic():
+        # a member of a task group leaving for the queue or failing ends its group's
+        # attempt: the groups are locked before the members (see follow_group_losses)
+        members = lock_groups_of(ids) if to_status in GROUP_FOLLOWED else []
         won = transition(Task, TRANSITIONS, ids, from_statuses, to_status, **changes)
         if won and to_status in OFF_NODE:
             _count_gpu_time(won, now)
@@ -53,6 +58,8 @@ def move_tasks(task_ids, from_statuses, to_status, **changes) -> list[int]:
                 _settle_usage(won, now)
             if to_status == S.FAILED:
                 _alert_failures(won)
+        if won and members:
+            follow_group_losses([member for member in members if member.pk in set(won)], to_status)
     return won
 
 
@@ -306,6 +313,8 @@ AGENT_MOVES: dict[str, frozenset[str]] = {
     S.PREEMPTING: frozenset({S.PENDING}),
     S.WAKING: frozenset({S.RUNNING, S.FAILED}),
 }
+# the statuses in which a run ends on its own (the agent reports completed or failed)
+RUN_STATUSES = (S.SCHEDULED, S.STARTING, S.RUNNING, S.WAKING)
 
 
 def agent_report(
@@ -322,6 +331,8 @@ def agent_report(
         changes.update(exit_code=exit_code, error_message=error_message[:10_000], log_tail=log_tail)
     if to_status == S.PENDING:  # a preempted task's stop is confirmed: back to the queue
         return bool(requeue_preempted([task.pk]))
+    if task.group_id is not None:
+        return report_group_member(task, from_status=from_status, to_status=to_status, changes=changes)
     return bool(move_tasks(task.pk, [from_status], to_status, **changes))
 
 
@@ -431,3 +442,235 @@ def requeue_task(task: Task, *, why: str = "requeued by an operator") -> Task:
             "invalid_state",
         )
     return task
+
+
+# --- task groups: a lost worker ends the attempt of the whole group (docs/failures.md) -----
+#
+# A group's attempt is one placement of all its members (TaskGroup.attempts, counted at
+# bind). A member moved to the queue (its node given up, its container lost, its run
+# stalled, its run failed, an operator's requeue) or to failed ends the attempt for every
+# member, once: every move to pending or failed locks the members' group rows before its
+# own compare-and-set (lock_groups_of), so two members lost at once, in two transactions,
+# queue on the group row; the first ends the attempt by a compare-and-set on that row
+# (ended_attempt = attempts) and the second finds it ended. The first then
+# - requeues the group whole: the other members go back to the queue the way
+#   requeue_tasks sends any task back (not started: at once; started: its agent stops it
+#   and confirms, or the preemption watchdog forces it after 60 s). The scheduler takes
+#   only whole groups, so the group is placed again once every member is pending;
+# - or fails it whole: when a member failed for good, when a member had completed (a
+#   group runs again only whole), or when this was its last attempt
+#   (HETEROFLOW_GROUP_MAX_ATTEMPTS). The pending members fail with the reason, the others
+#   get the stop intent (stop_tasks).
+# A group someone stopped (a member stopping, stopped or cancelled) is never requeued: a
+# member lost meanwhile is cancelled, and a member whose stop is confirmed (stopped)
+# takes the others with it (the stop intent). Whether a requeued group can be placed at all is the
+# failure policy's to say (apps.alerts.failures.sweep_requeued_groups, the single tasks'
+# capacity verdict).
+
+GROUP_LOSS_TARGETS = (S.PENDING, S.FAILED)
+# moves of a member followed for its group: the losses, and a member's stop confirmed
+GROUP_FOLLOWED = (*GROUP_LOSS_TARGETS, S.STOPPED)
+STOPPED_ON_PURPOSE = frozenset({S.STOPPING, S.STOPPED, S.CANCELLED})
+# members that end the hope of running the group again whole
+NO_RERUN = STOPPED_ON_PURPOSE | {S.FAILED, S.COMPLETED}
+
+
+class LeavingMember(NamedTuple):
+    pk: int
+    group_id: int
+    rank: int
+    node_id: str | None
+    status: str
+
+
+def lock_groups_of(task_ids) -> list[LeavingMember]:
+    """The group members among `task_ids` as they are before a move, their groups' rows
+    locked (in id order) until the transaction ends."""
+    members = [
+        LeavingMember(*row)
+        for row in Task.objects.filter(pk__in=task_ids, group__isnull=False).values_list(
+            "pk", "group_id", "rank", "node_id", "status"
+        )
+    ]
+    if members:
+        groups = TaskGroup.objects.select_for_update().filter(pk__in={m.group_id for m in members}).order_by("pk")
+        list(groups.values_list("pk", flat=True))
+    return members
+
+
+# the groups whose losses are being followed in this context: the moves that following
+# makes of the other members come back through move_tasks and are left alone
+_FOLLOWING: ContextVar[frozenset] = ContextVar("following_group_losses", default=frozenset())
+
+
+class _following:
+    def __init__(self, group_id: int):
+        self.group_id = group_id
+
+    def __enter__(self):
+        self.token = _FOLLOWING.set(_FOLLOWING.get() | {self.group_id})
+
+    def __exit__(self, *exc):
+        _FOLLOWING.reset(self.token)
+
+
+def follow_group_losses(moved: list[LeavingMember], to_status: str) -> None:
+    """What follows from members moved to pending or failed (see above), group by group."""
+    by_group: dict[int, list[LeavingMember]] = {}
+    for member in moved:
+        by_group.setdefault(member.group_id, []).append(member)
+    for group_id, lost in sorted(by_group.items()):
+        if group_id in _FOLLOWING.get():
+            continue
+        with _following(group_id):
+            _follow_group_loss(TaskGroup.objects.get(pk=group_id), lost, to_status)
+
+
+def _follow_group_loss(group: TaskGroup, lost: list[LeavingMember], to_status: str) -> None:
+    statuses = set(Task.objects.filter(group=group).values_list("status", flat=True))
+    ended_now = bool(
+        TaskGroup.objects.filter(pk=group.pk, ended_attempt__lt=F("attempts")).update(
+            ended_attempt=F("attempts"), updated_at=utcnow()
+        )
+    )
+    who = ", ".join(f"rank {m.rank}" + (f" on node {m.node_id}" if m.node_id else "") for m in lost)
+    attempt = f"attempt {group.attempts}: " if group.attempts else ""
+    cause = f"{attempt}{who} {'failed' if to_status == S.FAILED else 'was lost'}"
+    limit = settings.HETEROFLOW_GROUP_MAX_ATTEMPTS
+    last = group.attempts >= limit
+    if to_status == S.STOPPED:
+        # one member stopped (its own stop, an eviction): the others cannot go on without it
+        live = Task.objects.filter(group=group).exclude(status__in=(*TERMINAL, S.PENDING)).values_list("pk", flat=True)
+        stopped = stop_tasks(list(live))
+        _group_events(group, stopped, "group_stopped", f"{who} was stopped: the group stops with it")
+    elif to_status != S.FAILED and S.FAILED in statuses:
+        fail_group(group, "the group has failed")  # a member back from a stop, to a group that failed
+    elif to_status != S.FAILED and statuses & STOPPED_ON_PURPOSE:
+        # stopped on purpose: what comes back to the queue is cancelled, never placed again
+        cancelled = move_tasks([m.pk for m in lost], [S.PENDING], S.CANCELLED)
+        _group_events(group, cancelled, "group_stopped", f"{cause} while the group was being stopped: cancelled")
+    elif to_status == S.FAILED or S.COMPLETED in statuses or (ended_now and last):
+        if S.COMPLETED in statuses:
+            cause += " after another rank had completed; a group runs again only whole"
+        elif last:
+            cause += f", the last attempt allowed (HETEROFLOW_GROUP_MAX_ATTEMPTS = {limit})"
+        fail_group(group, cause, lost=[m.pk for m in lost])
+    elif not ended_now:
+        return  # its attempt was ended already: this member is one of the requeue
+    else:
+        why = f"task group {group.name}: {cause}, the attempt ended"
+        others = Task.objects.filter(group=group, status__in=(*REQUEUE_AT_ONCE, *REQUEUE_AFTER_STOP))
+        requeue_tasks(list(others.values_list("pk", flat=True)), why=why)
+        members = list(Task.objects.filter(group=group).values_list("pk", flat=True))
+        _group_events(
+            group,
+            members,
+            "group_requeued",
+            f"{cause}: the attempt ended and the group is requeued whole "
+            f"(attempt {group.attempts + 1} of at most {limit} once it is placed)",
+        )
+
+
+def fail_group(group: TaskGroup, reason: str, *, lost=()) -> list[int]:
+    """End a group whole as failed: its pending members fail with `reason`, the others
+    get the stop intent (stop_tasks); each of them and the `lost` members (already moved)
+    gets a group_failed event saying why. Returns the members moved."""
+    with transaction.atomic(), _following(group.pk):
+        message = f"task group {group.name} failed: {reason}"
+        members = Task.objects.filter(group=group)
+        failed = move_tasks(
+            list(members.filter(status=S.PENDING).values_list("pk", flat=True)),
+            [S.PENDING],
+            S.FAILED,
+            error_message=message,
+        )
+        live = members.exclude(status__in=(*TERMINAL, S.PENDING)).values_list("pk", flat=True)
+        stopped = stop_tasks(list(live))
+        moved = sorted([*failed, *stopped])
+        _group_events(group, sorted({*moved, *lost}), "group_failed", message)
+    return moved
+
+
+def _group_events(group: TaskGroup, task_ids, kind: str, message: str) -> None:
+    record_events(task_event(pk, kind=kind, message=message, details={"group_id": group.pk}) for pk in task_ids)
+
+
+def group_may_run_again(group: TaskGroup) -> bool:
+    """Whether a lost member would end the group's attempt in a whole requeue: an attempt
+    under way, not its last, and no member failed, completed or stopped on purpose."""
+    return (
+        group.ended_attempt < group.attempts < settings.HETEROFLOW_GROUP_MAX_ATTEMPTS
+        and not Task.objects.filter(group=group, status__in=NO_RERUN).exists()
+    )
+
+
+def report_group_member(task: Task, *, from_status: str, to_status: str, changes: dict) -> bool:
+    """An agent's report on a member of a task group (agent_report), under the group's
+    lock. A failed run, while the group may run again, goes back to the queue instead of
+    failing: that ends the attempt and requeues the group whole (the exit is kept in the
+    member's history). A run that ended on its own (completed or failed) after the server
+    began ending the attempt (the member already stopping or preempting on that node)
+    confirms that end. Otherwise the plain compare-and-set."""
+    with transaction.atomic():
+        group = TaskGroup.objects.select_for_update().get(pk=task.group_id)
+        if to_status == S.FAILED and from_status in RUN_STATUSES and group_may_run_again(group):
+            if move_tasks(task.pk, [from_status], S.PENDING, node=None, host_port=None):
+                exit_code, error = changes.get("exit_code"), changes.get("error_message", "")
+                message = f"its run failed on node {task.node_id}" + (f" ({error[:300]})" if error else "")
+                record_event(
+                    task,
+                    kind="worker_failed_pending",
+                    node_id=task.node_id,
+                    message=f"{message}: attempt {group.attempts} of task group {group.name} ends, "
+                    "back to the queue with the whole group",
+                    details={"exit_code": exit_code, "error_message": error[:2000], "attempt": group.attempts},
+                )
+                raise_alerts(
+                    [
+                        NewAlert(
+                            type=AlertType.TASK_REQUEUED,
+                            severity=Severity.WARNING,
+                            scope=AlertScope.TASK,
+                            key=alert_keys.task_requeued(task.pk, utcnow()),
+                            message=f"Task {task.name} ({task.pk}) requeued with group {group.name}: {message}.",
+                            node_id=task.node_id or "",
+                            task_id=task.pk,
+                            tenant_id=task.tenant_id,
+                            details={"cause": message, "group_id": group.pk, "attempt": group.attempts},
+                        )
+                    ]
+                )
+                return True
+        elif move_tasks(task.pk, [from_status], to_status, **changes):
+            return True
+        if to_status not in (S.COMPLETED, S.FAILED) or from_status not in RUN_STATUSES or task.node_id is None:
+            return False
+        now = Task.objects.filter(pk=task.pk, node_id=task.node_id).values_list("status", flat=True).first()
+        if now == S.PREEMPTING:
+            return bool(requeue_preempted([task.pk]))
+        if now == S.STOPPING:
+            ended = {name: changes[name] for name in ("exit_code", "error_message", "log_tail") if name in changes}
+            return bool(move_tasks(task.pk, [S.STOPPING], S.STOPPED, **ended))
+        return False
+
+
+def late_group_report(task: Task, node_id: str, *, attempt: int | None = None, lost: bool = False) -> str:
+    """Why an agent's report on a group member is about an attempt that has ended ("" if
+    it is not): it names another `attempt` than the group's (the agent echoes the one it
+    was handed), the member is placed on another node now, or (`lost`: its
+    compare-and-set lost) it is back in the queue, off its node. Such a report is refused
+    (409 attempt_ended) and never moves the member of a later attempt."""
+    if task.group_id is None:
+        return ""
+    where = f"Task {task.pk} (rank {task.rank} of task group {task.group_id})"
+    current = task.group.attempts
+    if attempt is not None and attempt != current:
+        return f"{where} is in attempt {current} now: this report is about attempt {attempt}; nothing changed."
+    if task.node_id is not None and task.node_id != node_id:
+        return (
+            f"{where} is {task.status} on node {task.node_id} now: this report from node {node_id} is about "
+            "an attempt that has ended; nothing changed."
+        )
+    if lost and task.node_id is None:
+        return f"{where} is back in the queue with its group: this report is about an ended attempt; nothing changed."
+    return ""

@@ -205,6 +205,13 @@ class AgentReportSerializer(StrictSerializer):
         trim_whitespace=False,
         help_text="the last lines of output, with a terminal report",
     )
+    attempt = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0,
+        help_text="a task group member: the group's attempt the report is about, as handed out",
+    )
 
 
 class TaskLogsSerializer(serializers.Serializer):

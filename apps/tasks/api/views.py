@@ -46,6 +46,8 @@ def agent_task(task: Task) -> dict:
         missing = [*missing, task.registry_auth["password"]["secret"]]
     # the cards it holds, for the vendor's visibility variable (NVIDIA_VISIBLE_DEVICES, …)
     data["gpu_indices"] = sorted(task.allocations.values_list("gpu_index", flat=True))
+    if task.group_id is not None:  # echoed in the agent's reports (services.late_group_report)
+        data["attempt"] = task.group.attempts
     if missing:
         data["missing_secrets"] = missing
     return data
@@ -73,7 +75,7 @@ class TaskListView(generics.ListAPIView):
                 raise ValidationError({"limit": [f"Ensure this value is less than or equal to {s.AGENT_MAX_LIMIT}."]})
             tasks = (
                 Task.objects.filter(node_id=self.params["node_id"], status=self.params["status"])
-                .select_related("tenant", "created_by")
+                .select_related("tenant", "created_by", "group")
                 .in_queue_order()[: self.params.get("limit", s.AGENT_DEFAULT_LIMIT)]
             )
             return Response({"results": [agent_task(task) for task in tasks]})
@@ -137,8 +139,14 @@ class TaskDetailView(TaskView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         # a task sent back to the queue (preemption confirmed, or forced) has left its
-        # node: the retried confirmation must still learn that it lost (409), not 404
-        task = get_object_or_404(Task.objects.filter(Q(node_id=data["node_id"]) | Q(node__isnull=True)), pk=pk)
+        # node: the retried confirmation must still learn that it lost (409), not 404;
+        # so must a group member placed elsewhere since (its attempt here ended)
+        task = get_object_or_404(
+            Task.objects.filter(Q(node_id=data["node_id"]) | Q(node__isnull=True) | Q(group__isnull=False)), pk=pk
+        )
+        late = services.late_group_report(task, data["node_id"], attempt=data["attempt"])
+        if late:
+            raise Conflict(late, "attempt_ended")
         try:
             won = services.agent_report(
                 task,
@@ -151,6 +159,9 @@ class TaskDetailView(TaskView):
         except IllegalTransition as exc:
             raise ValidationError({"status": [str(exc)]}) from None
         task.refresh_from_db()
+        late = not won and services.late_group_report(task, data["node_id"], lost=True)
+        if late:
+            raise Conflict(late, "attempt_ended")
         if not won:
             raise Conflict(
                 f"Task {task.pk} is {task.status}, not {data['from_status']}; nothing changed.", "status_changed"
