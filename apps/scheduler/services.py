@@ -396,6 +396,23 @@ def next_batch_ordered(size: int = BATCH_SIZE) -> list[tuple[TaskReq, tuple]]:
     ]
 
 
+# Whether more single tasks wait than the batch took (the backlog: another cycle at once),
+# and whether any group member waits at all (else the groups query is not run): one
+# statement that reads at most batch + 1 queue entries, where counting would read them all.
+QUEUE_STATE = """
+    SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND group_id IS NULL OFFSET %s),
+           EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
+"""
+
+
+def queue_state(batch_size: int) -> tuple[bool, bool]:
+    """(more single tasks pending than `batch_size`, any group member pending)."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUEUE_STATE, [batch_size])
+        backlog, groups_waiting = cursor.fetchone()
+    return backlog, groups_waiting
+
+
 # The groups whose current members (those not ended) are all pending, every rank there.
 GROUPS_SQL = """
     SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind, g.created_at,
@@ -549,7 +566,8 @@ def bind_all(
         still_valid = [d for d in still_valid if d.task_id in ports]
         now = utcnow()
         bound_rows = bind_rows(still_valid, ports, now)
-        winners = [d for d in still_valid if d.task_id in {row[0] for row in bound_rows}]
+        won = {row[0] for row in bound_rows}
+        winners = [d for d in still_valid if d.task_id in won]
         hosts = {
             node.pk: node
             for node in Node.objects.filter(pk__in={d.node_id for d in members} & alive).only(
@@ -754,12 +772,12 @@ def _run_cycle(batch_size: int) -> CycleResult:
     result = CycleResult()
     clock = PhaseClock(result.phases)
     ordered = next_batch_ordered(batch_size)
-    groups = pending_groups()
     batch = [task for task, _ in ordered]
+    result.backlog, groups_waiting = queue_state(len(batch))
+    groups = pending_groups() if groups_waiting else []
     result.considered = len(batch) + sum(group.world_size for group, _ in groups)
     if not batch and not groups:
         return result
-    result.backlog = Task.objects.filter(status=S.PENDING, group__isnull=True).count() > len(batch)
     # one queue: a group is decided after the singles ahead of it (higher priority, or
     # older at the same priority) and before those behind it
     queue = [item for item, _ in sorted([*ordered, *groups], key=lambda entry: entry[1])]
