@@ -258,6 +258,8 @@ def main() -> int:
 def add_groups(tenants, count: int) -> list:
     """`count` pending task groups (GROUP_SIZES workers × GROUP_CARDS cards in turn, ddp
     and pp in turn, priorities spread over the singles'), as a submission leaves them."""
+    if not count:
+        return []
     from apps.tasks.models import Task, TaskGroup
 
     groups = TaskGroup.objects.bulk_create(
