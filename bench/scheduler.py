@@ -4,8 +4,14 @@ moving. Prints binds per second, time per 200-task cycle (and where it goes: que
 snapshot, decide, bind, preempt, explain), queries per cycle, and the in-memory decision
 time per task (p50/p99) and per 200-task batch.
 
-    make bench-scheduler        (1,000 and 5,000 nodes, 3,000 tasks)
+    make bench-scheduler        (1,000 and 5,000 nodes, 3,000 tasks; then the group scenario)
     .venv/bin/python bench/scheduler.py --nodes 1000 --tasks 4000 [--profile]
+    .venv/bin/python bench/scheduler.py --nodes 1000 --groups 50
+
+The group scenario (--groups N, issue 15): N task groups of 4 to 32 workers among the
+single tasks, placed all-or-nothing by the same cycles; it prints each group placement's
+decision time (p50/p99, the pure core's place_group as the cycles called it), the 32-worker
+groups' against the 50 ms target, and the binds/s with the groups in the queue.
 
 Uses DATABASE_URL when set, else an embedded PostgreSQL in a scratch folder; works in
 its own database heteroflow_bench_sched (dropped before and after; BENCH_KEEP_DB=1 keeps
@@ -16,6 +22,7 @@ BENCH_PROFILE_SORT (default tottime). Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import subprocess
 import sys
@@ -30,6 +37,11 @@ from bench.scratch import scratch_django  # noqa: E402
 DB_NAME = "heteroflow_bench_sched"
 
 
+DEFAULT_GROUPS, GROUP_FLEET = 50, 1000  # issue 15's scenario: 50 groups on 1,000 nodes × 8 GPUs
+GROUP_SIZES = (4, 8, 16, 24, 32)  # workers, in turn
+GROUP_CARDS = (8, 2, 4, 1)  # cards per worker, in turn
+
+
 def percentile(values, q):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -42,15 +54,26 @@ def main() -> int:
     parser.add_argument(
         "--profile", action="store_true", help="also print a cProfile of the first cycle (top 25 by own time)"
     )
+    parser.add_argument(
+        "--groups",
+        type=int,
+        default=None,
+        help="task groups among the tasks (the group scenario); default: with several fleet sizes, one more run "
+        f"with {DEFAULT_GROUPS} groups on {GROUP_FLEET} nodes after the single-task runs, else none",
+    )
     args = parser.parse_args()
     sizes = [int(size) for size in str(args.nodes).split(",") if size.strip()]
-    if len(sizes) > 1:  # one process per fleet size, each with a fresh database
+    if len(sizes) > 1:  # one process per run, each with a fresh database
         extra = ["--profile"] if args.profile else []
-        return max(
-            subprocess.call([sys.executable, __file__, "--nodes", str(size), "--tasks", str(args.tasks), *extra])
-            for size in sizes
-        )
+        runs = [[*sizes_args, "--groups", "0"] for sizes_args in (["--nodes", str(size)] for size in sizes)]
+        if args.groups is None:
+            runs.append(["--nodes", str(GROUP_FLEET), "--groups", str(DEFAULT_GROUPS)])
+        elif args.groups:
+            runs = [[*run[:2], "--groups", str(args.groups)] for run in runs]
+        command = [sys.executable, __file__, "--tasks", str(args.tasks), *extra]
+        return max(subprocess.call([*command, *run]) for run in runs)
     args.nodes = sizes[0]
+    args.groups = args.groups or 0
 
     with scratch_django(DB_NAME, "hf-bench-sched-", keep=bool(os.environ.get("BENCH_KEEP_DB"))):
         from django.db import connection, transaction
@@ -112,10 +135,17 @@ def main() -> int:
             Task(tenant=tenants[i % 3], name=f"b{i}", image="x", priority=(i * 7) % 101, **shapes[i % len(shapes)])
             for i in range(args.tasks)
         )
+        groups = add_groups(tenants, args.groups)
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")  # as autovacuum would have by then: plans for the real row counts
+        among = (
+            f", {len(groups)} task groups of {min(GROUP_SIZES)}-{max(GROUP_SIZES)} workers "
+            f"({sum(g.world_size for g in groups)} workers) among them"
+            if groups
+            else ""
+        )
         print(
-            f"{args.nodes} nodes × 8 GPUs, {args.tasks} pending tasks in {len(shapes)} shapes; "
+            f"{args.nodes} nodes × 8 GPUs, {args.tasks} pending tasks in {len(shapes)} shapes{among}; "
             f"machine: {os.cpu_count()} cores",
             flush=True,
         )
@@ -127,6 +157,7 @@ def main() -> int:
         for _ in range(5):
             snapshot = services.load_nodes()
             marks: list[float] = []
+            gc.disable()  # as run_cycle decides: the collector off for the cycle
             started = time.perf_counter()
             core.place(
                 batch,
@@ -136,6 +167,7 @@ def main() -> int:
                 mark=lambda marks=marks: marks.append(time.perf_counter()),
             )
             decide_times.append(time.perf_counter() - started)
+            gc.enable()
             per_task += [later - earlier for earlier, later in zip(marks, marks[1:], strict=False)]
 
         cycles, total_bound, cycle_times, queries = 0, 0, [], []
@@ -159,6 +191,18 @@ def main() -> int:
                 transaction.set_rollback(True)
             pstats.Stats(profiler).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "tottime")).print_stats(25)
 
+        group_times: dict[int, list[float]] = {}  # workers -> each group placement's decision time (ms)
+        if groups:
+            timed_group = core.place_group
+
+            def place_group(group, fleet):  # core.place_queue's own call, timed
+                started = time.perf_counter()
+                outcome = timed_group(group, fleet)
+                group_times.setdefault(group.world_size, []).append((time.perf_counter() - started) * 1000)
+                return outcome
+
+            core.place_group = place_group
+        groups_bound = 0
         while idle < 2:
             counter["n"] = 0
             with connection.execute_wrapper(count):
@@ -170,6 +214,7 @@ def main() -> int:
             if result.bound:
                 phases.append(result.phases)
             total_bound += len(result.bound)
+            groups_bound += len(getattr(result, "groups_bound", ()))
             all_bound.append(len(result.bound))
             idle = idle + 1 if not result.bound else 0
         elapsed = time.perf_counter() - started_all
@@ -204,7 +249,72 @@ def main() -> int:
             f"  in-memory decisions for 200 tasks on {args.nodes} nodes  {best * 1000:.0f} ms "
             f"({best / len(batch) * 1000:.2f} ms per task; worst of 5 runs {max(decide_times) * 1000:.0f} ms)"
         )
+        if groups:
+            core.place_group = timed_group
+            report_groups(groups, groups_bound, group_times, services, core)
         return 0
+
+
+def add_groups(tenants, count: int) -> list:
+    """`count` pending task groups (GROUP_SIZES workers × GROUP_CARDS cards in turn, ddp
+    and pp in turn, priorities spread over the singles'), as a submission leaves them."""
+    if not count:
+        return []
+    from apps.tasks.models import Task, TaskGroup
+
+    groups = TaskGroup.objects.bulk_create(
+        TaskGroup(
+            tenant=tenants[i % 3],
+            name=f"g{i}",
+            world_size=GROUP_SIZES[i % len(GROUP_SIZES)],
+            gpus_per_worker=GROUP_CARDS[i % len(GROUP_CARDS)],
+            gpu_type="nvidia",
+            strategy=("ddp", "pp")[i % 2],
+            image="x",
+            priority=(i * 13) % 101,
+        )
+        for i in range(count)
+    )
+    Task.objects.bulk_create(
+        Task(
+            tenant=group.tenant,
+            name=f"{group.name}-{rank}",
+            image="x",
+            kind="training",
+            group=group,
+            rank=rank,
+            gpu_required=group.gpus_per_worker,
+            gpu_type=group.gpu_type,
+            priority=group.priority,
+        )
+        for group in groups
+        for rank in range(group.world_size)
+    )
+    return groups
+
+
+def report_groups(groups, groups_bound: int, group_times: dict[int, list[float]], services, core) -> None:
+    """The group lines: decision time per placement as the cycles ran them, and a
+    32-worker group placed on fresh snapshots of the emptied fleet (bench/gang.py's
+    timing) against the target."""
+    from bench.gang import summary, time_group, verdict
+
+    every = sorted(t for times in group_times.values() for t in times)
+    print(f"  groups                {groups_bound} of {len(groups)} bound whole ({len(every)} placements decided)")
+    if every:
+        print(f"  group decision time   {summary(every)} (in the cycles, fleet filling up)")
+    for workers in sorted(group_times):
+        times = sorted(group_times[workers])
+        target = f" ({verdict(times)})" if workers == 32 else ""
+        print(f"    {workers:>2} workers         {summary(times)}{target}")
+    from apps.scheduler.models import GpuAllocation
+
+    GpuAllocation.objects.all().delete()  # an empty fleet again: every 32-worker group fits
+    settings, may_share = services.plugin_settings(), services.sharing_rule()
+    for per_worker in (8, 2):
+        views = (core.FleetView(services.load_nodes(), settings, may_share) for _ in range(10))
+        times = time_group(views, 32, per_worker, "ddp")
+        print(f"  32 workers × {per_worker} cards on the fleet  {summary(times)} ({verdict(times)})")
 
 
 if __name__ == "__main__":

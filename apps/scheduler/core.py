@@ -355,18 +355,20 @@ class FleetView:
                 partial = self._partial[position] = [
                     (gpu, gpu.memory_free_mb(reserve_mb(gpu, settings)))
                     for gpu in self.nodes[position].gpus
-                    if not gpu.lost and not gpu.whole_taken and card_under_load(gpu, settings)
+                    if not gpu.lost and not (gpu.holders and gpu.whole_taken) and card_under_load(gpu, settings)
                 ]
             may_share = self.may_share
-            room = cache[key] = max(
-                (
-                    free
-                    for gpu, free in partial
-                    if vendor_matches(gpu, vendor)
+            # the most free memory among the cards this tenant may share; a card that
+            # cannot beat the best so far is not asked about its holders
+            best = None
+            for gpu, free in partial:
+                if (
+                    (best is None or free > best)
+                    and vendor_matches(gpu, vendor)
                     and (tenant_id is None or all(may_share(tenant_id, holder) for _, holder, _ in gpu.holders))
-                ),
-                default=0,
-            )
+                ):
+                    best = free
+            room = cache[key] = 0 if best is None else best
         return room
 
     def topology(self, position: int) -> nvlink.Topology | None:

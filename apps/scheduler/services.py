@@ -55,7 +55,7 @@ from apps.scheduler.ledger import ALLOCATE
 from apps.scheduler.models import GpuAllocation, PluginConfig
 from apps.tasks.choices import HOLDING, TERMINAL, TRANSITIONS, TaskKind
 from apps.tasks.choices import TaskStatus as S
-from apps.tasks.models import Task, TaskGroup
+from apps.tasks.models import Task
 from apps.tasks.ranks import network_decision
 from apps.tasks.services import move_tasks, requeue_preempted
 from apps.tenants.models import TenantGroup
@@ -396,6 +396,23 @@ def next_batch_ordered(size: int = BATCH_SIZE) -> list[tuple[TaskReq, tuple]]:
     ]
 
 
+# Whether more single tasks wait than the batch took (the backlog: another cycle at once),
+# and whether any group member waits at all (else the groups query is not run): one
+# statement that reads at most batch + 1 queue entries, where counting would read them all.
+QUEUE_STATE = """
+    SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND group_id IS NULL OFFSET %s),
+           EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
+"""
+
+
+def queue_state(batch_size: int) -> tuple[bool, bool]:
+    """(more single tasks pending than `batch_size`, any group member pending)."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUEUE_STATE, [batch_size])
+        backlog, groups_waiting = cursor.fetchone()
+    return backlog, groups_waiting
+
+
 # The groups whose current members (those not ended) are all pending, every rank there.
 GROUPS_SQL = """
     SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind, g.created_at,
@@ -549,7 +566,8 @@ def bind_all(
         still_valid = [d for d in still_valid if d.task_id in ports]
         now = utcnow()
         bound_rows = bind_rows(still_valid, ports, now)
-        winners = [d for d in still_valid if d.task_id in {row[0] for row in bound_rows}]
+        won = {row[0] for row in bound_rows}
+        winners = [d for d in still_valid if d.task_id in won]
         hosts = {
             node.pk: node
             for node in Node.objects.filter(pk__in={d.node_id for d in members} & alive).only(
@@ -557,13 +575,16 @@ def bind_all(
             )
         }
         policy = django_settings.HETEROFLOW_NETWORK_DOMAIN_POLICY
-        for group in groups:
-            if not all(still_holds(d) for d in group.decisions):
-                continue
+        holding = [group for group in groups if all(still_holds(d) for d in group.decisions)]
+        masters = [group.decisions[0] for group in holding]
+        # every master's port in one look at the ports in use (the singles' included)
+        master_ports = assign_host_ports(masters, tasks, alive, wanted=masters)
+        networks: dict[int, dict] = {}
+        for group in holding:
             master = group.decisions[0]
-            ports = assign_host_ports(group.decisions, tasks, alive, wanted=[master])
-            if master.task_id not in ports:
+            if master.task_id not in master_ports:
                 continue  # no host port left on the master's node
+            ports = {d.task_id: None for d in group.decisions} | {master.task_id: master_ports[master.task_id]}
             node = hosts[master.node_id]
             domain = same_network_domain(
                 [hosts[node_id] for node_id in dict.fromkeys(d.node_id for d in group.decisions)], policy
@@ -574,14 +595,18 @@ def bind_all(
             savepoint = transaction.savepoint()
             rows = bind_rows(group.decisions, ports, now)
             if len(rows) == len(group.decisions):
-                TaskGroup.objects.filter(pk=group.group_id).update(
-                    attempts=F("attempts") + 1, schedule_reason={}, network=network, updated_at=now
-                )
                 transaction.savepoint_commit(savepoint)
+                networks[group.group_id] = network
                 bound_rows += rows
                 winners += group.decisions
             else:  # a member was moved meanwhile: none of them is bound
                 transaction.savepoint_rollback(savepoint)
+        if networks:  # the bound groups' attempt and network, in one statement
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    GROUPS_BOUND,
+                    [now, list(networks), [orjson.dumps(network).decode() for network in networks.values()]],
+                )
         transaction.on_commit(partial(metrics.record_binds, [float(row[1]) for row in bound_rows]))
         cards = [(d, index) for d in winners for index in d.gpu_indices]
         if cards:
@@ -600,6 +625,13 @@ def bind_all(
     won = {d.task_id for d in winners}
     every = [*decisions, *members]
     return [d.task_id for d in every if d.task_id in won], [d.task_id for d in every if d.task_id not in won]
+
+
+GROUPS_BOUND = """
+    UPDATE task_groups AS g SET attempts = g.attempts + 1, schedule_reason = '{}'::jsonb, network = v.network,
+        updated_at = %s
+    FROM unnest(%s::bigint[], %s::jsonb[]) AS v(id, network) WHERE g.id = v.id
+"""
 
 
 def bind_rows(decisions: Sequence[Decision], ports: dict[int, int | None], now) -> list[tuple]:
@@ -754,12 +786,12 @@ def _run_cycle(batch_size: int) -> CycleResult:
     result = CycleResult()
     clock = PhaseClock(result.phases)
     ordered = next_batch_ordered(batch_size)
-    groups = pending_groups()
     batch = [task for task, _ in ordered]
+    result.backlog, groups_waiting = queue_state(len(batch))
+    groups = pending_groups() if groups_waiting else []
     result.considered = len(batch) + sum(group.world_size for group, _ in groups)
     if not batch and not groups:
         return result
-    result.backlog = Task.objects.filter(status=S.PENDING, group__isnull=True).count() > len(batch)
     # one queue: a group is decided after the singles ahead of it (higher priority, or
     # older at the same priority) and before those behind it
     queue = [item for item, _ in sorted([*ordered, *groups], key=lambda entry: entry[1])]
