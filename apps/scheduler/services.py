@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from itertools import combinations
 from operator import attrgetter
@@ -396,52 +396,175 @@ def next_batch_ordered(size: int = BATCH_SIZE) -> list[tuple[TaskReq, tuple]]:
     ]
 
 
-# The groups whose current members (those not ended) are all pending, every rank there.
-GROUPS_SQL = """
-    SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind, g.created_at,
-           array_agg(t.id ORDER BY t.rank)
-    FROM task_groups g JOIN tasks t ON t.group_id = g.id AND NOT (t.status = ANY(%s))
-    WHERE g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
-    GROUP BY g.id
-    HAVING bool_and(t.status = 'pending') AND count(*) = g.world_size
-    ORDER BY g.priority DESC, g.created_at, g.id LIMIT %s
+# The groups whose current members (those not ended) are all pending, every rank there
+# (`waiting`); of them, the head of each priority (the first in queue order whose last
+# explanation does not say that its type's nodes in the tenant's reach could never take
+# it: such a group would hold the head's place and starve the ones behind it), and the
+# window: the next %(size)s after the cursor (row 2 of scheduler_queue_cursor, whose
+# task_id is the last group's id), wrapping round to the start of the queue.
+WAITING_GROUPS_SQL = """
+    WITH waiting AS (
+        SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind,
+               g.created_at, array_agg(t.id ORDER BY t.rank) AS members, g.reservation,
+               coalesce((g.schedule_reason->'workers'->>'reach')::int, g.world_size) >= g.world_size AS in_reach
+        FROM task_groups g JOIN tasks t ON t.group_id = g.id AND NOT (t.status = ANY(%(ended)s))
+        WHERE g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
+        GROUP BY g.id
+        HAVING bool_and(t.status = 'pending') AND count(*) = g.world_size
+    ),
+    heads AS (
+        SELECT DISTINCT ON (priority) id FROM waiting WHERE in_reach ORDER BY priority DESC, created_at, id
+    ),
+    after_cursor AS (
+        SELECT id FROM waiting
+        WHERE %(priority)s::int IS NULL OR priority < %(priority)s::int
+           OR (priority = %(priority)s::int AND (created_at, id) > (%(created_at)s::timestamptz, %(group_id)s::bigint))
+        ORDER BY priority DESC, created_at, id LIMIT %(size)s
+    ),
+    wrapped AS (
+        SELECT id FROM waiting WHERE id NOT IN (SELECT id FROM after_cursor)
+        ORDER BY priority DESC, created_at, id LIMIT greatest(%(size)s - (SELECT count(*) FROM after_cursor), 0)
+    )
+    SELECT w.id, w.tenant_id, w.gpus_per_worker, w.gpu_type, w.strategy, w.priority, w.labels, w.kind, w.created_at,
+           w.members, w.reservation, w.id IN (SELECT id FROM heads), w.id IN (SELECT id FROM after_cursor),
+           w.id IN (SELECT id FROM wrapped)
+    FROM waiting w
+    WHERE w.id IN (SELECT id FROM heads) OR w.id IN (SELECT id FROM after_cursor) OR w.id IN (SELECT id FROM wrapped)
+"""
+GROUP_CURSOR_ROW = 2  # scheduler_queue_cursor's row for the group window (row 1: the single tasks' batch)
+MOVE_GROUP_CURSOR = """
+    INSERT INTO scheduler_queue_cursor (id, priority, created_at, task_id) VALUES (%s, %s, %s, %s)
+    ON CONFLICT (id) DO UPDATE
+    SET priority = EXCLUDED.priority, created_at = EXCLUDED.created_at, task_id = EXCLUDED.task_id
 """
 
 
-def pending_groups(size: int = GROUP_BATCH_SIZE) -> list[tuple[GroupReq, tuple]]:
-    """The first `size` task groups waiting to be placed, in queue order, each with its
-    queue key (-priority, created_at, id)."""
+@dataclass
+class GroupWindow:
+    """A cycle's task groups: each with its queue key (-priority, created_at, rank 0's
+    id), in queue order; and the heads of their priorities among them, each with the
+    reservation report stored on it ({} when it has none yet)."""
+
+    entries: list[tuple[GroupReq, tuple]] = field(default_factory=list)
+    heads: dict[int, dict] = field(default_factory=dict)
+
+
+def group_window(size: int = GROUP_BATCH_SIZE) -> GroupWindow:
+    """The task groups a cycle decides: the head of every priority (always: it is the one
+    that may reserve, and its wait is measured cycle by cycle), and `size` more in queue
+    order after where the last window ended, wrapping round, so that groups that cannot
+    be placed at the front of the queue never hide the ones behind them for good."""
     with connection.cursor() as cursor:
-        cursor.execute(GROUPS_SQL, [list(TERMINAL), size])
+        cursor.execute(
+            "SELECT priority, created_at, task_id FROM scheduler_queue_cursor WHERE id = %s", [GROUP_CURSOR_ROW]
+        )
+        priority, created_at, group_id = cursor.fetchone() or (None, None, None)
+        cursor.execute(
+            WAITING_GROUPS_SQL,
+            {
+                "ended": list(TERMINAL),
+                "size": size,
+                "priority": priority,
+                "created_at": created_at,
+                "group_id": group_id,
+            },
+        )
         rows = cursor.fetchall()
-    return [
-        (
-            GroupReq(
-                id=group_id,
+        window = GroupWindow()
+        last = None  # where this window ends: the last row it took after the cursor, or after wrapping round
+        for gid, tenant_id, per_worker, gpu_type, strategy, prio, labels, kind, created, members, *flags in rows:
+            stored, head, after_cursor, wrapped = flags
+            group = GroupReq(
+                id=gid,
                 tenant_id=tenant_id,
                 members=tuple(members),
-                gpus_per_worker=gpus_per_worker,
+                gpus_per_worker=per_worker,
                 gpu_type=gpu_type,
                 strategy=strategy,
-                priority=priority,
+                priority=prio,
                 labels=orjson.loads(labels) if labels else {},
                 kind=kind,
-            ),
-            (-priority, created_at, members[0]),
-        )
-        for (
-            group_id,
-            tenant_id,
-            gpus_per_worker,
-            gpu_type,
-            strategy,
-            priority,
-            labels,
-            kind,
-            created_at,
-            members,
-        ) in rows
-    ]
+            )
+            window.entries.append((group, (-prio, created, members[0])))
+            if head:
+                window.heads[gid] = orjson.loads(stored) if isinstance(stored, (str, bytes)) else (stored or {})
+            if after_cursor or wrapped:
+                mark = (bool(wrapped), -prio, created, gid)
+                last = mark if last is None or mark > last else last
+        if last is not None:
+            _, minus_priority, created, gid = last
+            cursor.execute(MOVE_GROUP_CURSOR, [GROUP_CURSOR_ROW, -minus_priority, created, gid])
+    window.entries.sort(key=lambda entry: entry[1])
+    return window
+
+
+def pending_groups(size: int = GROUP_BATCH_SIZE) -> list[tuple[GroupReq, tuple]]:
+    """The task groups a cycle decides, each with its queue key (group_window)."""
+    return group_window(size).entries
+
+
+# --- no starvation: the reservation ----------------------------------------------------
+
+
+def reserving_groups(heads: dict[int, dict], now, after_seconds: float) -> dict[int, tuple[str, ...]]:
+    """The heads that have waited at the head of their priority for `after_seconds` or
+    more, each with the nodes its reservation targeted last cycle (the core keeps them
+    first, so the holds accumulate on the same nodes)."""
+    reserving = {}
+    for group_id, stored in heads.items():
+        since = head_since(stored, now)
+        if (now - since).total_seconds() >= after_seconds:
+            reserving[group_id] = tuple(entry["node_id"] for entry in stored.get("nodes", ()))
+    return reserving
+
+
+def head_since(stored: dict, now):
+    """When the group became the head of its priority, by its stored report (now, for a
+    group that just became it)."""
+    since = stored.get("head_since")
+    return datetime.fromisoformat(since) if since else now
+
+
+def reservation_reports(heads: dict[int, dict], failures, now, after_seconds: float) -> dict[int, dict]:
+    """The report to store on each head that is still waiting after this cycle (those
+    placed are cleared by bind): since when it is the head, from when it reserves, and
+    what it holds (`state` "holding", the nodes with the cards wanted and held on each)
+    or "waiting" (not reserving yet, or nothing it could hold: its type's nodes cannot
+    take it even when free)."""
+    reports = {}
+    for failure in failures:
+        if failure.group_id not in heads:
+            continue
+        since = head_since(heads[failure.group_id], now)
+        report = {
+            "state": "waiting",
+            "head_since": since.isoformat(),
+            "reserves_after": (since + timedelta(seconds=after_seconds)).isoformat(),
+        }
+        if failure.reservation is not None:
+            report |= {"state": "holding", **failure.reservation.as_dict()}
+        reports[failure.group_id] = report | {"at": now.isoformat()}
+    return reports
+
+
+STORE_RESERVATIONS = """
+    UPDATE task_groups AS g SET reservation = v.report
+    FROM unnest(%s::bigint[], %s::jsonb[]) AS v(id, report) WHERE g.id = v.id
+"""
+# a group no longer waiting at the head of its priority (bound, stopped, ended, or
+# overtaken by an older one) holds nothing: its report goes (bind clears its own)
+CLEAR_RESERVATIONS = "UPDATE task_groups SET reservation = '{}' WHERE reservation <> '{}' AND NOT (id = ANY(%s))"
+
+
+def store_reservations(reports: dict[int, dict], keep: set[int]) -> None:
+    """Write this cycle's reservation reports and clear every other one except `keep`
+    (heads placed this cycle whose bind may have lost: decided again next cycle)."""
+    with connection.cursor() as cursor:
+        if reports:
+            cursor.execute(
+                STORE_RESERVATIONS, [list(reports), [orjson.dumps(report).decode() for report in reports.values()]]
+            )
+        cursor.execute(CLEAR_RESERVATIONS, [sorted(set(reports) | keep)])
 
 
 # --- bind -------------------------------------------------------------------------------
@@ -479,6 +602,15 @@ def assign_host_ports(
             taken.add(port)
             ports[decision.task_id] = port
     return ports
+
+
+def ports_wanted(group: GroupDecision, tasks: dict[int, TaskReq]) -> list[Decision]:
+    """The members of a group that get a host port at bind: every member of an inference
+    group (each replica serves on its own port), only the master of a training group
+    (MASTER_PORT, where rank 0 listens for the rendezvous)."""
+    if tasks[group.decisions[0].task_id].kind == TaskKind.INFERENCE:
+        return list(group.decisions)
+    return group.decisions[:1]
 
 
 def bind_all(
@@ -561,9 +693,10 @@ def bind_all(
             if not all(still_holds(d) for d in group.decisions):
                 continue
             master = group.decisions[0]
-            ports = assign_host_ports(group.decisions, tasks, alive, wanted=[master])
-            if master.task_id not in ports:
-                continue  # no host port left on the master's node
+            wanted = ports_wanted(group, tasks)
+            ports = assign_host_ports(group.decisions, tasks, alive, wanted=wanted)
+            if any(d.task_id not in ports for d in wanted):
+                continue  # no host port left on a node that needs one
             node = hosts[master.node_id]
             domain = same_network_domain(
                 [hosts[node_id] for node_id in dict.fromkeys(d.node_id for d in group.decisions)], policy
@@ -575,7 +708,7 @@ def bind_all(
             rows = bind_rows(group.decisions, ports, now)
             if len(rows) == len(group.decisions):
                 TaskGroup.objects.filter(pk=group.group_id).update(
-                    attempts=F("attempts") + 1, schedule_reason={}, network=network, updated_at=now
+                    attempts=F("attempts") + 1, schedule_reason={}, reservation={}, network=network, updated_at=now
                 )
                 transaction.savepoint_commit(savepoint)
                 bound_rows += rows
@@ -754,10 +887,12 @@ def _run_cycle(batch_size: int) -> CycleResult:
     result = CycleResult()
     clock = PhaseClock(result.phases)
     ordered = next_batch_ordered(batch_size)
-    groups = pending_groups()
+    window = group_window()
+    groups = window.entries
     batch = [task for task, _ in ordered]
     result.considered = len(batch) + sum(group.world_size for group, _ in groups)
     if not batch and not groups:
+        store_reservations({}, keep=set())  # a group that ended since holds nothing
         return result
     result.backlog = Task.objects.filter(status=S.PENDING, group__isnull=True).count() > len(batch)
     # one queue: a group is decided after the singles ahead of it (higher priority, or
@@ -768,7 +903,10 @@ def _run_cycle(batch_size: int) -> CycleResult:
     clock.lap("queue")
     nodes = load_nodes(reuse_seconds=django_settings.HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS)
     clock.lap("snapshot")
-    placement = place_queue(queue, nodes, settings, may_share)
+    started = utcnow()
+    reserve_after = django_settings.HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS
+    reserving = reserving_groups(window.heads, started, reserve_after)
+    placement = place_queue(queue, nodes, settings, may_share, reserving=reserving)
     decisions, failures = placement.decisions, placement.failures
     clock.lap("decide")
     tasks = {task.id: task for task in batch}
@@ -793,10 +931,14 @@ def _run_cycle(batch_size: int) -> CycleResult:
             }
         result.failed[failure.task_id] = reason
     members = {group.id: group.members for group, _ in groups}
+    reports = reservation_reports(window.heads, placement.group_failures, started, reserve_after)
     for failure in placement.group_failures:
         reason = result.groups_failed[failure.group_id] = failure.as_reason() | {"at": now}
+        if failure.group_id in reports:
+            reason["reservation"] = reports[failure.group_id]
         for member in members[failure.group_id]:
             result.failed[member] = reason | {"group": failure.group_id}
+    store_reservations(reports, keep={g.group_id for g in placement.groups} & set(window.heads))
     if result.failed:
         with connection.cursor() as cursor:
             cursor.execute(
