@@ -632,15 +632,19 @@ def place_queue(
     may_share: Callable[[int, int], bool],
     mark: Callable[[], None] | None = None,
     reserving: Mapping[int, Sequence[str]] | None = None,
+    held: Sequence[Held] = (),
 ) -> Placement:
     """The queue in its order (single tasks and groups interleaved by priority): each
     single task on its best node, each group whole or not at all (`place_group`), every
     decision applied to the snapshot before the next item is decided. A group named in
     `reserving` (id -> the nodes it targeted last cycle) that does not fit holds the free
-    cards it waits for (`hold_for_group`) against everything after it in the queue."""
+    cards it waits for (`hold_for_group`) against everything after it in the queue.
+    `held`: reservations already standing in front of the whole queue (a dry run's)."""
     placement = Placement()
     decisions, failures = placement.decisions, placement.failures
     fleet = FleetView(nodes, settings, may_share)
+    if held:
+        hold_again(fleet, held)
     total = len(fleet.nodes)
     limit = nodes_to_score(total)
     start = 0
@@ -1105,13 +1109,44 @@ def hold_for_group(group: GroupReq, fleet: FleetView, previous: Sequence[str] = 
     for position, cards in target:
         chosen = fleet.whole_cards(position, vendor, None)[:cards]
         held[nodes[position].id] = [gpu.index for gpu in chosen]
-        if chosen:
-            for gpu in chosen:
-                gpu.holders.append(holder)
-            fleet.held.setdefault(position, []).extend(chosen)
-            fleet.changed(position)
+        _hold(fleet, position, chosen, holder)
     wanted = {nodes[position].id: cards for position, cards in target}
     return Reservation(group.id, per_worker, group.world_size, wanted, held)
+
+
+def _hold(fleet: FleetView, position: int, cards: list[GpuSnap], holder: tuple) -> None:
+    if cards:
+        for gpu in cards:
+            gpu.holders.append(holder)
+        fleet.held.setdefault(position, []).extend(cards)
+        fleet.changed(position)
+
+
+@dataclass(frozen=True)
+class Held:
+    """Cards a reservation held in the last cycle (as stored on its group), for a dry run
+    or an explanation that asks what a request would get now behind it."""
+
+    group_id: int
+    tenant_id: int
+    cards: dict[str, list[int]]  # node -> card indices
+
+
+def hold_again(fleet: FleetView, held: Sequence[Held]) -> None:
+    """Hold, as the last cycle did, those of the cards still free (a card taken since by
+    work ahead of the reservation stays its holder's)."""
+    positions = {node.id: position for position, node in enumerate(fleet.nodes)}
+    for reservation in held:
+        holder = (-reservation.group_id, reservation.tenant_id, None)
+        for node_id, indices in reservation.cards.items():
+            position = positions.get(node_id)
+            if position is None:
+                continue
+            wanted = set(indices)
+            free = [
+                gpu for gpu in fleet.nodes[position].gpus if gpu.index in wanted and not gpu.lost and not gpu.holders
+            ]
+            _hold(fleet, position, free, holder)
 
 
 # --- preemption -------------------------------------------------------------------------

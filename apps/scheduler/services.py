@@ -41,7 +41,9 @@ from apps.scheduler.core import (
     Failure,
     GpuSnap,
     GroupDecision,
+    GroupFailure,
     GroupReq,
+    Held,
     NodeSnap,
     Occupant,
     PluginSettings,
@@ -545,6 +547,54 @@ def reservation_reports(heads: dict[int, dict], failures, now, after_seconds: fl
             report |= {"state": "holding", **failure.reservation.as_dict()}
         reports[failure.group_id] = report | {"at": now.isoformat()}
     return reports
+
+
+def standing_reservations(priority: int, exclude: int | None = None) -> list[Held]:
+    """What the last cycle held for the groups of this priority or higher (their stored
+    reports), but `exclude`'s own: the holds a request of that priority would meet now."""
+    rows = (
+        TaskGroup.objects.filter(reservation__state="holding", priority__gte=priority)
+        .exclude(pk=exclude)
+        .values_list("pk", "tenant_id", "reservation")
+    )
+    return [
+        Held(pk, tenant_id, {entry["node_id"]: entry["held"] for entry in report.get("nodes", ())})
+        for pk, tenant_id, report in rows
+    ]
+
+
+def dry_run(request: TaskReq | GroupReq) -> Decision | Failure | GroupDecision | GroupFailure:
+    """Where a task or a task group would go now, or why not: against a fresh snapshot
+    and behind the reservations standing for its priority or higher, binding nothing."""
+    exclude = request.id if isinstance(request, GroupReq) else None
+    placement = place_queue(
+        [request],
+        load_nodes(),
+        plugin_settings(),
+        sharing_rule(),
+        held=standing_reservations(request.priority, exclude=exclude),
+    )
+    outcomes = [*placement.decisions, *placement.failures, *placement.groups, *placement.group_failures]
+    return outcomes[0]
+
+
+def waiting_group(group: TaskGroup) -> GroupReq | None:
+    """The group as placement would see it, if it is waiting to be placed (every current
+    member pending, every rank there); None otherwise (bound, running, ending)."""
+    current = list(group.tasks.exclude(status__in=TERMINAL).order_by("rank").values_list("pk", "status"))
+    if len(current) != group.world_size or any(status != S.PENDING for _, status in current):
+        return None
+    return GroupReq(
+        id=group.pk,
+        tenant_id=group.tenant_id,
+        members=tuple(pk for pk, _ in current),
+        gpus_per_worker=group.gpus_per_worker,
+        gpu_type=group.gpu_type,
+        strategy=group.strategy,
+        priority=group.priority,
+        labels=group.labels or {},
+        kind=group.kind,
+    )
 
 
 STORE_RESERVATIONS = """
