@@ -986,8 +986,10 @@ def _run_cycle(batch_size: int) -> CycleResult:
         reason = result.groups_failed[failure.group_id] = failure.as_reason() | {"at": now}
         if failure.group_id in reports:
             reason["reservation"] = reports[failure.group_id]
+        # the members say why in a line and point at the group, which has the details
+        brief = {key: value for key, value in reason.items() if key != "reservation"} | {"group": failure.group_id}
         for member in members[failure.group_id]:
-            result.failed[member] = reason | {"group": failure.group_id}
+            result.failed[member] = brief
     store_reservations(reports, keep={g.group_id for g in placement.groups} & set(window.heads))
     if result.failed:
         with connection.cursor() as cursor:

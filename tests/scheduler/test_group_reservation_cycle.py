@@ -66,6 +66,9 @@ def test_the_head_reserves_after_the_wait_holds_what_frees_up_and_binds(world, s
     assert sum(map(len, held.values())) == 5  # every free card of the two nodes
     assert row.schedule_reason["code"] == "Reserved" and row.schedule_reason["cause"] == "InsufficientResources"
     assert row.schedule_reason["message"] == "reserved, 0 of 2 nodes held"
+    member = Task.objects.filter(group=group).first().schedule_reason  # a line, and where the details are
+    assert (member["message"], member["group"]) == ("reserved, 0 of 2 nodes held", group.pk)
+    assert "reservation" not in member
     for small in late:
         reason = Task.objects.get(pk=small.pk).schedule_reason
         assert status(small) == "pending" and reason["removed_by"] == {"reserved": 2}
