@@ -500,11 +500,6 @@ def group_window(size: int = GROUP_BATCH_SIZE) -> GroupWindow:
     return window
 
 
-def pending_groups(size: int = GROUP_BATCH_SIZE) -> list[tuple[GroupReq, tuple]]:
-    """The task groups a cycle decides, each with its queue key (group_window)."""
-    return group_window(size).entries
-
-
 # --- no starvation: the reservation ----------------------------------------------------
 
 
@@ -597,13 +592,23 @@ def waiting_group(group: TaskGroup) -> GroupReq | None:
     )
 
 
+# The reports are written by every scheduler process that ran the cycle, the same report
+# for the same head: a row another one is writing (or a bind is clearing) is skipped, not
+# waited for, so these statements never wait on a lock and never join a deadlock.
 STORE_RESERVATIONS = """
     UPDATE task_groups AS g SET reservation = v.report
-    FROM unnest(%s::bigint[], %s::jsonb[]) AS v(id, report) WHERE g.id = v.id
+    FROM unnest(%s::bigint[], %s::jsonb[]) AS v(id, report)
+    WHERE g.id = v.id
+      AND g.id IN (SELECT id FROM task_groups WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED)
 """
 # a group no longer waiting at the head of its priority (bound, stopped, ended, or
 # overtaken by an older one) holds nothing: its report goes (bind clears its own)
-CLEAR_RESERVATIONS = "UPDATE task_groups SET reservation = '{}' WHERE reservation <> '{}' AND NOT (id = ANY(%s))"
+CLEAR_RESERVATIONS = """
+    UPDATE task_groups SET reservation = '{}'
+    WHERE id IN (
+        SELECT id FROM task_groups WHERE reservation <> '{}' AND NOT (id = ANY(%s)) ORDER BY id FOR UPDATE SKIP LOCKED
+    )
+"""
 
 
 def store_reservations(reports: dict[int, dict], keep: set[int]) -> None:
@@ -611,9 +616,9 @@ def store_reservations(reports: dict[int, dict], keep: set[int]) -> None:
     (heads placed this cycle whose bind may have lost: decided again next cycle)."""
     with connection.cursor() as cursor:
         if reports:
-            cursor.execute(
-                STORE_RESERVATIONS, [list(reports), [orjson.dumps(report).decode() for report in reports.values()]]
-            )
+            ids = list(reports)
+            documents = [orjson.dumps(report).decode() for report in reports.values()]
+            cursor.execute(STORE_RESERVATIONS, [ids, documents, ids])
         cursor.execute(CLEAR_RESERVATIONS, [sorted(set(reports) | keep)])
 
 

@@ -82,8 +82,10 @@ def test_four_schedulers_never_half_bind_a_group(monkeypatch, reserve_after):
         else:
             # the heads of their priorities hold what they wait for: every card is either
             # in the ledger or held for a group (never both), and nothing else stays idle
+            # (the race may also end with every card bound and the heads holding none)
+            assert TaskGroup.objects.filter(reservation__state="holding").exists()
             reserved = cards_held_for_groups()
-            assert reserved and not reserved & ledger
+            assert not reserved & ledger
             assert held + len(reserved) == 400
         bound_groups = TaskGroup.objects.filter(tasks__status="scheduled").distinct()
         assert bound_groups.exists()
