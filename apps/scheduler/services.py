@@ -398,12 +398,17 @@ def next_batch_ordered(size: int = BATCH_SIZE) -> list[tuple[TaskReq, tuple]]:
     ]
 
 
-# The groups whose current members (those not ended) are all pending, every rank there
-# (`waiting`); of them, the head of each priority (the first in queue order whose last
-# explanation does not say that its type's nodes in the tenant's reach could never take
-# it: such a group would hold the head's place and starve the ones behind it), and the
-# window: the next %(size)s after the cursor (row 2 of scheduler_queue_cursor, whose
-# task_id is the last group's id), wrapping round to the start of the queue.
+# One statement per cycle for the task groups. The groups whose current members (those
+# not ended) are all pending, every rank there (`waiting`); of them, the head of each
+# priority (the first in queue order whose last explanation does not say that its type's
+# nodes in the tenant's reach could never take it: such a group would hold the head's
+# place and starve the ones behind it), and the window: the next `size` after the cursor
+# (row 2 of scheduler_queue_cursor, whose task_id is the last group's id), wrapping round
+# to the start of the queue. The cursor moves to where the window ends (`moved`), and a
+# group that is not a head any more (bound, stopped, ended, overtaken) loses its
+# reservation report (`cleared`; a head's report is rewritten after the cycle's decision,
+# and bind clears the one it binds). A row another scheduler is clearing is skipped, not
+# waited for.
 WAITING_GROUPS_SQL = """
     WITH waiting AS (
         SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind,
@@ -417,28 +422,38 @@ WAITING_GROUPS_SQL = """
     heads AS (
         SELECT DISTINCT ON (priority) id FROM waiting WHERE in_reach ORDER BY priority DESC, created_at, id
     ),
+    mark AS (SELECT priority, created_at, task_id FROM scheduler_queue_cursor WHERE id = %(row)s),
     after_cursor AS (
-        SELECT id FROM waiting
-        WHERE %(priority)s::int IS NULL OR priority < %(priority)s::int
-           OR (priority = %(priority)s::int AND (created_at, id) > (%(created_at)s::timestamptz, %(group_id)s::bigint))
-        ORDER BY priority DESC, created_at, id LIMIT %(size)s
+        SELECT w.id FROM waiting w LEFT JOIN mark m ON true
+        WHERE m.priority IS NULL OR w.priority < m.priority
+           OR (w.priority = m.priority AND (w.created_at, w.id) > (m.created_at, m.task_id))
+        ORDER BY w.priority DESC, w.created_at, w.id LIMIT %(size)s
     ),
     wrapped AS (
         SELECT id FROM waiting WHERE id NOT IN (SELECT id FROM after_cursor)
         ORDER BY priority DESC, created_at, id LIMIT greatest(%(size)s - (SELECT count(*) FROM after_cursor), 0)
+    ),
+    moved AS (
+        INSERT INTO scheduler_queue_cursor (id, priority, created_at, task_id)
+        SELECT %(row)s, w.priority, w.created_at, w.id
+        FROM waiting w JOIN (SELECT id, 0 AS lap FROM after_cursor UNION ALL SELECT id, 1 FROM wrapped) taken USING (id)
+        ORDER BY taken.lap DESC, w.priority, w.created_at DESC, w.id DESC LIMIT 1
+        ON CONFLICT (id) DO UPDATE
+        SET priority = EXCLUDED.priority, created_at = EXCLUDED.created_at, task_id = EXCLUDED.task_id
+    ),
+    cleared AS (
+        UPDATE task_groups SET reservation = '{}'
+        WHERE id IN (
+            SELECT id FROM task_groups WHERE reservation <> '{}' AND id NOT IN (SELECT id FROM heads)
+            ORDER BY id FOR UPDATE SKIP LOCKED
+        )
     )
     SELECT w.id, w.tenant_id, w.gpus_per_worker, w.gpu_type, w.strategy, w.priority, w.labels, w.kind, w.created_at,
-           w.members, w.reservation, w.id IN (SELECT id FROM heads), w.id IN (SELECT id FROM after_cursor),
-           w.id IN (SELECT id FROM wrapped)
+           w.members, w.reservation, w.id IN (SELECT id FROM heads)
     FROM waiting w
     WHERE w.id IN (SELECT id FROM heads) OR w.id IN (SELECT id FROM after_cursor) OR w.id IN (SELECT id FROM wrapped)
 """
 GROUP_CURSOR_ROW = 2  # scheduler_queue_cursor's row for the group window (row 1: the single tasks' batch)
-MOVE_GROUP_CURSOR = """
-    INSERT INTO scheduler_queue_cursor (id, priority, created_at, task_id) VALUES (%s, %s, %s, %s)
-    ON CONFLICT (id) DO UPDATE
-    SET priority = EXCLUDED.priority, created_at = EXCLUDED.created_at, task_id = EXCLUDED.task_id
-"""
 
 
 @dataclass
@@ -457,45 +472,24 @@ def group_window(size: int = GROUP_BATCH_SIZE) -> GroupWindow:
     order after where the last window ended, wrapping round, so that groups that cannot
     be placed at the front of the queue never hide the ones behind them for good."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT priority, created_at, task_id FROM scheduler_queue_cursor WHERE id = %s", [GROUP_CURSOR_ROW]
-        )
-        priority, created_at, group_id = cursor.fetchone() or (None, None, None)
-        cursor.execute(
-            WAITING_GROUPS_SQL,
-            {
-                "ended": list(TERMINAL),
-                "size": size,
-                "priority": priority,
-                "created_at": created_at,
-                "group_id": group_id,
-            },
-        )
+        cursor.execute(WAITING_GROUPS_SQL, {"ended": list(TERMINAL), "size": size, "row": GROUP_CURSOR_ROW})
         rows = cursor.fetchall()
-        window = GroupWindow()
-        last = None  # where this window ends: the last row it took after the cursor, or after wrapping round
-        for gid, tenant_id, per_worker, gpu_type, strategy, prio, labels, kind, created, members, *flags in rows:
-            stored, head, after_cursor, wrapped = flags
-            group = GroupReq(
-                id=gid,
-                tenant_id=tenant_id,
-                members=tuple(members),
-                gpus_per_worker=per_worker,
-                gpu_type=gpu_type,
-                strategy=strategy,
-                priority=prio,
-                labels=orjson.loads(labels) if labels else {},
-                kind=kind,
-            )
-            window.entries.append((group, (-prio, created, members[0])))
-            if head:
-                window.heads[gid] = orjson.loads(stored) if isinstance(stored, (str, bytes)) else (stored or {})
-            if after_cursor or wrapped:
-                mark = (bool(wrapped), -prio, created, gid)
-                last = mark if last is None or mark > last else last
-        if last is not None:
-            _, minus_priority, created, gid = last
-            cursor.execute(MOVE_GROUP_CURSOR, [GROUP_CURSOR_ROW, -minus_priority, created, gid])
+    window = GroupWindow()
+    for gid, tenant_id, per_worker, gpu_type, strategy, prio, labels, kind, created, members, stored, head in rows:
+        group = GroupReq(
+            id=gid,
+            tenant_id=tenant_id,
+            members=tuple(members),
+            gpus_per_worker=per_worker,
+            gpu_type=gpu_type,
+            strategy=strategy,
+            priority=prio,
+            labels=orjson.loads(labels) if labels else {},
+            kind=kind,
+        )
+        window.entries.append((group, (-prio, created, members[0])))
+        if head:
+            window.heads[gid] = orjson.loads(stored) if isinstance(stored, (str, bytes)) else (stored or {})
     window.entries.sort(key=lambda entry: entry[1])
     return window
 
@@ -592,34 +586,26 @@ def waiting_group(group: TaskGroup) -> GroupReq | None:
     )
 
 
-# The reports are written by every scheduler process that ran the cycle, the same report
-# for the same head: a row another one is writing (or a bind is clearing) is skipped, not
-# waited for, so these statements never wait on a lock and never join a deadlock.
+# A head's report, written by every scheduler process that ran the cycle (the same report
+# for the same head): a row another one is writing (or a bind is clearing) is skipped, not
+# waited for, so the statement never waits on a lock and never joins a deadlock. The
+# reports of groups that are no longer heads are cleared by the window's statement.
 STORE_RESERVATIONS = """
     UPDATE task_groups AS g SET reservation = v.report
     FROM unnest(%s::bigint[], %s::jsonb[]) AS v(id, report)
     WHERE g.id = v.id
       AND g.id IN (SELECT id FROM task_groups WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED)
 """
-# a group no longer waiting at the head of its priority (bound, stopped, ended, or
-# overtaken by an older one) holds nothing: its report goes (bind clears its own)
-CLEAR_RESERVATIONS = """
-    UPDATE task_groups SET reservation = '{}'
-    WHERE id IN (
-        SELECT id FROM task_groups WHERE reservation <> '{}' AND NOT (id = ANY(%s)) ORDER BY id FOR UPDATE SKIP LOCKED
-    )
-"""
 
 
-def store_reservations(reports: dict[int, dict], keep: set[int]) -> None:
-    """Write this cycle's reservation reports and clear every other one except `keep`
-    (heads placed this cycle whose bind may have lost: decided again next cycle)."""
+def store_reservations(reports: dict[int, dict]) -> None:
+    """Write this cycle's reservation reports, one per head still waiting."""
+    if not reports:
+        return
+    ids = list(reports)
+    documents = [orjson.dumps(report).decode() for report in reports.values()]
     with connection.cursor() as cursor:
-        if reports:
-            ids = list(reports)
-            documents = [orjson.dumps(report).decode() for report in reports.values()]
-            cursor.execute(STORE_RESERVATIONS, [ids, documents, ids])
-        cursor.execute(CLEAR_RESERVATIONS, [sorted(set(reports) | keep)])
+        cursor.execute(STORE_RESERVATIONS, [ids, documents, ids])
 
 
 # --- bind -------------------------------------------------------------------------------
@@ -947,7 +933,6 @@ def _run_cycle(batch_size: int) -> CycleResult:
     batch = [task for task, _ in ordered]
     result.considered = len(batch) + sum(group.world_size for group, _ in groups)
     if not batch and not groups:
-        store_reservations({}, keep=set())  # a group that ended since holds nothing
         return result
     result.backlog = Task.objects.filter(status=S.PENDING, group__isnull=True).count() > len(batch)
     # one queue: a group is decided after the singles ahead of it (higher priority, or
@@ -995,7 +980,7 @@ def _run_cycle(batch_size: int) -> CycleResult:
         brief = {key: value for key, value in reason.items() if key != "reservation"} | {"group": failure.group_id}
         for member in members[failure.group_id]:
             result.failed[member] = brief
-    store_reservations(reports, keep={g.group_id for g in placement.groups} & set(window.heads))
+    store_reservations(reports)
     if result.failed:
         with connection.cursor() as cursor:
             cursor.execute(
