@@ -1042,20 +1042,20 @@ def _group_failure(group: GroupReq, fleet: FleetView, removed: dict[str, int], p
     )
 
 
-def group_reach(group: GroupReq, fleet: FleetView, *, loaded: bool = True) -> list[tuple[int, int]]:
+def group_reach(group: GroupReq, fleet: FleetView, *, count_loaded: bool = True) -> list[tuple[int, int]]:
     """(position, workers) for each node that could take workers of the group if its
     cards of the type were all free: in service and visible to the tenant (by the chain's
-    own availability and tenant filters; with `loaded` False, not above the load
+    own availability and tenant filters; with `count_loaded` False, not above the load
     thresholds either, and not `rdma: false` for an `rdma: required` group)."""
     ask = Ask.of(group.worker(), fleet.settings)
     gates = [node_available(ask, fleet), tenant_visible(ask, fleet)]
-    if not loaded:
+    if not count_loaded:
         gates.append(under_load(ask, fleet))
     gate = fleet.gate(gates)
     vendor, per_worker = ask.vendor, group.gpus_per_worker
     reach = []
     for position, node in enumerate(fleet.nodes):
-        if gate[position] is not None or (not loaded and ask.rdma_required and rdma_state(node) is False):
+        if gate[position] is not None or (not count_loaded and ask.rdma_required and rdma_state(node) is False):
             continue
         workers = sum(1 for gpu in node.gpus if not gpu.lost and vendor_matches(gpu, vendor)) // per_worker
         if workers:
@@ -1086,7 +1086,7 @@ def hold_for_group(group: GroupReq, fleet: FleetView, previous: Sequence[str] = 
     nodes = fleet.nodes
 
     reach = sorted(
-        group_reach(group, fleet, loaded=False),
+        group_reach(group, fleet, count_loaded=False),
         key=lambda entry: (
             order.get(nodes[entry[0]].id, len(order)),
             -len(fleet.whole_cards(entry[0], vendor, None)),
