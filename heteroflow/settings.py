@@ -276,6 +276,10 @@ HETEROFLOW_GROUP_MAX_WORLD_SIZE = env.int("HETEROFLOW_GROUP_MAX_WORLD_SIZE", 1_0
 # (apps/nodes/network.py). "prove": only explicit, agreeing labels count; "assume_same":
 # one VPC is assumed unless a difference is proven (docs/scheduler.md#task-groups).
 HETEROFLOW_NETWORK_DOMAIN_POLICY = env.choice("HETEROFLOW_NETWORK_DOMAIN_POLICY", "prove", ("prove", "assume_same"))
+# Task groups: how long a group waits at the head of its priority before it holds the
+# cards it needs as they free up, against smaller work of its priority or lower
+# (docs/scheduler.md#no-starvation-the-reservation). 0: at once.
+HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS = env.int("HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS", 300, low=0, high=86_400)
 # --- node liveness (apps/nodes/liveness.py, docs/nodes.md#node-status) ------------------
 # The node list's status: suspect after this much silence, offline after that much.
 HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS = env.int("HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS", 30, low=10, high=3_600)

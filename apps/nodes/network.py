@@ -2,11 +2,19 @@
 
 Private addresses are unique only inside one VPC, so guessing from IP prefixes sends
 NCCL to an internal MASTER_ADDR that hangs forever, silently. The rule: first look for
-proof that they differ (a duplicated internal IP, different regions, different declared
-zones), then for proof that they are the same (every node declares the same
-`heteroflow.network_zone`); anything else is unknown, and the caller falls back to
-public addresses (gloo). `assume_same` restores the old behaviour for deployments known
-to be one VPC, except where difference is proven.
+proof that they differ (a duplicated internal IP, different regions, two different
+values of one declared label), then for proof that they are the same (every node
+declares the same `heteroflow.network_zone`, or every node the same `heteroflow.vpc_id`);
+anything else is unknown, and the caller falls back to public addresses (gloo).
+`assume_same` restores the old behaviour for deployments known to be one VPC, except
+where difference is proven.
+
+The two labels: `heteroflow.network_zone` is the operator's declaration ("these nodes
+reach each other privately"; the cloud's VPC ID is the recommended value);
+`heteroflow.vpc_id` is the VPC the agent (or the operator) reports from the cloud's
+instance metadata. Either one, agreeing on every node, proves the same network; a
+disagreement in either proves different networks (peered VPCs report different VPC
+IDs: they get public addresses and gloo, slower but never a silent hang).
 """
 
 from __future__ import annotations
@@ -15,6 +23,9 @@ import enum
 from collections.abc import Iterable
 
 ZONE_LABEL = "heteroflow.network_zone"
+VPC_LABEL = "heteroflow.vpc_id"
+# the labels that declare a node's private network, each read on its own
+DOMAIN_LABELS = (ZONE_LABEL, VPC_LABEL)
 
 
 class NetworkDomain(enum.StrEnum):
@@ -35,10 +46,13 @@ def same_network_domain(nodes: Iterable, policy: str = "prove") -> NetworkDomain
     regions = {node.region for node in nodes if node.region}
     if len(regions) > 1:
         return NetworkDomain.PROVEN_DIFFERENT
-    zones = [(node.labels or {}).get(ZONE_LABEL, "").strip() for node in nodes]
-    declared = {zone for zone in zones if zone}
-    if len(declared) > 1:
-        return NetworkDomain.PROVEN_DIFFERENT
-    if len(declared) == 1 and all(zones):
+    declared_everywhere = False
+    for label in DOMAIN_LABELS:
+        values = [str((node.labels or {}).get(label) or "").strip() for node in nodes]
+        declared = {value for value in values if value}
+        if len(declared) > 1:
+            return NetworkDomain.PROVEN_DIFFERENT
+        declared_everywhere |= len(declared) == 1 and all(values)
+    if declared_everywhere:
         return NetworkDomain.PROVEN_SAME
     return NetworkDomain.PROVEN_SAME if policy == "assume_same" else NetworkDomain.UNKNOWN

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from apps.nodes.choices import CORDON_LABEL
@@ -277,6 +277,8 @@ class FleetView:
         self._partial: list[list[tuple[GpuSnap, int]] | None] = [None] * count  # cards with room, and how much
         self._room: list[dict[tuple, int]] = [{} for _ in self.nodes]
         self._topology: list = [_UNKNOWN if nvlink.TOPOLOGY_LABEL in node.labels else None for node in self.nodes]
+        # cards held for a waiting task group this cycle, by position (hold_for_group)
+        self.held: dict[int, list[GpuSnap]] = {}
         for position in range(count):
             self.changed(position)
 
@@ -484,6 +486,29 @@ def gpu_capacity(ask: Ask, fleet: FleetView) -> Check | None:
     return check
 
 
+def reserved_cards(ask: Ask, fleet: FleetView) -> Check | None:
+    """Cards held for a task group that waited too long (hold_for_group) look taken to
+    everything behind it in the queue; this names the node `reserved` where those cards
+    are what the task lacks (without them it would have had enough), so a task kept off
+    by a reservation says so instead of `capacity`. Nothing to say while no card is held."""
+    held = fleet.held
+    if not held or not ask.whole:
+        return None
+    need, vendor, memory = ask.need, ask.vendor, ask.task.gpu_memory_mb
+
+    def check(position: int) -> str | None:
+        cards = held.get(position)
+        if not cards:
+            return None
+        have = len(fleet.whole_cards(position, vendor, memory))
+        if have >= need:
+            return None
+        back = sum(1 for gpu in cards if vendor_matches(gpu, vendor) and (gpu.memory_total_mb or 0) >= (memory or 0))
+        return "reserved" if have + back >= need else None
+
+    return check
+
+
 def rdma_link(ask: Ask, fleet: FleetView) -> Verdicts | None:
     """`rdma: required` removes the nodes labelled rdma: false (unknown ones pass)."""
     if not ask.rdma_required:
@@ -513,6 +538,7 @@ FILTERS: tuple[Filter, ...] = (
     tenant_visible,
     under_load,
     host_port,
+    reserved_cards,
     gpu_capacity,
     rdma_link,
     nvlink_domain,
@@ -607,13 +633,20 @@ def place_queue(
     settings: PluginSettings,
     may_share: Callable[[int, int], bool],
     mark: Callable[[], None] | None = None,
+    reserving: Mapping[int, Sequence[str]] | None = None,
+    held: Sequence[Held] = (),
 ) -> Placement:
     """The queue in its order (single tasks and groups interleaved by priority): each
     single task on its best node, each group whole or not at all (`place_group`), every
-    decision applied to the snapshot before the next item is decided."""
+    decision applied to the snapshot before the next item is decided. A group named in
+    `reserving` (id -> the nodes it targeted last cycle) that does not fit holds the free
+    cards it waits for (`hold_for_group`) against everything after it in the queue.
+    `held`: reservations already standing in front of the whole queue (a dry run's)."""
     placement = Placement()
     decisions, failures = placement.decisions, placement.failures
     fleet = FleetView(nodes, settings, may_share)
+    if held:
+        hold_again(fleet, held)
     total = len(fleet.nodes)
     limit = nodes_to_score(total)
     start = 0
@@ -622,7 +655,12 @@ def place_queue(
             mark()
         if isinstance(task, GroupReq):
             outcome = place_group(task, fleet)
-            (placement.groups if isinstance(outcome, GroupDecision) else placement.group_failures).append(outcome)
+            if isinstance(outcome, GroupDecision):
+                placement.groups.append(outcome)
+                continue
+            if reserving and task.id in reserving:
+                outcome.reservation = hold_for_group(task, fleet, reserving[task.id])
+            placement.group_failures.append(outcome)
             continue
         ask = Ask.of(task, settings)
         best, removed, examined = search(ask, fleet, start, limit)
@@ -773,21 +811,67 @@ class GroupDecision:
 
 
 @dataclass
+class Reservation:
+    """What a task group that waited too long holds this cycle (hold_for_group): on each
+    node of its target set, the cards it wants there (`wanted`, whole workers) and those
+    free now and held for it (`held`), which nothing behind it in the queue may take."""
+
+    group_id: int
+    gpus_per_worker: int
+    needed: int  # workers
+    wanted: dict[str, int]  # node -> cards wanted there, in the order the target was chosen
+    held: dict[str, list[int]]  # node -> card indices held for the group this cycle
+
+    @property
+    def nodes_held(self) -> int:
+        """Target nodes on which every wanted card is held."""
+        return sum(1 for node, cards in self.wanted.items() if len(self.held.get(node, ())) >= cards)
+
+    @property
+    def workers_held(self) -> int:
+        return sum(len(self.held.get(node, ())) // self.gpus_per_worker for node in self.wanted)
+
+    def as_dict(self) -> dict:
+        return {
+            "nodes": [
+                {"node_id": node, "wanted": cards, "held": self.held.get(node, [])}
+                for node, cards in self.wanted.items()
+            ],
+            "nodes_held": self.nodes_held,
+            "nodes_needed": len(self.wanted),
+            "workers": {"held": self.workers_held, "needed": self.needed},
+        }
+
+
+@dataclass
 class GroupFailure:
     group_id: int
-    code: str  # GpuTypeNotPresent | NoSchedulableNodes | InsufficientResources
+    code: str  # GpuTypeNotPresent | NoSchedulableNodes | InsufficientResources | GpuTypeRequired
     message: str
     removed: dict[str, int]
     placeable: int  # workers the fleet could take now
     needed: int
+    # workers the tenant's nodes of the type could take if they were empty (in service,
+    # visible to the tenant): below `needed`, the group cannot be placed whatever ends
+    reach: int = 0
+    reservation: Reservation | None = None  # what it holds this cycle, if it reserves
 
     def as_reason(self) -> dict:
-        return {
+        reason = {
             "code": self.code,
             "message": self.message,
             "removed_by": self.removed,
-            "workers": {"placeable": self.placeable, "needed": self.needed},
+            "workers": {"placeable": self.placeable, "needed": self.needed, "reach": self.reach},
         }
+        if self.reservation is not None:
+            held = self.reservation
+            reason |= {
+                "code": "Reserved",
+                "cause": self.code,
+                "message": f"reserved, {held.nodes_held} of {len(held.wanted)} nodes held",
+                "reservation": held.as_dict(),
+            }
+        return reason
 
 
 @dataclass(slots=True)
@@ -948,6 +1032,7 @@ def _group_failure(group: GroupReq, fleet: FleetView, removed: dict[str, int], p
     if not present:
         return GroupFailure(group.id, "GpuTypeNotPresent", f"type {group.gpu_type} not present", removed, 0, needed)
     code = "NoSchedulableNodes" if removed.get("unavailable", 0) == len(fleet.nodes) else "InsufficientResources"
+    reach = min(sum(workers for _, workers in group_reach(group, fleet)), needed)
     return GroupFailure(
         group.id,
         code,
@@ -955,7 +1040,115 @@ def _group_failure(group: GroupReq, fleet: FleetView, removed: dict[str, int], p
         removed,
         placeable,
         needed,
+        reach,
     )
+
+
+def group_reach(group: GroupReq, fleet: FleetView, *, count_loaded: bool = True) -> list[tuple[int, int]]:
+    """(position, workers) for each node that could take workers of the group if its
+    cards of the type were all free: in service and visible to the tenant (by the chain's
+    own availability and tenant filters; with `count_loaded` False, not above the load
+    thresholds either, and not `rdma: false` for an `rdma: required` group)."""
+    ask = Ask.of(group.worker(), fleet.settings)
+    gates = [node_available(ask, fleet), tenant_visible(ask, fleet)]
+    if not count_loaded:
+        gates.append(under_load(ask, fleet))
+    gate = fleet.gate(gates)
+    vendor, per_worker = ask.vendor, group.gpus_per_worker
+    reach = []
+    for position, node in enumerate(fleet.nodes):
+        if gate[position] is not None or (not count_loaded and ask.rdma_required and rdma_state(node) is False):
+            continue
+        workers = sum(1 for gpu in node.gpus if not gpu.lost and vendor_matches(gpu, vendor)) // per_worker
+        if workers:
+            reach.append((position, workers))
+    return reach
+
+
+# A card held for a reservation carries this pseudo-holder, so every filter, count and
+# score after it sees the card taken: (-group id, tenant, whole card). Task ids are
+# positive, so it is never mistaken for a task (and never reaches bind or the ledger).
+def reservation_holder(group: GroupReq) -> tuple[int, int, None]:
+    return (-group.id, group.tenant_id, None)
+
+
+def hold_for_group(group: GroupReq, fleet: FleetView, previous: Sequence[str] = ()) -> Reservation | None:
+    """After a reserving group failed to place: choose the nodes it waits for and hold
+    their free cards of its type for it, so that nothing behind it in the queue (lower
+    priority, or the same priority and younger) takes them; what frees up there is held
+    again next cycle, until the target alone can take the whole group.
+
+    The target: the nodes it targeted last cycle (`previous`, kept while they still pass
+    availability, tenant and load, so the holds accumulate instead of wandering), then
+    the nodes with the most free cards of the type now (closest to done), then the
+    largest; each takes as many workers as its cards of the type allow, until the group
+    is covered. None when even the empty fleet could not take the group: nothing is held."""
+    order = {node_id: k for k, node_id in enumerate(previous)}
+    vendor, per_worker = group.gpu_type.lower(), group.gpus_per_worker
+    nodes = fleet.nodes
+
+    reach = sorted(
+        group_reach(group, fleet, count_loaded=False),
+        key=lambda entry: (
+            order.get(nodes[entry[0]].id, len(order)),
+            -len(fleet.whole_cards(entry[0], vendor, None)),
+            -entry[1],
+            nodes[entry[0]].id,
+        ),
+    )
+    target: list[tuple[int, int]] = []
+    left = group.world_size
+    for position, workers in reach:
+        if not left:
+            break
+        take_here = min(workers, left)
+        target.append((position, take_here * per_worker))
+        left -= take_here
+    if left:
+        return None
+    holder = reservation_holder(group)
+    held: dict[str, list[int]] = {}
+    for position, cards in target:
+        chosen = fleet.whole_cards(position, vendor, None)[:cards]
+        held[nodes[position].id] = [gpu.index for gpu in chosen]
+        _hold(fleet, position, chosen, holder)
+    wanted = {nodes[position].id: cards for position, cards in target}
+    return Reservation(group.id, per_worker, group.world_size, wanted, held)
+
+
+def _hold(fleet: FleetView, position: int, cards: list[GpuSnap], holder: tuple) -> None:
+    if cards:
+        for gpu in cards:
+            gpu.holders.append(holder)
+        fleet.held.setdefault(position, []).extend(cards)
+        fleet.changed(position)
+
+
+@dataclass(frozen=True)
+class Held:
+    """Cards a reservation held in the last cycle (as stored on its group), for a dry run
+    or an explanation that asks what a request would get now behind it."""
+
+    group_id: int
+    tenant_id: int
+    cards: dict[str, list[int]]  # node -> card indices
+
+
+def hold_again(fleet: FleetView, held: Sequence[Held]) -> None:
+    """Hold, as the last cycle did, those of the cards still free (a card taken since by
+    work ahead of the reservation stays its holder's)."""
+    positions = {node.id: position for position, node in enumerate(fleet.nodes)}
+    for reservation in held:
+        holder = (-reservation.group_id, reservation.tenant_id, None)
+        for node_id, indices in reservation.cards.items():
+            position = positions.get(node_id)
+            if position is None:
+                continue
+            wanted = set(indices)
+            free = [
+                gpu for gpu in fleet.nodes[position].gpus if gpu.index in wanted and not gpu.lost and not gpu.holders
+            ]
+            _hold(fleet, position, free, holder)
 
 
 # --- preemption -------------------------------------------------------------------------

@@ -38,7 +38,9 @@ class PluginConfig(models.Model):
 
 
 class QueueCursor(models.Model):
-    """Where the last bounded batch ended, so the tail of a long queue is not starved."""
+    """Where the last bounded batch ended, so the tail of a long queue is not starved.
+    Row 1: the single tasks' batch (`task_id` the last task's id); row 2: the task
+    groups' window (`task_id` the last group's id; services.GROUP_CURSOR_ROW)."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     priority = models.IntegerField(null=True)

@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from itertools import combinations
 from operator import attrgetter
@@ -41,7 +41,9 @@ from apps.scheduler.core import (
     Failure,
     GpuSnap,
     GroupDecision,
+    GroupFailure,
     GroupReq,
+    Held,
     NodeSnap,
     Occupant,
     PluginSettings,
@@ -55,7 +57,7 @@ from apps.scheduler.ledger import ALLOCATE
 from apps.scheduler.models import GpuAllocation, PluginConfig
 from apps.tasks.choices import HOLDING, TERMINAL, TRANSITIONS, TaskKind
 from apps.tasks.choices import TaskStatus as S
-from apps.tasks.models import Task
+from apps.tasks.models import Task, TaskGroup
 from apps.tasks.ranks import network_decision
 from apps.tasks.services import move_tasks, requeue_preempted
 from apps.tenants.models import TenantGroup
@@ -397,68 +399,232 @@ def next_batch_ordered(size: int = BATCH_SIZE) -> list[tuple[TaskReq, tuple]]:
 
 
 # Whether more single tasks wait than the batch took (the backlog: another cycle at once),
-# and whether any group member waits at all (else the groups query is not run): one
+# and whether any group member waits at all or a group still has a reservation report to
+# clear (else the groups' statement is not run): one
 # statement that reads at most batch + 1 queue entries, where counting would read them all.
 QUEUE_STATE = """
     SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND group_id IS NULL OFFSET %s),
            EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
+           OR EXISTS (SELECT 1 FROM task_groups WHERE NOT (reservation = '{}'::jsonb))
 """
 
 
 def queue_state(batch_size: int) -> tuple[bool, bool]:
-    """(more single tasks pending than `batch_size`, any group member pending)."""
+    """(more single tasks pending than `batch_size`, a group to look at)."""
     with connection.cursor() as cursor:
         cursor.execute(QUEUE_STATE, [batch_size])
         backlog, groups_waiting = cursor.fetchone()
     return backlog, groups_waiting
 
 
-# The groups whose current members (those not ended) are all pending, every rank there.
-GROUPS_SQL = """
-    SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind, g.created_at,
-           array_agg(t.id ORDER BY t.rank)
-    FROM task_groups g JOIN tasks t ON t.group_id = g.id AND NOT (t.status = ANY(%s))
-    WHERE g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
-    GROUP BY g.id
-    HAVING bool_and(t.status = 'pending') AND count(*) = g.world_size
-    ORDER BY g.priority DESC, g.created_at, g.id LIMIT %s
+# One statement per cycle for the task groups. The groups whose current members (those
+# not ended) are all pending, every rank there (`waiting`); of them, the head of each
+# priority (the first in queue order whose last explanation does not say that its type's
+# nodes in the tenant's reach could never take it: such a group would hold the head's
+# place and starve the ones behind it), and the window: the next `size` after the cursor
+# (row 2 of scheduler_queue_cursor, whose task_id is the last group's id), wrapping round
+# to the start of the queue. The cursor moves to where the window ends (`moved`), and a
+# group that is not a head any more (bound, stopped, ended, overtaken) loses its
+# reservation report (`cleared`; a head's report is rewritten after the cycle's decision,
+# and bind clears the one it binds). A row another scheduler is clearing is skipped, not
+# waited for.
+WAITING_GROUPS_SQL = """
+    WITH waiting AS (
+        SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind,
+               g.created_at, array_agg(t.id ORDER BY t.rank) AS members, g.reservation,
+               coalesce((g.schedule_reason->'workers'->>'reach')::int, g.world_size) >= g.world_size AS in_reach
+        FROM task_groups g JOIN tasks t ON t.group_id = g.id AND NOT (t.status = ANY(%(ended)s))
+        WHERE g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
+        GROUP BY g.id
+        HAVING bool_and(t.status = 'pending') AND count(*) = g.world_size
+    ),
+    heads AS (
+        SELECT DISTINCT ON (priority) id FROM waiting WHERE in_reach ORDER BY priority DESC, created_at, id
+    ),
+    mark AS (SELECT priority, created_at, task_id FROM scheduler_queue_cursor WHERE id = %(row)s),
+    after_cursor AS (
+        SELECT w.id FROM waiting w LEFT JOIN mark m ON true
+        WHERE m.priority IS NULL OR w.priority < m.priority
+           OR (w.priority = m.priority AND (w.created_at, w.id) > (m.created_at, m.task_id))
+        ORDER BY w.priority DESC, w.created_at, w.id LIMIT %(size)s
+    ),
+    wrapped AS (
+        SELECT id FROM waiting WHERE id NOT IN (SELECT id FROM after_cursor)
+        ORDER BY priority DESC, created_at, id LIMIT greatest(%(size)s - (SELECT count(*) FROM after_cursor), 0)
+    ),
+    moved AS (
+        INSERT INTO scheduler_queue_cursor (id, priority, created_at, task_id)
+        SELECT %(row)s, w.priority, w.created_at, w.id
+        FROM waiting w JOIN (SELECT id, 0 AS lap FROM after_cursor UNION ALL SELECT id, 1 FROM wrapped) taken USING (id)
+        ORDER BY taken.lap DESC, w.priority, w.created_at DESC, w.id DESC LIMIT 1
+        ON CONFLICT (id) DO UPDATE
+        SET priority = EXCLUDED.priority, created_at = EXCLUDED.created_at, task_id = EXCLUDED.task_id
+    ),
+    cleared AS (
+        UPDATE task_groups SET reservation = '{}'
+        WHERE id IN (
+            SELECT id FROM task_groups WHERE reservation <> '{}' AND id NOT IN (SELECT id FROM heads)
+            ORDER BY id FOR UPDATE SKIP LOCKED
+        )
+    )
+    SELECT w.id, w.tenant_id, w.gpus_per_worker, w.gpu_type, w.strategy, w.priority, w.labels, w.kind, w.created_at,
+           w.members, w.reservation, w.id IN (SELECT id FROM heads)
+    FROM waiting w
+    WHERE w.id IN (SELECT id FROM heads) OR w.id IN (SELECT id FROM after_cursor) OR w.id IN (SELECT id FROM wrapped)
+"""
+GROUP_CURSOR_ROW = 2  # scheduler_queue_cursor's row for the group window (row 1: the single tasks' batch)
+
+
+@dataclass
+class GroupWindow:
+    """A cycle's task groups: each with its queue key (-priority, created_at, rank 0's
+    id), in queue order; and the heads of their priorities among them, each with the
+    reservation report stored on it ({} when it has none yet)."""
+
+    entries: list[tuple[GroupReq, tuple]] = field(default_factory=list)
+    heads: dict[int, dict] = field(default_factory=dict)
+
+
+def group_window(size: int = GROUP_BATCH_SIZE) -> GroupWindow:
+    """The task groups a cycle decides: the head of every priority (always: it is the one
+    that may reserve, and its wait is measured cycle by cycle), and `size` more in queue
+    order after where the last window ended, wrapping round, so that groups that cannot
+    be placed at the front of the queue never hide the ones behind them for good."""
+    with connection.cursor() as cursor:
+        cursor.execute(WAITING_GROUPS_SQL, {"ended": list(TERMINAL), "size": size, "row": GROUP_CURSOR_ROW})
+        rows = cursor.fetchall()
+    window = GroupWindow()
+    for gid, tenant_id, per_worker, gpu_type, strategy, prio, labels, kind, created, members, stored, head in rows:
+        group = GroupReq(
+            id=gid,
+            tenant_id=tenant_id,
+            members=tuple(members),
+            gpus_per_worker=per_worker,
+            gpu_type=gpu_type,
+            strategy=strategy,
+            priority=prio,
+            labels=orjson.loads(labels) if labels else {},
+            kind=kind,
+        )
+        window.entries.append((group, (-prio, created, members[0])))
+        if head:
+            window.heads[gid] = orjson.loads(stored) if isinstance(stored, (str, bytes)) else (stored or {})
+    window.entries.sort(key=lambda entry: entry[1])
+    return window
+
+
+# --- no starvation: the reservation ----------------------------------------------------
+
+
+def reserving_groups(heads: dict[int, dict], now, after_seconds: float) -> dict[int, tuple[str, ...]]:
+    """The heads that have waited at the head of their priority for `after_seconds` or
+    more, each with the nodes its reservation targeted last cycle (the core keeps them
+    first, so the holds accumulate on the same nodes)."""
+    reserving = {}
+    for group_id, stored in heads.items():
+        since = head_since(stored, now)
+        if (now - since).total_seconds() >= after_seconds:
+            reserving[group_id] = tuple(entry["node_id"] for entry in stored.get("nodes", ()))
+    return reserving
+
+
+def head_since(stored: dict, now):
+    """When the group became the head of its priority, by its stored report (now, for a
+    group that just became it)."""
+    since = stored.get("head_since")
+    return datetime.fromisoformat(since) if since else now
+
+
+def reservation_reports(heads: dict[int, dict], failures, now, after_seconds: float) -> dict[int, dict]:
+    """The report to store on each head that is still waiting after this cycle (those
+    placed are cleared by bind): since when it is the head, from when it reserves, and
+    what it holds (`state` "holding", the nodes with the cards wanted and held on each)
+    or "waiting" (not reserving yet, or nothing it could hold: its type's nodes cannot
+    take it even when free)."""
+    reports = {}
+    for failure in failures:
+        if failure.group_id not in heads:
+            continue
+        since = head_since(heads[failure.group_id], now)
+        report = {
+            "state": "waiting",
+            "head_since": since.isoformat(),
+            "reserves_after": (since + timedelta(seconds=after_seconds)).isoformat(),
+        }
+        if failure.reservation is not None:
+            report |= {"state": "holding", **failure.reservation.as_dict()}
+        reports[failure.group_id] = report | {"at": now.isoformat()}
+    return reports
+
+
+def standing_reservations(priority: int, exclude: int | None = None) -> list[Held]:
+    """What the last cycle held for the groups of this priority or higher (their stored
+    reports), but `exclude`'s own: the holds a request of that priority would meet now."""
+    rows = (
+        TaskGroup.objects.filter(reservation__state="holding", priority__gte=priority)
+        .exclude(pk=exclude)
+        .values_list("pk", "tenant_id", "reservation")
+    )
+    return [
+        Held(pk, tenant_id, {entry["node_id"]: entry["held"] for entry in report.get("nodes", ())})
+        for pk, tenant_id, report in rows
+    ]
+
+
+def dry_run(request: TaskReq | GroupReq) -> Decision | Failure | GroupDecision | GroupFailure:
+    """Where a task or a task group would go now, or why not: against a fresh snapshot
+    and behind the reservations standing for its priority or higher, binding nothing."""
+    exclude = request.id if isinstance(request, GroupReq) else None
+    placement = place_queue(
+        [request],
+        load_nodes(),
+        plugin_settings(),
+        sharing_rule(),
+        held=standing_reservations(request.priority, exclude=exclude),
+    )
+    outcomes = [*placement.decisions, *placement.failures, *placement.groups, *placement.group_failures]
+    return outcomes[0]
+
+
+def waiting_group(group: TaskGroup) -> GroupReq | None:
+    """The group as placement would see it, if it is waiting to be placed (every current
+    member pending, every rank there); None otherwise (bound, running, ending)."""
+    current = list(group.tasks.exclude(status__in=TERMINAL).order_by("rank").values_list("pk", "status"))
+    if len(current) != group.world_size or any(status != S.PENDING for _, status in current):
+        return None
+    return GroupReq(
+        id=group.pk,
+        tenant_id=group.tenant_id,
+        members=tuple(pk for pk, _ in current),
+        gpus_per_worker=group.gpus_per_worker,
+        gpu_type=group.gpu_type,
+        strategy=group.strategy,
+        priority=group.priority,
+        labels=group.labels or {},
+        kind=group.kind,
+    )
+
+
+# A head's report, written by every scheduler process that ran the cycle (the same report
+# for the same head): a row another one is writing (or a bind is clearing) is skipped, not
+# waited for, so the statement never waits on a lock and never joins a deadlock. The
+# reports of groups that are no longer heads are cleared by the window's statement.
+STORE_RESERVATIONS = """
+    UPDATE task_groups AS g SET reservation = v.report
+    FROM unnest(%s::bigint[], %s::jsonb[]) AS v(id, report)
+    WHERE g.id = v.id
+      AND g.id IN (SELECT id FROM task_groups WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED)
 """
 
 
-def pending_groups(size: int = GROUP_BATCH_SIZE) -> list[tuple[GroupReq, tuple]]:
-    """The first `size` task groups waiting to be placed, in queue order, each with its
-    queue key (-priority, created_at, id)."""
+def store_reservations(reports: dict[int, dict]) -> None:
+    """Write this cycle's reservation reports, one per head still waiting."""
+    if not reports:
+        return
+    ids = list(reports)
+    documents = [orjson.dumps(report).decode() for report in reports.values()]
     with connection.cursor() as cursor:
-        cursor.execute(GROUPS_SQL, [list(TERMINAL), size])
-        rows = cursor.fetchall()
-    return [
-        (
-            GroupReq(
-                id=group_id,
-                tenant_id=tenant_id,
-                members=tuple(members),
-                gpus_per_worker=gpus_per_worker,
-                gpu_type=gpu_type,
-                strategy=strategy,
-                priority=priority,
-                labels=orjson.loads(labels) if labels else {},
-                kind=kind,
-            ),
-            (-priority, created_at, members[0]),
-        )
-        for (
-            group_id,
-            tenant_id,
-            gpus_per_worker,
-            gpu_type,
-            strategy,
-            priority,
-            labels,
-            kind,
-            created_at,
-            members,
-        ) in rows
-    ]
+        cursor.execute(STORE_RESERVATIONS, [ids, documents, ids])
 
 
 # --- bind -------------------------------------------------------------------------------
@@ -496,6 +662,15 @@ def assign_host_ports(
             taken.add(port)
             ports[decision.task_id] = port
     return ports
+
+
+def ports_wanted(group: GroupDecision, tasks: dict[int, TaskReq]) -> list[Decision]:
+    """The members of a group that get a host port at bind: every member of an inference
+    group (each replica serves on its own port), only the master of a training group
+    (MASTER_PORT, where rank 0 listens for the rendezvous)."""
+    if tasks[group.decisions[0].task_id].kind == TaskKind.INFERENCE:
+        return list(group.decisions)
+    return group.decisions[:1]
 
 
 def bind_all(
@@ -576,15 +751,17 @@ def bind_all(
         }
         policy = django_settings.HETEROFLOW_NETWORK_DOMAIN_POLICY
         holding = [group for group in groups if all(still_holds(d) for d in group.decisions)]
-        masters = [group.decisions[0] for group in holding]
-        # every master's port in one look at the ports in use (the singles' included)
-        master_ports = assign_host_ports(masters, tasks, alive, wanted=masters)
+        # the ports every holding group wants (a training group's master, each member of an
+        # inference group) in one look at the ports in use (the singles' included)
+        wanted_by_group = {group.group_id: ports_wanted(group, tasks) for group in holding}
+        wanted = [d for group_wanted in wanted_by_group.values() for d in group_wanted]
+        all_ports = assign_host_ports(wanted, tasks, alive, wanted=wanted)
         networks: dict[int, dict] = {}
         for group in holding:
             master = group.decisions[0]
-            if master.task_id not in master_ports:
-                continue  # no host port left on the master's node
-            ports = {d.task_id: None for d in group.decisions} | {master.task_id: master_ports[master.task_id]}
+            if any(d.task_id not in all_ports for d in wanted_by_group[group.group_id]):
+                continue  # no host port left on a node that needs one
+            ports = {d.task_id: all_ports.get(d.task_id) for d in group.decisions}
             node = hosts[master.node_id]
             domain = same_network_domain(
                 [hosts[node_id] for node_id in dict.fromkeys(d.node_id for d in group.decisions)], policy
@@ -628,8 +805,8 @@ def bind_all(
 
 
 GROUPS_BOUND = """
-    UPDATE task_groups AS g SET attempts = g.attempts + 1, schedule_reason = '{}'::jsonb, network = v.network,
-        updated_at = %s
+    UPDATE task_groups AS g SET attempts = g.attempts + 1, schedule_reason = '{}'::jsonb,
+        reservation = '{}'::jsonb, network = v.network, updated_at = %s
     FROM unnest(%s::bigint[], %s::jsonb[]) AS v(id, network) WHERE g.id = v.id
 """
 
@@ -788,7 +965,8 @@ def _run_cycle(batch_size: int) -> CycleResult:
     ordered = next_batch_ordered(batch_size)
     batch = [task for task, _ in ordered]
     result.backlog, groups_waiting = queue_state(len(batch))
-    groups = pending_groups() if groups_waiting else []
+    window = group_window() if groups_waiting else GroupWindow()
+    groups = window.entries
     result.considered = len(batch) + sum(group.world_size for group, _ in groups)
     if not batch and not groups:
         return result
@@ -800,7 +978,10 @@ def _run_cycle(batch_size: int) -> CycleResult:
     clock.lap("queue")
     nodes = load_nodes(reuse_seconds=django_settings.HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS)
     clock.lap("snapshot")
-    placement = place_queue(queue, nodes, settings, may_share)
+    started = utcnow()
+    reserve_after = django_settings.HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS
+    reserving = reserving_groups(window.heads, started, reserve_after)
+    placement = place_queue(queue, nodes, settings, may_share, reserving=reserving)
     decisions, failures = placement.decisions, placement.failures
     clock.lap("decide")
     tasks = {task.id: task for task in batch}
@@ -825,10 +1006,16 @@ def _run_cycle(batch_size: int) -> CycleResult:
             }
         result.failed[failure.task_id] = reason
     members = {group.id: group.members for group, _ in groups}
+    reports = reservation_reports(window.heads, placement.group_failures, started, reserve_after)
     for failure in placement.group_failures:
         reason = result.groups_failed[failure.group_id] = failure.as_reason() | {"at": now}
+        if failure.group_id in reports:
+            reason["reservation"] = reports[failure.group_id]
+        # the members say why in a line and point at the group, which has the details
+        brief = {key: value for key, value in reason.items() if key != "reservation"} | {"group": failure.group_id}
         for member in members[failure.group_id]:
-            result.failed[member] = reason | {"group": failure.group_id}
+            result.failed[member] = brief
+    store_reservations(reports)
     if result.failed:
         with connection.cursor() as cursor:
             cursor.execute(

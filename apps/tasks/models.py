@@ -54,6 +54,11 @@ class TaskGroup(models.Model):
     # decided at bind: the backend and addresses the workers use, and why
     network = models.JSONField(default=dict, blank=True, help_text='{"backend", "address", "reason", ...}')
     schedule_reason = models.JSONField(default=dict, blank=True, help_text="why the last cycle did not place it")
+    # the scheduler's report while the group is the head of its priority: since when, and
+    # the cards held for it once it reserves ({} otherwise; docs/scheduler.md)
+    reservation = models.JSONField(
+        default=dict, blank=True, help_text='{"state": "waiting"|"holding", "head_since", "nodes", ...} or {}'
+    )
     attempts = models.PositiveIntegerField(default=0, help_text="placements so far (a lost worker ends the attempt)")
     # the attempt (1, 2, …) a lost worker has ended; the attempt under way is live while
     # this is below `attempts`. Set once per attempt by one compare-and-set (services.end_group_attempt)
@@ -68,7 +73,11 @@ class TaskGroup(models.Model):
 
     class Meta:
         db_table = "task_groups"
-        indexes = [models.Index(fields=["tenant", "created_at"], name="task_groups_tenant")]
+        indexes = [
+            models.Index(fields=["tenant", "created_at"], name="task_groups_tenant"),
+            # the few groups with a reservation report, which each cycle clears when stale
+            models.Index(fields=["id"], condition=~models.Q(reservation={}), name="task_groups_reserving"),
+        ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_group_priority_0_100"),
             models.CheckConstraint(

@@ -14,7 +14,7 @@ from apps.tasks import services
 from apps.tasks.models import Task, TaskGroup
 from apps.tenants.models import Tenant
 from apps.tenants.services import update_tenant
-from tests.factories import make_group, make_node
+from tests.factories import make_group, make_node, make_task_holding
 from tests.headers import bearer
 from tests.portal.client import page, signed_in
 
@@ -161,11 +161,29 @@ def test_a_waiting_group_says_why_including_parts_the_page_does_not_know(client,
     assert 'data-waiting="InsufficientResources"' in html
     assert "not enough nodes of type nvidia in the tenant&#x27;s reach: 1 of 4 workers" in html
     assert "1 of 4 workers could be placed now." in html
-    # what the scheduler adds to the reason (a starvation reservation…) is shown as it is
+    # what the scheduler adds to the reason that the page does not know is shown as it is
     reason = TaskGroup.objects.get(pk=group.pk).schedule_reason
-    TaskGroup.objects.filter(pk=group.pk).update(schedule_reason=reason | {"reservation": {"nodes_held": 1}})
+    TaskGroup.objects.filter(pk=group.pk).update(schedule_reason=reason | {"backfill_hint": "later"})
     html = page(member, f"/portal/training/{group.pk}/")
-    assert "<dt>Reservation</dt>" in html and "nodes_held" in html
+    assert "<dt>Backfill hint</dt>" in html and "later" in html
+
+
+def test_the_reservation_against_starvation_is_laid_out(client, world, settings):
+    settings.HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS = 0  # the head reserves at once
+    acme = world.tenants["acme"]
+    n0 = make_node("n0", gpus=2)
+    make_node("n1", gpus=2)
+    make_task_holding(n0, acme, "running", card=0)
+    group = make_group(acme, workers=2, gpus=2, name="big")
+    run_cycle()
+    run_cycle()
+    member = signed_in(client, world.users["acme-member"])
+    html = page(member, f"/portal/training/{group.pk}/")
+    assert 'data-reservation="holding"' in html
+    assert "Reserved against starvation: 1 of 2 nodes held." in html
+    assert '<td><code>n1</code></td><td class="num">2</td><td class="num">2</td>' in html
+    assert '<td><code>n0</code></td><td class="num">1</td><td class="num">2</td>' in html
+    assert "<dt>Reservation</dt>" not in html  # laid out, not dumped
 
 
 def test_stop_is_a_post_with_the_csrf_token_and_goes_through_the_service(world):

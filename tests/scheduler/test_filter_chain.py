@@ -93,6 +93,7 @@ def test_the_built_in_chain_and_its_order():
         core.tenant_visible,
         core.under_load,
         core.host_port,
+        core.reserved_cards,  # before capacity: a card held for a group is why, not a lack of cards
         core.gpu_capacity,
         core.rdma_link,
         core.nvlink_domain,

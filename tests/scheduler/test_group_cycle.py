@@ -3,6 +3,7 @@ not at all; explained on the group and its members."""
 
 import pytest
 
+from apps.scheduler import services
 from apps.scheduler.core import Decision, GroupDecision, PluginSettings
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import bind_all, run_cycle
@@ -46,7 +47,7 @@ def test_a_group_that_does_not_fit_binds_nothing_and_says_why(world):
     assert not GpuAllocation.objects.filter(task__group=group).exists()
     reason = TaskGroup.objects.get(pk=group.pk).schedule_reason
     assert reason["message"] == "not enough nodes of type nvidia in the tenant's reach: 3 of 4 workers"
-    assert reason["workers"] == {"placeable": 3, "needed": 4} and reason["code"] == "InsufficientResources"
+    assert reason["workers"] == {"placeable": 3, "needed": 4, "reach": 3} and reason["code"] == "InsufficientResources"
     assert all(t.status == "pending" and t.schedule_reason["group"] == group.pk for t in members(group))
     assert ledger_agrees()
 
@@ -123,3 +124,43 @@ def test_a_member_moved_meanwhile_rolls_the_group_back_and_keeps_the_singles(wor
     assert bound == [single.pk]
     assert Task.objects.get(pk=ranks[0].pk).status == "pending"
     assert list(GpuAllocation.objects.values_list("task_id", flat=True)) == [single.pk]
+
+
+def make_inference_group(tenant, workers, gpus):
+    group = make_group(tenant, workers=workers, gpus=gpus, kind="inference")
+    Task.objects.filter(group=group).update(kind="inference")
+    return group
+
+
+def test_every_member_of_an_inference_group_gets_a_host_port_at_bind(world):
+    acme = world.tenants["acme"]
+    make_node("n0", gpus=2)
+    make_node("n1", gpus=1)
+    group = make_inference_group(acme, workers=3, gpus=1)
+    assert run_cycle().groups_bound == [group.pk]
+    ranks = members(group)
+    assert all(t.host_port is not None and 8000 <= t.host_port < 9000 for t in ranks)
+    on_node = sorted((t.node_id, t.host_port) for t in ranks)
+    assert len(set(on_node)) == 3 and len({port for node, port in on_node if node == "n0"}) == 2
+    # a training group: only the master's port (MASTER_PORT)
+    make_node("n2", gpus=2)
+    training = make_group(acme, workers=2, gpus=1)
+    assert run_cycle().groups_bound == [training.pk]
+    assert [t.host_port is not None for t in members(training)] == [True, False]
+
+
+def test_an_inference_group_is_not_bound_when_a_member_gets_no_port(world, monkeypatch):
+    monkeypatch.setattr(services, "INFERENCE_PORTS", range(8000, 8002))  # two ports per node
+    acme = world.tenants["acme"]
+    make_node("n0", gpus=4)
+    group = make_inference_group(acme, workers=3, gpus=1)
+    result = run_cycle()  # the snapshot counts the ports: two workers fit on the node, not three
+    assert result.groups_bound == []
+    assert TaskGroup.objects.get(pk=group.pk).schedule_reason["workers"]["placeable"] == 2
+    # bind checks again on the live rows: a decision for three is dropped whole
+    decision = group_decision(group, [("n0", [0]), ("n0", [1]), ("n0", [2])])
+    tasks = {t.pk: task(id=t.pk, gpus=1, tenant=acme.pk, kind="inference") for t in members(group)}
+    bound, lost = bind_all([], tasks, SAME_TENANT_ONLY, PluginSettings(), groups=[decision])
+    assert bound == [] and len(lost) == 3
+    assert [t.host_port for t in members(group)] == [None, None, None]
+    assert not GpuAllocation.objects.filter(task__group=group).exists()

@@ -36,7 +36,7 @@ STRATEGY_HELP = {
 ENDED = services.ENDED_GROUP
 # the parts of a group's schedule_reason the page lays out itself; any other part (a
 # reservation, …) is listed as it is, so what the scheduler adds shows without a change here
-LAID_OUT = frozenset({"code", "message", "removed_by", "workers", "at", "cause"})
+LAID_OUT = frozenset({"code", "message", "removed_by", "workers", "at", "cause", "reservation"})
 
 
 # --- the form ---------------------------------------------------------------------------------
@@ -139,6 +139,26 @@ def waiting_reason(group: TaskGroup) -> dict | None:
     }
 
 
+def reservation_shown(group: TaskGroup) -> dict | None:
+    """The group's reservation against starvation (the scheduler's report, shape in
+    docs/scheduler.md), as the page lays it out; None when it is not the head of its
+    priority."""
+    report = group.reservation or {}
+    if not report:
+        return None
+    return {
+        "holding": report.get("state") == "holding",
+        "head_since": report.get("head_since", ""),
+        "reserves_after": report.get("reserves_after", ""),
+        "nodes": [
+            {"node_id": node.get("node_id", ""), "held": len(node.get("held") or []), "wanted": node.get("wanted", 0)}
+            for node in report.get("nodes") or []
+        ],
+        "nodes_held": report.get("nodes_held", 0),
+        "nodes_needed": report.get("nodes_needed", 0),
+    }
+
+
 @portal_page
 def training_detail(request, pk):
     principal = request.principal
@@ -154,6 +174,7 @@ def training_detail(request, pk):
             ],
             "nodes": len({task.node_id for task in members if task.node_id}),
             "waiting": waiting_reason(group),
+            "reservation": reservation_shown(group),
             "may_stop": policy.may_stop_task(principal, group) and group.status not in ENDED,
             "command": " ".join(group.command or []),
         },

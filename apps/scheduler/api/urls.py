@@ -6,4 +6,7 @@ urlpatterns = [
     path("scheduler/plugins", views.PluginListView.as_view(), name="scheduler-plugins"),
     path("plugins/<str:name>", views.PluginView.as_view(), name="scheduler-plugin"),
     path("scheduler/dry-run", views.DryRunView.as_view(), name="scheduler-dry-run"),
+    path("scheduler/dry-run/group", views.GroupDryRunView.as_view(), name="scheduler-group-dry-run"),
+    # beside the task-group API (apps/tasks/api), the scheduler's account of one group
+    path("task-groups/<int:pk>/explain", views.GroupExplainView.as_view(), name="task-group-explain"),
 ]

@@ -6,8 +6,11 @@ from rest_framework.views import APIView
 
 from apps.core.permissions import IsOperator
 from apps.core.serializers import StrictSerializer
+from apps.core.views import ScopedAPIView
 from apps.scheduler import services
-from apps.scheduler.core import TaskReq, place
+from apps.scheduler.core import Decision, GroupDecision, GroupFailure, GroupReq, TaskReq
+from apps.tasks.choices import GroupKind, GroupStrategy
+from apps.tasks.models import TaskGroup
 from apps.tenants import policy
 
 
@@ -92,21 +95,104 @@ class DryRunView(APIView):
         tenant = policy.acting_tenant(
             request.auth, data.pop("tenant", None), required="Required: the slug of the tenant the task would run for."
         )
-        request_ = TaskReq(id=0, tenant_id=tenant.pk, **data)
-        decisions, failures = place(
-            [request_], services.load_nodes(), services.plugin_settings(), services.sharing_rule()
-        )
-        if decisions:
-            decision = decisions[0]
+        outcome = services.dry_run(TaskReq(id=0, tenant_id=tenant.pk, **data))
+        if isinstance(outcome, Decision):
             return Response(
                 {
                     "placed": True,
-                    "node_id": decision.node_id,
-                    "gpu_indices": decision.gpu_indices,
-                    "score": decision.score,
+                    "node_id": outcome.node_id,
+                    "gpu_indices": outcome.gpu_indices,
+                    "score": outcome.score,
                     "reason": None,
                 }
             )
         return Response(
-            {"placed": False, "node_id": None, "gpu_indices": [], "score": None, "reason": failures[0].as_reason()}
+            {"placed": False, "node_id": None, "gpu_indices": [], "score": None, "reason": outcome.as_reason()}
+        )
+
+
+# --- task groups ------------------------------------------------------------------------
+
+
+class GroupDryRunSerializer(StrictSerializer):
+    tenant = serializers.CharField(required=False, help_text="Tenant slug; operators only, defaults to yours.")
+    kind = serializers.ChoiceField(choices=GroupKind.choices, default=GroupKind.TRAINING)
+    strategy = serializers.ChoiceField(choices=GroupStrategy.choices, default=GroupStrategy.DDP)
+    world_size = serializers.IntegerField(min_value=1, max_value=1024, help_text="workers")
+    gpus_per_worker = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    gpu_type = serializers.CharField(max_length=20, help_text="every worker on this vendor's cards, strictly")
+    priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
+    labels = serializers.DictField(
+        child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
+    )
+
+
+class GroupWorker(serializers.Serializer):
+    rank = serializers.IntegerField()
+    node_id = serializers.CharField()
+    gpu_indices = serializers.ListField(child=serializers.IntegerField())
+
+
+class GroupDryRunAnswer(serializers.Serializer):
+    placed = serializers.BooleanField()
+    workers = GroupWorker(many=True, help_text="by rank; rank 0's node is the master's")
+    score = serializers.IntegerField(allow_null=True, help_text="the batch score: same rack 3, same zone 2, other 0")
+    reason = serializers.DictField(allow_null=True, help_text="as a group's schedule_reason")
+
+
+def group_answer(outcome: GroupDecision | GroupFailure) -> dict:
+    if isinstance(outcome, GroupDecision):
+        workers = [
+            {"rank": rank, "node_id": d.node_id, "gpu_indices": d.gpu_indices}
+            for rank, d in enumerate(outcome.decisions)
+        ]
+        return {"placed": True, "workers": workers, "score": outcome.score, "reason": None}
+    return {"placed": False, "workers": [], "score": None, "reason": outcome.as_reason()}
+
+
+class GroupDryRunView(APIView):
+    """Where a described task group would go now, all workers or none, and why not;
+    behind the reservations standing for its priority or higher; binds nothing."""
+
+    @extend_schema(request=GroupDryRunSerializer, responses=GroupDryRunAnswer)
+    def post(self, request):
+        serializer = GroupDryRunSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        tenant = policy.acting_tenant(
+            request.auth, data.pop("tenant", None), required="Required: the slug of the tenant the group would run for."
+        )
+        world_size = data.pop("world_size")
+        group = GroupReq(id=0, tenant_id=tenant.pk, members=tuple(range(1, world_size + 1)), **data)
+        return Response(group_answer(services.dry_run(group)))
+
+
+class GroupExplainAnswer(serializers.Serializer):
+    group_id = serializers.IntegerField()
+    status = serializers.CharField()
+    schedule_reason = serializers.DictField(help_text="why the last cycle did not place it ({} once bound)")
+    reservation = serializers.DictField(help_text="its report while it is the head of its priority ({} otherwise)")
+    network = serializers.DictField(help_text="the network decided at its last bind")
+    now = GroupDryRunAnswer(allow_null=True, help_text="a dry run of the group now, while it waits; null otherwise")
+
+
+class GroupExplainView(ScopedAPIView):
+    """Why a task group waits: the last cycle's reason and reservation, and where it
+    would go now (a dry run of the group itself, binding nothing)."""
+
+    queryset = TaskGroup.objects.with_status()
+
+    @extend_schema(responses=GroupExplainAnswer)
+    def get(self, request, pk):
+        group = self.get_object()
+        waiting = services.waiting_group(group)
+        return Response(
+            {
+                "group_id": group.pk,
+                "status": group.status,
+                "schedule_reason": group.schedule_reason,
+                "reservation": group.reservation,
+                "network": group.network,
+                "now": group_answer(services.dry_run(waiting)) if waiting is not None else None,
+            }
         )

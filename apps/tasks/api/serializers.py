@@ -363,6 +363,7 @@ class TaskGroupSerializer(serializers.ModelSerializer):
             "labels",
             "network",
             "schedule_reason",
+            "reservation",
             "attempts",
             "created_by",
             "created_at",
