@@ -87,6 +87,18 @@ def record_heartbeat(status: int, error_code: str | None) -> None:
 
 # --- periodic jobs and Celery -------------------------------------------------------------
 
+TASK_CREATES = Counter(
+    "heteroflow_task_create_requests",
+    "POST /api/v1/tasks answered by the thin create route (apps.tasks.api.create_route), by status; "
+    "Django's request metrics do not see these.",
+    ["status"],
+)
+
+
+def record_task_create(status: int) -> None:
+    TASK_CREATES.labels(str(status)).inc()
+
+
 JOB_RUNS = Counter(
     "heteroflow_periodic_job_runs",
     "Deliveries of a periodic job by what the guard made of them (ran, busy, early, failed).",

@@ -4,7 +4,6 @@ quota, each with its index in its environment; and the scheduler asked once per 
 from unittest import mock
 
 import pytest
-from django.core.cache import cache
 from django.test import override_settings
 
 from apps.tasks import services
@@ -93,7 +92,7 @@ def test_an_array_that_does_not_fit_the_quota_is_refused_whole(api, world):
 
 
 def test_creates_ask_for_one_cycle_per_interval_and_one_at_its_end(world, django_capture_on_commit_callbacks):
-    cache.delete(services.CYCLE_ASKED_KEY)
+    services.forget_cycle_asks()
     tenant = world.tenants["acme"]
     with override_settings(HETEROFLOW_SUBMIT_TICK_SECONDS=2), mock.patch.object(services, "enqueue") as enqueue:
         for i in range(5):
@@ -103,7 +102,7 @@ def test_creates_ask_for_one_cycle_per_interval_and_one_at_its_end(world, django
         mock.call("scheduler.tick", immediate=True),
         mock.call("scheduler.tick", immediate=True, countdown=2),
     ]
-    cache.delete(services.CYCLE_ASKED_KEY)
+    services.forget_cycle_asks()
     with override_settings(HETEROFLOW_SUBMIT_TICK_SECONDS=0), mock.patch.object(services, "enqueue") as enqueue:
         for i in range(3):
             with django_capture_on_commit_callbacks(execute=True):
