@@ -17,6 +17,7 @@ from apps.alerts.services import NewAlert, raise_alert, raise_alerts
 from apps.confidential.services import read_secret
 from apps.core.cas import IllegalTransition, transition
 from apps.core.clock import utcnow
+from apps.core.db import insert_rows
 from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import release
@@ -150,7 +151,7 @@ def create_tasks(tenant, specs, *, created_by=None) -> list[Task]:
         use = TenantUsage.objects.locked(tenant.pk).as_use()
         problems = quota_problems(tenant, use, tasks=len(tasks), gpus=gpus, gpu_memory_mb=memory)
         if not problems:
-            Task.objects.bulk_create(tasks, batch_size=INSERT_BATCH)
+            insert_rows(tasks, batch_size=INSERT_BATCH)
             transaction.on_commit(ask_for_a_cycle)
             return tasks
     message = f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}."
