@@ -95,8 +95,11 @@ TASK_CREATES = Counter(
 )
 
 
+_CREATE_ANSWERS = {status: TASK_CREATES.labels(str(status)) for status in (201, 400, 401, 403, 404, 409, 500)}
+
+
 def record_task_create(status: int) -> None:
-    TASK_CREATES.labels(str(status)).inc()
+    (_CREATE_ANSWERS.get(status) or TASK_CREATES.labels(str(status))).inc()
 
 
 JOB_RUNS = Counter(
