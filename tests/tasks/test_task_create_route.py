@@ -246,3 +246,16 @@ def test_a_key_whose_owner_left_the_tenant_is_refused_alike(route, people):
     slow = through_django(bearer(keys["viewer"]), json=JOB)
     assert fast.status_code == 401 and comparable(fast) == comparable(slow)
     assert ApiKey.objects.filter(name="viewer").exists()
+
+
+@pytest.mark.parametrize("pool,threads", [(None, 4), ({"max_size": 10}, 4), ({"max_size": 4}, 2), ({"max_size": 1}, 1)])
+def test_the_route_keeps_at_most_half_the_pool(pool, threads):
+    from unittest import mock
+
+    from django.conf import settings
+
+    from apps.tasks.api.create_route import create_threads
+
+    options = {key: value for key, value in settings.DATABASES["default"].get("OPTIONS", {}).items() if key != "pool"}
+    with mock.patch.dict(settings.DATABASES["default"], {"OPTIONS": options | ({"pool": pool} if pool else {})}):
+        assert create_threads() == threads

@@ -40,8 +40,16 @@ logger = logging.getLogger(__name__)
 PATH = "/api/v1/tasks"
 # Creates of one tenant queue on its usage row anyway; a few threads let creates of
 # different tenants overlap and keep the event loop free. Each keeps one database
-# connection (from Django's pool, as a request takes one) between creates.
+# connection between creates, taken from Django's pool as a request takes one: at most
+# half the pool, so that the rest of Django always has connections.
 CREATE_THREADS = 4
+
+
+def create_threads() -> int:
+    pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
+    if not pool:
+        return CREATE_THREADS  # no pool: each thread's connection is its own
+    return max(1, min(CREATE_THREADS, pool.get("max_size", 2 * CREATE_THREADS) // 2))
 
 
 def _json_media_type(value: str | None) -> bool:
@@ -169,7 +177,7 @@ class TaskCreateApp:
 
     def executor(self) -> ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(CREATE_THREADS, thread_name_prefix="task-create")
+            self._executor = ThreadPoolExecutor(create_threads(), thread_name_prefix="task-create")
         return self._executor
 
     def shutdown(self) -> None:
