@@ -278,15 +278,8 @@ def decide(window: Window | None, state: WindowState, at: datetime) -> WindowDec
             f"outside the window: pause ({state.replicas} replicas, {remembered} remembered)",
         )
     target = window.scale_to
-    if target > state.replicas and not state.tenant_active:
-        return WindowDecision(
-            WindowMove.SKIP,
-            state.held_action,
-            state.replicas,
-            state.remembered,
-            held,
-            f"outside the window: scale to {target} would add replicas and the tenant is inactive: skipped",
-        )
+    if _adds_for_inactive_tenant(state, target):
+        return _skip(state, held, f"outside the window: scale to {target}")
     return WindowDecision(
         WindowMove.APPLY,
         WindowAction.SCALE,
@@ -303,15 +296,8 @@ def _back_inside(state: WindowState, why: str) -> WindowDecision:
             WindowMove.RELEASE, WindowAction.STOP, state.replicas, None, False, f"{why}: stop is not undone"
         )
     target = state.remembered if state.remembered is not None else state.replicas
-    if target > state.replicas and not state.tenant_active:
-        return WindowDecision(
-            WindowMove.SKIP,
-            state.held_action,
-            state.replicas,
-            state.remembered,
-            True,
-            f"{why}: restoring {target} replicas would add replicas and the tenant is inactive: skipped",
-        )
+    if _adds_for_inactive_tenant(state, target):
+        return _skip(state, True, f"{why}: restoring {target} replicas")
     return WindowDecision(
         WindowMove.RESTORE,
         state.held_action,
@@ -320,3 +306,14 @@ def _back_inside(state: WindowState, why: str) -> WindowDecision:
         False,
         f"{why}: {state.held_action} undone, {state.replicas} → {target} replicas",
     )
+
+
+def _adds_for_inactive_tenant(state: WindowState, target: int) -> bool:
+    """The spec's rule: a window action that would add replicas is skipped for an
+    inactive tenant; shrinking and pausing are not."""
+    return target > state.replicas and not state.tenant_active
+
+
+def _skip(state: WindowState, holds: bool, what: str) -> WindowDecision:
+    reason = f"{what} would add replicas and the tenant is inactive: skipped"
+    return WindowDecision(WindowMove.SKIP, state.held_action, state.replicas, state.remembered, holds, reason)
