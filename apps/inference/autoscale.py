@@ -23,7 +23,7 @@ The rules (docs/inference.md, Autoscaling):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -116,6 +116,42 @@ POLICY_FIELDS = {
     "scale_down_stabilisation_s",
     "max_sample_age_s",
 }
+
+
+class PolicyError(ValueError):
+    def __init__(self, errors: list[str]):
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+def parse_policy(data: Mapping) -> ScalingPolicy:
+    """A policy from its JSON form (the fields of ScalingPolicy; those left out keep their
+    defaults), or PolicyError listing every problem: unknown fields, values that are not
+    numbers, and what `validate_policy` finds."""
+    if not isinstance(data, Mapping):
+        raise PolicyError(["an autoscaling policy must be an object"])
+    errors = []
+    unknown = sorted(set(data) - POLICY_FIELDS)
+    if unknown:
+        errors.append(f"unknown fields: {', '.join(unknown)}")
+    values = {}
+    for name in sorted(POLICY_FIELDS & set(data)):
+        value = data[name]
+        integral = name in ("min_replicas", "max_replicas")
+        nullable = name.startswith("target_") or name == "max_in_flight_per_replica"
+        if value is None and nullable:
+            values[name] = None
+        elif isinstance(value, bool) or not isinstance(value, int if integral else (int, float)):
+            errors.append(f"{name} must be {'an integer' if integral else 'a number'}{' or null' if nullable else ''}")
+        else:
+            values[name] = value
+    if errors:
+        raise PolicyError(errors)
+    policy = ScalingPolicy(**values)
+    errors = validate_policy(policy)
+    if errors:
+        raise PolicyError(errors)
+    return policy
 
 
 def validate_policy(policy: ScalingPolicy) -> list[str]:

@@ -7,10 +7,12 @@ import pytest
 
 from apps.inference.autoscale import (
     Direction,
+    PolicyError,
     Sample,
     ScalingPolicy,
     ScalingState,
     decide,
+    parse_policy,
     validate_policy,
 )
 
@@ -316,3 +318,33 @@ def test_bad_policies_are_named(changes, fragment):
     }
     errors = validate_policy(ScalingPolicy(**fields))
     assert any(fragment in error for error in errors), errors
+
+
+def test_a_policy_parses_from_its_json_form_with_defaults_for_the_rest():
+    policy = parse_policy({"min_replicas": 2, "max_replicas": 5, "target_in_flight": None, "target_tokens_per_s": 900})
+    assert (policy.min_replicas, policy.max_replicas, policy.target_in_flight, policy.target_tokens_per_s) == (
+        2,
+        5,
+        None,
+        900,
+    )
+    assert policy.scale_down_stabilisation_s == 300
+
+
+@pytest.mark.parametrize(
+    "data,expected",
+    [
+        ([], ["an autoscaling policy must be an object"]),
+        ({"max_replicas": 2, "cooldown": 5}, ["unknown fields: cooldown"]),
+        ({"max_replicas": "2"}, ["max_replicas must be an integer"]),
+        ({"max_replicas": 2.5}, ["max_replicas must be an integer"]),
+        ({"max_replicas": True}, ["max_replicas must be an integer"]),
+        ({"max_replicas": 2, "target_in_flight": "8"}, ["target_in_flight must be a number or null"]),
+        ({"max_replicas": 2, "scale_up_cooldown_s": None}, ["scale_up_cooldown_s must be a number"]),
+        ({"min_replicas": 3, "max_replicas": 2}, ["max_replicas (2) is below min_replicas (3)"]),
+    ],
+)
+def test_a_bad_json_policy_names_every_problem(data, expected):
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(data)
+    assert caught.value.errors == expected
