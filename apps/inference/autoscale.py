@@ -313,6 +313,16 @@ def decide(policy: ScalingPolicy, state: ScalingState, samples: Sequence[Sample]
         capped = f" (needs {up_need.replicas}, max {high})" if desired < up_need.replicas else ""
         return result(Direction.UP, desired, f"{up_need.figures}: up to {desired}{capped}", **figures)
 
+    latest_need = _largest(latest_needs)
+    if latest_need.replicas > current:
+        return result(
+            Direction.HOLD,
+            current,
+            f"{latest_need.figures}: not sustained over the {_fmt(policy.scale_up_stabilisation_s)} s "
+            f"scale-up stabilisation (smallest need {up_need.replicas}), hold at {current}",
+            need=up_need.replicas,
+        )
+
     # down: the whole stabilisation must be read, every targeted signal, and ask for less
     down_from = now - timedelta(seconds=policy.scale_down_stabilisation_s)
     window = [s for s in series if s.at >= down_from] or [latest]

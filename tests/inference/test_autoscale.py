@@ -104,7 +104,12 @@ def test_scale_down_takes_the_highest_need_of_the_stabilisation():
 def test_a_scale_up_needs_every_sample_of_its_stabilisation_to_ask():
     policy = ScalingPolicy(min_replicas=1, max_replicas=6, target_in_flight=8, scale_up_stabilisation_s=60)
     one_spike = series(in_flight=[8, 8, 40])
-    assert decide(policy, state(2), one_spike, NOW).direction == Direction.HOLD
+    held = decide(policy, state(2), one_spike, NOW)
+    assert (held.direction, held.desired) == (Direction.HOLD, 2)
+    assert held.reason == (
+        "in flight 40 over 2 replicas = 20 > target 8: not sustained over the 60 s scale-up stabilisation "
+        "(smallest need 1), hold at 2"
+    )
     sustained = series(in_flight=[30, 40, 40])
     decision = decide(policy, state(2), sustained, NOW)
     assert (decision.direction, decision.desired) == (Direction.UP, 4)  # the smallest of the window: ceil(30 / 8)
