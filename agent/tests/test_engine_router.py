@@ -90,7 +90,8 @@ def test_no_engine_for_the_format_names_what_was_detected():
     refused = route("nvidia", [VLLM], "gguf")
     assert refused.reason.startswith("no engine on this node serves gguf: detected vllm only")
     assert "llama.cpp is not on this node (no local ghcr.io/ggml-org/llama.cpp image)" in refused.reason
-    assert route("nvidia", [], "safetensors").reason.startswith("no engine on this node serves safetensors: detected none")
+    nothing = route("nvidia", [], "safetensors")
+    assert nothing.reason.startswith("no engine on this node serves safetensors: detected none")
 
 
 def test_priorities_replace_the_default_order_for_their_format_only():
@@ -120,7 +121,8 @@ def test_an_explicit_engine_must_be_detected_and_serve_the_format():
 
 def test_auto_is_the_default_and_any_case_is_accepted():
     assert route("NVIDIA", [VLLM], "SafeTensors", requested="AUTO").engine == VLLM
-    assert route("nvidia", [VLLM], "safetensors").reason == "vllm on nvidia: first detected of vllm, sglang, mindie for safetensors"
+    chosen = route("nvidia", [VLLM], "safetensors")
+    assert chosen.reason == "vllm on nvidia: first detected of vllm, sglang, mindie for safetensors"
 
 
 def test_the_image_carries_the_tag_the_probe_found():
@@ -198,7 +200,8 @@ def test_an_inference_task_asking_for_an_engine_gets_the_routed_image_or_fails_w
     assert executor.route({**task, "image": "my/own:image"}) is None  # a task naming its image keeps it
     assert executor.route({**task, "kind": "batch"}) is None
     outcome = executor.run({**task, "model_format": "gguf"}, threading.Event())
-    assert outcome.status == "failed" and "no engine on this node serves gguf: detected vllm only" in outcome.error_message
+    assert outcome.status == "failed"
+    assert "no engine on this node serves gguf: detected vllm only" in outcome.error_message
     executor.router = None
     assert executor.route(task).refused
     executor.close()
