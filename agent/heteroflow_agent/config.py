@@ -49,7 +49,7 @@ KNOWN_KEYS = set(ENVIRONMENT) | {
     "engine_priorities",
     "engine_images",
 }
-ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$", re.IGNORECASE)
 
 
 class ConfigError(ValueError):
@@ -201,7 +201,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         reconcile_interval=reconcile_interval,
         report_attempts=report_attempts,
         engine_priorities={fmt.lower(): [e.lower() for e in engines] for fmt, engines in priorities.items()},
-        engine_images={vendor.lower(): dict(engines) for vendor, engines in images.items()},
+        engine_images={v.lower(): {e.lower(): r for e, r in engines.items()} for v, engines in images.items()},
     )
 
 
