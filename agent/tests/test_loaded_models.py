@@ -177,7 +177,8 @@ def test_the_executor_knows_which_inference_tasks_serve_on_which_port():
     task = {"id": 21, "kind": "inference", "host_port": 30005}
     executor.active[21] = stop
     executor.pool.submit(executor._work, 21, lambda: executor.watch(task, stop, time.monotonic()))
-    executor.pool.submit(executor._work, 22, lambda: executor.watch({"id": 22, "kind": "batch"}, stop, time.monotonic()))
+    batch = {"id": 22, "kind": "batch"}
+    executor.pool.submit(executor._work, 22, lambda: executor.watch(batch, stop, time.monotonic()))
     assert runtime.seen.wait(5)
     deadline = time.monotonic() + 5
     while executor.report().serving != {21: 30005} and time.monotonic() < deadline:

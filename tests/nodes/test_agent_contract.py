@@ -79,6 +79,7 @@ def test_what_the_agent_sends_is_what_the_server_records(agents, eight_a100s, tm
 def test_served_models_and_the_cache_label_are_accepted_and_recorded(agents, eight_a100s, tmp_path):
     """What a serving engine has loaded (read from its real /v1/models) and the model
     cache label travel in the beat's schema and land on the node."""
+
     class Engine(BaseHTTPRequestHandler):
         def do_GET(self):
             body = json.dumps({"data": [{"id": "qwen-tiny", "root": "/data/models/qwen-tiny"}]}).encode()
@@ -120,5 +121,7 @@ def test_served_models_and_the_cache_label_are_accepted_and_recorded(agents, eig
     node = Node.objects.get(pk="gpu-08")
     assert node.labels[CACHED_MODELS_LABEL] == "llama-tiny"
     served = [m for m in node.discovered_models if m.get("served")]
-    assert served == [{"name": "qwen-tiny", "path": "/data/models/qwen-tiny", "served": True, "task_id": 41, "port": port}]
+    assert served == [
+        {"name": "qwen-tiny", "path": "/data/models/qwen-tiny", "served": True, "task_id": 41, "port": port}
+    ]
     assert any(m["name"] == "llama-tiny" and m["format"] == "gguf" for m in node.discovered_models)
