@@ -135,3 +135,15 @@ def test_the_node_page_delete_shows_the_models_409_and_force_removes_them(client
     html = operator.post("/portal/nodes/shared-2/delete/", {"force": "true"}, follow=True).content.decode()
     assert "Models deleted with it: acme/pinned." in html
     assert not Node.objects.filter(pk="shared-2").exists() and not Model.objects.exists()
+
+
+def test_the_admin_lists_and_deletes_models_but_registers_none(client, world):
+    registered = model(world.tenants["acme"], "ours")
+    registered.nodes.set([make_node("n1", 1)])
+    admin = signed_in(client, world.operator)
+    html = page(admin, "/admin/inference/model/?format__exact=gguf")
+    assert ">ours<" in html
+    assert "n1" in page(admin, f"/admin/inference/model/{registered.pk}/change/")
+    assert admin.get("/admin/inference/model/add/").status_code == 403
+    admin.post(f"/admin/inference/model/{registered.pk}/delete/", {"post": "yes"})
+    assert not Model.objects.exists()
