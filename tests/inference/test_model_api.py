@@ -185,6 +185,8 @@ def test_patch_changes_size_engines_and_nodes_and_refuses_the_rest(api, world, n
     ):
         response = api.patch(url, bad, format="json", **key)
         assert response.status_code == 400 and field in response.json()["error"]["fields"], (bad, response.json())
+        if field in ("name", "format"):
+            assert response.json()["error"]["fields"][field] == ["Cannot be changed; register a new model instead."]
     empty = api.patch(url, {}, format="json", **key)
     assert empty.status_code == 400 and "Nothing to change" in empty.json()["error"]["message"]
     model.refresh_from_db()

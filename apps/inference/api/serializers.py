@@ -95,6 +95,7 @@ class ModelCreateSerializer(StrictSerializer):
 
 
 FROZEN = ("tenant", "name", "source_kind", "source", "format")
+FROZEN_MESSAGE = "Cannot be changed; register a new model instead."
 
 
 class ModelUpdateSerializer(StrictSerializer):
@@ -106,19 +107,15 @@ class ModelUpdateSerializer(StrictSerializer):
     nodes = NodesField(required=False)
 
     def to_internal_value(self, data):
-        frozen = {}
-        if isinstance(data, dict):
-            frozen = {name: ["Cannot be changed; register a new model instead."] for name in FROZEN if name in data}
-            data = {key: value for key, value in data.items() if key not in frozen}
+        """The strict check refuses the frozen fields as unknown; say why instead."""
         try:
-            value = super().to_internal_value(data)
+            return super().to_internal_value(data)
         except serializers.ValidationError as exc:
-            if frozen and isinstance(exc.detail, dict):
-                raise serializers.ValidationError({**exc.detail, **frozen}) from None
+            if isinstance(exc.detail, dict):
+                for name in FROZEN:
+                    if name in exc.detail:
+                        exc.detail[name] = [serializers.ErrorDetail(FROZEN_MESSAGE, code="frozen")]
             raise
-        if frozen:
-            raise serializers.ValidationError(frozen)
-        return value
 
     def validate(self, attrs):
         if not attrs:
