@@ -37,6 +37,7 @@ urlpatterns = [
     path("models/", models.model_list, name="models"),
     path("models/new/", models.model_new, name="model-new"),
     path("models/<int:pk>/", models.model_detail, name="model"),
+    path("models/<int:pk>/edit/", models.model_edit, name="model-edit"),
     path("models/<int:pk>/delete/", models.model_delete, name="model-delete"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),

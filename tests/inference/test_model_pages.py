@@ -147,3 +147,28 @@ def test_the_admin_lists_and_deletes_models_but_registers_none(client, world):
     assert admin.get("/admin/inference/model/add/").status_code == 403
     admin.post(f"/admin/inference/model/{registered.pk}/delete/", {"post": "yes"})
     assert not Model.objects.exists()
+
+
+def test_the_detail_form_changes_size_engines_and_nodes_as_patch_does(client, world):
+    make_node("shared-1", 1)
+    make_node("beta-1", 1, tenant=world.tenants["beta"])
+    ours = model(world.tenants["acme"], "ours", engines=["llamacpp"], size_bytes=5)
+    member = signed_in(client, world.users["acme-member"])
+    html = page(member, f"/portal/models/{ours.pk}/")
+    assert 'id="model-edit"' in html and 'value="llamacpp" checked' in html
+    saved = member.post(
+        f"/portal/models/{ours.pk}/edit/", {"size_bytes": "", "engines": ["ollama"], "nodes": "shared-1"}, follow=True
+    )
+    assert "Model &#x27;ours&#x27; saved." in saved.content.decode()
+    ours.refresh_from_db()
+    assert (ours.size_bytes, ours.engines) == (None, ["ollama"])
+    assert list(ours.nodes.values_list("pk", flat=True)) == ["shared-1"]
+    bad_engine = member.post(f"/portal/models/{ours.pk}/edit/", {"engines": ["warp"]}, follow=True)
+    assert "engines: 0: &quot;warp&quot; is not a valid choice." in bad_engine.content.decode()
+    their_node = member.post(f"/portal/models/{ours.pk}/edit/", {"engines": ["vllm"], "nodes": "beta-1"}, follow=True)
+    assert "nodes: No node &#x27;beta-1&#x27;." in their_node.content.decode()
+    ours.refresh_from_db()
+    assert ours.engines == ["ollama"] and list(ours.nodes.values_list("pk", flat=True)) == ["shared-1"]
+    viewer = signed_in(client, world.users["acme-viewer"])
+    assert 'id="model-edit"' not in page(viewer, f"/portal/models/{ours.pk}/")
+    assert viewer.post(f"/portal/models/{ours.pk}/edit/", {"engines": []}).status_code == 403

@@ -11,11 +11,11 @@ from django.views.decorators.http import require_POST
 
 from apps.core.views import get_visible_or_404, visible
 from apps.inference import selectors, services
-from apps.inference.api.serializers import ModelCreateSerializer
+from apps.inference.api.serializers import ModelCreateSerializer, ModelUpdateSerializer
 from apps.inference.choices import Engine, ModelFormat, SourceKind
 from apps.inference.models import Model
 from apps.portal.access import portal_page
-from apps.portal.pages.common import choice, paginate, through_api_for_a_tenant
+from apps.portal.pages.common import choice, paginate, through_api, through_api_for_a_tenant
 from apps.portal.pages.tasks import lines
 from apps.tenants import policy
 from apps.tenants.models import Tenant
@@ -104,9 +104,33 @@ def model_detail(request, pk):
             "model": model,
             "nodes": sorted(node.pk for node in model.nodes.all()),
             "cached": selectors.cached_on([model])[model.pk],
-            "may_delete": policy.may_manage_models(principal, model.tenant),
+            "may_change": policy.may_manage_models(principal, model.tenant),
+            "engines": Engine.choices,
         },
     )
+
+
+@require_POST
+@portal_page
+def model_edit(request, pk):
+    """The detail page's change form: the body of PATCH /api/v1/models/{id} with all three
+    fields (an empty size: not known; no engine ticked: the router chooses; no node: not
+    pinned), validated by the API's ModelUpdateSerializer."""
+    principal = request.principal
+    model = get_visible_or_404(Model.objects.select_related("tenant"), principal, pk=pk)
+    policy.check_may_manage_models(principal, model.tenant)
+    size = request.POST.get("size_bytes", "").strip()
+    data = {
+        "size_bytes": size or None,
+        "engines": request.POST.getlist("engines"),
+        "nodes": lines(request.POST.get("nodes", "").replace(",", "\n")),
+    }
+    _, errors = through_api(ModelUpdateSerializer, data, lambda valid: services.update_model(principal, model, valid))
+    for field, problems in errors.items():
+        messages.error(request, f"{'' if field == '__all__' else field + ': '}{' '.join(problems)}")
+    if not errors:
+        messages.success(request, f"Model '{model.name}' saved.")
+    return redirect("portal:model", model.pk)
 
 
 @require_POST
