@@ -6,9 +6,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "heteroflow.settings")
 django_application = get_asgi_application()
 
 from apps.nodes.api.heartbeat import HeartbeatApp  # noqa: E402  (needs Django set up)
+from apps.tasks.api.create_route import TaskCreateApp  # noqa: E402
 
-# The heartbeat route sits in front of Django; everything else is Django's.
-application = HeartbeatApp(django_application)
+# The heartbeat and the task create (with an API key) sit in front of Django as thin
+# routes; everything else is Django's.
+application = HeartbeatApp(TaskCreateApp(django_application))
 
 from apps.monitoring import listener  # noqa: E402
 

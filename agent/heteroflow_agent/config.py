@@ -41,7 +41,15 @@ ENVIRONMENT = {
     "reconcile_interval": ("HETEROFLOW_RECONCILE_SECONDS",),
     "report_attempts": ("HETEROFLOW_REPORT_ATTEMPTS",),
 }
-KNOWN_KEYS = set(ENVIRONMENT) | {"labels", "connect_timeout", "read_timeout", "tool_timeout"}
+KNOWN_KEYS = set(ENVIRONMENT) | {
+    "labels",
+    "connect_timeout",
+    "read_timeout",
+    "tool_timeout",
+    "engine_priorities",
+    "engine_images",
+}
+ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$", re.IGNORECASE)
 
 
 class ConfigError(ValueError):
@@ -66,6 +74,10 @@ class AgentConfig:
     log_level: str = "info"
     reconcile_interval: int = 60
     report_attempts: int = 6  # a task's final report: 1 s back-off doubling to 10 s between them
+    # model format -> engines in the order the router tries them (replaces its default)
+    engine_priorities: dict = field(default_factory=dict)
+    # vendor -> engine -> image repository, over the router's table ("" removes one)
+    engine_images: dict = field(default_factory=dict)
 
     @property
     def scanned_model_dirs(self) -> tuple[str, ...]:
@@ -138,6 +150,33 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         problems.append("labels must map names (letters, digits, . _ / -) to strings")
         labels = {}
 
+    priorities = raw.get("engine_priorities", {})
+    if not isinstance(priorities, dict) or not all(
+        isinstance(fmt, str)
+        and ENGINE_NAME.match(fmt)
+        and isinstance(engines, list)
+        and engines
+        and all(isinstance(e, str) and ENGINE_NAME.match(e) for e in engines)
+        for fmt, engines in priorities.items()
+    ):
+        problems.append('engine_priorities must map model formats to lists of engines, e.g. {"gguf": ["llama.cpp"]}')
+        priorities = {}
+    images = raw.get("engine_images", {})
+    if not isinstance(images, dict) or not all(
+        isinstance(vendor, str)
+        and isinstance(engines, dict)
+        and all(
+            isinstance(e, str) and ENGINE_NAME.match(e) and isinstance(r, str) and ":" not in r.rsplit("/", 1)[-1]
+            for e, r in engines.items()
+        )
+        for vendor, engines in images.items()
+    ):
+        problems.append(
+            "engine_images must map vendors to {engine: image repository without a tag}, "
+            'e.g. {"hygon": {"vllm": "registry.example/dcu/vllm"}}'
+        )
+        images = {}
+
     data_dir = Path(str(raw.get("data_dir") or DEFAULT_DATA_DIR))
     node_id = str(raw.get("node_id") or "")
     if node_id and not NODE_ID.match(node_id):
@@ -161,6 +200,8 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         log_level=log_level,
         reconcile_interval=reconcile_interval,
         report_attempts=report_attempts,
+        engine_priorities={fmt.lower(): [e.lower() for e in engines] for fmt, engines in priorities.items()},
+        engine_images={v.lower(): {e.lower(): r for e, r in engines.items()} for v, engines in images.items()},
     )
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from heteroflow_agent import checkpoint, inventory
 from heteroflow_agent.client import AuthError, ServerClient, ServerError
+from heteroflow_agent.engines.router import AUTO, EngineRouter, Route
 from heteroflow_agent.heartbeat import TaskReport
 from heteroflow_agent.runtime import Runtime, RuntimeError_, TaskSpec, Volume
 
@@ -153,6 +154,7 @@ class Executor:
         watch_interval: float = 1.0,
         stop_poll_seconds: float = STOP_POLL_SECONDS,
         shm_free_mb=None,
+        router: EngineRouter | None = None,
     ):
         self.node_id, self.client, self.runtime = node_id, client, runtime
         self.vendor = vendor
@@ -170,6 +172,8 @@ class Executor:
         self.shm_free_mb = shm_free_mb or host_shm_free_mb
         self.active: dict[int, threading.Event] = {}  # task id -> "stop watching" (agent shutdown)
         self.health: dict[int, dict] = {}
+        self.serving: dict[int, int] = {}  # inference task id -> host port (its /v1/models is read)
+        self.router = router  # chooses an inference task's engine image when it asks for one
         self.undelivered: OrderedDict[int, Outcome] = OrderedDict()
         self.lock = threading.Lock()
         self.closing = threading.Event()
@@ -246,6 +250,7 @@ class Executor:
             with self.lock:
                 self.active.pop(task_id, None)
                 self.health.pop(task_id, None)
+                self.serving.pop(task_id, None)
 
     def spec_for(self, task: dict) -> TaskSpec:
         env = {name: str(value) for name, value in (task.get("env") or {}).items() if name and isinstance(value, str)}
@@ -313,6 +318,12 @@ class Executor:
             return Outcome(
                 task_id, "running", "failed", None, f"could not start: the tenant has no secret named {missing}"
             )
+        routed = self.route(task)
+        if routed is not None and routed.refused:
+            return Outcome(task_id, "running", "failed", None, f"could not start: {routed.reason}"[:2000])
+        if routed is not None:
+            logger.info("task %s: engine %s (%s)", task_id, routed.image, routed.reason)
+            task = {**task, "image": routed.image}
         try:
             spec = self.spec_for(task)
             if self.runtime.kind == "docker":
@@ -333,6 +344,9 @@ class Executor:
         gone = 0
         unsettled = 0
         probe = task.get("health_probe") if task.get("kind") == "inference" else None
+        if task.get("kind") == "inference" and task.get("host_port"):
+            with self.lock:
+                self.serving[task_id] = int(task["host_port"])
         while not stop.is_set():
             try:
                 state = self.runtime.state(task_id)
@@ -513,6 +527,16 @@ class Executor:
                     "task %s: more than %d outcomes undelivered; the oldest is given up", dropped, MAX_UNDELIVERED
                 )
 
+    def route(self, task: dict) -> Route | None:
+        """The engine image for an inference task that asks the router for one (its
+        `engine` is an engine name or `auto`, and its image is empty or `auto`); None
+        when the task names its own image. Asked at start, so the latest probe counts."""
+        if task.get("kind") != "inference" or not task.get("engine") or (task.get("image") or AUTO) != AUTO:
+            return None
+        if self.router is None:
+            return Route(None, None, "this agent has no engine router (no container runtime)")
+        return self.router.choose(str(task.get("model_format") or ""), str(task["engine"]))
+
     def redeliver(self) -> int:
         """Try the kept outcomes again (reconcile). Returns how many got through."""
         with self.lock:
@@ -530,7 +554,8 @@ class Executor:
         with self.lock:
             health = [dict(entry) for entry in self.health.values()]
             live |= set(self.active)  # being started (an image pull may take minutes) is alive too
-        return TaskReport(live_task_ids=sorted(live), task_health=health)
+            serving = dict(self.serving)
+        return TaskReport(live_task_ids=sorted(live), task_health=health, serving=serving)
 
     def close(self) -> None:
         """Stop watching (the tasks keep running; the next agent process adopts them)."""

@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from heteroflow_agent import collect, inventory
 from heteroflow_agent.client import AuthError, ServerClient, ServerError
 from heteroflow_agent.config import AgentConfig
+from heteroflow_agent.engines import loaded, router
 from heteroflow_agent.version import Version, current
 
 logger = logging.getLogger("heteroflow_agent.heartbeat")
 
 ENGINES_EVERY = 20  # beats between inference-engine probes
 MODELS_EVERY = 12  # beats between model-directory scans
+CACHED_MODELS_LABEL = "heteroflow.cache/models"  # the scanner's model names, comma-separated
+LABEL_MAX = 4096  # a label value's limit in the heartbeat schema
 
 
 @dataclass
@@ -28,6 +31,7 @@ class TaskReport:
 
     live_task_ids: list[int] | None = None
     task_health: list[dict] = field(default_factory=list)
+    serving: dict[int, int] = field(default_factory=dict)  # inference task id -> its host port
 
 
 class Heartbeat:
@@ -54,19 +58,24 @@ class Heartbeat:
         self.load = collect.LoadSampler()
         self.beats = 0
         self.engines: tuple[list[str], dict[str, str]] = ([], {})
+        self.images = router.image_table(config.engine_images)
         self.models: list[dict] = []
+        self.loaded = loaded.LoadedModels()
         self.registered = False
 
     def payload(self) -> dict:
         """One beat's body. Probes that are slow or rarely change run every few beats."""
         engine = self.engine.state()
+        gpus = self.detect_gpus()
         if engine.available and self.beats % ENGINES_EVERY == 0:
-            self.engines = inventory.engines_from_tags(self.engine.image_tags())
+            # the router reads self.engines each time it is asked: a change counts at once
+            vendor = getattr(gpus, "vendor", None)
+            self.engines = inventory.engines_from_tags(self.engine.image_tags(), vendor, self.images)
         if self.beats % MODELS_EVERY == 0:
             self.models = inventory.scan_models(self.config.scanned_model_dirs)
         exec_mode = "docker" if engine.available else ("process" if self.config.allow_process_runtime else "none")
         ip, mac = collect.primary_address()
-        gpus = self.detect_gpus()
+        report = self.tasks()
         body = {
             "node_id": self.config.node_id,
             **self.facts,
@@ -84,11 +93,11 @@ class Heartbeat:
             "gpu_collect_failures": gpus.collect_failures,
             "gpu_collector_error": gpus.collector_error,
             "gpu_capabilities": gpus.capabilities,
-            "labels": {**self.config.labels, **gpus.labels},
+            "labels": {**self.config.labels, **gpus.labels, CACHED_MODELS_LABEL: cached_models_label(self.models)},
             "inference_engines": self.engines[0],
             "inference_engine_versions": self.engines[1],
             "vllm_available": "vllm" in self.engines[0],
-            "discovered_models": self.models,
+            "discovered_models": loaded.merge(self.models, self.loaded.latest(report.serving)),
         }
         if ip:
             body["internal_ip"] = ip
@@ -100,7 +109,6 @@ class Heartbeat:
         used = [gpu["memory_used_mb"] for gpu in gpus.gpus if "memory_used_mb" in gpu]
         if used:
             body["gpu_memory_used_mb"] = sum(used)
-        report = self.tasks()
         if report.live_task_ids is not None:
             body["live_task_ids"] = report.live_task_ids
             body["task_health"] = report.task_health
@@ -138,3 +146,21 @@ class Heartbeat:
         if self.on_delivered:
             self.on_delivered()
         return answer
+
+
+def cached_models_label(models: list[dict]) -> str:
+    """The `heteroflow.cache/models` label: the names of the models in the node's model
+    cache, comma-separated, cut at a whole name to fit a label. Always sent, empty when
+    the cache is: the server merges labels by key, so an absent label would keep the
+    last list forever."""
+    names: list[str] = []
+    size = 0
+    for name in dict.fromkeys(model["name"].replace(",", " ").strip() for model in models):
+        if not name:
+            continue
+        grown = size + len(name) + (2 if names else 0)
+        if grown > LABEL_MAX:
+            break
+        names.append(name)
+        size = grown
+    return ", ".join(names)

@@ -9,30 +9,45 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from heteroflow_agent.engines import router
+
 # engine name -> the image repositories that provide it. Matched exactly, so a copy in
 # a private registry (172.29.0.1:5000/lmsysorg/sglang) does not count: the control plane
-# would send a task whose image the node would then try to pull from the internet.
-ENGINE_IMAGES: dict[str, tuple[str, ...]] = {
-    "vllm": ("vllm/vllm-openai",),
-    "sglang": ("lmsysorg/sglang",),
+# would send a task whose image the node would then try to pull from the internet. The
+# engines the router chooses from take their repositories from its image table (one
+# place); these others are only reported.
+REPORTED_ONLY_IMAGES: dict[str, tuple[str, ...]] = {
     "tgi": ("ghcr.io/huggingface/text-generation-inference",),
     "lmdeploy": ("openmmlab/lmdeploy",),
     "ollama": ("ollama/ollama",),
     "triton": ("nvcr.io/nvidia/tritonserver",),
-    "mindie": ("swr.cn-south-1.myhuaweicloud.com/ascendhub/mindie",),
 }
+
+
+def engine_images(vendor: str | None = None, table: dict | None = None) -> dict[str, tuple[str, ...]]:
+    """engine -> repositories that make it available on `vendor` (None: any vendor)."""
+    routed = router.repositories_for(vendor, table if table is not None else router.image_table())
+    return {**REPORTED_ONLY_IMAGES, **routed}
+
+
+ENGINE_IMAGES: dict[str, tuple[str, ...]] = engine_images()
 MAX_MODELS = 512
 MODEL_SUFFIXES = {".safetensors": "safetensors", ".gguf": "gguf", ".bin": "pytorch", ".pt": "pytorch", ".onnx": "onnx"}
 
 
-def engines_from_tags(tags: Iterable[str]) -> tuple[list[str], dict[str, str]]:
-    """(engines available, engine -> the tag found) from local `repo:tag` names."""
+def engines_from_tags(
+    tags: Iterable[str], vendor: str | None = None, table: dict | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """(engines available, engine -> the tag found) from local `repo:tag` names. With a
+    vendor, a routed engine counts only through that vendor's image (a CUDA vLLM image
+    on an AMD node is not "vllm available")."""
+    images = ENGINE_IMAGES if vendor is None and table is None else engine_images(vendor, table)
     versions: dict[str, str] = {}
     for tag in tags:
         repository, _, version = tag.rpartition(":")
         if not repository or "/" in version:  # "host:5000/name" without a tag
             repository, version = tag, "latest"
-        for engine, repositories in ENGINE_IMAGES.items():
+        for engine, repositories in images.items():
             if repository in repositories and engine not in versions:
                 versions[engine] = version[:64]
     return sorted(versions), versions

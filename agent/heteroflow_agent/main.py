@@ -15,6 +15,7 @@ import time
 from heteroflow_agent import config as agent_config
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.collect import ContainerEngine
+from heteroflow_agent.engines.router import EngineRouter
 from heteroflow_agent.executor import Executor
 from heteroflow_agent.heartbeat import Heartbeat, TaskReport
 from heteroflow_agent.reconcile import Reconciler
@@ -82,6 +83,14 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
         on_scheduled=(lambda ids: executor.wake.set()) if executor else None,
         on_delivered=executor.sweep.set if executor else None,
     )
+    if executor is not None:
+        # the probe's latest result, read each time the router is asked (never frozen)
+        executor.router = EngineRouter(
+            lambda: detector.vendor,
+            lambda: heartbeat.engines,
+            priorities=cfg.engine_priorities,
+            images=cfg.engine_images,
+        )
     return heartbeat, executor
 
 

@@ -114,3 +114,31 @@ def test_dash_means_no_file_even_when_the_default_exists(tmp_path, monkeypatch):
 def test_too_many_labels_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="at most 48 labels"):
         load(write(tmp_path, **BASE, data_dir=str(tmp_path), labels={f"l{i}": "x" for i in range(49)}), {})
+
+
+def test_engine_priorities_and_images_are_read_and_checked(tmp_path):
+    path = write(
+        tmp_path,
+        **BASE,
+        data_dir=str(tmp_path),
+        engine_priorities={"SafeTensors": ["SGLang", "vllm"], "gguf": ["llama.cpp"]},
+        engine_images={"hygon": {"vllm": "registry.local:5000/dcu/vllm"}, "nvidia": {"sglang": ""}},
+    )
+    cfg = load(path, {})
+    assert cfg.engine_priorities == {"safetensors": ["sglang", "vllm"], "gguf": ["llama.cpp"]}
+    assert cfg.engine_images == {"hygon": {"vllm": "registry.local:5000/dcu/vllm"}, "nvidia": {"sglang": ""}}
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ({"engine_priorities": {"gguf": "llama.cpp"}}, "engine_priorities must map model formats to lists"),
+        ({"engine_priorities": {"gguf": []}}, "engine_priorities must map model formats to lists"),
+        ({"engine_images": {"hygon": {"vllm": "registry.local/dcu/vllm:24.04"}}}, "without a tag"),
+        ({"engine_images": {"hygon": "registry.local/dcu/vllm"}}, "engine_images must map vendors"),
+    ],
+)
+def test_bad_engine_settings_are_refused_by_name(tmp_path, bad, says):
+    with pytest.raises(ConfigError) as refused:
+        load(write(tmp_path, **BASE, data_dir=str(tmp_path), **bad), {})
+    assert says in str(refused.value)

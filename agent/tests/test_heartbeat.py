@@ -80,7 +80,8 @@ def test_the_payload_says_what_was_read_and_leaves_out_what_was_not(tmp_path):
         "2026-11-29T10:00:00Z",
     )
     assert body["gpu_temperature"] == 70.0 and body["gpu_memory_used_mb"] == 1000  # only the card that reported it
-    assert body["labels"] == {"rack": "r1", "heteroflow.io/gpu-topology": "{}"}
+    # the cache label is always there: empty clears the last list (the server merges labels by key)
+    assert body["labels"] == {"rack": "r1", "heteroflow.io/gpu-topology": "{}", "heteroflow.cache/models": ""}
     assert body["heartbeat_interval"] == 5 and body["cpu_cores"] >= 1 and body["memory_gb"] > 0
     assert "live_task_ids" not in body  # no executor: unknown, not "no tasks"
     quiet = make("http://unused", tmp_path).payload()

@@ -35,20 +35,31 @@ class BearerKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer":
             return None
-        token = token.strip()
-        if not token:
-            raise exceptions.AuthenticationFailed("Empty bearer token.")
-        api_key = keys.find_usable(token, now=utcnow())
-        if api_key is None:
-            raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
-        principal = principal_for_key(api_key)
-        if principal is None:
-            raise exceptions.AuthenticationFailed("This API key's owner can no longer use it.")
-        keys.touch(api_key, now=utcnow(), resolution=LAST_USED_RESOLUTION)
-        return api_key.user, principal
+        return authenticate_bearer(token)
 
     def authenticate_header(self, request):
-        return 'Bearer realm="heteroflow"'
+        return BEARER_CHALLENGE
+
+
+BEARER_CHALLENGE = 'Bearer realm="heteroflow"'
+
+
+def authenticate_bearer(token: str):
+    """(user, Principal) for the token of an `Authorization: Bearer` header, as every
+    API request checks it (the DRF class above, the thin create route); raises
+    AuthenticationFailed for a key that is empty, unknown, expired, revoked or whose
+    owner may no longer use it."""
+    token = token.strip()
+    if not token:
+        raise exceptions.AuthenticationFailed("Empty bearer token.")
+    api_key = keys.find_usable(token, now=utcnow())
+    if api_key is None:
+        raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
+    principal = principal_for_key(api_key)
+    if principal is None:
+        raise exceptions.AuthenticationFailed("This API key's owner can no longer use it.")
+    keys.touch(api_key, now=utcnow(), resolution=LAST_USED_RESOLUTION)
+    return api_key.user, principal
 
 
 def principal_for_key(api_key) -> Principal | None:

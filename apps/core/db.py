@@ -4,7 +4,9 @@ always talk to the same database, with the same options."""
 
 from __future__ import annotations
 
-from django.db import connections
+from functools import cache
+
+from django.db import DEFAULT_DB_ALIAS, connections
 
 # Keys of Django's OPTIONS that are not libpq connection parameters.
 DJANGO_ONLY_OPTIONS = frozenset({"pool", "server_side_binding", "isolation_level", "assume_role"})
@@ -22,3 +24,90 @@ def libpq_params(alias: str = "default", **overrides) -> dict:
     )
     params.update(overrides)
     return {key: value for key, value in params.items() if value is not None}
+
+
+# --- rows in and out of models without building an ORM query per call -----------------------
+# For the submission hot path (a task create, its API key): building a queryset's SQL costs
+# more than running it there. These do what the ORM does for the plain cases they take.
+
+
+@cache
+def _columns(model, alias: str):
+    """(quoted `alias.column` list, attnames, each field's converters) of a model's
+    concrete fields, in _meta order: what a SELECT of the model would read."""
+    conn = connections[DEFAULT_DB_ALIAS]
+    quote = conn.ops.quote_name
+    fields = model._meta.concrete_fields
+    select = ", ".join(f"{alias}.{quote(field.column)}" for field in fields)
+    converters = [
+        (field, conn.ops.get_db_converters(field.get_col(alias)) + field.get_db_converters(conn)) for field in fields
+    ]
+    return select, [field.attname for field in fields], converters
+
+
+def select_list(model, alias: str) -> str:
+    """The columns to SELECT for `model_from_row(model, …)`, qualified by `alias`."""
+    return _columns(model, alias)[0]
+
+
+def column_count(model) -> int:
+    return len(model._meta.concrete_fields)
+
+
+def model_from_row(model, values, alias: str, using: str = DEFAULT_DB_ALIAS):
+    """The model instance the ORM would have made of these values (read by
+    `select_list(model, alias)`), the fields' database converters applied."""
+    _, attnames, converters = _columns(model, alias)
+    conn = connections[using]
+    values = list(values)
+    for i, (field, field_converters) in enumerate(converters):
+        for converter in field_converters:
+            values[i] = converter(values[i], field.get_col(alias), conn)
+    return model.from_db(using, attnames, values)
+
+
+FEW_ROWS = 10  # insert_rows' own INSERT up to this many rows
+
+
+@cache
+def _insert_plan(model):
+    opts = model._meta
+    quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
+    fields = [field for field in opts.concrete_fields if field is not opts.auto_field and not field.generated]
+    returning = list(opts.db_returning_fields)
+    head = f"INSERT INTO {quote(opts.db_table)} ({', '.join(quote(field.column) for field in fields)}) VALUES "
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    tail = f" RETURNING {', '.join(quote(field.column) for field in returning)}" if returning else ""
+    return fields, head, row, tail, returning
+
+
+def insert_rows(objs, *, batch_size: int = 1000, using: str = DEFAULT_DB_ALIAS) -> list:
+    """Model.objects.bulk_create(objs) for a few new rows of one model with plain values
+    (no expressions): one INSERT … VALUES … RETURNING, the returned ids set on the
+    objects, without compiling a query. Anything else is left to bulk_create."""
+    objs = list(objs)
+    if not objs:
+        return objs
+    model = type(objs[0])
+    if len(objs) > FEW_ROWS:  # many rows: bulk_create's one-array-per-column INSERT is faster
+        return model._default_manager.db_manager(using).bulk_create(objs, batch_size=batch_size)
+    fields, head, row, tail, returning = _insert_plan(model)
+    conn = connections[using]
+    rows = []
+    for obj in objs:
+        obj._prepare_related_fields_for_save(operation_name="bulk_create")
+        values = [field.pre_save(obj, True) for field in fields]
+        if obj.pk is not None or any(hasattr(value, "resolve_expression") for value in values):
+            return model._default_manager.db_manager(using).bulk_create(objs, batch_size=batch_size)
+        rows.append(
+            [field.get_db_prep_save(value, connection=conn) for field, value in zip(fields, values, strict=True)]
+        )
+    with conn.cursor() as cursor:
+        cursor.execute(head + ", ".join([row] * len(rows)) + tail, [value for values in rows for value in values])
+        returned = cursor.fetchall() if returning else [()] * len(rows)
+    for obj, values in zip(objs, returned, strict=True):
+        for field, value in zip(returning, values, strict=True):
+            setattr(obj, field.attname, value)
+        obj._state.adding = False
+        obj._state.db = using
+    return objs

@@ -1,8 +1,8 @@
 """The registry's vocabularies: where a model's weights come from, the formats they come
-in, and the engines that serve them. The engine names are the agent's (the heartbeat's
-`inference_engines`, agent/heteroflow_agent/inventory.py) plus llama.cpp, which the engine
-router runs for GGUF anywhere; tests/inference pins that every engine the agent can
-report is known here."""
+in, and the engines that serve them. The engine names are the agent's: the heartbeat's
+`inference_engines` (agent/heteroflow_agent/inventory.py) and its engine router's
+(engines/router.py, `llama.cpp` with its dot); tests/inference pins that every engine the
+agent can report is known here."""
 
 from django.db import models
 
@@ -27,7 +27,7 @@ class Engine(models.TextChoices):
     VLLM = "vllm", "vLLM"
     SGLANG = "sglang", "SGLang"
     MINDIE = "mindie", "MindIE (Ascend)"
-    LLAMACPP = "llamacpp", "llama.cpp"
+    LLAMACPP = "llama.cpp"
     TGI = "tgi", "Text Generation Inference"
     LMDEPLOY = "lmdeploy", "LMDeploy"
     OLLAMA = "ollama", "Ollama"

@@ -87,6 +87,21 @@ def record_heartbeat(status: int, error_code: str | None) -> None:
 
 # --- periodic jobs and Celery -------------------------------------------------------------
 
+TASK_CREATES = Counter(
+    "heteroflow_task_create_requests",
+    "POST /api/v1/tasks answered by the thin create route (apps.tasks.api.create_route), by status; "
+    "Django's request metrics do not see these.",
+    ["status"],
+)
+
+
+_CREATE_ANSWERS = {status: TASK_CREATES.labels(str(status)) for status in (201, 400, 401, 403, 404, 409, 500)}
+
+
+def record_task_create(status: int) -> None:
+    (_CREATE_ANSWERS.get(status) or TASK_CREATES.labels(str(status))).inc()
+
+
 JOB_RUNS = Counter(
     "heteroflow_periodic_job_runs",
     "Deliveries of a periodic job by what the guard made of them (ran, busy, early, failed).",

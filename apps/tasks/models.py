@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.postgres.aggregates import ArrayAgg
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q, Value
 
 from apps.core.scoping import ScopedQuerySet
@@ -242,7 +242,13 @@ class TenantUsageQuerySet(models.QuerySet):
         """The tenant's usage row, locked (FOR UPDATE) until the transaction ends: the
         per-tenant critical section of task creation and tenant deletion. A tenant that
         never had a task gets its zero row here."""
-        row = self.select_for_update().filter(tenant_id=tenant_id).first()
+        with connections[self.db].cursor() as cursor:  # the submission hot path: no query to build
+            cursor.execute(
+                "SELECT tasks, gpus, gpu_memory_mb FROM tenant_usage WHERE tenant_id = %s FOR UPDATE", [tenant_id]
+            )
+            counts = cursor.fetchone()
+        columns = ["tenant_id", "tasks", "gpus", "gpu_memory_mb"]
+        row = None if counts is None else self.model.from_db(self.db, columns, [tenant_id, *counts])
         if row is None:
             self.bulk_create([TenantUsage(tenant_id=tenant_id)], ignore_conflicts=True)
             row = self.select_for_update().get(tenant_id=tenant_id)

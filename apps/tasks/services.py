@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from contextvars import ContextVar
 from typing import NamedTuple
 
@@ -18,6 +19,7 @@ from apps.alerts.services import NewAlert, raise_alert, raise_alerts
 from apps.confidential.services import read_secret
 from apps.core.cas import IllegalTransition, transition
 from apps.core.clock import utcnow
+from apps.core.db import insert_rows
 from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import release
@@ -161,7 +163,7 @@ def create_tasks(tenant, specs, *, created_by=None, before_insert=None) -> list[
         if not problems:
             if before_insert is not None:
                 before_insert()
-            Task.objects.bulk_create(tasks, batch_size=INSERT_BATCH)
+            insert_rows(tasks, batch_size=INSERT_BATCH)
             transaction.on_commit(ask_for_a_cycle)
             return tasks
     message = f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}."
@@ -170,17 +172,24 @@ def create_tasks(tenant, specs, *, created_by=None, before_insert=None) -> list[
 
 
 CYCLE_ASKED_KEY = "tasks:cycle-asked"
+# Until when (time.monotonic) the cycle this process itself asked for at an interval's
+# end is still to come: a create committed before then is seen by it, without asking Redis.
+_own_cycle_due = [0.0]
 
 
 def ask_for_a_cycle() -> None:
     """A scheduler cycle for tasks just committed, asked at most once per
     HETEROFLOW_SUBMIT_TICK_SECONDS however many creates commit meanwhile: the first
     create of an interval sends a cycle now and one at the interval's end, which sees
-    every task committed before it (each create asks only after its commit). 0: a
-    cycle per create."""
+    every task committed before it (each create asks only after its commit). Within an
+    interval this process opened, its creates do not even ask Redis. 0: a cycle per
+    create."""
     interval = settings.HETEROFLOW_SUBMIT_TICK_SECONDS
     if interval <= 0:
         enqueue("scheduler.tick", immediate=True)
+        return
+    now = time.monotonic()
+    if now < _own_cycle_due[0]:
         return
     try:
         first = cache.add(CYCLE_ASKED_KEY, 1, timeout=interval)
@@ -190,6 +199,13 @@ def ask_for_a_cycle() -> None:
     if first:
         enqueue("scheduler.tick", immediate=True)
         enqueue("scheduler.tick", immediate=True, countdown=interval)
+        _own_cycle_due[0] = now + interval  # the countdown runs no earlier than this
+
+
+def forget_cycle_asks() -> None:
+    """Start afresh (tests): no interval open, here or in Redis."""
+    _own_cycle_due[0] = 0.0
+    cache.delete(CYCLE_ASKED_KEY)
 
 
 def _alert_quota(tenant, message: str) -> None:

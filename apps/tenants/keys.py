@@ -6,10 +6,12 @@ import hashlib
 import secrets
 from datetime import datetime, timedelta
 
+from django.db import connection
 from django.db.models import Q
 
+from apps.core.db import column_count, model_from_row, select_list
 from apps.tenants.choices import KEY_PREFIX, KeyScope
-from apps.tenants.models import ApiKey
+from apps.tenants.models import ApiKey, Tenant
 
 SECRET_BYTES = 32
 DISPLAY_CHARS = 8  # characters after the prefix kept in clear, to tell keys apart
@@ -38,9 +40,32 @@ def scope_of(key: str) -> KeyScope | None:
 def find_usable(key: str, *, now: datetime):
     if scope_of(key) is None:
         return None
-    api_key = ApiKey.objects.select_related("user", "tenant").filter(key_hash=hash_key(key)).first()
+    api_key = _key_with_user_and_tenant(hash_key(key))
     if api_key is None or not api_key.is_usable_at(now):
         return None
+    return api_key
+
+
+def _key_with_user_and_tenant(key_hash: str):
+    """ApiKey.objects.select_related("user", "tenant").filter(key_hash=…).first(), read
+    in one prepared statement: every API request with a key runs it."""
+    user_model, user, tenant = ApiKey._meta.get_field("user").related_model, "u", "t"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {select_list(ApiKey, 'k')}, {select_list(user_model, user)}, {select_list(Tenant, tenant)} "
+            f"FROM {ApiKey._meta.db_table} k "
+            f"JOIN {user_model._meta.db_table} {user} ON {user}.{user_model._meta.pk.column} = k.user_id "
+            f"LEFT JOIN {Tenant._meta.db_table} {tenant} ON {tenant}.{Tenant._meta.pk.column} = k.tenant_id "
+            "WHERE k.key_hash = %s",
+            [key_hash],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    keys, users = column_count(ApiKey), column_count(user_model)
+    api_key = model_from_row(ApiKey, row[:keys], "k")
+    api_key.user = model_from_row(user_model, row[keys : keys + users], user)
+    api_key.tenant = model_from_row(Tenant, row[keys + users :], tenant) if api_key.tenant_id is not None else None
     return api_key
 
 

@@ -7,6 +7,7 @@ import pytest
 from apps.inference.choices import Engine
 from apps.inference.models import Model
 from heteroflow_agent import inventory
+from heteroflow_agent.engines import router
 from tests.factories import make_node
 from tests.headers import bearer
 
@@ -93,7 +94,7 @@ def test_missing_fields_are_named(api, world):
 def test_image_and_hub_sources_in_their_shapes_are_accepted(api, world):
     image = {**BODY, "name": "img", "source_kind": "image", "source": "registry.local:5000/models/qwen:3-8b"}
     hub = {**BODY, "name": "Qwen/Qwen3-8B", "source_kind": "hub", "source": "Qwen/Qwen3-8B", "engines": []}
-    gguf = {**BODY, "name": "tiny:q4", "format": "gguf", "engines": ["llamacpp"], "size_bytes": None}
+    gguf = {**BODY, "name": "tiny:q4", "format": "gguf", "engines": ["llama.cpp"], "size_bytes": None}
     for body in (image, hub, gguf):
         assert post(api, world.keys["acme-member"], body).status_code == 201, body
     assert Model.objects.filter(tenant=world.tenants["acme"]).count() == 3
@@ -145,7 +146,7 @@ def test_the_list_pages_by_name_and_filters_by_format_and_engine(api, world):
             source_kind="hub",
             source=f"org/m{index}",
             format="gguf" if index % 2 else "safetensors",
-            engines=["llamacpp"] if index % 2 else ["vllm", "sglang"],
+            engines=["llama.cpp"] if index % 2 else ["vllm", "sglang"],
         )
     Model.objects.create(tenant=world.tenants["beta"], name="other", source_kind="hub", source="o/o", format="gguf")
     key = bearer(world.keys["acme-viewer"])
@@ -164,14 +165,14 @@ def test_the_list_pages_by_name_and_filters_by_format_and_engine(api, world):
 
 def test_patch_changes_size_engines_and_nodes_and_refuses_the_rest(api, world, nodes):
     model = Model.objects.create(
-        tenant=world.tenants["acme"], name="m", source_kind="path", source="/m", format="gguf", engines=["llamacpp"]
+        tenant=world.tenants["acme"], name="m", source_kind="path", source="/m", format="gguf", engines=["llama.cpp"]
     )
     model.nodes.set([nodes["shared"]])
     url, key = f"{URL}/{model.pk}", bearer(world.keys["acme-member"])
-    change = {"size_bytes": 42, "engines": ["llamacpp", "ollama"], "nodes": ["acme-1"]}
+    change = {"size_bytes": 42, "engines": ["llama.cpp", "ollama"], "nodes": ["acme-1"]}
     changed = api.patch(url, change, format="json", **key)
     assert changed.status_code == 200, changed.content
-    assert changed.json()["nodes"] == ["acme-1"] and changed.json()["engines"] == ["llamacpp", "ollama"]
+    assert changed.json()["nodes"] == ["acme-1"] and changed.json()["engines"] == ["llama.cpp", "ollama"]
     model.refresh_from_db()
     assert model.size_bytes == 42 and list(model.nodes.values_list("pk", flat=True)) == ["acme-1"]
     unpinned = api.patch(url, {"nodes": []}, format="json", **key)
@@ -190,7 +191,7 @@ def test_patch_changes_size_engines_and_nodes_and_refuses_the_rest(api, world, n
     empty = api.patch(url, {}, format="json", **key)
     assert empty.status_code == 400 and "Nothing to change" in empty.json()["error"]["message"]
     model.refresh_from_db()
-    assert (model.name, model.format, model.size_bytes, model.engines) == ("m", "gguf", 42, ["llamacpp", "ollama"])
+    assert (model.name, model.format, model.size_bytes, model.engines) == ("m", "gguf", 42, ["llama.cpp", "ollama"])
     assert not model.nodes.exists()
 
 
@@ -202,5 +203,5 @@ def test_delete_removes_the_model_and_its_registrations(api, world, nodes):
     assert api.delete(f"{URL}/{model.pk}", **bearer(world.keys["acme-member"])).status_code == 404
 
 
-def test_every_engine_the_agent_can_report_is_a_known_engine():
-    assert set(inventory.ENGINE_IMAGES) <= set(Engine.values)
+def test_every_engine_the_agent_can_report_or_route_is_a_known_engine():
+    assert set(inventory.ENGINE_IMAGES) | set(router.ROUTED_ENGINES) <= set(Engine.values)

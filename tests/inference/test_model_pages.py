@@ -41,7 +41,7 @@ def test_an_anonymous_visitor_is_sent_to_the_sign_in_page(client, url):
 def test_the_list_shows_the_tenants_models_where_cached_and_filters(client, world):
     make_node("shared-1", 2, name="alpha", labels={CACHED_MODELS_LABEL: "ours"})
     make_node("beta-1", 2, tenant=world.tenants["beta"], labels={CACHED_MODELS_LABEL: "ours"})
-    ours = model(world.tenants["acme"], "ours", engines=["llamacpp"])
+    ours = model(world.tenants["acme"], "ours", engines=["llama.cpp"])
     model(world.tenants["acme"], "st", format="safetensors")
     model(world.tenants["beta"], "theirs")
     viewer = signed_in(client, world.users["acme-viewer"])
@@ -52,7 +52,7 @@ def test_the_list_shows_the_tenants_models_where_cached_and_filters(client, worl
     assert "Register a model" not in html  # viewers only look
     filtered = page(viewer, "/portal/models/?format=safetensors")
     assert ">st<" in filtered and f'data-model="{ours.pk}"' not in filtered
-    assert page(viewer, "/portal/models/?engine=llamacpp").count("data-model=") == 1
+    assert page(viewer, "/portal/models/?engine=llama.cpp").count("data-model=") == 1
 
 
 def test_registering_through_the_form_writes_the_model_the_api_would(client, world):
@@ -152,10 +152,10 @@ def test_the_admin_lists_and_deletes_models_but_registers_none(client, world):
 def test_the_detail_form_changes_size_engines_and_nodes_as_patch_does(client, world):
     make_node("shared-1", 1)
     make_node("beta-1", 1, tenant=world.tenants["beta"])
-    ours = model(world.tenants["acme"], "ours", engines=["llamacpp"], size_bytes=5)
+    ours = model(world.tenants["acme"], "ours", engines=["llama.cpp"], size_bytes=5)
     member = signed_in(client, world.users["acme-member"])
     html = page(member, f"/portal/models/{ours.pk}/")
-    assert 'id="model-edit"' in html and 'value="llamacpp" checked' in html
+    assert 'id="model-edit"' in html and 'value="llama.cpp" checked' in html
     saved = member.post(
         f"/portal/models/{ours.pk}/edit/", {"size_bytes": "", "engines": ["ollama"], "nodes": "shared-1"}, follow=True
     )

@@ -2,6 +2,9 @@
 real GPU detection over a stand-in nvidia-smi reporting eight A100s) goes through the
 server's real heartbeat route and lands as the node the agent described."""
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,7 @@ from heteroflow_agent.client import ServerClient
 from heteroflow_agent.collect import ContainerEngine
 from heteroflow_agent.config import AgentConfig
 from heteroflow_agent.detect import Detector
-from heteroflow_agent.heartbeat import Heartbeat
+from heteroflow_agent.heartbeat import CACHED_MODELS_LABEL, Heartbeat, TaskReport
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the heartbeat route writes on its own connection
 FIXTURES = Path(__file__).resolve().parents[2] / "agent" / "tests" / "fixtures" / "nvidia"
@@ -71,3 +74,54 @@ def test_what_the_agent_sends_is_what_the_server_records(agents, eight_a100s, tm
     assert node.agent_version == "dev" and node.hostname == body["hostname"]
     # a second, steady beat is accepted too
     assert agents.send("gpu-07", beat.payload()).status_code == 200
+
+
+def test_served_models_and_the_cache_label_are_accepted_and_recorded(agents, eight_a100s, tmp_path):
+    """What a serving engine has loaded (read from its real /v1/models) and the model
+    cache label travel in the beat's schema and land on the node."""
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": "qwen-tiny", "root": "/data/models/qwen-tiny"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    (tmp_path / "llama-tiny.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+    config = AgentConfig(
+        server_url="http://testserver",
+        api_key="unused",
+        node_id="gpu-08",
+        data_dir=tmp_path,
+        allow_process_runtime=True,
+        model_scan_dirs=(str(tmp_path),),
+    )
+    port = engine.server_address[1]
+    beat = Heartbeat(
+        config,
+        ServerClient("http://testserver", "unused"),
+        detect_gpus=Detector(eight_a100s, 5.0).detect,
+        engine=NoEngine(),
+        tasks=lambda: TaskReport(serving={41: port}),
+    )
+    try:
+        beat.payload()
+        beat.loaded.wait(5)
+        response = agents.send("gpu-08", beat.payload())
+    finally:
+        engine.shutdown()
+        engine.server_close()
+    assert response.status_code == 200, response.text
+    node = Node.objects.get(pk="gpu-08")
+    assert node.labels[CACHED_MODELS_LABEL] == "llama-tiny"
+    served = [m for m in node.discovered_models if m.get("served")]
+    assert served == [
+        {"name": "qwen-tiny", "path": "/data/models/qwen-tiny", "served": True, "task_id": 41, "port": port}
+    ]
+    assert any(m["name"] == "llama-tiny" and m["format"] == "gguf" for m in node.discovered_models)

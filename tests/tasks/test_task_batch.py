@@ -93,7 +93,7 @@ def test_an_array_that_does_not_fit_the_quota_is_refused_whole(api, world):
 
 
 def test_creates_ask_for_one_cycle_per_interval_and_one_at_its_end(world, django_capture_on_commit_callbacks):
-    cache.delete(services.CYCLE_ASKED_KEY)
+    services.forget_cycle_asks()
     tenant = world.tenants["acme"]
     with override_settings(HETEROFLOW_SUBMIT_TICK_SECONDS=2), mock.patch.object(services, "enqueue") as enqueue:
         for i in range(5):
@@ -103,9 +103,26 @@ def test_creates_ask_for_one_cycle_per_interval_and_one_at_its_end(world, django
         mock.call("scheduler.tick", immediate=True),
         mock.call("scheduler.tick", immediate=True, countdown=2),
     ]
-    cache.delete(services.CYCLE_ASKED_KEY)
+    services.forget_cycle_asks()
     with override_settings(HETEROFLOW_SUBMIT_TICK_SECONDS=0), mock.patch.object(services, "enqueue") as enqueue:
         for i in range(3):
             with django_capture_on_commit_callbacks(execute=True):
                 services.create_task(tenant=tenant, name=f"u{i}", image="x")
     assert enqueue.call_count == 3
+
+
+def test_an_interval_another_process_opened_is_asked_of_redis_every_time(world, django_capture_on_commit_callbacks):
+    """Only the process that sent the interval's end cycle may skip Redis: another's
+    interval may end any moment, and a create after it must open the next."""
+    services.forget_cycle_asks()
+    tenant = world.tenants["acme"]
+    with override_settings(HETEROFLOW_SUBMIT_TICK_SECONDS=2), mock.patch.object(services, "enqueue") as enqueue:
+        cache.add(services.CYCLE_ASKED_KEY, 1, timeout=2)  # as another web process would
+        with django_capture_on_commit_callbacks(execute=True):
+            services.create_task(tenant=tenant, name="covered", image="x")
+        assert enqueue.call_count == 0
+        cache.delete(services.CYCLE_ASKED_KEY)  # that interval is over
+        with django_capture_on_commit_callbacks(execute=True):
+            services.create_task(tenant=tenant, name="next", image="x")
+        assert enqueue.call_count == 2
+    services.forget_cycle_asks()

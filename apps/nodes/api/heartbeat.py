@@ -16,9 +16,9 @@ import re
 
 import orjson
 from django.conf import settings
-from django.http.request import split_domain_port, validate_host
 from psycopg_pool import AsyncConnectionPool
 
+from apps.core.asgi import header, host_is_allowed, is_secure
 from apps.core.clock import utcnow
 from apps.core.db import libpq_params
 from apps.core.enqueue import enqueue
@@ -59,24 +59,6 @@ def client_address(scope, trusted_proxies) -> str | None:
         if not any(address in net for net in trusted_proxies):
             return str(address)
     return peer
-
-
-def is_secure(scope) -> bool:
-    if scope.get("scheme") == "https":
-        return True
-    proxy_header = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
-    if proxy_header:
-        name, value = proxy_header
-        wire_name = name.removeprefix("HTTP_").lower().replace("_", "-").encode()
-        return header(scope, wire_name) == value
-    return False
-
-
-def header(scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 class HeartbeatApp:
@@ -139,7 +121,7 @@ class HeartbeatApp:
         # What Django's middleware would do for any other endpoint: the host check and
         # the HTTPS redirect (the agent key must not travel in clear in production).
         host = header(scope, b"host") or ""
-        if not validate_host(split_domain_port(host)[0], settings.ALLOWED_HOSTS):
+        if not host_is_allowed(scope):
             raise HttpError(400, "bad_request", f"Invalid HTTP_HOST header: {host!r}.")
         if settings.SECURE_SSL_REDIRECT and not is_secure(scope):
             location = f"https://{host}{scope['path']}".encode()
