@@ -45,22 +45,22 @@ def label_keys(model: Model) -> set[str]:
 
 
 def how_cached(model: Model, node) -> dict | None:
-    """How `node` holds `model` (the rule above): the paths its scan found it at and
-    whether the label lists it; None when it does not hold it."""
+    """How `node` holds `model` (the rule above): the paths its scan found it at, whether
+    the label lists it, and the inference tasks whose engine has it loaded (the agent
+    marks those entries `served`); None when it does not hold it."""
     path = normal_path(model.source) if model.source_kind == SourceKind.PATH else None
-    paths = [
-        m["path"] for m in discovered(node) if m["name"] == model.name or (path and normal_path(m["path"]) == path)
-    ]
+    matches = [m for m in discovered(node) if m["name"] == model.name or (path and normal_path(m["path"]) == path)]
     keys = label_keys(model)
     labelled = any(normal_path(entry) in keys or entry in keys for entry in label_models(node.labels))
-    if not paths and not labelled:
+    if not matches and not labelled:
         return None
     return {
         "node_id": node.pk,
         "node_name": node.name,
         "status": node.status,
-        "paths": sorted({p for p in paths if p}),
+        "paths": sorted({m["path"] for m in matches if m["path"]}),
         "labelled": labelled,
+        "served_by_tasks": sorted({m["task_id"] for m in matches if m["task_id"] is not None}),
     }
 
 

@@ -39,14 +39,16 @@ def label_models(labels: dict | None) -> list[str]:
 
 
 def discovered(node) -> list[dict]:
-    """The node's discovered models as dicts with name, path, size_bytes and format; an
-    entry that is not an object is skipped."""
+    """The node's discovered models as dicts with name, path, size_bytes, format and, for
+    one an engine of the node has loaded, the task serving it (`task_id`, None
+    otherwise); an entry that is not an object is skipped."""
     return [
         {
             "name": str(m.get("name", "")),
             "path": str(m.get("path", "")),
             "size_bytes": m.get("size_bytes"),
             "format": str(m.get("format", "")),
+            "task_id": m.get("task_id") if m.get("served") is True and isinstance(m.get("task_id"), int) else None,
         }
         for m in node.discovered_models or []
         if isinstance(m, dict)
@@ -59,7 +61,7 @@ def node_models(node) -> list[dict]:
     found = discovered(node)
     known = {m["name"] for m in found} | {m["path"] for m in found if m["path"]}
     found.extend(
-        {"name": entry, "path": "", "size_bytes": None, "format": ""}
+        {"name": entry, "path": "", "size_bytes": None, "format": "", "task_id": None}
         for entry in label_models(node.labels)
         if entry not in known
     )

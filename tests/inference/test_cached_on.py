@@ -79,7 +79,14 @@ def test_the_api_shows_cached_on_in_the_list_and_the_detail(api, world, model):
     key = bearer(world.keys["acme-viewer"])
     listed = api.get("/api/v1/models", **key).json()["results"]
     assert listed[0]["cached_on"] == [
-        {"node_id": "n1", "node_name": "n1", "status": "offline", "paths": [PATH], "labelled": False}
+        {
+            "node_id": "n1",
+            "node_name": "n1",
+            "status": "offline",
+            "paths": [PATH],
+            "labelled": False,
+            "served_by_tasks": [],
+        }
     ]
     assert api.get(f"/api/v1/models/{model.pk}", **key).json()["cached_on"][0]["node_id"] == "n1"
 
@@ -88,3 +95,16 @@ def test_the_node_page_reading_lists_label_entries_the_scan_did_not_find(world):
     node = make_node("n", discovered_models=[scanned("a", "/m/a"), "junk"], labels={CACHED_MODELS_LABEL: "a, /m/a, b"})
     node = Node.objects.get(pk=node.pk)
     assert [(m["name"], m["path"]) for m in node_models(node)] == [("a", "/m/a"), ("b", "")]
+
+
+def test_a_model_an_engine_has_loaded_names_the_tasks_serving_it(world, model):
+    make_node(
+        "serving",
+        discovered_models=[
+            scanned("Qwen3-8B", PATH, served=True, task_id=41, port=8001),
+            {"name": "qwen3-8b", "path": "qwen3-8b", "served": True, "task_id": 42, "port": 8002},
+            {"name": "qwen3-8b", "path": "/elsewhere", "served": False, "task_id": 43},
+        ],
+    )
+    (found,) = selectors.cached_on([model])[model.pk]
+    assert found["served_by_tasks"] == [41, 42] and found["paths"] == [PATH, "/elsewhere", "qwen3-8b"]

@@ -172,3 +172,10 @@ def test_the_detail_form_changes_size_engines_and_nodes_as_patch_does(client, wo
     viewer = signed_in(client, world.users["acme-viewer"])
     assert 'id="model-edit"' not in page(viewer, f"/portal/models/{ours.pk}/")
     assert viewer.post(f"/portal/models/{ours.pk}/edit/", {"engines": []}).status_code == 403
+
+
+def test_the_detail_links_the_tasks_that_serve_the_model(client, world):
+    make_node("n1", 1, discovered_models=[{"name": "ours", "path": "ours", "served": True, "task_id": 7, "port": 8001}])
+    ours = model(world.tenants["acme"], "ours")
+    html = page(signed_in(client, world.users["acme-member"]), f"/portal/models/{ours.pk}/")
+    assert 'href="/portal/tasks/7/">#7</a>' in html

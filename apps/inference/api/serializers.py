@@ -131,6 +131,10 @@ class CachedOnSerializer(serializers.Serializer):
         child=serializers.CharField(), help_text="where the node's scan found it (discovered_models)"
     )
     labelled = serializers.BooleanField(help_text="the node's heteroflow.cache/models label lists it")
+    served_by_tasks = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="the inference tasks on the node whose engine has it loaded (their /v1/models, read by the agent)",
+    )
 
 
 class ModelSerializer(serializers.ModelSerializer):
