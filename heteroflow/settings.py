@@ -65,6 +65,7 @@ SHARED_APPS = [
     "apps.tasks",
     "apps.alerts",
     "apps.scheduler",
+    "apps.inference",
     "apps.monitoring",
     "apps.portal",
 ]

@@ -11,6 +11,7 @@ api_v1 = [
     path("", include("apps.nodes.api.urls")),
     path("", include("apps.tasks.api.urls")),
     path("", include("apps.scheduler.api.urls")),
+    path("", include("apps.inference.api.urls")),
     # before any alerts/<...> route, so "channels" is never read as an alert's id
     path("", include("apps.alerts.api.channel_urls")),
     path("", include("apps.alerts.api.urls")),

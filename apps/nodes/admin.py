@@ -11,6 +11,7 @@ from rest_framework.exceptions import APIException
 
 from apps.core.admin_tools import DeleteThroughServiceMixin, refusal
 from apps.core.errors import Conflict
+from apps.inference import services as inference_services
 from apps.nodes import services
 from apps.nodes.choices import CORDON_LABEL, GpuState
 from apps.nodes.models import Gpu, Node
@@ -220,7 +221,7 @@ class NodeAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
                 )
 
     def delete_through_service(self, request, obj):
-        services.delete_node(obj)
+        inference_services.delete_node(obj)
 
     @admin.action(description="Drain: no new tasks, the running ones finish")
     def drain(self, request, queryset):
@@ -246,11 +247,11 @@ class NodeAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
             services.return_to_service(node)
         self.message_user(request, f"{queryset.count()} node(s) back in service.", messages.SUCCESS)
 
-    @admin.action(description="Delete selected nodes (refused while tasks are active)")
+    @admin.action(description="Delete selected nodes (refused while tasks are active or models are registered)")
     def delete_through_services(self, request, queryset):
         for node in queryset:
             try:
-                services.delete_node(node)
+                inference_services.delete_node(node)
             except Conflict as exc:
                 self.message_user(request, str(exc.detail), messages.ERROR)
             else:

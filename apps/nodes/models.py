@@ -16,8 +16,13 @@ class NodeQuerySet(ScopedQuerySet):
         """Shared nodes (no tenant) are visible to every tenant; dedicated nodes only to
         their own tenant."""
         if principal is not None and principal.is_tenant:
-            return self.filter(Q(tenant__isnull=True) | Q(tenant=principal.tenant.pk))
+            return self.usable_by(principal.tenant.pk)
         return super().visible_to(principal)
+
+    def usable_by(self, tenant_id):
+        """The nodes a tenant may see and run on, whoever asks (an operator acting for the
+        tenant): the shared ones and its own dedicated ones."""
+        return self.filter(Q(tenant__isnull=True) | Q(tenant=tenant_id))
 
 
 class Node(models.Model):

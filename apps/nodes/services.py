@@ -44,34 +44,36 @@ def refresh_node_statuses(now: datetime | None = None) -> dict[str, list[str]]:
     return changed
 
 
-@dataclass(frozen=True)
-class NodeDeleted:
-    node_id: str
-    deleted_models: list[str]
-
-
 def active_tasks_on(node: Node) -> list[tuple[int, str]]:
     return list(Task.objects.filter(node=node, status__in=ACTIVE).order_by("id").values_list("id", "status"))
 
 
-def delete_node(node: Node, *, force: bool = False) -> NodeDeleted:
-    """Refused while the node has active tasks (no force: deleting it would strand them
-    in running forever, holding quota). `force` only concerns model registrations, which
-    arrive with model management; until then there are none to delete."""
+def check_no_active_tasks(node: Node) -> None:
+    """The first pre-check of a node's deletion: refused while the node has active tasks,
+    with no force (deleting it would strand them in running forever, holding quota)."""
+    active = active_tasks_on(node)
+    if active:
+        listed = ", ".join(f"#{task_id} ({status})" for task_id, status in active[:50])
+        raise Conflict(
+            f"Node '{node.pk}' has active tasks: {listed}. Stop them first; force does not apply.",
+            "node_has_active_tasks",
+        )
+
+
+def delete_node(node: Node) -> str:
+    """Delete the node, its cards and metrics; its finished tasks keep their history
+    without it. Refused while it has active tasks. The second pre-check, the models
+    registered on the node, belongs to the registry above this layer:
+    apps.inference.services.delete_node runs both and then this, in one transaction, and
+    is what the API, the portal and the admin call."""
     with transaction.atomic():
         locked = Node.objects.select_for_update().get(pk=node.pk)
-        active = active_tasks_on(locked)
-        if active:
-            listed = ", ".join(f"#{task_id} ({status})" for task_id, status in active[:50])
-            raise Conflict(
-                f"Node '{node.pk}' has active tasks: {listed}. Stop them first; force does not apply.",
-                "node_has_active_tasks",
-            )
+        check_no_active_tasks(locked)
         Task.objects.filter(node=locked).update(node=None)  # history keeps the task, not the node
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM node_metrics WHERE node_id = %s", [locked.pk])
         locked.delete()
-    return NodeDeleted(node.pk, deleted_models=[])
+    return node.pk
 
 
 def forget_lost_gpu(node: Node, index: int) -> None:

@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import views
-from apps.portal.pages import account, alerts, nodes, server, tasks, training
+from apps.portal.pages import account, alerts, models, nodes, server, tasks, training
 
 app_name = "portal"
 urlpatterns = [
@@ -33,6 +33,12 @@ urlpatterns = [
     path("training/new/", training.training_new, name="training-new"),
     path("training/<int:pk>/", training.training_detail, name="training-group"),
     path("training/<int:pk>/stop/", training.training_stop, name="training-stop"),
+    # models (the inference registry)
+    path("models/", models.model_list, name="models"),
+    path("models/new/", models.model_new, name="model-new"),
+    path("models/<int:pk>/", models.model_detail, name="model"),
+    path("models/<int:pk>/edit/", models.model_edit, name="model-edit"),
+    path("models/<int:pk>/delete/", models.model_delete, name="model-delete"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),

@@ -25,6 +25,7 @@ KEY_TENANT_REQUIRED = "Required: the slug of the tenant the key belongs to."
 NODE_DELETE_REFUSED = "Only platform operators, or a tenant's admins for its dedicated nodes, can delete nodes."
 TASK_CREATE_REFUSED = "Viewers cannot create tasks."
 TASK_STOP_REFUSED = "Viewers cannot stop tasks."
+MODEL_CHANGE_REFUSED = "Viewers cannot register, change or delete models."
 
 
 # --- nodes --------------------------------------------------------------------------------
@@ -61,6 +62,20 @@ def may_stop_task(principal, task) -> bool:
 def check_may_stop_task(principal, task) -> None:
     if not may_stop_task(principal, task):
         raise PermissionDenied(TASK_STOP_REFUSED)
+
+
+# --- models (the inference registry) ---------------------------------------------------
+
+
+def may_manage_models(principal, tenant) -> bool:
+    """Register, change and delete a tenant's models: as creating tasks (members, admins,
+    operators); viewers only look."""
+    return may_create_tasks(principal, tenant)
+
+
+def check_may_manage_models(principal, tenant) -> None:
+    if not may_manage_models(principal, tenant):
+        raise PermissionDenied(MODEL_CHANGE_REFUSED)
 
 
 # --- alerts and tenants --------------------------------------------------------------------

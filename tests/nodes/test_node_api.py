@@ -4,6 +4,7 @@ import pytest
 from django.db import connection
 
 from apps.core.clock import utcnow
+from apps.inference.models import Model
 from apps.nodes.models import Gpu, Node
 from apps.tasks.choices import ACTIVE, TaskStatus
 from tests.factories import TaskFactory
@@ -116,10 +117,71 @@ def test_delete_is_refused_while_tasks_are_active_even_with_force(api, world, fl
 def test_delete_cascades_to_gpus_and_keeps_finished_tasks(api, world, fleet):
     done = TaskFactory(tenant=world.tenants["acme"], node=fleet["shared"], status=TaskStatus.COMPLETED)
     response = api.delete("/api/v1/nodes/shared-1", **bearer(world.operator_key))
-    assert response.status_code == 200 and response.json() == {"deleted": "shared-1", "deleted_models": []}
+    assert response.status_code == 200 and response.json() == {
+        "deleted": "shared-1",
+        "deleted_models": [],
+        "unregistered_models": [],
+        "other_tenants_models": 0,
+    }
     assert not Gpu.objects.filter(node_id="shared-1").exists()
     done.refresh_from_db()
     assert done.node_id is None
+
+
+def register(tenant, name, *nodes) -> Model:
+    model = Model.objects.create(tenant=tenant, name=name, source_kind="hub", source="org/m", format="gguf")
+    model.nodes.set(nodes)
+    return model
+
+
+def test_delete_is_refused_while_models_are_registered_on_the_node_naming_them(api, world, fleet):
+    register(world.tenants["acme"], "only-here", fleet["shared"])
+    register(world.tenants["beta"], "also-beta", fleet["shared"], fleet["beta"])
+    response = api.delete("/api/v1/nodes/shared-1", **bearer(world.operator_key))
+    assert response.status_code == 409 and response.json()["error"]["code"] == "node_has_models"
+    message = response.json()["error"]["message"]
+    assert "acme/only-here" in message and "beta/also-beta" in message and "force" in message
+    assert Node.objects.filter(pk="shared-1").exists() and Model.objects.count() == 2
+    assert fleet["shared"].registered_models.count() == 2
+
+
+def test_force_deletes_the_models_registered_only_there_and_unregisters_the_others(api, world, fleet):
+    register(world.tenants["acme"], "only-here", fleet["shared"])
+    stays = register(world.tenants["beta"], "also-beta", fleet["shared"], fleet["beta"])
+    elsewhere = register(world.tenants["acme"], "elsewhere", fleet["acme"])
+    response = api.delete("/api/v1/nodes/shared-1?force=true", **bearer(world.operator_key))
+    assert response.status_code == 200, response.content
+    assert response.json() == {
+        "deleted": "shared-1",
+        "deleted_models": ["acme/only-here"],
+        "unregistered_models": ["beta/also-beta"],
+        "other_tenants_models": 0,
+    }
+    assert not Node.objects.filter(pk="shared-1").exists()
+    assert sorted(Model.objects.values_list("name", flat=True)) == ["also-beta", "elsewhere"]
+    assert list(stays.nodes.values_list("pk", flat=True)) == ["beta-1"]
+    assert list(elsewhere.nodes.values_list("pk", flat=True)) == ["acme-1"]
+
+
+def test_force_never_overrides_active_tasks_and_then_removes_no_registration(api, world, fleet):
+    register(world.tenants["acme"], "only-here", fleet["shared"])
+    TaskFactory(tenant=world.tenants["acme"], node=fleet["shared"], status=TaskStatus.RUNNING)
+    response = api.delete("/api/v1/nodes/shared-1?force=true", **bearer(world.operator_key))
+    assert response.status_code == 409 and response.json()["error"]["code"] == "node_has_active_tasks"
+    assert Model.objects.filter(name="only-here", nodes="shared-1").exists()
+
+
+def test_a_tenant_admin_is_told_of_other_tenants_models_without_their_names(api, world, fleet):
+    register(world.tenants["acme"], "ours", fleet["acme"])
+    register(world.tenants["beta"], "theirs", fleet["acme"])  # pinned while the node was shared, say
+    key = bearer(world.keys["acme-admin"])
+    refused = api.delete("/api/v1/nodes/acme-1", **key)
+    assert refused.status_code == 409
+    message = refused.json()["error"]["message"]
+    assert "acme/ours" in message and "1 of other tenants" in message and "theirs" not in message
+    forced = api.delete("/api/v1/nodes/acme-1?force=yes", **key).json()
+    assert forced["deleted_models"] == ["acme/ours"] and forced["other_tenants_models"] == 1
+    assert not Model.objects.exists()
 
 
 def test_manual_create_is_for_agents_and_operators_only(api, world):

@@ -8,6 +8,7 @@ from apps.core.clock import utcnow
 from apps.core.pagination import Pagination
 from apps.core.permissions import IsAgent, IsOperator
 from apps.core.views import ScopedAPIView
+from apps.inference import services as inference_services
 from apps.nodes import metrics, presenters, selectors, services
 from apps.nodes.api import serializers as s
 from apps.nodes.models import Node
@@ -101,8 +102,8 @@ class NodeDetailView(NodeView):
                 "force",
                 bool,
                 description=(
-                    "Also delete the node's model registrations. There is no model registry yet, so today it deletes "
-                    "nothing more; it never overrides the active-task check."
+                    "Also remove the models registered on the node: a model registered on this node only is deleted, "
+                    "one registered elsewhere too loses this node. It never overrides the active-task check."
                 ),
             )
         ],
@@ -111,7 +112,16 @@ class NodeDetailView(NodeView):
                 "NodeDeleted",
                 {
                     "deleted": serializers.CharField(),
-                    "deleted_models": serializers.ListField(child=serializers.CharField()),
+                    "deleted_models": serializers.ListField(
+                        child=serializers.CharField(), help_text="tenant/name of the models deleted with the node"
+                    ),
+                    "unregistered_models": serializers.ListField(
+                        child=serializers.CharField(),
+                        help_text="tenant/name of the models that stay, registered on other nodes",
+                    ),
+                    "other_tenants_models": serializers.IntegerField(
+                        help_text="models of tenants the caller cannot see among those, counted, not named"
+                    ),
                 },
             )
         },
@@ -120,8 +130,15 @@ class NodeDetailView(NodeView):
         node = self.get_object()
         policy.check_may_delete_node(request.auth, node)
         force = request.query_params.get("force", "false").lower() in ("1", "true", "yes")
-        deleted = services.delete_node(node, force=force)
-        return Response({"deleted": deleted.node_id, "deleted_models": deleted.deleted_models})
+        deleted = inference_services.delete_node(node, force=force, principal=request.auth)
+        return Response(
+            {
+                "deleted": deleted.node_id,
+                "deleted_models": deleted.deleted_models,
+                "unregistered_models": deleted.unregistered_models,
+                "other_tenants_models": deleted.other_tenants_models,
+            }
+        )
 
 
 class NodeGpuView(NodeView):

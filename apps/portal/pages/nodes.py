@@ -13,9 +13,11 @@ from rest_framework.exceptions import ValidationError
 
 from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404
+from apps.inference import services as inference_services
 from apps.nodes import metrics, selectors, services
 from apps.nodes.api.serializers import LocationSerializer, TenantAssignmentSerializer
 from apps.nodes.choices import ALIVE
+from apps.nodes.model_cache import node_models
 from apps.nodes.models import Gpu, Node
 from apps.portal.access import operators_only, portal_page
 from apps.portal.pages.common import choice, error_messages, paginate
@@ -26,7 +28,6 @@ from apps.tenants import policy
 from apps.tenants.models import Tenant
 
 SORT_LABELS = {"tasks": "Tasks", "busy": "GPUs busy", "utilization": "Utilisation", "name": "Name"}
-CACHED_MODELS_LABEL = "heteroflow.cache/models"
 MONITOR_RANGES = {"1": "1 h", "6": "6 h", "24": "24 h", "72": "3 d", "168": "7 d"}
 MONITOR_LIST_LIMIT = 200
 ENVIRONMENT_TABS = {"alive": "Online (checkable)", "offline": "Offline", "all": "All"}
@@ -67,26 +68,6 @@ def node_list(request):
     )
 
 
-def cached_models(node: Node) -> list[dict]:
-    """Models on the node: what the agent found on disk, and the cache label's list."""
-    found = [
-        {
-            "name": m.get("name", ""),
-            "path": m.get("path", ""),
-            "size_bytes": m.get("size_bytes"),
-            "format": m.get("format", ""),
-        }
-        for m in node.discovered_models or []
-        if isinstance(m, dict)
-    ]
-    named = {m["name"] for m in found}
-    for name in str(node.labels.get(CACHED_MODELS_LABEL, "")).split(","):
-        name = name.strip()
-        if name and name not in named:
-            found.append({"name": name, "path": "", "size_bytes": None, "format": ""})
-    return found
-
-
 @portal_page
 def node_detail(request, node_id):
     principal = request.principal
@@ -106,7 +87,7 @@ def node_detail(request, node_id):
             "node": node,
             "gpus": gpus,
             "tasks": tasks,
-            "models": cached_models(node),
+            "models": node_models(node),
             "labels": sorted(node.labels.items()),
             "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
             "can_delete": policy.may_delete_node(principal, node),
@@ -192,11 +173,16 @@ def node_delete(request, node_id):
     node = get_visible_or_404(Node, request.principal, pk=node_id)
     policy.check_may_delete_node(principal, node)
     try:
-        deleted = services.delete_node(node)
+        deleted = inference_services.delete_node(node, force=request.POST.get("force") == "true", principal=principal)
     except Conflict as exc:
         messages.error(request, str(exc.detail))  # the 409 reason, word for word
         return redirect(back_to(node.pk))
-    messages.success(request, f"Deleted node '{deleted.node_id}'.")
+    removed = ""
+    if deleted.deleted_models:
+        removed += f" Models deleted with it: {', '.join(deleted.deleted_models)}."
+    if deleted.unregistered_models:
+        removed += f" Models no longer registered on it: {', '.join(deleted.unregistered_models)}."
+    messages.success(request, f"Deleted node '{deleted.node_id}'.{removed}")
     return redirect("portal:nodes")
 
 
