@@ -32,3 +32,16 @@ class Engine(models.TextChoices):
     LMDEPLOY = "lmdeploy", "LMDeploy"
     OLLAMA = "ollama", "Ollama"
     TRITON = "triton", "Triton Inference Server"
+
+
+class ServiceStatus(models.TextChoices):
+    """A service's state, as the pure state machine (apps.inference.sleep.ServiceState)
+    names them; tests/inference pins the two in step."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    WAKING = "waking"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+    STOPPED = "stopped"

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.db import models
 
 from apps.core.scoping import ScopedQuerySet
-from apps.inference.choices import ModelFormat, SourceKind
+from apps.inference.choices import ModelFormat, ServiceStatus, SourceKind
 
 
 class ModelQuerySet(ScopedQuerySet):
@@ -45,3 +45,83 @@ class Model(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class ServiceQuerySet(ScopedQuerySet):
+    tenant_field = "group__tenant"
+
+
+class InferenceService(models.Model):
+    """A model served behind the gateway: a task group of kind `inference` placed as
+    `replicas` (each replica a task of the group, rank = replica slot, with a host port),
+    plus what keeps it serving: the replica bounds, the engine, the autoscaling, window and
+    sleep policies (each parsed by its pure module), and the state those modules read and
+    write. The group carries tenant, name, gpu_type, GPUs per replica (`gpus_per_worker`),
+    image, env, priority and labels; `group.world_size` is not the replica count:
+    `replicas` is."""
+
+    group = models.OneToOneField("tasks.TaskGroup", on_delete=models.CASCADE, primary_key=True, related_name="service")
+    model = models.ForeignKey(
+        Model, on_delete=models.PROTECT, related_name="services", help_text="a model in use is not deleted"
+    )
+    engine = models.CharField(max_length=20, default="auto", help_text='an engine name, or "auto": the agent\'s router')
+    gpu_memory_mb = models.PositiveBigIntegerField(null=True, blank=True, help_text="GPU memory per replica")
+    memory_request_mb = models.PositiveBigIntegerField(null=True, blank=True, help_text="host memory per replica")
+    engine_args = models.JSONField(default=list, blank=True, help_text="extra engine arguments (argv list)")
+    health_probe = models.JSONField(null=True, blank=True, help_text="as for tasks; default: GET /v1/models")
+    min_replicas = models.PositiveIntegerField(default=1)
+    max_replicas = models.PositiveIntegerField(default=1)
+    replicas = models.PositiveIntegerField(default=1, help_text="the count the service asks for now")
+    autoscaling = models.JSONField(default=dict, blank=True, help_text="autoscale.parse_policy's input")
+    window = models.JSONField(null=True, blank=True, help_text="windows.parse_window's input; empty: always")
+    sleep_after_seconds = models.PositiveIntegerField(null=True, blank=True, help_text="empty: never sleeps")
+    state = models.CharField(max_length=10, choices=ServiceStatus.choices, default=ServiceStatus.STARTING)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    # the AutoScaler's memory (autoscale.ScalingState): the last change and its direction
+    last_scaled_at = models.DateTimeField(null=True, blank=True)
+    last_scale_direction = models.CharField(max_length=4, blank=True, default="")
+    # the window's memory (windows.WindowState): the action it applied and still holds, and
+    # the count from before it (pause and scale restore it; stop does not)
+    window_action = models.CharField(max_length=10, blank=True, default="")
+    window_remembered = models.PositiveIntegerField(null=True, blank=True)
+    last_request_at = models.DateTimeField(null=True, blank=True, help_text="the gateway's last request for it")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ServiceQuerySet.as_manager()
+
+    class Meta:
+        db_table = "inference_services"
+        ordering = ["group_id"]
+        indexes = [models.Index(fields=["state"], name="inference_services_state")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(min_replicas__lte=models.F("max_replicas")), name="inference_service_min_le_max"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(replicas__lte=models.F("max_replicas")), name="inference_service_replicas_le_max"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.group.name} ({self.model.name}, {self.replicas} replicas, {self.state})"
+
+
+class ServiceDecision(models.Model):
+    """One decision about a service, with its reason: the AutoScaler's scale (or hold with
+    a reason worth showing), a window's move, sleep and wake, a rebuild, a user's scale or
+    stop. What the portal shows as the service's history."""
+
+    service = models.ForeignKey(InferenceService, on_delete=models.CASCADE, related_name="decisions")
+    source = models.CharField(max_length=12, help_text="autoscaler | window | sleep | wake | rebuild | user")
+    action = models.CharField(max_length=20, help_text="scale_up, scale_down, pause, sleep, recreate, …")
+    from_replicas = models.PositiveIntegerField(null=True, blank=True)
+    to_replicas = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.TextField(max_length=2000)
+    details = models.JSONField(default=dict, blank=True, help_text="the signals and figures behind it")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "inference_service_decisions"
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["service", "-created_at"], name="inference_decisions_service")]

@@ -72,6 +72,15 @@ class GroupKind(models.TextChoices):
     INFERENCE = "inference"
 
 
+class GroupPlacement(models.TextChoices):
+    """How the scheduler places a group's members: `gang` all or nothing in one cycle (a
+    training job, a multi-node engine), `replicas` each member on its own like a single task
+    (an inference service's replicas: one that dies is rebuilt while the others serve)."""
+
+    GANG = "gang"
+    REPLICAS = "replicas"
+
+
 class GroupStrategy(models.TextChoices):
     """How the workers split the model; it decides how placement spreads them (tp packs
     within a node, pp spreads across nodes, the data-parallel ones pack first)."""

@@ -10,7 +10,7 @@ from django.db import connections, models
 from django.db.models import Q, Value
 
 from apps.core.scoping import ScopedQuerySet
-from apps.tasks.choices import HOLDING, GroupKind, GroupStrategy, TaskKind, TaskStatus, group_status
+from apps.tasks.choices import HOLDING, GroupKind, GroupPlacement, GroupStrategy, TaskKind, TaskStatus, group_status
 
 
 class TaskQuerySet(ScopedQuerySet):
@@ -40,6 +40,13 @@ class TaskGroup(models.Model):
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=10, choices=GroupKind.choices, default=GroupKind.TRAINING)
     strategy = models.CharField(max_length=10, choices=GroupStrategy.choices, default=GroupStrategy.DDP)
+    placement = models.CharField(
+        max_length=10,
+        choices=GroupPlacement.choices,
+        default=GroupPlacement.GANG,
+        help_text="gang: all members in one cycle or none; replicas: each member placed on its own "
+        "(an inference service)",
+    )
     world_size = models.PositiveIntegerField(help_text="workers (one task each)")
     gpus_per_worker = models.PositiveIntegerField(default=1)
     gpu_type = models.CharField(max_length=20, help_text="every worker on this vendor's cards, strictly")
@@ -116,6 +123,12 @@ class Task(models.Model):
     )
     ports = models.JSONField(default=list, blank=True)
     health_probe = models.JSONField(null=True, blank=True)
+    serving = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='an inference task the agent\'s engine router launches: {"engine": name or "auto", '
+        '"model": the name clients use, "format", "source": path / image / hub id, "args": [engine arguments]}',
+    )
     # what it needs
     gpu_required = models.PositiveIntegerField(default=1)
     gpu_memory_mb = models.PositiveBigIntegerField(null=True, blank=True)

@@ -224,3 +224,9 @@ def test_an_unknown_node_round_then_a_dead_one():
     rounds = [NodeHealth.UNKNOWN, NodeHealth.UNKNOWN, NodeHealth.DEAD]
     steps = [wake_step(WakingReplica(1, "n1", node)).step for node in rounds]
     assert steps == [WakeStep.WAIT, WakeStep.WAIT, WakeStep.MOVE]
+
+
+def test_the_stored_states_are_the_state_machines():
+    from apps.inference.choices import ServiceStatus
+
+    assert set(ServiceStatus.values) == {state.value for state in ServiceState}
