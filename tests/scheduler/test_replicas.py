@@ -17,6 +17,7 @@ from apps.scheduler.services import (
 from apps.tasks.models import Task, TaskGroup
 from apps.tasks.services import agent_report
 from tests.factories import make_group, make_node, make_replica_group, make_task
+from tests.headers import bearer
 from tests.scheduler.ledger import ledger_agrees
 from tests.scheduler.snapshots import SAME_TENANT_ONLY, node, task
 
@@ -193,3 +194,16 @@ def test_a_replica_with_no_port_left_waits_explained_and_its_sibling_is_placed(w
     first, second = members(service)
     assert (first.status, first.host_port) == ("scheduled", 8000)
     assert second.status == "pending" and second.schedule_reason["removed_by"] == {"ports": 1}
+
+
+@pytest.mark.django_db
+def test_a_replicas_groups_explain_has_no_group_dry_run_and_shows_its_replicas_status(api, world):
+    acme = world.tenants["acme"]
+    make_node("n0", gpus=1)
+    service = make_replica_group(acme, replicas=2)
+    run_cycle()
+    answer = api.get(f"/api/v1/task-groups/{service.pk}/explain", **bearer(world.keys["acme-viewer"])).json()
+    # one replica placed, one waiting for a card: scheduled (a gang would still be pending), no gang dry run
+    assert (answer["status"], answer["now"], answer["reservation"]) == ("scheduled", None, {})
+    listed = api.get("/api/v1/task-groups", {"status": "scheduled"}, **bearer(world.keys["acme-viewer"])).json()
+    assert [(group["id"], group["placement"]) for group in listed["results"]] == [(service.pk, "replicas")]

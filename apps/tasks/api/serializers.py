@@ -62,7 +62,7 @@ class ServingSerializer(StrictSerializer):
     )
     model = serializers.CharField(max_length=200, help_text='the name clients put in "model"')
     format = serializers.ChoiceField(
-        choices=ModelFormat.values,
+        choices=ModelFormat.choices,  # the registry's own choice set: one enum in the API schema
         error_messages={
             "invalid_choice": f'"{{input}}" is not a model format: one of {", ".join(ModelFormat.values)}.'
         },
@@ -392,6 +392,7 @@ class TaskGroupSerializer(serializers.ModelSerializer):
             "name",
             "kind",
             "strategy",
+            "placement",
             "status",
             "world_size",
             "gpus_per_worker",
