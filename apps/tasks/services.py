@@ -448,11 +448,12 @@ REPLICA_REQUEUE_FROM = (S.FAILED, S.STOPPED, S.CANCELLED, S.COMPLETED)
 REPLICA_TRANSITIONS = {**TRANSITIONS, **{status: TRANSITIONS[status] | {S.PENDING} for status in REPLICA_REQUEUE_FROM}}
 
 
-def requeue_replicas(task_ids, *, why: str, avoid_node: str | None = None) -> list[int]:
+def requeue_replicas(task_ids, *, why: str, details: dict | None = None) -> list[int]:
     """Ended replica slots (members of a `replicas` group, in REPLICA_REQUEUE_FROM) back to
     the queue, all or none against the tenant's quota, checked as create_tasks does under
     the tenant's usage lock (Conflict quota_exceeded: nothing moved). Each requeued slot
-    gets a `replica_requeued` event saying why (and the node to avoid, for the record).
+    gets a `replica_requeued` event saying why, with `details` (the inference rebuild
+    marks the crash restarts there, its crash-loop history).
     Returns the ids that moved; one someone else moved first is left out."""
     rows = list(
         Task.objects.filter(
@@ -489,7 +490,6 @@ def requeue_replicas(task_ids, *, why: str, avoid_node: str | None = None) -> li
             },
         )
         nodes = {row[0]: row[4] for row in rows}
-        details = {"avoid_node": avoid_node} if avoid_node else {}
         record_events(
             task_event(pk, kind="replica_requeued", message=why, details=details, node_id=nodes.get(pk)) for pk in won
         )
