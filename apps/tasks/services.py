@@ -358,11 +358,17 @@ def agent_report(
         changes.update(exit_code=exit_code, error_message=error_message[:10_000], log_tail=log_tail)
     if to_status == S.PENDING:  # a preempted task's stop is confirmed: back to the queue
         return bool(requeue_preempted([task.pk]))
-    if task.group_id is not None and task.group.placement == GroupPlacement.GANG:
-        # a replica of an inference service (placement replicas) ends on its own, as a
-        # single task does; the service's rebuild job recreates it
+    if in_gang(task):
         return report_group_member(task, from_status=from_status, to_status=to_status, changes=changes)
     return bool(move_tasks(task.pk, [from_status], to_status, **changes))
+
+
+def in_gang(task: Task) -> bool:
+    """Whether the task is a member of a gang group (a training job: its members live and
+    fail together). A replica of an inference service (a group placed as `replicas`) is
+    handled as a single task: its failure ends it alone, and the service's rebuild
+    requeues it."""
+    return task.group_id is not None and task.group.placement == GroupPlacement.GANG
 
 
 def requeue_preempted(task_ids) -> list[int]:
@@ -575,10 +581,10 @@ class LeavingMember(NamedTuple):
 
 
 def lock_groups_of(task_ids) -> list[LeavingMember]:
-    """The gang group members among `task_ids` as they are before a move, their groups'
-    rows locked (in id order) until the transaction ends. A replica of an inference
-    service (placement replicas) is not followed: one that is lost or fails leaves the
-    others serving, and the service's rebuild job recreates it."""
+    """The members of gang groups among `task_ids` as they are before a move, their
+    groups' rows locked (in id order) until the transaction ends. Replicas of an
+    inference service (a group placed as `replicas`) are not among them: one that dies
+    or is lost ends alone, and its siblings go on serving."""
     members = [
         LeavingMember(*row)
         for row in Task.objects.filter(pk__in=task_ids, group__placement=GroupPlacement.GANG).values_list(
@@ -752,8 +758,9 @@ def late_group_report(task: Task, node_id: str, *, attempt: int | None = None, l
     it is not): it names another `attempt` than the group's (the agent echoes the one it
     was handed), the member is placed on another node now, or (`lost`: its
     compare-and-set lost) it is back in the queue, off its node. Such a report is refused
-    (409 attempt_ended) and never moves the member of a later attempt."""
-    if task.group_id is None:
+    (409 attempt_ended) and never moves the member of a later attempt. A replica of an
+    inference service has no attempts (it answers as a single task does)."""
+    if not in_gang(task):
         return ""
     where = f"Task {task.pk} (rank {task.rank} of task group {task.group_id})"
     current = task.group.attempts
