@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Q
 
 from apps.alerts import keys as alert_keys
@@ -106,7 +106,12 @@ REBUILT_OR_FOLLOWED = (
     ServiceStatus.RUNNING,
     ServiceStatus.WAKING,
     ServiceStatus.STOPPING,
+    ServiceStatus.SLEEPING,
+    ServiceStatus.PAUSED,
 )
+# states in which no replica should be queued or run (their replicas were stopped)
+AT_REST = (ServiceStatus.SLEEPING, ServiceStatus.PAUSED, ServiceStatus.STOPPING)
+LIVE = (S.PENDING, S.SCHEDULED, S.STARTING, S.RUNNING)
 
 
 @dataclass
@@ -117,6 +122,8 @@ class RebuildResult:
     alerts: list[int] = field(default_factory=list)  # task ids alerted as crash-looping
     recovered: list[int] = field(default_factory=list)
     refused: list[tuple[int, int, str]] = field(default_factory=list)  # the quota had no room
+    stopped: dict[int, list[int]] = field(default_factory=dict)  # service id -> stray replicas stopped
+    failed: list[int] = field(default_factory=list)  # services whose round raised (logged)
 
 
 def state_event(state: str, rows: list[dict]) -> sleep.Event | None:
@@ -140,19 +147,36 @@ def rebuild_round(now: datetime | None = None) -> RebuildResult:
     history = crash_restarts(task_ids, now - timedelta(seconds=REBUILD_POLICY.crash_window_s))
     alerted = open_crash_alerts(task_ids)
     for service in found:
-        service_rows = rows[service.pk]
-        event = state_event(service.state, service_rows)
-        if event is not None:
-            reason = {
-                sleep.Event.HEALTHY: "a replica is healthy",
-                sleep.Event.UNHEALTHY: "no replica is healthy any more",
-                sleep.Event.ENDED: "every replica has ended",
-            }[event]
-            if services.move_service(service, event, source="rebuild", reason=reason):
-                result.moved[service.pk] = str(event)
-        if service.state in rebuild.REBUILT_STATES:
-            _rebuild(service, service_rows, history, alerted, now, result)
+        try:
+            with transaction.atomic():  # one service's trouble does not undo the others'
+                _follow(service, rows[service.pk], history, alerted, now, result)
+        except Exception:
+            logger.exception("inference rebuild of service %s failed", service.pk)
+            result.failed.append(service.pk)
     return result
+
+
+STATE_REASONS = {
+    sleep.Event.HEALTHY: "a replica is healthy",
+    sleep.Event.UNHEALTHY: "no replica is healthy any more",
+    sleep.Event.ENDED: "every replica has ended",
+}
+
+
+def _follow(service, service_rows, history, alerted, now, result: RebuildResult) -> None:
+    event = state_event(service.state, service_rows)
+    if event is not None:
+        if services.move_service(service, event, source="rebuild", reason=STATE_REASONS[event]):
+            result.moved[service.pk] = str(event)
+    # a replica queued or running where none should (a stray requeue after a stop, a
+    # scale-down or a sleep raced with it): stopped
+    surplus_from = 0 if service.state in AT_REST else service.replicas
+    if service.state in (*AT_REST, *rebuild.REBUILT_STATES) and any(
+        row["status"] in LIVE and row["rank"] >= surplus_from for row in service_rows
+    ):
+        result.stopped[service.pk] = services.stop_slots(service, from_rank=surplus_from)
+    if service.state in rebuild.REBUILT_STATES:
+        _rebuild(service, service_rows, history, alerted, now, result)
 
 
 def _rebuild(service, service_rows, history, alerted, now, result: RebuildResult) -> None:
@@ -214,6 +238,7 @@ class AutoscaleResult:
     recorded: list[int] = field(default_factory=list)  # services whose decision was recorded
     slept: list[int] = field(default_factory=list)
     wake_timed_out: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # services whose round raised (logged)
 
 
 def gpu_utilisation(healthy_task_ids: set[int]) -> dict[int, float]:
@@ -274,55 +299,73 @@ def autoscale_round(now: datetime | None = None) -> AutoscaleResult:
     healthy_ids = {row["task_id"] for service_rows in rows.values() for row in service_rows if row["healthy"]}
     utilisation = gpu_utilisation(healthy_ids)
     last = last_decisions(ids, "autoscaler")
+    awake = []
     for service in found:
-        service_rows = rows[service.pk]
-        healthy = [row for row in service_rows if row["healthy"]]
         reading = readings.get(service.pk, signals.Reading())
-        if service.state in SLEEP_CHECKED:
-            if _sleep_check(service, reading, now, result):
-                continue
-        if service.state not in SCALED:
-            continue
-        cards = [utilisation[row["task_id"]] for row in healthy if row["task_id"] in utilisation]
-        sample = autoscale.Sample(
+        if service.state in SLEEP_CHECKED and _isolated(service, result, _sleep_check, service, reading, now, result):
+            continue  # it went to sleep, or back to sleep
+        if service.state in SCALED:
+            awake.append(service)
+    samples = {}
+    for service in awake:
+        cards = [utilisation[row["task_id"]] for row in rows[service.pk] if row["task_id"] in utilisation]
+        reading = readings.get(service.pk, signals.Reading())
+        samples[service.pk] = autoscale.Sample(
             at=now,
             in_flight=reading.in_flight,
             tokens_per_s=reading.tokens_per_s,
             gpu_utilisation=sum(cards) / len(cards) if cards else None,
         )
-        series = signals.remember(service.pk, sample, now)
-        try:
-            policy = services.scaling_policy(service)
-        except autoscale.PolicyError as exc:  # written past the API: say so, once
-            logger.warning("inference service %s: its autoscaling policy is unreadable: %s", service.pk, exc)
-            continue
-        counted = [row for row in service_rows if row["rank"] < service.replicas]
-        state = autoscale.ScalingState(
-            replicas=service.replicas,
-            healthy=sum(1 for row in counted if row["healthy"]),
-            starting=sum(1 for row in counted if row["status"] not in TERMINAL and not row["healthy"]),
-            last_change_at=service.last_scaled_at,
-            last_direction=autoscale.Direction(service.last_scale_direction) if service.last_scale_direction else None,
-            sleeping=service.state == ServiceStatus.SLEEPING,
-            window_holds=bool(service.window_action),
-        )
-        decision = autoscale.decide(policy, state, series, now)
-        result.decisions[service.pk] = decision
-        details = {"signals": _jsonable(decision.signals), "sample": _sample_details(sample)}
-        if decision.changes:
-            try:
-                scaled = services.scale_service(
-                    service, decision.desired, source="autoscaler", reason=decision.reason, details=details
-                )
-            except Conflict as exc:  # the quota has no room for more: held, said once
-                _record_hold(service, f"{decision.reason}, but {exc.detail}", details, last, result)
-                continue
-            if scaled:
-                result.scaled.append((service.pk, decision.current, decision.desired))
-                result.recorded.append(service.pk)
-        elif worth_recording(decision):
-            _record_hold(service, decision.reason, details, last, result)
+    series = signals.remember_all(samples, now)
+    for service in awake:
+        _isolated(service, result, _scale, service, rows[service.pk], samples[service.pk], series, last, now, result)
     return result
+
+
+def _isolated(service, result, work, *args):
+    """work(*args) in its own savepoint: one service's trouble (logged) does not undo the
+    round for the others."""
+    try:
+        with transaction.atomic():
+            return work(*args)
+    except Exception:
+        logger.exception("inference round for service %s failed", service.pk)
+        result.failed.append(service.pk)
+        return None
+
+
+def _scale(service, service_rows, sample, series, last, now, result: AutoscaleResult) -> None:
+    try:
+        policy = services.scaling_policy(service)
+    except autoscale.PolicyError as exc:  # written past the API
+        logger.warning("inference service %s: its autoscaling policy is unreadable: %s", service.pk, exc)
+        return
+    counted = [row for row in service_rows if row["rank"] < service.replicas]
+    state = autoscale.ScalingState(
+        replicas=service.replicas,
+        healthy=sum(1 for row in counted if row["healthy"]),
+        starting=sum(1 for row in counted if row["status"] not in TERMINAL and not row["healthy"]),
+        last_change_at=service.last_scaled_at,
+        last_direction=autoscale.Direction(service.last_scale_direction) if service.last_scale_direction else None,
+        sleeping=service.state == ServiceStatus.SLEEPING,
+        window_holds=bool(service.window_action),
+    )
+    decision = autoscale.decide(policy, state, series.get(service.pk, [sample]), now)
+    result.decisions[service.pk] = decision
+    details = {"signals": _jsonable(decision.signals), "sample": _sample_details(sample)}
+    if decision.changes:
+        try:
+            scaled = services.scale_service(
+                service, decision.desired, source="autoscaler", reason=decision.reason, details=details
+            )
+        except Conflict as exc:  # the quota has no room for more: held, said once
+            _record_hold(service, f"{decision.reason}, but {exc.detail}", details, last, result)
+            return
+        if scaled:
+            result.scaled.append((service.pk, decision.current, decision.desired))
+            result.recorded.append(service.pk)
+    elif worth_recording(decision):
+        _record_hold(service, decision.reason, details, last, result)
 
 
 def _record_hold(service, reason: str, details: dict, last: dict, result: AutoscaleResult) -> None:
@@ -392,6 +435,7 @@ class WindowsResult:
     decisions: dict[int, windows.WindowDecision] = field(default_factory=dict)
     applied: list[tuple[int, str]] = field(default_factory=list)  # (service id, move)
     skipped: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # services whose round raised (logged)
 
 
 def inactive_tenants(tenant_ids) -> set[int]:
@@ -438,11 +482,14 @@ def windows_round(now: datetime | None = None) -> WindowsResult:
             continue
         if decision.move == windows.WindowMove.NONE:
             continue
-        try:
-            applied = services.apply_window(service, decision)
-        except Conflict as exc:  # the quota has no room for the restore: tried again next round
-            logger.info("inference service %s: window %s refused: %s", service.pk, decision.move, exc.detail)
-            continue
-        if applied:
+        if _isolated(service, result, _apply_window, service, decision):
             result.applied.append((service.pk, str(decision.move)))
     return result
+
+
+def _apply_window(service, decision: windows.WindowDecision) -> bool:
+    try:
+        return services.apply_window(service, decision)
+    except Conflict as exc:  # the quota has no room for the restore: tried again next round
+        logger.info("inference service %s: window %s refused: %s", service.pk, decision.move, exc.detail)
+        return False
