@@ -241,7 +241,7 @@ class AutoscaleResult:
     failed: list[int] = field(default_factory=list)  # services whose round raised (logged)
 
 
-def gpu_utilisation(healthy_task_ids: set[int]) -> dict[int, float]:
+def gpu_utilisation(healthy_task_ids: set[int], now: datetime) -> dict[int, float]:
     """task id -> the mean utilisation of the cards it holds (the scheduler's ledger), as
     its node's latest heartbeat reported them, for every task in one query. A card
     without a reading, or a node given up, gives none."""
@@ -254,7 +254,7 @@ def gpu_utilisation(healthy_task_ids: set[int]) -> dict[int, float]:
                JOIN nodes n ON n.id = a.node_id
                WHERE a.task_id = ANY(%s) AND g.utilization IS NOT NULL AND n.last_heartbeat_at >= %s
                GROUP BY a.task_id""",
-            [sorted(healthy_task_ids), liveness.heard_since(utcnow())],
+            [sorted(healthy_task_ids), liveness.heard_since(now)],
         )
         return {task_id: float(mean) for task_id, mean in cursor.fetchall()}
 
@@ -297,7 +297,7 @@ def autoscale_round(now: datetime | None = None) -> AutoscaleResult:
     rows = replica_rows(ids)
     readings = signals.read(ids, now)
     healthy_ids = {row["task_id"] for service_rows in rows.values() for row in service_rows if row["healthy"]}
-    utilisation = gpu_utilisation(healthy_ids)
+    utilisation = gpu_utilisation(healthy_ids, now)
     last = last_decisions(ids, "autoscaler")
     awake = []
     for service in found:

@@ -575,7 +575,9 @@ def rebuild_slot(
                 group.tenant, [replica_spec(locked, group, locked.model, action.rank)], created_by=group.created_by
             )
         elif status in REPLICA_REQUEUE_FROM:
-            details = {"rank": action.rank, CRASH_RESTART: action.counts_as_restart}
+            # a crash is a run that ended on its own; a slot stopped on purpose is not one
+            crashed = action.counts_as_restart and status in (TaskStatus.FAILED, TaskStatus.COMPLETED)
+            details = {"rank": action.rank, CRASH_RESTART: crashed}
             if action.avoid_node:
                 details["dead_node"] = action.avoid_node
             if not requeue_replicas([task_id], why=f"rebuilt, {why}", details=details):
