@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 from django.db.models import Q
+from rest_framework.exceptions import ValidationError
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertState
@@ -515,6 +516,6 @@ def windows_round(now: datetime | None = None) -> WindowsResult:
 def _apply_window(service, decision: windows.WindowDecision) -> bool:
     try:
         return services.apply_window(service, decision)
-    except Conflict as exc:  # the quota has no room for the restore: tried again next round
+    except (Conflict, ValidationError) as exc:  # no quota for the restore, a scale_to above max: next round
         logger.info("inference service %s: window %s refused: %s", service.pk, decision.move, exc.detail)
         return False

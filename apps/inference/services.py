@@ -333,14 +333,10 @@ def create_service(principal, data: dict) -> InferenceService:
         state=ServiceStatus.STARTING,
     )
 
-    def write_group_and_service():
+    def write_group_and_service():  # under the tenant's lock, once the quota check passed
         group.save()
         service.group = group
         service.save(force_insert=True)
-
-    specs = [replica_spec(service, group, model, rank) for rank in range(low)]
-    with transaction.atomic():
-        create_tasks(tenant, specs, created_by=user, before_insert=write_group_and_service)
         record_decision(
             service,
             "user",
@@ -348,6 +344,10 @@ def create_service(principal, data: dict) -> InferenceService:
             f"created with {low} replicas ({low} × {group.gpus_per_worker} {group.gpu_type} GPUs)",
             to_replicas=low,
         )
+
+    specs = [replica_spec(service, group, model, rank) for rank in range(low)]
+    # one transaction (create_tasks'); a refusal raises after it, so the quota alert stays
+    create_tasks(tenant, specs, created_by=user, before_insert=write_group_and_service)
     return service
 
 
