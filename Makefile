@@ -19,7 +19,7 @@ lint: $(DEPS_STAMP)
 install: $(DEPS_STAMP)
 
 # Real inference engines (requirements/engines.txt: llama.cpp's server), which the agent's
-# process runtime launches and the engine end-to-end tests need. A ~7 minute build the
+# process runtime launches and the engine end-to-end tests need. A 7-20 minute build the
 # first time on a machine; the wheel is cached (scripts/engines.sh).
 engines: $(DEPS_STAMP)
 	VENV=$(VENV) bash scripts/engines.sh $(ENGINES_ARGS)

@@ -6,7 +6,8 @@
 #   bash scripts/engines.sh [--install]     # or: make engines [ENGINES_ARGS=--install]
 #
 # llama-cpp-python has no wheel on the registry for this platform: pip builds llama.cpp
-# from its source distribution (cmake and a C++ compiler; about 7 minutes on 2 cores).
+# from its source distribution (cmake and a C++ compiler; 7 minutes on 2 idle cores, 19
+# when they are busy).
 # The wheel built is kept in a cache outside the repository and reused when present:
 #   $HETEROFLOW_WHEEL_CACHE, default ${XDG_CACHE_HOME:-~/.cache}/heteroflow/wheels
 # so a fresh virtual environment (CI makes one per run) installs it in seconds. The build
@@ -53,7 +54,7 @@ if ! compgen -G "$WHEELS/llama_cpp_python-$version-*.whl" >/dev/null; then
     echo "engines: building llama-cpp-python needs ${missing[*]} (apt-get install -y ${missing[*]}, or --install as root)" >&2
     exit 1
   fi
-  echo "engines: building llama-cpp-python $version (llama.cpp from source, ~7 min on 2 cores) into $WHEELS" >&2
+  echo "engines: building llama-cpp-python $version (llama.cpp from source, 7-20 min on 2 cores) into $WHEELS" >&2
   started=$(date +%s)
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
     "${PIP[@]}" wheel --quiet --no-deps --no-binary llama-cpp-python --wheel-dir "$WHEELS" \

@@ -29,7 +29,7 @@ import pytest
 
 LLAMA_CPP_MISSING = (
     "llama-cpp-python[server] is not installed in this environment: `bash scripts/engines.sh` "
-    "installs it (requirements/engines.txt; a ~7 minute build the first time, cached after)"
+    "installs it (requirements/engines.txt; a 7-20 minute build the first time, cached after)"
 )
 
 # the recipe tried on this kind of machine (shared/docs/RECIPES.md)
