@@ -23,7 +23,7 @@ from apps.core.db import insert_rows
 from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import release
-from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupStatus, TaskKind, group_status
+from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupPlacement, GroupStatus, TaskKind, group_status
 from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task, TaskEvent, TaskGroup, TenantUsage
 
@@ -308,7 +308,9 @@ def stop_group(group: TaskGroup) -> TaskGroup:
     members = list(Task.objects.filter(group_id=group.pk).values_list("pk", flat=True))
     with transaction.atomic():
         if not stop_tasks(members):
-            status = group_status(Task.objects.filter(group_id=group.pk).values_list("status", flat=True))
+            status = group_status(
+                Task.objects.filter(group_id=group.pk).values_list("status", flat=True), group.placement
+            )
             if status in ENDED_GROUP:
                 raise Conflict(f"Task group {group.pk} is {status} and cannot be stopped now.", "invalid_state")
             if status != GroupStatus.STOPPING:
@@ -347,9 +349,17 @@ def agent_report(
         changes.update(exit_code=exit_code, error_message=error_message[:10_000], log_tail=log_tail)
     if to_status == S.PENDING:  # a preempted task's stop is confirmed: back to the queue
         return bool(requeue_preempted([task.pk]))
-    if task.group_id is not None:
+    if in_gang(task):
         return report_group_member(task, from_status=from_status, to_status=to_status, changes=changes)
     return bool(move_tasks(task.pk, [from_status], to_status, **changes))
+
+
+def in_gang(task: Task) -> bool:
+    """Whether the task is a member of a gang group (a training job: its members live and
+    fail together). A replica of an inference service (a group placed as `replicas`) is
+    handled as a single task: its failure ends it alone, and the service's rebuild
+    requeues it."""
+    return task.group_id is not None and task.group.placement == GroupPlacement.GANG
 
 
 def requeue_preempted(task_ids) -> list[int]:
@@ -500,11 +510,13 @@ class LeavingMember(NamedTuple):
 
 
 def lock_groups_of(task_ids) -> list[LeavingMember]:
-    """The group members among `task_ids` as they are before a move, their groups' rows
-    locked (in id order) until the transaction ends."""
+    """The members of gang groups among `task_ids` as they are before a move, their
+    groups' rows locked (in id order) until the transaction ends. Replicas of an
+    inference service (a group placed as `replicas`) are not among them: one that dies
+    or is lost ends alone, and its siblings go on serving."""
     members = [
         LeavingMember(*row)
-        for row in Task.objects.filter(pk__in=task_ids, group__isnull=False).values_list(
+        for row in Task.objects.filter(pk__in=task_ids, group__placement=GroupPlacement.GANG).values_list(
             "pk", "group_id", "rank", "node_id", "status"
         )
     ]
@@ -675,8 +687,9 @@ def late_group_report(task: Task, node_id: str, *, attempt: int | None = None, l
     it is not): it names another `attempt` than the group's (the agent echoes the one it
     was handed), the member is placed on another node now, or (`lost`: its
     compare-and-set lost) it is back in the queue, off its node. Such a report is refused
-    (409 attempt_ended) and never moves the member of a later attempt."""
-    if task.group_id is None:
+    (409 attempt_ended) and never moves the member of a later attempt. A replica of an
+    inference service has no attempts (it answers as a single task does)."""
+    if not in_gang(task):
         return ""
     where = f"Task {task.pk} (rank {task.rank} of task group {task.group_id})"
     current = task.group.attempts
