@@ -136,7 +136,7 @@ def fake_engine_tree(root: Path, version: str = "1.2.3") -> Path:
         "print('serving', a.model, 'as', a.model_alias, flush=True)\n"
         "HTTPServer((a.host, int(a.port)), H).serve_forever()\n"
     )
-    for extra in ("fastapi", "sse_starlette", "starlette_context", "pydantic_settings"):
+    for extra in ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings"):
         (root / extra).mkdir()
         (root / extra / "__init__.py").write_text("")
     info = root / f"llama_cpp_python-{version}.dist-info"
@@ -146,9 +146,11 @@ def fake_engine_tree(root: Path, version: str = "1.2.3") -> Path:
 
 
 def engine_python(tmp_path: Path, site: Path) -> str:
-    """An engine interpreter that is not the agent's: this Python with `site` on its path."""
+    """An engine interpreter that is not the agent's: this Python with `site` as its only
+    place for packages (-S: not this environment's site-packages, where a real
+    llama-cpp-python may be installed)."""
     wrapper = tmp_path / "engine-python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" -S "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
 
