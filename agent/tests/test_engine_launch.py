@@ -222,6 +222,23 @@ def test_a_process_inference_task_with_serving_gets_the_engines_command_line():
     executor.close()
 
 
+def test_a_container_inference_task_gets_the_routed_image_and_its_servers_command_line():
+    class DockerStub:
+        kind = "docker"
+
+    executor = Executor("n1", ServerClient("http://x", "k"), runtime=DockerStub(), vendor="nvidia", workers=2)
+    executor.router = EngineRouter("nvidia", lambda: ([VLLM], {VLLM: "v1"}))
+    serving = {"engine": "auto", "model": "qwen", "format": "safetensors", "source": "/models/qwen", "args": []}
+    task = {"id": 3, "kind": "inference", "image": "auto", "command": [], "host_port": 8006, "serving": serving}
+    launched = executor.launched(task, executor.route(task))
+    assert launched["image"] == "vllm/vllm-openai:v1"
+    assert launched["command"] == container_argv(VLLM, serving, 8006)
+    own = executor.launched({**task, "command": ["--my", "flags"]}, executor.route(task))
+    assert own["command"] == ["--my", "flags"]  # the task's own command line is kept
+    assert executor.route({**task, "image": "my/own:image"}) is None
+    executor.close()
+
+
 def test_a_serving_task_whose_engine_is_not_installed_fails_saying_so():
     executor = executor_with(ProcessStub(), ([], {}))
     task = {"id": 9, "kind": "inference", "image": "", "command": [], "host_port": 8004, "serving": SERVING}
