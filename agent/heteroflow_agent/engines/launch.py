@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from heteroflow_agent.engines.router import ANY_VENDOR, LLAMACPP, SGLANG, VLLM
 
-PROBE_TIMEOUT = 20.0  # seconds for another interpreter to answer the install probe
+PROBE_TIMEOUT = 10.0  # seconds for another interpreter to answer the install probe (a beat waits for it)
 
 
 @dataclass(frozen=True)
