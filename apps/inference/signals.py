@@ -113,26 +113,34 @@ def _decode(raw) -> autoscale.Sample | None:
         return None
 
 
-def remember(service_id: int, sample: autoscale.Sample, now: datetime) -> list[autoscale.Sample]:
-    """Add this round's sample to the service's series and return the series (oldest
-    first) within SAMPLES_KEPT_SECONDS of `now`. Redis away: the one sample alone."""
-    key = samples_key(service_id)
+def remember_all(samples: dict[int, autoscale.Sample], now: datetime) -> dict[int, list[autoscale.Sample]]:
+    """Add each service's sample of this round to its series and return the series
+    (oldest first, within SAMPLES_KEPT_SECONDS of `now`), for every service in one round
+    trip. Redis away: each sample alone."""
+    if not samples:
+        return {}
+    ids = list(samples)
     try:
         with client() as connection:
-            pipe = connection.pipeline(transaction=True)
-            pipe.lpush(key, _encode(sample))
-            pipe.ltrim(key, 0, SAMPLES_KEPT - 1)
-            pipe.expire(key, SAMPLES_KEPT_SECONDS)
-            pipe.lrange(key, 0, -1)
-            raw = pipe.execute()[-1]
+            pipe = connection.pipeline(transaction=False)
+            for pk in ids:
+                key = samples_key(pk)
+                pipe.lpush(key, _encode(samples[pk]))
+                pipe.ltrim(key, 0, SAMPLES_KEPT - 1)
+                pipe.expire(key, SAMPLES_KEPT_SECONDS)
+                pipe.lrange(key, 0, -1)
+            replies = pipe.execute()
     except redis.RedisError:
         logger.warning("could not keep the autoscaler's samples", exc_info=True)
-        return [sample]
-    series = [s for s in (_decode(item) for item in raw) if s is not None]
-    return sorted(
-        (s for s in series if (now - s.at).total_seconds() <= SAMPLES_KEPT_SECONDS and s.at <= now),
-        key=lambda s: s.at,
-    )
+        return {pk: [sample] for pk, sample in samples.items()}
+    found = {}
+    for index, pk in enumerate(ids):
+        series = [s for s in (_decode(item) for item in replies[4 * index + 3]) if s is not None]
+        found[pk] = sorted(
+            (s for s in series if s.at <= now and (now - s.at).total_seconds() <= SAMPLES_KEPT_SECONDS),
+            key=lambda s: s.at,
+        )
+    return found
 
 
 def forget(service_id: int) -> None:

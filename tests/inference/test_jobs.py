@@ -182,6 +182,16 @@ def test_a_missing_rank_below_the_count_is_created_and_a_surplus_dead_one_left(w
     assert slots(service) == [(0, "running"), (1, "cancelled")]
 
 
+def test_a_slot_stopped_on_purpose_below_the_count_is_recreated_without_counting_as_a_crash(world):
+    service = make_service(world)
+    run(service, 0, make_node("rb-9", 4))
+    task_services.stop_task(task_of(service, 1))  # someone cancelled the queued replica
+    assert slots(service) == [(0, "running"), (1, "cancelled")]
+    assert rounds.rebuild_round().rebuilt == [(service.pk, 1, "recreate")]
+    event = TaskEvent.objects.get(task_id=task_of(service, 1).pk, kind="replica_requeued")
+    assert event.details["crash_restart"] is False
+
+
 def test_a_rebuild_the_quota_has_no_room_for_waits(world):
     service = make_service(world, min_replicas=1, max_replicas=1)
     node = make_node("rb-5", 4)
@@ -205,6 +215,40 @@ def test_a_stopping_service_is_stopped_once_every_replica_has_ended(world):
     Task.objects.filter(group_id=service.pk, rank=0).update(status=S.STOPPED)
     assert rounds.rebuild_round().moved == {service.pk: "ended"}
     assert svc(service).state == "stopped"
+
+
+def test_a_replica_queued_where_none_should_run_is_stopped(world):
+    asleep = make_service(world, name="asleep")
+    set_state(asleep, "sleeping")
+    Task.objects.filter(group_id=asleep.pk, rank=1).update(status=S.STOPPED)  # rank 0 stays queued: a stray
+    running = make_service(world, name="running", min_replicas=1, max_replicas=3)
+    node = make_node("rb-7", 8)
+    run(running, 0, node)
+    InferenceService.objects.filter(pk=running.pk).update(replicas=2)
+    services.start_slots(svc(running), 2, why="test")
+    InferenceService.objects.filter(pk=running.pk).update(replicas=1)  # rank 1 is now surplus
+    result = rounds.rebuild_round()
+    assert set(result.stopped) == {asleep.pk, running.pk}
+    assert slots(asleep) == [(0, "cancelled"), (1, "stopped")]
+    assert slots(running) == [(0, "running"), (1, "cancelled")]
+
+
+def test_one_service_failing_its_round_does_not_stop_the_others(world, monkeypatch):
+    broken, fine = make_service(world, name="broken"), make_service(world, name="fine")
+    node = make_node("rb-8", 8)
+    run(broken, 0, node)
+    run(fine, 0, node, port=8100)
+    real = services.move_service
+
+    def move(service, *args, **kwargs):
+        if service.pk == broken.pk:
+            raise RuntimeError("boom")
+        return real(service, *args, **kwargs)
+
+    monkeypatch.setattr(services, "move_service", move)
+    result = rounds.rebuild_round()
+    assert result.failed == [broken.pk] and result.moved == {fine.pk: "healthy"}
+    assert svc(fine).state == "running" and svc(broken).state == "starting"
 
 
 # --- the AutoScaler ------------------------------------------------------------------------
