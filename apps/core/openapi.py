@@ -47,7 +47,7 @@ def add_error_responses(result, generator, request, public):
     result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
     answer = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     for methods in result.get("paths", {}).values():
-        for method, operation in methods.items():
+        for operation in methods.values():
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
             for status, description in ERRORS.items():

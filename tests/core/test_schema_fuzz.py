@@ -17,7 +17,7 @@ import os
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import checks
 
 from tests.headers import AGENT, bearer
@@ -57,10 +57,11 @@ def keep_connection():
 
 @pytest.fixture
 def quiet():
-    """Thousands of refused requests would each log a warning."""
+    """Thousands of refused requests would each log a warning (set after the WSGI
+    application is made: making it configures logging again)."""
     logger = logging.getLogger("django.request")
-    level, logger.level = logger.level, logging.ERROR
-    yield
+    level = logger.level
+    yield lambda: logger.setLevel(logging.ERROR)
     logger.setLevel(level)
 
 
@@ -81,20 +82,39 @@ def as_headers(django_headers: dict) -> dict:
     }
 
 
+def routes(path: str) -> bool:
+    """Whether the path reaches a view at all (a generated slug the URL's converter
+    refuses gets the catch-all JSON 404 before anybody is asked for credentials)."""
+    from django.urls import Resolver404, resolve
+
+    from apps.core import errors
+
+    try:
+        view = resolve(path).func
+    except Resolver404:
+        return False
+    return getattr(view, "__wrapped__", view) is not errors.not_found
+
+
 def fuzzer(operation, who: str, headers: dict, tally: dict):
     """The Hypothesis test of one operation as one principal; counts into `tally`."""
     label = f"{operation.method.upper()} {operation.path}"
 
     @given(case=operation.as_strategy())
     @settings(
-        max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],  # no shrinking: a failure is reported as found, at once
     )
     def fuzz(case):
         tally["cases"] += 1
         response = case.call_and_validate(headers=headers, checks=CHECKS)
         if response.status_code not in (401, 403):
             tally["reached"].setdefault(label, set()).add(who)
-        if operation.path not in PUBLIC:
+        if operation.path not in PUBLIC and routes(case.formatted_path):
             wrong = case.call(headers=WRONG_KEY)
             assert wrong.status_code == 401, f"wrong credentials answered {wrong.status_code}"
 
@@ -105,6 +125,7 @@ def test_every_operation_answers_by_its_schema_for_every_principal(world, keep_c
     from django.core.wsgi import get_wsgi_application
 
     schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application())
+    quiet()
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) > 50, "the schema lost its operations"
     tally, failures = {"cases": 0, "reached": {}}, []

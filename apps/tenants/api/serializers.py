@@ -73,7 +73,9 @@ class MemberUpdateSerializer(StrictSerializer):
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True, help_text="null: a platform (operator) key"
+    )
     username = serializers.CharField(source="user.username", read_only=True)
     active = serializers.SerializerMethodField()
 

@@ -181,6 +181,7 @@ class TenantGroupListView(generics.ListAPIView):
     serializer_class = s.TenantGroupSerializer
     queryset = TenantGroup.objects.prefetch_related("tenants")
 
+    @extend_schema(request=s.TenantGroupSerializer, responses={201: s.TenantGroupSerializer})
     def post(self, request):
         serializer = s.TenantGroupSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
