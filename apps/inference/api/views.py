@@ -1,16 +1,13 @@
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from apps.core.clock import utcnow
-from apps.core.errors import Conflict
 from apps.core.views import ScopedAPIView
 from apps.inference import model_deletion, selectors, services
+from apps.inference.api import actions
 from apps.inference.api import serializers as s
-from apps.inference.choices import ServiceStatus
 from apps.inference.models import InferenceService, Model, ServiceDecision
-from apps.tenants import policy
 
 
 def shown(models, **context) -> dict:
@@ -128,12 +125,6 @@ class ServiceView(ScopedAPIView):
     queryset = SERVICES
     lookup_url_kwarg = "id"  # {id} in the schema, as every other route (the primary key is `group`)
 
-    def managed(self) -> InferenceService:
-        """The service, for a change: members and admins of its tenant and operators."""
-        service = self.get_object()
-        policy.check_may_stop_task(self.request.auth, service.group)
-        return service
-
 
 class ServiceDetailView(ServiceView):
     """A service with its replicas (node, port, state, health, address), the window's
@@ -144,52 +135,17 @@ class ServiceDetailView(ServiceView):
         return service_answer(self.get_object())
 
 
-NOT_SCALED = {
-    ServiceStatus.STOPPING: "it is stopping",
-    ServiceStatus.STOPPED: "it is stopped",
-    ServiceStatus.SLEEPING: "it is sleeping: wake it first",
-    ServiceStatus.PAUSED: "its scheduling window has paused it",
-}
-
-
 class ServiceScaleView(ServiceView):
     """A user's scale: {"replicas": n}, between the service's min_replicas and
     max_replicas. The AutoScaler may change the count again by its own rules."""
 
     @extend_schema(request=s.ServiceScaleSerializer, responses=s.ServiceDetailSerializer)
     def post(self, request, id):
-        service = self.managed()
+        service = self.get_object()
+        actions.check_may_manage(request.auth, service)
         serializer = s.ServiceScaleSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        wanted = serializer.validated_data["replicas"]
-        if not service.min_replicas <= wanted <= service.max_replicas:
-            raise ValidationError(
-                {
-                    "replicas": [
-                        f"Between min_replicas ({service.min_replicas}) and max_replicas ({service.max_replicas}); "
-                        "stop or let it sleep to go to zero."
-                    ]
-                }
-            )
-        why = NOT_SCALED.get(service.state) or (
-            "a scheduling window holds its replica count" if service.window_action else None
-        )
-        if why:
-            raise Conflict(f"Service {service.pk} cannot be scaled now: {why}.", "invalid_state")
-        if wanted != service.replicas:
-            who = request.auth.user.username if request.auth.user else "an API key"
-            won = services.scale_service(
-                service,
-                wanted,
-                source="user",
-                reason=f"scaled by {who} from {service.replicas} to {wanted}",
-                details={"by": who},
-            )
-            if not won:
-                raise Conflict(
-                    f"Service {service.pk}'s replica count changed meanwhile; read it again and retry.",
-                    "status_changed",
-                )
+        actions.scale(request.auth, service, serializer.validated_data["replicas"])
         return service_answer(service)
 
 
@@ -199,8 +155,8 @@ class ServiceStopView(ServiceView):
 
     @extend_schema(request=None, responses=s.ServiceDetailSerializer)
     def post(self, request, id):
-        service = self.managed()
-        services.stop_service(request.auth, service)
+        service = self.get_object()
+        actions.stop(request.auth, service)
         return service_answer(service)
 
 
@@ -210,8 +166,8 @@ class ServiceWakeView(ServiceView):
 
     @extend_schema(request=None, responses=s.ServiceDetailSerializer)
     def post(self, request, id):
-        service = self.managed()
-        services.wake_service(request.auth, service)
+        service = self.get_object()
+        actions.wake(request.auth, service)
         return service_answer(service)
 
 
