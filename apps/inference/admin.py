@@ -4,16 +4,15 @@ through the API or the portal, where their validation and their services live; t
 only deletes models, through the same pre-check as the API (apps.inference.model_deletion:
 a model a service not stopped uses is refused, naming the services)."""
 
-from django.contrib import admin, messages
-from django.shortcuts import redirect
+from django.contrib import admin
 
-from apps.core.errors import Conflict
+from apps.core.admin_tools import DeleteThroughServiceMixin, operator
 from apps.inference import model_deletion
 from apps.inference.models import InferenceService, Model, ServiceDecision
 
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ModelAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
     list_display = ["name", "tenant", "format", "source_kind", "source", "size_bytes", "created_at"]
     list_filter = ["format", "source_kind", "tenant"]
     search_fields = ["name", "source"]
@@ -41,14 +40,6 @@ class ModelAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
-    def delete_view(self, request, object_id, extra_context=None):
-        model = self.get_object(request, object_id)
-        using = model_deletion.services_using(model) if model is not None else []
-        if using:  # refused before the confirmation page, in the API's words
-            self.message_user(request, str(model_deletion.in_use(model, using).detail), messages.ERROR)
-            return redirect("admin:inference_model_change", model.pk)
-        return super().delete_view(request, object_id, extra_context)
-
     def get_deleted_objects(self, objs, request):
         """The records of stopped services go with their model (model_deletion), so they
         neither protect it nor ask for a permission here; the services not stopped are
@@ -60,15 +51,8 @@ class ModelAdmin(admin.ModelAdmin):
         ]
         return deleted, counts, perms_needed, protected
 
-    def delete_model(self, request, obj):
-        model_deletion.delete_model(None, obj)
-
-    def delete_queryset(self, request, queryset):
-        for model in queryset:
-            try:
-                model_deletion.delete_model(None, model)
-            except Conflict as exc:
-                self.message_user(request, str(exc.detail), messages.ERROR)
+    def delete_through_service(self, request, model):
+        model_deletion.delete_model(operator(request), model)
 
 
 class ReadOnlyInline(admin.TabularInline):

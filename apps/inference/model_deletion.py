@@ -45,10 +45,8 @@ def in_use(model: Model, using: list[InferenceService]) -> Conflict:
 
 def delete_model(principal, model: Model) -> list[int]:
     """Delete `model` after the pre-check (above); the ids of the stopped services whose
-    records went with it. Raises PermissionDenied (viewers) and Conflict (in use).
-    `principal` None: the operators' admin."""
-    if principal is not None:
-        policy.check_may_manage_models(principal, model.tenant)
+    records went with it. Raises PermissionDenied (viewers) and Conflict (in use)."""
+    policy.check_may_manage_models(principal, model.tenant)
     with transaction.atomic():
         locked = Model.objects.select_for_update().filter(pk=model.pk).first()
         if locked is None:  # deleted meanwhile: what was asked is done
@@ -61,10 +59,7 @@ def delete_model(principal, model: Model) -> list[int]:
         )
         InferenceService.objects.filter(pk__in=stopped).delete()
         try:
-            if principal is None:
-                Model.objects.filter(pk=locked.pk).delete()
-            else:
-                services.delete_model(principal, locked)
+            services.delete_model(principal, locked)
         except ProtectedError:  # cannot happen under the lock; never a 500 if it does
             raise in_use(locked, services_using(locked)) from None
     return stopped

@@ -91,15 +91,12 @@ def test_the_admin_refuses_naming_the_services_never_a_500(client, world):
     service = make_service(world.tenants["acme"], model, name="chat", state="running")
     decide(service, reason="in flight 37 over 3 replicas = 12.3 > target 8: up to 5")
     admin = signed_in(client, world.operator)
-    for response in (
-        admin.get(f"/admin/inference/model/{model.pk}/delete/", follow=True),
-        admin.post(f"/admin/inference/model/{model.pk}/delete/", {"post": "yes"}, follow=True),
-    ):
-        assert response.status_code == 200
-        assert "is used by 1 service: &#x27;chat&#x27;" in response.content.decode()
-    bulk = {"action": "delete_selected", "_selected_action": [model.pk], "post": "yes"}
-    html = admin.post("/admin/inference/model/", bulk).content.decode()
+    html = page(admin, f"/admin/inference/model/{model.pk}/delete/")  # the confirmation lists what protects it
     assert "protected related objects" in html and "Inference service: chat (qwen3-8b, 2 replicas, running)" in html
+    response = admin.post(f"/admin/inference/model/{model.pk}/delete/", {"post": "yes"}, follow=True)
+    assert response.redirect_chain[-1][0] == f"/admin/inference/model/{model.pk}/change/"
+    assert "is used by 1 service: &#x27;chat&#x27;" in response.content.decode()
+    assert "delete_selected" not in page(admin, "/admin/inference/model/")  # no bulk delete past the check
     assert Model.objects.filter(pk=model.pk).exists()
     html = page(admin, f"/admin/inference/inferenceservice/{service.pk}/change/")
     assert "in flight 37 over 3 replicas" in html and "chat" in html
