@@ -12,6 +12,7 @@ import pytest
 from apps.inference.api.serializers import window_status
 from apps.inference.models import InferenceService, ServiceDecision
 from apps.tasks.models import Task, TaskGroup
+from apps.tenants.models import Tenant
 from tests.factories import make_node
 from tests.headers import bearer
 from tests.inference.service_rows import decide, make_model, make_service
@@ -150,7 +151,7 @@ def test_a_member_deploys_a_service_and_reads_it_back(api, world, models):
     assert answer["tenant"] == "acme" and answer["model"] == "qwen3-8b" and answer["gpus_per_replica"] == 2
     assert [m["rank"] for m in answer["members"]] == [0, 1]
     assert {m["status"] for m in answer["members"]} == {"pending"}
-    assert {m["healthy"] for m in answer["members"]} == {None} and answer["healthy_replicas"] == 0
+    assert {m["healthy"] for m in answer["members"]} == {False} and answer["healthy_replicas"] == 0
     assert answer["window_status"]["holds"] is False and "inside" in answer["window_status"]
     assert answer["decisions"][0]["source"] == "user" and answer["decisions"][0]["action"] == "create"
     detail = api.get(f"{URL}/{service.pk}", **bearer(world.keys["acme-viewer"]))
@@ -169,6 +170,14 @@ def test_defaults_max_is_min_and_the_router_chooses(api, world, models):
         1,
     )
     assert answer["window"] is None and answer["window_status"] is None and answer["sleep_after_seconds"] is None
+
+
+def test_a_service_over_the_quota_is_refused_whole(api, world, models):
+    Tenant.objects.filter(pk=world.tenants["acme"].pk).update(max_gpus=3)
+    before = written()
+    response = post(api, world.keys["acme-member"], BODY | {"min_replicas": 2, "gpus_per_replica": 2})
+    assert response.status_code == 409 and response.json()["error"]["code"] == "quota_exceeded"
+    assert written() == before
 
 
 def test_viewers_cannot_deploy_and_nothing_is_written(api, world, models):
@@ -298,7 +307,6 @@ def test_a_member_scales_within_the_bounds(api, world, models):
     [
         ({"state": "stopped"}, "it is stopped"),
         ({"state": "stopping"}, "it is stopping"),
-        ({"state": "sleeping"}, "it is sleeping: wake it first"),
         ({"state": "paused"}, "its scheduling window has paused it"),
         ({"state": "running", "window_action": "scale", "window_remembered": 2}, "a scheduling window holds"),
     ],
@@ -319,7 +327,8 @@ def test_stop_is_one_way_and_asking_again_while_it_stops_is_not_an_error(api, wo
     assert response.status_code == 200, response.content
     assert response.json()["state"] in ("stopping", "stopped")
     assert {t.status for t in service.group.tasks.all()} <= {"cancelled", "stopping", "stopped"}
-    assert post(api, world.keys["acme-member"], {}, url).status_code in (200, 409)
+    again = post(api, world.keys["acme-member"], {}, url)
+    assert again.status_code == 200 and again.json()["state"] == "stopping"
     InferenceService.objects.filter(pk=service.pk).update(state="stopped")
     assert post(api, world.keys["acme-member"], {}, url).status_code == 409
     assert post(api, world.keys["acme-member"], {}, f"{URL}/{service.pk}/wake").status_code == 409
@@ -373,3 +382,16 @@ def test_window_status_is_read_at_the_time_given(world, models):
     assert window_status(service, datetime(2026, 12, 1, 10, 0, tzinfo=UTC))["inside"] is False
     service.window = None
     assert window_status(service, monday_ten) is None
+
+
+def test_a_sleeping_service_takes_a_new_count_and_its_wake_starts_that_many(api, world, models):
+    node = make_node("n1", 4)
+    service = make_service(
+        world.tenants["acme"], models["acme"], replicas=1, max_replicas=3, status="stopped", node=node, state="sleeping"
+    )
+    key = world.keys["acme-member"]
+    answer = post(api, key, {"replicas": 2}, f"{URL}/{service.pk}/scale").json()
+    assert answer["replicas"] == 2 and answer["state"] == "sleeping"
+    assert [m["status"] for m in answer["members"]] == ["stopped"]  # nothing started while it sleeps
+    answer = post(api, key, {}, f"{URL}/{service.pk}/wake").json()
+    assert answer["state"] == "waking" and [m["status"] for m in answer["members"]] == ["pending", "pending"]

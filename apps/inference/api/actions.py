@@ -12,10 +12,12 @@ from apps.inference.choices import ServiceStatus
 from apps.inference.models import InferenceService
 from apps.tenants import policy
 
+# A sleeping service takes a scale (only its count changes; the wake starts that many); a
+# paused one, or one whose window holds its count, would have it overwritten by the
+# window's restore, so the user is told instead.
 NOT_SCALED = {
     ServiceStatus.STOPPING: "it is stopping",
     ServiceStatus.STOPPED: "it is stopped",
-    ServiceStatus.SLEEPING: "it is sleeping: wake it first",
     ServiceStatus.PAUSED: "its scheduling window has paused it",
 }
 
