@@ -274,3 +274,9 @@ def test_viewers_cannot_act(client, world, models):
     for action in ("scale", "stop", "wake"):
         assert viewer.post(f"/portal/inference/{service.pk}/{action}/", {"replicas": "1"}).status_code == 403
     assert InferenceService.objects.get(pk=service.pk).state == "running"
+
+
+def test_a_services_group_is_not_listed_as_training(client, world, models):
+    service = make_service(world.tenants["acme"], models["acme"], name="chat")
+    html = page(signed_in(client, world.users["acme-member"]), "/portal/training/")
+    assert f'<tr data-group="{service.pk}"' not in html and "No training groups." in html

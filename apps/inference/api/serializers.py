@@ -502,7 +502,7 @@ class ServiceDetailSerializer(ServiceSerializer):
         return ReplicaSerializer(self.context["members"], many=True).data
 
     def get_healthy_replicas(self, service) -> int:
-        return sum(1 for row in ReplicaSerializer(self.context["members"], many=True).data if row["healthy"])
+        return sum(1 for row in self.context["members"] if row["healthy"])
 
     @extend_schema_field(WindowStatusSerializer(allow_null=True))
     def get_window_status(self, service):
