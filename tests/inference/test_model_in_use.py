@@ -83,7 +83,10 @@ def test_the_portal_says_which_services_hold_it_and_keeps_it(client, world):
     html = response.content.decode()
     assert response.redirect_chain[-1][0] == f"/portal/models/{model.pk}/"
     assert "is used by 1 service: &#x27;chat&#x27;" in html and Model.objects.filter(pk=model.pk).exists()
-    page(browser, f"/portal/models/{model.pk}/")
+    service = InferenceService.objects.get(model=model)
+    assert (
+        f'<tr data-service="{service.pk}"><td><a href="/portal/inference/{service.pk}/">#{service.pk} chat</a>' in html
+    )
 
 
 def test_the_admin_refuses_naming_the_services_never_a_500(client, world):

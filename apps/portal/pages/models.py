@@ -105,6 +105,7 @@ def model_detail(request, pk):
             "model": model,
             "nodes": sorted(node.pk for node in model.nodes.all()),
             "cached": selectors.cached_on([model])[model.pk],
+            "services": model.services.select_related("group").order_by("group__name", "group_id"),
             "may_change": policy.may_manage_models(principal, model.tenant),
             "engines": Engine.choices,
         },
