@@ -22,13 +22,13 @@ def node_list(principal, *, q: str = "", status: str = "", gpu_type: str = ""):
 
 
 # The node search (`?q=`): a case-insensitive substring of the name, id, addresses,
-# location or GPU model, read from the stored `nodes.search_text` (migration nodes/0007:
-# those fields upper-cased and joined by a unit separator) with its trigram index where
-# PostgreSQL has pg_trgm. A node's gpu_model is its cards' model, normalised as each
+# location or GPU model, read from `node_search` (migration nodes/0007: those fields
+# upper-cased and joined by a unit separator, kept by triggers on nodes) through its
+# trigram index where PostgreSQL has pg_trgm. A node's gpu_model is its cards' model, normalised as each
 # card's, or "mixed": only the cards of a mixed node (or of one that never beat) are
 # searched one by one.
 NODE_SEARCH_SQL = (
-    "SELECT id FROM nodes WHERE search_text LIKE %s "
+    "SELECT node_id FROM node_search WHERE text LIKE %s "
     "UNION SELECT g.node_id FROM gpus g JOIN nodes n ON n.id = g.node_id "
     "WHERE n.gpu_model IN ('mixed', '') AND upper(g.model) LIKE %s"
 )
