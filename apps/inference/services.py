@@ -18,20 +18,23 @@ from apps.alerts.choices import AlertScope, AlertType, Severity
 from apps.alerts.services import raise_alert
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
-from apps.inference import autoscale, sleep, windows
+from apps.inference import autoscale, rebuild, sleep, windows
 from apps.inference.choices import ServiceStatus
 from apps.inference.models import InferenceService, Model, ServiceDecision
 from apps.inference.selectors import registered_on
 from apps.nodes import services as node_services
 from apps.nodes.models import Node
-from apps.tasks.choices import TERMINAL, GroupKind, GroupPlacement, TaskKind
+from apps.tasks.choices import TERMINAL, GroupKind, GroupPlacement, TaskKind, TaskStatus
 from apps.tasks.models import Task, TaskGroup
 from apps.tasks.services import (
     REPLICA_REQUEUE_FROM,
     create_tasks,
     member_name,
+    move_tasks,
+    record_events,
     requeue_replicas,
     stop_tasks,
+    task_event,
 )
 from apps.tasks.submission import check_secrets
 from apps.tenants import policy
@@ -536,3 +539,144 @@ def wake_service(principal, service: InferenceService) -> InferenceService:
     wake(service, source="user", reason="woken by a user")
     service.refresh_from_db()
     return service
+
+
+# --- what the periodic jobs apply (apps.inference.rounds decides, these write) ------------
+
+# the replica statuses a dead node's slot is taken back to the queue from
+ON_A_NODE = (TaskStatus.SCHEDULED, TaskStatus.STARTING, TaskStatus.RUNNING)
+CRASH_RESTART = "crash_restart"  # in a replica_requeued event's details: a rebuild after a crash
+
+
+def rebuild_slot(
+    service: InferenceService,
+    action: rebuild.RebuildAction,
+    task_id: int | None,
+    status: str | None,
+    *,
+    node_id: str | None = None,
+) -> bool:
+    """Apply one rebuild action to the slot `action.rank` (its task `task_id` in `status`,
+    or none for a missing rank): a died replica's row requeued (a crash restart marked in
+    its event, the crash-loop history), one on a dead node taken back to the queue off it
+    (the scheduler places nothing on a given-up node), a missing rank created. Records the
+    decision. False when the slot moved meanwhile (nothing done). Conflict quota_exceeded
+    when the tenant's quota has no room now (nothing done; the next round tries again)."""
+    why = f"rank {action.rank}: {action.reason}"
+    with transaction.atomic():
+        if action.kind == rebuild.RebuildKind.CREATE:
+            locked = _lock(service)
+            if locked.state not in (ServiceStatus.STARTING, ServiceStatus.RUNNING) or action.rank >= locked.replicas:
+                return False
+            if Task.objects.filter(group_id=service.pk, rank=action.rank).exists():
+                return False
+            group = locked.group
+            create_tasks(
+                group.tenant, [replica_spec(locked, group, locked.model, action.rank)], created_by=group.created_by
+            )
+        elif status in REPLICA_REQUEUE_FROM:
+            details = {"rank": action.rank, CRASH_RESTART: action.counts_as_restart}
+            if action.avoid_node:
+                details["dead_node"] = action.avoid_node
+            if not requeue_replicas([task_id], why=f"rebuilt, {why}", details=details):
+                return False
+        elif action.kind == rebuild.RebuildKind.RECREATE_ELSEWHERE and status in ON_A_NODE:
+            moved = move_tasks([task_id], [status], TaskStatus.PENDING, node=None, host_port=None)
+            if not moved:
+                return False
+            record_events(
+                [
+                    task_event(
+                        task_id,
+                        kind="replica_requeued",
+                        message=f"rebuilt, {why}",
+                        details={"rank": action.rank, CRASH_RESTART: False, "dead_node": action.avoid_node},
+                        node_id=node_id,
+                    )
+                ]
+            )
+        else:
+            return False
+        record_decision(service, "rebuild", str(action.kind), why, details={"rank": action.rank, "task_id": task_id})
+    return True
+
+
+def alert_crash_loop(service: InferenceService, task_id: int, node_id: str | None, reason: str) -> bool:
+    """The crash-loop alert of one replica slot (one active per slot: its task row), which
+    the rebuild recovers once the slot is healthy again. Returns whether it was new."""
+    name = service.group.name
+    raised = raise_alert(
+        type=AlertType.TASK_FAILED,
+        severity=Severity.ERROR,
+        scope=AlertScope.TASK,
+        key=alert_keys.inference_crash_loop(task_id),
+        message=f"A replica of inference service {name} is crash-looping ({reason}); it is retried at the "
+        "capped back-off.",
+        node_id=node_id or "",
+        task_id=task_id,
+        tenant_id=service.group.tenant_id,
+        details={"service_id": service.pk, "cause": "crash_loop"},
+    )
+    if raised:
+        record_decision(service, "rebuild", "crash_loop_alert", reason, details={"task_id": task_id})
+    return raised
+
+
+def apply_window(service: InferenceService, decision: windows.WindowDecision) -> bool:
+    """Apply the windows job's decision, in one transaction with the window's memory
+    (window_action, window_remembered), by CAS on the count, the state and the memory
+    `service` was read with (False: someone changed one first, nothing done):
+    pause: the service paused (its replicas stopped) and its count 0; scale: the count set
+    (a paused service resumed first when the window switched from pause to scale); stop:
+    the service stopped; restore: the remembered count back (a paused service resumed);
+    release: the memory dropped. A move its state does not take now (a waking service to
+    pause) is left for a later round (False)."""
+    move, action = decision.move, decision.action
+    if move in (windows.WindowMove.NONE, windows.WindowMove.SKIP):
+        return False
+    held = str(decision.action) if decision.holds and decision.action else ""
+    state = sleep.ServiceState(service.state)
+    reason = f"window: {decision.reason}"
+    with transaction.atomic():
+        won = InferenceService.objects.filter(
+            pk=service.pk,
+            replicas=service.replicas,
+            state=service.state,
+            window_action=service.window_action,
+        ).update(window_action=held, window_remembered=decision.remember, updated_at=utcnow())
+        if not won:
+            return False
+        if move == windows.WindowMove.APPLY and action == windows.WindowAction.STOP:
+            if not sleep.allowed(state, sleep.Event.STOP):
+                transaction.set_rollback(True)
+                return False
+            move_service(service, sleep.Event.STOP, source="window", reason=reason)
+        elif move == windows.WindowMove.APPLY and action == windows.WindowAction.PAUSE:
+            if state != sleep.ServiceState.PAUSED:
+                if not sleep.allowed(state, sleep.Event.PAUSE):
+                    transaction.set_rollback(True)
+                    return False
+                move_service(service, sleep.Event.PAUSE, source="window", reason=reason)
+            InferenceService.objects.filter(pk=service.pk).update(replicas=0)
+            service.replicas = 0
+        elif move == windows.WindowMove.APPLY:  # scale
+            _set_count_and_resume(service, decision.replicas, reason)
+        elif move == windows.WindowMove.RESTORE:
+            _set_count_and_resume(service, decision.replicas, reason)
+        else:  # release: the memory only
+            record_decision(service, "window", "release", reason)
+    service.window_action, service.window_remembered = held, decision.remember
+    return True
+
+
+def _set_count_and_resume(service: InferenceService, replicas: int, reason: str) -> None:
+    """The window's count (a paused service: the count, then resumed, which starts the
+    slots below it; otherwise a scale)."""
+    if service.state == ServiceStatus.PAUSED:
+        before = service.replicas
+        InferenceService.objects.filter(pk=service.pk).update(replicas=replicas)
+        service.replicas = replicas
+        move_service(service, sleep.Event.RESUME, source="window", reason=f"{reason} ({before} → {replicas} replicas)")
+    elif replicas != service.replicas:
+        if not scale_service(service, replicas, source="window", reason=reason):
+            raise Conflict("The service's count changed meanwhile.", "invalid_state")

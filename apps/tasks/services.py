@@ -358,11 +358,17 @@ def agent_report(
         changes.update(exit_code=exit_code, error_message=error_message[:10_000], log_tail=log_tail)
     if to_status == S.PENDING:  # a preempted task's stop is confirmed: back to the queue
         return bool(requeue_preempted([task.pk]))
-    if task.group_id is not None and task.group.placement == GroupPlacement.GANG:
-        # a replica of an inference service (placement replicas) ends on its own, as a
-        # single task does; the service's rebuild job recreates it
+    if in_gang(task):
         return report_group_member(task, from_status=from_status, to_status=to_status, changes=changes)
     return bool(move_tasks(task.pk, [from_status], to_status, **changes))
+
+
+def in_gang(task: Task) -> bool:
+    """Whether the task is a member of a gang group (a training job: its members live and
+    fail together). A replica of an inference service (a group placed as `replicas`) is
+    handled as a single task: its failure ends it alone, and the service's rebuild
+    requeues it."""
+    return task.group_id is not None and task.group.placement == GroupPlacement.GANG
 
 
 def requeue_preempted(task_ids) -> list[int]:
@@ -448,11 +454,12 @@ REPLICA_REQUEUE_FROM = (S.FAILED, S.STOPPED, S.CANCELLED, S.COMPLETED)
 REPLICA_TRANSITIONS = {**TRANSITIONS, **{status: TRANSITIONS[status] | {S.PENDING} for status in REPLICA_REQUEUE_FROM}}
 
 
-def requeue_replicas(task_ids, *, why: str, avoid_node: str | None = None) -> list[int]:
+def requeue_replicas(task_ids, *, why: str, details: dict | None = None) -> list[int]:
     """Ended replica slots (members of a `replicas` group, in REPLICA_REQUEUE_FROM) back to
     the queue, all or none against the tenant's quota, checked as create_tasks does under
     the tenant's usage lock (Conflict quota_exceeded: nothing moved). Each requeued slot
-    gets a `replica_requeued` event saying why (and the node to avoid, for the record).
+    gets a `replica_requeued` event saying why, with `details` (the inference rebuild
+    marks the crash restarts there, its crash-loop history).
     Returns the ids that moved; one someone else moved first is left out."""
     rows = list(
         Task.objects.filter(
@@ -489,7 +496,6 @@ def requeue_replicas(task_ids, *, why: str, avoid_node: str | None = None) -> li
             },
         )
         nodes = {row[0]: row[4] for row in rows}
-        details = {"avoid_node": avoid_node} if avoid_node else {}
         record_events(
             task_event(pk, kind="replica_requeued", message=why, details=details, node_id=nodes.get(pk)) for pk in won
         )
@@ -575,10 +581,10 @@ class LeavingMember(NamedTuple):
 
 
 def lock_groups_of(task_ids) -> list[LeavingMember]:
-    """The gang group members among `task_ids` as they are before a move, their groups'
-    rows locked (in id order) until the transaction ends. A replica of an inference
-    service (placement replicas) is not followed: one that is lost or fails leaves the
-    others serving, and the service's rebuild job recreates it."""
+    """The members of gang groups among `task_ids` as they are before a move, their
+    groups' rows locked (in id order) until the transaction ends. Replicas of an
+    inference service (a group placed as `replicas`) are not among them: one that dies
+    or is lost ends alone, and its siblings go on serving."""
     members = [
         LeavingMember(*row)
         for row in Task.objects.filter(pk__in=task_ids, group__placement=GroupPlacement.GANG).values_list(
@@ -752,8 +758,9 @@ def late_group_report(task: Task, node_id: str, *, attempt: int | None = None, l
     it is not): it names another `attempt` than the group's (the agent echoes the one it
     was handed), the member is placed on another node now, or (`lost`: its
     compare-and-set lost) it is back in the queue, off its node. Such a report is refused
-    (409 attempt_ended) and never moves the member of a later attempt."""
-    if task.group_id is None:
+    (409 attempt_ended) and never moves the member of a later attempt. A replica of an
+    inference service has no attempts (it answers as a single task does)."""
+    if not in_gang(task):
         return ""
     where = f"Task {task.pk} (rank {task.rank} of task group {task.group_id})"
     current = task.group.attempts
