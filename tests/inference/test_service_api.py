@@ -11,6 +11,7 @@ import pytest
 
 from apps.inference.api.serializers import window_status
 from apps.inference.models import InferenceService, ServiceDecision
+from apps.scheduler.services import run_cycle
 from apps.tasks.models import Task, TaskGroup
 from apps.tenants.models import Tenant
 from tests.factories import make_node
@@ -395,3 +396,17 @@ def test_a_sleeping_service_takes_a_new_count_and_its_wake_starts_that_many(api,
     assert [m["status"] for m in answer["members"]] == ["stopped"]  # nothing started while it sleeps
     answer = post(api, key, {}, f"{URL}/{service.pk}/wake").json()
     assert answer["state"] == "waking" and [m["status"] for m in answer["members"]] == ["pending", "pending"]
+
+
+def test_deployed_replicas_are_placed_by_a_real_cycle_and_listed_where_they_run(api, world, models):
+    make_node("gpu-01", 4, ip="10.0.0.5")
+    make_node("gpu-02", 4, ip="10.0.0.6")
+    answer = post(api, world.keys["acme-member"], BODY | {"min_replicas": 2, "gpus_per_replica": 2}).json()
+    run_cycle()
+    members = api.get(f"{URL}/{answer['id']}", **bearer(world.keys["acme-viewer"])).json()["members"]
+    assert [m["status"] for m in members] == ["scheduled", "scheduled"]
+    ips = {"gpu-01": "10.0.0.5", "gpu-02": "10.0.0.6"}
+    for member in members:
+        assert 8000 <= member["host_port"] < 9000 and member["node_address"] == ips[member["node_id"]]
+        assert member["address"] == f"http://{ips[member['node_id']]}:{member['host_port']}"
+        assert member["healthy"] is False  # not running yet
