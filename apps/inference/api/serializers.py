@@ -199,7 +199,7 @@ class ServiceHealthProbeSerializer(StrictSerializer):
 
     type = serializers.ChoiceField(choices=[("http", "http"), ("tcp", "tcp")], default="http")
     port = serializers.IntegerField(
-        min_value=1, max_value=65535, required=False, help_text="default: the port the engine serves on"
+        min_value=1, max_value=65535, required=False, help_text="default: the replica's host port"
     )
     path = serializers.CharField(max_length=500, required=False, default="/v1/models")
 
