@@ -410,3 +410,15 @@ def test_deployed_replicas_are_placed_by_a_real_cycle_and_listed_where_they_run(
         assert 8000 <= member["host_port"] < 9000 and member["node_address"] == ips[member["node_id"]]
         assert member["address"] == f"http://{ips[member['node_id']]}:{member['host_port']}"
         assert member["healthy"] is False  # not running yet
+
+
+def test_viewers_only_look_and_operators_act_on_any_tenants_service(api, world, models):
+    service = make_service(world.tenants["beta"], models["beta"], replicas=1, max_replicas=2, state="sleeping")
+    before = written()
+    for action in ("scale", "stop", "wake"):
+        response = post(api, world.keys["beta-viewer"], {"replicas": 2}, f"{URL}/{service.pk}/{action}")
+        assert response.status_code == 403, (action, response.content)
+    assert written() == before
+    response = post(api, world.operator_key, {"replicas": 2}, f"{URL}/{service.pk}/scale")
+    assert response.status_code == 200 and response.json()["replicas"] == 2
+    assert response.json()["decisions"][0]["reason"] == "scaled by op from 1 to 2"
