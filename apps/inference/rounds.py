@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 from django.db.models import Q
+from rest_framework.exceptions import ValidationError
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertState
@@ -147,13 +148,54 @@ def rebuild_round(now: datetime | None = None) -> RebuildResult:
     history = crash_restarts(task_ids, now - timedelta(seconds=REBUILD_POLICY.crash_window_s))
     alerted = open_crash_alerts(task_ids)
     for service in found:
-        try:
-            with transaction.atomic():  # one service's trouble does not undo the others'
-                _follow(service, rows[service.pk], history, alerted, now, result)
-        except Exception:
-            logger.exception("inference rebuild of service %s failed", service.pk)
-            result.failed.append(service.pk)
+        actions = _slots_and_plan(service, rows[service.pk], history, alerted, now)
+        result.backing_off += [(service.pk, a.rank) for a in actions if a.kind == rebuild.RebuildKind.BACK_OFF]
+        if _has_work(service, rows[service.pk], actions, alerted):
+            _isolated(service, result, _follow, service, rows[service.pk], history, alerted, now, result)
     return result
+
+
+def _surplus_from(service) -> int:
+    """Replicas of this rank and above should not be queued or running."""
+    return 0 if service.state in AT_REST else service.replicas
+
+
+def _strays(service, service_rows) -> bool:
+    """A replica queued or running where none should (a stray requeue after a stop, a
+    scale-down or a sleep raced with it)."""
+    if service.state not in (*AT_REST, *rebuild.REBUILT_STATES):
+        return False
+    low = _surplus_from(service)
+    return any(row["status"] in LIVE and row["rank"] >= low for row in service_rows)
+
+
+def _slots_and_plan(service, service_rows, history, alerted, now) -> list[rebuild.RebuildAction]:
+    slots = [
+        rebuild.ReplicaSlot(
+            rank=row["rank"],
+            health=replica_health(row),
+            node=node_health(row, now),
+            node_id=row["node_id"],
+            died_at=row["finished_at"],
+            restarts=history.get(row["task_id"], ()),
+            alert_open=row["task_id"] in alerted,
+        )
+        for row in service_rows
+    ]
+    return rebuild.plan(sleep.ServiceState(service.state), service.replicas, slots, REBUILD_POLICY, now)
+
+
+REBUILDING = (rebuild.RebuildKind.RECREATE, rebuild.RebuildKind.RECREATE_ELSEWHERE, rebuild.RebuildKind.CREATE)
+
+
+def _has_work(service, service_rows, actions, alerted) -> bool:
+    """Whether this round changes anything for the service, given its plan (most rounds
+    change nothing for most services: those are not given a savepoint)."""
+    if state_event(service.state, service_rows) is not None or _strays(service, service_rows):
+        return True
+    if any(row["task_id"] in alerted and replica_health(row) == rebuild.ReplicaHealth.HEALTHY for row in service_rows):
+        return True
+    return any(action.kind in REBUILDING or action.alert for action in actions)
 
 
 STATE_REASONS = {
@@ -168,32 +210,15 @@ def _follow(service, service_rows, history, alerted, now, result: RebuildResult)
     if event is not None:
         if services.move_service(service, event, source="rebuild", reason=STATE_REASONS[event]):
             result.moved[service.pk] = str(event)
-    # a replica queued or running where none should (a stray requeue after a stop, a
-    # scale-down or a sleep raced with it): stopped
-    surplus_from = 0 if service.state in AT_REST else service.replicas
-    if service.state in (*AT_REST, *rebuild.REBUILT_STATES) and any(
-        row["status"] in LIVE and row["rank"] >= surplus_from for row in service_rows
-    ):
-        result.stopped[service.pk] = services.stop_slots(service, from_rank=surplus_from)
+    if _strays(service, service_rows):
+        result.stopped[service.pk] = services.stop_slots(service, from_rank=_surplus_from(service))
     if service.state in rebuild.REBUILT_STATES:
         _rebuild(service, service_rows, history, alerted, now, result)
 
 
 def _rebuild(service, service_rows, history, alerted, now, result: RebuildResult) -> None:
     by_rank = {row["rank"]: row for row in service_rows}
-    slots = [
-        rebuild.ReplicaSlot(
-            rank=row["rank"],
-            health=replica_health(row),
-            node=node_health(row, now),
-            node_id=row["node_id"],
-            died_at=row["finished_at"],
-            restarts=history.get(row["task_id"], ()),
-            alert_open=row["task_id"] in alerted,
-        )
-        for row in service_rows
-    ]
-    for action in rebuild.plan(sleep.ServiceState(service.state), service.replicas, slots, REBUILD_POLICY, now):
+    for action in _slots_and_plan(service, service_rows, history, alerted, now):
         row = by_rank.get(action.rank)
         if row and row["task_id"] in alerted and replica_health(row) == rebuild.ReplicaHealth.HEALTHY:
             if recover_alert(alert_keys.inference_crash_loop(row["task_id"])):
@@ -201,14 +226,7 @@ def _rebuild(service, service_rows, history, alerted, now, result: RebuildResult
         if action.alert and row:
             if services.alert_crash_loop(service, row["task_id"], row["node_id"], action.reason):
                 result.alerts.append(row["task_id"])
-        if action.kind == rebuild.RebuildKind.BACK_OFF:
-            result.backing_off.append((service.pk, action.rank))
-            continue
-        if action.kind not in (
-            rebuild.RebuildKind.RECREATE,
-            rebuild.RebuildKind.RECREATE_ELSEWHERE,
-            rebuild.RebuildKind.CREATE,
-        ):
+        if action.kind not in REBUILDING:
             continue
         try:
             done = services.rebuild_slot(
@@ -241,7 +259,7 @@ class AutoscaleResult:
     failed: list[int] = field(default_factory=list)  # services whose round raised (logged)
 
 
-def gpu_utilisation(healthy_task_ids: set[int]) -> dict[int, float]:
+def gpu_utilisation(healthy_task_ids: set[int], now: datetime) -> dict[int, float]:
     """task id -> the mean utilisation of the cards it holds (the scheduler's ledger), as
     its node's latest heartbeat reported them, for every task in one query. A card
     without a reading, or a node given up, gives none."""
@@ -254,7 +272,7 @@ def gpu_utilisation(healthy_task_ids: set[int]) -> dict[int, float]:
                JOIN nodes n ON n.id = a.node_id
                WHERE a.task_id = ANY(%s) AND g.utilization IS NOT NULL AND n.last_heartbeat_at >= %s
                GROUP BY a.task_id""",
-            [sorted(healthy_task_ids), liveness.heard_since(utcnow())],
+            [sorted(healthy_task_ids), liveness.heard_since(now)],
         )
         return {task_id: float(mean) for task_id, mean in cursor.fetchall()}
 
@@ -297,12 +315,13 @@ def autoscale_round(now: datetime | None = None) -> AutoscaleResult:
     rows = replica_rows(ids)
     readings = signals.read(ids, now)
     healthy_ids = {row["task_id"] for service_rows in rows.values() for row in service_rows if row["healthy"]}
-    utilisation = gpu_utilisation(healthy_ids)
+    utilisation = gpu_utilisation(healthy_ids, now)
     last = last_decisions(ids, "autoscaler")
     awake = []
     for service in found:
         reading = readings.get(service.pk, signals.Reading())
-        if service.state in SLEEP_CHECKED and _isolated(service, result, _sleep_check, service, reading, now, result):
+        move = _sleep_verdict(service, reading, now) if service.state in SLEEP_CHECKED else None
+        if move is not None and _isolated(service, result, _sleep, service, *move, result):
             continue  # it went to sleep, or back to sleep
         if service.state in SCALED:
             awake.append(service)
@@ -318,7 +337,12 @@ def autoscale_round(now: datetime | None = None) -> AutoscaleResult:
         )
     series = signals.remember_all(samples, now)
     for service in awake:
-        _isolated(service, result, _scale, service, rows[service.pk], samples[service.pk], series, last, now, result)
+        decision = _decision(service, rows[service.pk], series.get(service.pk, [samples[service.pk]]), now)
+        if decision is None:
+            continue
+        result.decisions[service.pk] = decision
+        if decision.changes or worth_recording(decision):
+            _isolated(service, result, _apply_scale, service, decision, samples[service.pk], last, result)
     return result
 
 
@@ -334,12 +358,12 @@ def _isolated(service, result, work, *args):
         return None
 
 
-def _scale(service, service_rows, sample, series, last, now, result: AutoscaleResult) -> None:
+def _decision(service, service_rows, series, now) -> autoscale.ScaleDecision | None:
     try:
         policy = services.scaling_policy(service)
     except autoscale.PolicyError as exc:  # written past the API
         logger.warning("inference service %s: its autoscaling policy is unreadable: %s", service.pk, exc)
-        return
+        return None
     counted = [row for row in service_rows if row["rank"] < service.replicas]
     state = autoscale.ScalingState(
         replicas=service.replicas,
@@ -350,22 +374,24 @@ def _scale(service, service_rows, sample, series, last, now, result: AutoscaleRe
         sleeping=service.state == ServiceStatus.SLEEPING,
         window_holds=bool(service.window_action),
     )
-    decision = autoscale.decide(policy, state, series.get(service.pk, [sample]), now)
-    result.decisions[service.pk] = decision
+    return autoscale.decide(policy, state, series, now)
+
+
+def _apply_scale(service, decision, sample, last, result: AutoscaleResult) -> None:
     details = {"signals": _jsonable(decision.signals), "sample": _sample_details(sample)}
-    if decision.changes:
-        try:
-            scaled = services.scale_service(
-                service, decision.desired, source="autoscaler", reason=decision.reason, details=details
-            )
-        except Conflict as exc:  # the quota has no room for more: held, said once
-            _record_hold(service, f"{decision.reason}, but {exc.detail}", details, last, result)
-            return
-        if scaled:
-            result.scaled.append((service.pk, decision.current, decision.desired))
-            result.recorded.append(service.pk)
-    elif worth_recording(decision):
+    if not decision.changes:
         _record_hold(service, decision.reason, details, last, result)
+        return
+    try:
+        scaled = services.scale_service(
+            service, decision.desired, source="autoscaler", reason=decision.reason, details=details
+        )
+    except Conflict as exc:  # the quota has no room for more: held, said once
+        _record_hold(service, f"{decision.reason}, but {exc.detail}", details, last, result)
+        return
+    if scaled:
+        result.scaled.append((service.pk, decision.current, decision.desired))
+        result.recorded.append(service.pk)
 
 
 def _record_hold(service, reason: str, details: dict, last: dict, result: AutoscaleResult) -> None:
@@ -384,20 +410,15 @@ def _record_hold(service, reason: str, details: dict, last: dict, result: Autosc
     result.recorded.append(service.pk)
 
 
-def _sleep_check(service, reading: signals.Reading, now: datetime, result: AutoscaleResult) -> bool:
-    """Sleep an idle running service; send a waking one back to sleep once its wake has
-    timed out. True when the service moved."""
+def _sleep_verdict(service, reading: signals.Reading, now: datetime) -> tuple[sleep.Event, str] | None:
+    """Sleep for an idle running service; back to sleep for a waking one whose wake has
+    timed out; None: neither."""
     policy = services.sleep_policy(service)
     if service.state == ServiceStatus.WAKING:
         verdict = sleep.decide_wake_timeout(
             policy, sleep.ServiceState.WAKING, waking_since=service.state_changed_at, now=now
         )
-        if verdict.yes and services.move_service(
-            service, sleep.Event.WAKE_TIMED_OUT, source="wake", reason=verdict.reason
-        ):
-            result.wake_timed_out.append(service.pk)
-            return True
-        return False
+        return (sleep.Event.WAKE_TIMED_OUT, verdict.reason) if verdict.yes else None
     verdict = sleep.decide_idle(
         policy,
         sleep.ServiceState(service.state),
@@ -406,10 +427,15 @@ def _sleep_check(service, reading: signals.Reading, now: datetime, result: Autos
         in_flight=reading.in_flight,
         now=now,
     )
-    if verdict.yes and services.move_service(service, sleep.Event.IDLE, source="sleep", reason=verdict.reason):
-        result.slept.append(service.pk)
-        return True
-    return False
+    return (sleep.Event.IDLE, verdict.reason) if verdict.yes else None
+
+
+def _sleep(service, event: sleep.Event, reason: str, result: AutoscaleResult) -> bool:
+    source = "wake" if event == sleep.Event.WAKE_TIMED_OUT else "sleep"
+    if not services.move_service(service, event, source=source, reason=reason):
+        return False
+    (result.wake_timed_out if event == sleep.Event.WAKE_TIMED_OUT else result.slept).append(service.pk)
+    return True
 
 
 def _sample_details(sample: autoscale.Sample) -> dict:
@@ -490,6 +516,6 @@ def windows_round(now: datetime | None = None) -> WindowsResult:
 def _apply_window(service, decision: windows.WindowDecision) -> bool:
     try:
         return services.apply_window(service, decision)
-    except Conflict as exc:  # the quota has no room for the restore: tried again next round
+    except (Conflict, ValidationError) as exc:  # no quota for the restore, a scale_to above max: next round
         logger.info("inference service %s: window %s refused: %s", service.pk, decision.move, exc.detail)
         return False

@@ -333,14 +333,10 @@ def create_service(principal, data: dict) -> InferenceService:
         state=ServiceStatus.STARTING,
     )
 
-    def write_group_and_service():
+    def write_group_and_service():  # under the tenant's lock, once the quota check passed
         group.save()
         service.group = group
         service.save(force_insert=True)
-
-    specs = [replica_spec(service, group, model, rank) for rank in range(low)]
-    with transaction.atomic():
-        create_tasks(tenant, specs, created_by=user, before_insert=write_group_and_service)
         record_decision(
             service,
             "user",
@@ -348,6 +344,10 @@ def create_service(principal, data: dict) -> InferenceService:
             f"created with {low} replicas ({low} × {group.gpus_per_worker} {group.gpu_type} GPUs)",
             to_replicas=low,
         )
+
+    specs = [replica_spec(service, group, model, rank) for rank in range(low)]
+    # one transaction (create_tasks'); a refusal raises after it, so the quota alert stays
+    create_tasks(tenant, specs, created_by=user, before_insert=write_group_and_service)
     return service
 
 
@@ -575,7 +575,9 @@ def rebuild_slot(
                 group.tenant, [replica_spec(locked, group, locked.model, action.rank)], created_by=group.created_by
             )
         elif status in REPLICA_REQUEUE_FROM:
-            details = {"rank": action.rank, CRASH_RESTART: action.counts_as_restart}
+            # a crash is a run that ended on its own; a slot stopped on purpose is not one
+            crashed = action.counts_as_restart and status in (TaskStatus.FAILED, TaskStatus.COMPLETED)
+            details = {"rank": action.rank, CRASH_RESTART: crashed}
             if action.avoid_node:
                 details["dead_node"] = action.avoid_node
             if not requeue_replicas([task_id], why=f"rebuilt, {why}", details=details):

@@ -182,6 +182,16 @@ def test_a_missing_rank_below_the_count_is_created_and_a_surplus_dead_one_left(w
     assert slots(service) == [(0, "running"), (1, "cancelled")]
 
 
+def test_a_slot_stopped_on_purpose_below_the_count_is_recreated_without_counting_as_a_crash(world):
+    service = make_service(world)
+    run(service, 0, make_node("rb-9", 4))
+    task_services.stop_task(task_of(service, 1))  # someone cancelled the queued replica
+    assert slots(service) == [(0, "running"), (1, "cancelled")]
+    assert rounds.rebuild_round().rebuilt == [(service.pk, 1, "recreate")]
+    event = TaskEvent.objects.get(task_id=task_of(service, 1).pk, kind="replica_requeued")
+    assert event.details["crash_restart"] is False
+
+
 def test_a_rebuild_the_quota_has_no_room_for_waits(world):
     service = make_service(world, min_replicas=1, max_replicas=1)
     node = make_node("rb-5", 4)

@@ -7,6 +7,7 @@ import pytest
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
+from apps.alerts.models import Alert
 from apps.core.errors import Conflict
 from apps.inference import selectors, services
 from apps.inference.models import InferenceService, ServiceDecision
@@ -65,6 +66,8 @@ def test_a_service_over_the_quota_is_refused_whole_and_writes_nothing(world):
     assert "0 of 3 GPUs in use, 4 more asked" in str(refused.value.detail)
     assert (TaskGroup.objects.count(), Task.objects.count(), InferenceService.objects.count()) == before
     assert not ServiceDecision.objects.exists()
+    # the refusal is an alert for the tenant, as a refused task's is
+    assert Alert.objects.filter(type="QUOTA_EXCEEDED", tenant=world.tenants["acme"], state="ACTIVE").exists()
 
 
 @pytest.mark.parametrize(
