@@ -72,12 +72,19 @@ class ServiceDecisionInline(ReadOnlyInline):
     model = ServiceDecision
     fields = readonly_fields = ["created_at", "source", "action", "from_replicas", "to_replicas", "reason"]
     ordering = ["-created_at", "-id"]
-    max_num = 100
+    shown = 100
+
+    def get_formset(self, request, obj=None, **kwargs):
+        request.decisions_of = obj  # the admin asks for the formset, then for its queryset
+        return super().get_formset(request, obj, **kwargs)
 
     def get_queryset(self, request):
         queryset = super().get_queryset(request)
-        recent = queryset.order_by("-created_at", "-id").values_list("pk", flat=True)[:100]
-        return queryset.filter(pk__in=list(recent))
+        service = getattr(request, "decisions_of", None)
+        if service is None:
+            return queryset
+        recent = queryset.filter(service=service).order_by("-created_at", "-id").values_list("pk", flat=True)
+        return queryset.filter(pk__in=list(recent[: self.shown]))
 
 
 @admin.register(InferenceService)

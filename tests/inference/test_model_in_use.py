@@ -2,7 +2,8 @@
 `model_in_use` naming the services (the foreign key is PROTECT: never a 500) on the API
 and the portal, and nothing is deleted (the admin's confirmation page lists the protected
 services); a model only stopped services used is deleted with their records, their groups
-and tasks staying as history."""
+and tasks staying as history. And the services' admin: read-only, the latest decisions
+inline."""
 
 import pytest
 
@@ -117,3 +118,16 @@ def test_the_admin_deletes_a_model_only_stopped_services_used(client, world):
     assert "Are you sure" in html and "Cannot delete" not in html
     admin.post(f"/admin/inference/model/{model.pk}/delete/", {"post": "yes"})
     assert not Model.objects.filter(pk=model.pk).exists() and not InferenceService.objects.filter(pk=old.pk).exists()
+
+
+def test_the_admin_shows_a_services_latest_hundred_decisions_whatever_the_others(client, world):
+    model = make_model(world.tenants["acme"])
+    quiet = make_service(world.tenants["acme"], model, name="quiet", state="running")
+    busy = make_service(world.tenants["acme"], model, name="busy", state="running")
+    decide(quiet, reason="the quiet one's only decision")
+    for number in range(105):
+        decide(busy, reason=f"busy decision {number:03}")
+    admin = signed_in(client, world.operator)
+    assert "the quiet one&#x27;s only decision" in page(admin, f"/admin/inference/inferenceservice/{quiet.pk}/change/")
+    html = page(admin, f"/admin/inference/inferenceservice/{busy.pk}/change/")
+    assert "busy decision 104" in html and "busy decision 005" in html and "busy decision 004" not in html
