@@ -422,3 +422,23 @@ def test_viewers_only_look_and_operators_act_on_any_tenants_service(api, world, 
     response = post(api, world.operator_key, {"replicas": 2}, f"{URL}/{service.pk}/scale")
     assert response.status_code == 200 and response.json()["replicas"] == 2
     assert response.json()["decisions"][0]["reason"] == "scaled by op from 1 to 2"
+
+
+def test_the_list_and_the_detail_take_a_fixed_number_of_queries(api, world, models, django_assert_max_num_queries):
+    key = bearer(world.keys["acme-viewer"])
+    make_service(world.tenants["acme"], models["acme"], name="s0")
+    api.get(URL, **key)  # warm the authentication's caches
+    with django_assert_max_num_queries(12) as few:
+        api.get(URL, **key)
+    for number in range(1, 6):
+        service = make_service(world.tenants["acme"], models["acme"], name=f"s{number}", replicas=3)
+        decide(service)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        assert api.get(URL, **key).json()["count"] == 6
+    api.get(f"{URL}/{service.pk}", **key)
+    with django_assert_max_num_queries(14) as one:
+        api.get(f"{URL}/{service.pk}", **key)
+    for _ in range(20):
+        decide(service)
+    with django_assert_max_num_queries(len(one.captured_queries)):
+        assert len(api.get(f"{URL}/{service.pk}", **key).json()["decisions"]) == 20
