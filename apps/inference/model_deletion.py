@@ -12,7 +12,7 @@ foreign key finds no model), never leaving a service without its model."""
 from __future__ import annotations
 
 from django.db import transaction
-from django.db.models.deletion import ProtectedError
+from django.db.models.deletion import ProtectedError, RestrictedError
 
 from apps.core.errors import Conflict
 from apps.inference import services
@@ -60,6 +60,6 @@ def delete_model(principal, model: Model) -> list[int]:
         InferenceService.objects.filter(pk__in=stopped).delete()
         try:
             services.delete_model(principal, locked)
-        except ProtectedError:  # cannot happen under the lock; never a 500 if it does
+        except (ProtectedError, RestrictedError):  # cannot happen under the lock; never a 500 if it does
             raise in_use(locked, services_using(locked)) from None
     return stopped
