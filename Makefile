@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: up test lint install stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit
+.PHONY: up test lint install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -17,6 +17,12 @@ lint: $(DEPS_STAMP)
 	$(BIN)/ruff format --check .
 
 install: $(DEPS_STAMP)
+
+# Real inference engines (requirements/engines.txt: llama.cpp's server), which the agent's
+# process runtime launches and the engine end-to-end tests need. A 7-20 minute build the
+# first time on a machine; the wheel is cached (scripts/engines.sh).
+engines: $(DEPS_STAMP)
+	VENV=$(VENV) bash scripts/engines.sh $(ENGINES_ARGS)
 
 stores: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher stores

@@ -232,6 +232,11 @@ SPECTACULAR_SETTINGS = {
     # The schema and its page are public documentation; they expose no data.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
+    # every operation documents the error answers (apps.core.openapi), after the enums
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "apps.core.openapi.add_error_responses",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "NodeStatusEnum": "apps.nodes.choices.NodeStatus",
         "TaskStatusEnum": "apps.tasks.choices.TaskStatus",

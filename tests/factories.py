@@ -1,6 +1,7 @@
 """Factories for the rows tests start from: users, nodes with their GPUs, tasks in any
-status on a node, task groups with their members, alerts. They write rows as they are, past the services, so a test can
-start from any state; a test of a service's own writes calls the service."""
+status on a node, task groups with their members (gang, or an inference service's
+replicas), alerts. They write rows as they are, past the services, so a test can start
+from any state; a test of a service's own writes calls the service."""
 
 from __future__ import annotations
 
@@ -98,6 +99,42 @@ def make_group(tenant, workers: int = 2, gpus: int = 8, *, gpu_type: str = "nvid
             priority=group.priority,
         )
         for rank in range(workers)
+    )
+    return group
+
+
+def make_replica_group(
+    tenant, replicas: int = 2, gpus: int = 1, *, gpu_type: str = "nvidia", serving: dict | None = None, **fields
+) -> TaskGroup:
+    """An inference service's group as the service leaves it: kind inference, placement
+    replicas, with `replicas` pending member tasks (ranks 0…replicas-1, kind inference,
+    `gpus` cards each, `serving` as given); `fields` are the group's other columns."""
+    group = TaskGroup.objects.create(
+        tenant=tenant,
+        name=fields.pop("name", "svc"),
+        kind="inference",
+        placement="replicas",
+        world_size=replicas,
+        gpus_per_worker=gpus,
+        gpu_type=gpu_type,
+        image="x",
+        **fields,
+    )
+    Task.objects.bulk_create(
+        Task(
+            tenant=tenant,
+            name=f"{group.name}-{rank}",
+            image="x",
+            kind="inference",
+            group=group,
+            rank=rank,
+            gpu_required=gpus,
+            gpu_type=gpu_type,
+            priority=group.priority,
+            serving=serving or {},
+            health_probe={"path": "/v1/models"},
+        )
+        for rank in range(replicas)
     )
     return group
 

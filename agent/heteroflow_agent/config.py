@@ -40,6 +40,7 @@ ENVIRONMENT = {
     "log_level": ("HETEROFLOW_AGENT_LOG_LEVEL",),
     "reconcile_interval": ("HETEROFLOW_RECONCILE_SECONDS",),
     "report_attempts": ("HETEROFLOW_REPORT_ATTEMPTS",),
+    "engine_python": ("HETEROFLOW_ENGINE_PYTHON",),
 }
 KNOWN_KEYS = set(ENVIRONMENT) | {
     "labels",
@@ -78,6 +79,8 @@ class AgentConfig:
     engine_priorities: dict = field(default_factory=dict)
     # vendor -> engine -> image repository, over the router's table ("" removes one)
     engine_images: dict = field(default_factory=dict)
+    # the interpreter that runs inference engines under the process runtime ("": the agent's own)
+    engine_python: str = ""
 
     @property
     def scanned_model_dirs(self) -> tuple[str, ...]:
@@ -177,6 +180,10 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         )
         images = {}
 
+    engine_python = str(raw.get("engine_python") or "")
+    if engine_python and not (engine_python.startswith("/") and os.access(engine_python, os.X_OK)):
+        problems.append(f"engine_python {engine_python!r} must be the absolute path of an executable Python")
+
     data_dir = Path(str(raw.get("data_dir") or DEFAULT_DATA_DIR))
     node_id = str(raw.get("node_id") or "")
     if node_id and not NODE_ID.match(node_id):
@@ -202,6 +209,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         report_attempts=report_attempts,
         engine_priorities={fmt.lower(): [e.lower() for e in engines] for fmt, engines in priorities.items()},
         engine_images={v.lower(): {e.lower(): r for e, r in engines.items()} for v, engines in images.items()},
+        engine_python=engine_python,
     )
 
 

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
 import urllib.request
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 from heteroflow_agent import checkpoint, inventory
 from heteroflow_agent.client import AuthError, ServerClient, ServerError
+from heteroflow_agent.engines import launch
 from heteroflow_agent.engines.router import AUTO, EngineRouter, Route
 from heteroflow_agent.heartbeat import TaskReport
 from heteroflow_agent.runtime import Runtime, RuntimeError_, TaskSpec, Volume
@@ -155,6 +157,7 @@ class Executor:
         stop_poll_seconds: float = STOP_POLL_SECONDS,
         shm_free_mb=None,
         router: EngineRouter | None = None,
+        engine_python: str | None = None,
     ):
         self.node_id, self.client, self.runtime = node_id, client, runtime
         self.vendor = vendor
@@ -174,6 +177,7 @@ class Executor:
         self.health: dict[int, dict] = {}
         self.serving: dict[int, int] = {}  # inference task id -> host port (its /v1/models is read)
         self.router = router  # chooses an inference task's engine image when it asks for one
+        self.engine_python = engine_python or sys.executable  # runs engines under the process runtime
         self.undelivered: OrderedDict[int, Outcome] = OrderedDict()
         self.lock = threading.Lock()
         self.closing = threading.Event()
@@ -323,7 +327,10 @@ class Executor:
             return Outcome(task_id, "running", "failed", None, f"could not start: {routed.reason}"[:2000])
         if routed is not None:
             logger.info("task %s: engine %s (%s)", task_id, routed.image, routed.reason)
-            task = {**task, "image": routed.image}
+            try:
+                task = self.launched(task, routed)
+            except launch.LaunchError as exc:
+                return Outcome(task_id, "running", "failed", None, f"could not start: {exc}"[:2000])
         try:
             spec = self.spec_for(task)
             if self.runtime.kind == "docker":
@@ -343,7 +350,7 @@ class Executor:
         next_poll = time.monotonic() + self.stop_poll_seconds
         gone = 0
         unsettled = 0
-        probe = task.get("health_probe") if task.get("kind") == "inference" else None
+        probe = health_probe(task)
         if task.get("kind") == "inference" and task.get("host_port"):
             with self.lock:
                 self.serving[task_id] = int(task["host_port"])
@@ -528,14 +535,37 @@ class Executor:
                 )
 
     def route(self, task: dict) -> Route | None:
-        """The engine image for an inference task that asks the router for one (its
-        `engine` is an engine name or `auto`, and its image is empty or `auto`); None
-        when the task names its own image. Asked at start, so the latest probe counts."""
-        if task.get("kind") != "inference" or not task.get("engine") or (task.get("image") or AUTO) != AUTO:
+        """The engine for an inference task that asks the router for one: its `serving`
+        names an engine (or `auto`) and, in a container, its image is empty or `auto`;
+        as a plain process, its command is empty (the agent builds the launch). None when
+        the task brings its own image or command. Asked at start, so the latest probe
+        counts. A task from an older server may carry `engine` and `model_format` at
+        the top level instead of `serving`."""
+        serving = launch.serving_of(task)
+        if task.get("kind") != "inference" or not serving.get("engine"):
+            return None
+        if self.runtime is not None and self.runtime.kind == "process":
+            if task.get("command"):
+                return None
+        elif (task.get("image") or AUTO) != AUTO:
             return None
         if self.router is None:
-            return Route(None, None, "this agent has no engine router (no container runtime)")
-        return self.router.choose(str(task.get("model_format") or ""), str(task["engine"]))
+            return Route(None, None, "this agent has no engine router (it runs no tasks)")
+        return self.router.choose(str(serving.get("format") or ""), str(serving["engine"]))
+
+    def launched(self, task: dict, routed: Route) -> dict:
+        """The task as the runtime starts it with the routed engine: as a plain process,
+        the engine's module under the engine interpreter; in a container, the engine's
+        image (and its server's command line when the task gives none). Raises
+        launch.LaunchError when its serving cannot be launched."""
+        serving = launch.serving_of(task)
+        if self.runtime is not None and self.runtime.kind == "process":
+            argv = launch.process_argv(routed.engine, self.engine_python, serving, task.get("host_port"))
+            return {**task, "command": argv}
+        launched = {**task, "image": routed.image}
+        if not task.get("command") and serving.get("source"):
+            launched["command"] = launch.container_argv(routed.engine, serving, task.get("host_port"))
+        return launched
 
     def redeliver(self) -> int:
         """Try the kept outcomes again (reconcile). Returns how many got through."""
@@ -564,6 +594,22 @@ class Executor:
             for stop in self.active.values():
                 stop.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def health_probe(task: dict) -> dict | None:
+    """An inference task's health probe: its own, on its host port unless it names a
+    port; a task the engine router launches (it has `serving`) is probed with GET
+    /v1/models, which every routed engine answers once its model is loaded."""
+    if task.get("kind") != "inference":
+        return None
+    probe = dict(task.get("health_probe") or {})
+    if not probe and launch.serving_of(task):
+        probe = {"type": "http", "path": "/v1/models"}
+    if probe and not probe.get("port"):
+        if not task.get("host_port"):
+            return None  # nothing to knock on
+        probe["port"] = int(task["host_port"])
+    return probe or None
 
 
 def probe_ok(probe: dict, timeout: float = 2.0) -> bool:

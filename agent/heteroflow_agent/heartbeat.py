@@ -46,6 +46,7 @@ class Heartbeat:
         version: Version | None = None,
         on_scheduled: Callable[[list[int]], None] | None = None,
         on_delivered: Callable[[], None] | None = None,
+        process_engines: Callable[[], tuple[list[str], dict[str, str]]] | None = None,
     ):
         self.config, self.client = config, client
         self.detect_gpus = detect_gpus
@@ -53,6 +54,9 @@ class Heartbeat:
         self.tasks = tasks
         self.on_scheduled = on_scheduled  # the answer lists tasks waiting for this node
         self.on_delivered = on_delivered  # any beat that got through
+        # the process runtime's engine probe (engines installed as Python modules); None
+        # when tasks run in containers, whose engines are the local images
+        self.process_engines = process_engines
         self.version = version or current()
         self.facts = collect.host_facts()
         self.load = collect.LoadSampler()
@@ -67,10 +71,13 @@ class Heartbeat:
         """One beat's body. Probes that are slow or rarely change run every few beats."""
         engine = self.engine.state()
         gpus = self.detect_gpus()
-        if engine.available and self.beats % ENGINES_EVERY == 0:
+        if self.beats % ENGINES_EVERY == 0:
             # the router reads self.engines each time it is asked: a change counts at once
-            vendor = getattr(gpus, "vendor", None)
-            self.engines = inventory.engines_from_tags(self.engine.image_tags(), vendor, self.images)
+            if self.process_engines is not None:
+                self.engines = self.process_engines()
+            elif engine.available:
+                vendor = getattr(gpus, "vendor", None)
+                self.engines = inventory.engines_from_tags(self.engine.image_tags(), vendor, self.images)
         if self.beats % MODELS_EVERY == 0:
             self.models = inventory.scan_models(self.config.scanned_model_dirs)
         exec_mode = "docker" if engine.available else ("process" if self.config.allow_process_runtime else "none")

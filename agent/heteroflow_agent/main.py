@@ -15,6 +15,7 @@ import time
 from heteroflow_agent import config as agent_config
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.collect import ContainerEngine
+from heteroflow_agent.engines import launch
 from heteroflow_agent.engines.router import EngineRouter
 from heteroflow_agent.executor import Executor
 from heteroflow_agent.heartbeat import Heartbeat, TaskReport
@@ -72,7 +73,15 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
             backoff_cap=10.0,
             user_agent=f"heteroflow-agent/{version.version}",
         )
-        executor = Executor(cfg.node_id, client, runtime, vendor=detector.detect().vendor, report_client=reports)
+        executor = Executor(
+            cfg.node_id,
+            client,
+            runtime,
+            vendor=detector.detect().vendor,
+            report_client=reports,
+            engine_python=cfg.engine_python or sys.executable,
+        )
+    process = runtime is not None and runtime.kind == "process"
     heartbeat = Heartbeat(
         cfg,
         client,
@@ -82,6 +91,7 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
         tasks=executor.report if executor else TaskReport,
         on_scheduled=(lambda ids: executor.wake.set()) if executor else None,
         on_delivered=executor.sweep.set if executor else None,
+        process_engines=(lambda: launch.installed_engines(cfg.engine_python or sys.executable)) if process else None,
     )
     if executor is not None:
         # the probe's latest result, read each time the router is asked (never frozen)
@@ -90,6 +100,7 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
             lambda: heartbeat.engines,
             priorities=cfg.engine_priorities,
             images=cfg.engine_images,
+            runtime=runtime.kind,
         )
     return heartbeat, executor
 

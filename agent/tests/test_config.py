@@ -142,3 +142,14 @@ def test_bad_engine_settings_are_refused_by_name(tmp_path, bad, says):
     with pytest.raises(ConfigError) as refused:
         load(write(tmp_path, **BASE, data_dir=str(tmp_path), **bad), {})
     assert says in str(refused.value)
+
+
+def test_the_engine_interpreter_is_the_agents_own_unless_an_executable_python_is_named(tmp_path):
+    import sys
+
+    base = write(tmp_path, **BASE, data_dir=str(tmp_path))
+    assert load(base, {}).engine_python == ""  # the agent's own (main: sys.executable)
+    assert load(base, {"HETEROFLOW_ENGINE_PYTHON": sys.executable}).engine_python == sys.executable
+    for bad in ("python3", str(tmp_path / "no-such-python"), str(base)):  # relative, missing, not executable
+        with pytest.raises(ConfigError, match="engine_python .* must be the absolute path of an executable Python"):
+            load(base, {"HETEROFLOW_ENGINE_PYTHON": bad})

@@ -33,7 +33,7 @@ class Engine:
         return self.tags
 
 
-def make(server_url, tmp_path, *, detection=None, engine=None, tasks=TaskReport, **cfg):
+def make(server_url, tmp_path, *, detection=None, engine=None, tasks=TaskReport, process_engines=None, **cfg):
     config = AgentConfig(
         server_url=server_url,
         api_key="k",
@@ -50,6 +50,7 @@ def make(server_url, tmp_path, *, detection=None, engine=None, tasks=TaskReport,
         engine=engine or Engine(),
         tasks=tasks,
         version=Version("1.2.3", "abc1234-dirty", "2026-11-29T10:00:00Z"),
+        process_engines=process_engines,
     )
 
 
@@ -115,6 +116,24 @@ def test_engines_and_models_are_probed_at_start_and_every_few_beats(tmp_path):
     beat.beats = ENGINES_EVERY
     beat.payload()
     assert engine.listed == 2
+
+
+def test_the_process_runtime_reports_the_engines_its_interpreter_has_not_the_images(tmp_path):
+    asked = []
+
+    def installed():
+        asked.append(1)
+        return (["llama.cpp"], {"llama.cpp": "0.3.36"}) if len(asked) > 1 else ([], {})
+
+    engine = Engine(True, ["vllm/vllm-openai:v0.9.2"])  # an engine answering later does not switch the probe
+    beat = make("http://unused", tmp_path, engine=engine, allow_process_runtime=True, process_engines=installed)
+    assert beat.payload()["inference_engines"] == []
+    beat.beats = 1
+    assert beat.payload()["inference_engines"] == [] and len(asked) == 1  # probed every 20 beats
+    beat.beats = ENGINES_EVERY
+    body = beat.payload()
+    assert (body["inference_engines"], body["inference_engine_versions"]) == (["llama.cpp"], {"llama.cpp": "0.3.36"})
+    assert engine.listed == 0 and beat.engines == (["llama.cpp"], {"llama.cpp": "0.3.36"})
 
 
 def test_a_beat_posts_to_the_node_and_returns_the_answer(server, tmp_path):

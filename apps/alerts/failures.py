@@ -320,11 +320,13 @@ def sweep_stalled_tasks(now=None) -> list[LostRun]:
     return outcomes
 
 
-# Task groups requeued whole (a lost worker ended their attempt, apps.tasks.services) and
+# Gang groups requeued whole (a lost worker ended their attempt, apps.tasks.services) and
 # waiting in the queue, every member pending; found through the pending members' index.
+# (A replica of an inference service is a single task here: the service's rebuild owns it.)
 REQUEUED_GROUPS_SQL = """
     SELECT g.id, g.gpus_per_worker, g.gpu_type FROM task_groups AS g
-    WHERE g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
+    WHERE g.placement = 'gang'
+      AND g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
       AND g.attempts > 0 AND g.ended_attempt = g.attempts
       AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.group_id = g.id AND t.status <> 'pending')
     ORDER BY g.id

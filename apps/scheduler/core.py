@@ -78,6 +78,9 @@ class TaskReq:
     priority: int = 50
     labels: dict = field(default_factory=dict)
     kind: str = "job"
+    # a replica of an inference service: the id of its TaskGroup (placement "replicas"),
+    # whose members are placed one by one like single tasks and spread over nodes
+    replica_of: int | None = None
 
     @property
     def memory_only(self) -> bool:
@@ -89,9 +92,16 @@ class TaskReq:
 class PluginSettings:
     layout: str = "spread"  # or "binpack"; the two are mutually exclusive
     weights: dict = field(
-        default_factory=lambda: {"spread": 1.0, "binpack": 1.0, "topology": 1.0, "rdma": 1.0, "nvlink": 1.0}
+        default_factory=lambda: {
+            "spread": 1.0,
+            "binpack": 1.0,
+            "topology": 1.0,
+            "rdma": 1.0,
+            "nvlink": 1.0,
+            "replica-spread": 1.0,
+        }
     )
-    enabled: frozenset = frozenset({"topology", "rdma", "nvlink"})
+    enabled: frozenset = frozenset({"topology", "rdma", "nvlink", "replica-spread"})
     gpu_reserve_mb: int = 500
     gpu_reserve_percent: float = 10.0
     gpu_memory_percent_max: float = 95.0
@@ -226,6 +236,13 @@ def score_rdma(node: NodeSnap) -> float:
     except (TypeError, ValueError):
         speed_bonus = 0.0
     return NEUTRAL + 20 + max(speed_bonus, 0.0)
+
+
+def score_replica_spread(siblings_here: int) -> float:
+    """Anti-affinity of a service's replicas, a soft preference: 100 on a node that runs
+    none of the service's other replicas, 50 with one there, 33 with two, … (never a
+    filter: a service with more replicas than nodes still places them all)."""
+    return 100.0 / (1 + siblings_here)
 
 
 # --- one cycle --------------------------------------------------------------------------
@@ -610,10 +627,12 @@ def place(
     settings: PluginSettings,
     may_share: Callable[[int, int], bool],
     mark: Callable[[], None] | None = None,
+    siblings: Mapping[int, Mapping[str, int]] | None = None,
 ) -> tuple[list[Decision], list[Failure]]:
     """`mark`, if given, is called before each task and once at the end (the benchmark
-    times single decisions with it; the core itself reads no clock)."""
-    placement = place_queue(tasks, nodes, settings, may_share, mark)
+    times single decisions with it; the core itself reads no clock). `siblings`: as for
+    place_queue."""
+    placement = place_queue(tasks, nodes, settings, may_share, mark, siblings=siblings)
     return placement.decisions, placement.failures
 
 
@@ -635,14 +654,20 @@ def place_queue(
     mark: Callable[[], None] | None = None,
     reserving: Mapping[int, Sequence[str]] | None = None,
     held: Sequence[Held] = (),
+    siblings: Mapping[int, Mapping[str, int]] | None = None,
 ) -> Placement:
     """The queue in its order (single tasks and groups interleaved by priority): each
     single task on its best node, each group whole or not at all (`place_group`), every
     decision applied to the snapshot before the next item is decided. A group named in
     `reserving` (id -> the nodes it targeted last cycle) that does not fit holds the free
     cards it waits for (`hold_for_group`) against everything after it in the queue.
-    `held`: reservations already standing in front of the whole queue (a dry run's)."""
+    `held`: reservations already standing in front of the whole queue (a dry run's).
+    `siblings`: for the services whose replicas are in the queue (TaskReq.replica_of),
+    how many of their other replicas each node holds already (group id -> node id ->
+    count); the replicas placed in this cycle are added as they land, so the
+    `replica-spread` score keeps a service's replicas apart."""
     placement = Placement()
+    spread: dict[int, dict[str, int]] = {group: dict(on) for group, on in (siblings or {}).items()}
     decisions, failures = placement.decisions, placement.failures
     fleet = FleetView(nodes, settings, may_share)
     if held:
@@ -663,22 +688,29 @@ def place_queue(
             placement.group_failures.append(outcome)
             continue
         ask = Ask.of(task, settings)
-        best, removed, examined = search(ask, fleet, start, limit)
+        service = task.replica_of
+        here = None if service is None else spread.setdefault(service, {})
+        best, removed, examined = search(ask, fleet, start, limit, here)
         # the next task starts where this one stopped looking, so sampling rotates
         start = (start + examined) % total if total else 0
         if best is None:
             failures.append(Failure(task.id, _failure_code(removed, total), explained(removed)))
         else:
             decisions.append(take(ask, fleet, best))
+            if here is not None:
+                here[best.node_id] = here.get(best.node_id, 0) + 1
     if mark:
         mark()
     return placement
 
 
-def search(ask: Ask, fleet: FleetView, start: int, limit: int) -> tuple[Candidate | None, dict[str, int], int]:
+def search(
+    ask: Ask, fleet: FleetView, start: int, limit: int, siblings: Mapping[str, int] | None = None
+) -> tuple[Candidate | None, dict[str, int], int]:
     """The nodes from `start` on, round the fleet, through the chain; the feasible ones
     are scored, until `limit` were found. Returns the best, the removal counts and how
-    many nodes were looked at."""
+    many nodes were looked at. `siblings` (a replica's: node id -> the service's other
+    replicas there) adds the `replica-spread` score."""
     chain = Chain.of(ask, fleet)
     gate, checks = chain.gate, chain.checks
     task, settings = ask.task, fleet.settings
@@ -689,6 +721,8 @@ def search(ask: Ask, fleet: FleetView, start: int, limit: int) -> tuple[Candidat
     # the task-dependent parts of the score that are the same on every node
     constant = weights.get("topology", 1.0) * NEUTRAL if topology_on and not located else 0.0
     topology_weight, nvlink_weight = weights.get("topology", 1.0), weights.get("nvlink", 1.0)
+    apart = siblings is not None and "replica-spread" in settings.enabled
+    apart_weight = weights.get("replica-spread", 1.0)
     nodes, base_score = fleet.nodes, fleet.base_score
     whole, need, vendor, memory = ask.whole, ask.need, ask.vendor, task.gpu_memory_mb
     removed: dict[str, int] = {}
@@ -721,6 +755,8 @@ def search(ask: Ask, fleet: FleetView, start: int, limit: int) -> tuple[Candidat
                 else:
                     score += nvlink_weight * NEUTRAL
             node_id = nodes[position].id
+            if apart:
+                score += apart_weight * score_replica_spread(siblings.get(node_id, 0))
             if best is None or score > best.score or (score == best.score and node_id < best.node_id):
                 best = Candidate(score, node_id, position, group)
     return best, removed, examined

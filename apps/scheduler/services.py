@@ -55,7 +55,7 @@ from apps.scheduler.core import (
 )
 from apps.scheduler.ledger import ALLOCATE
 from apps.scheduler.models import GpuAllocation, PluginConfig
-from apps.tasks.choices import HOLDING, TERMINAL, TRANSITIONS, TaskKind
+from apps.tasks.choices import HOLDING, TERMINAL, TRANSITIONS, GroupPlacement, TaskKind
 from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task, TaskGroup
 from apps.tasks.ranks import network_decision
@@ -91,6 +91,8 @@ PLUGINS: dict[str, PluginSpec] = {
         PluginSpec("topology", "score", True),
         PluginSpec("rdma", "score", True),
         PluginSpec("nvlink", "score", True),
+        # an inference service's replicas prefer nodes without another replica of it
+        PluginSpec("replica-spread", "score", True),
         PluginSpec("preempt", "postfilter", True, default_weight=0.0, default_extra={"preempt_stage": "running"}),
     )
 }
@@ -120,8 +122,9 @@ def plugin_table() -> list[dict]:
 def plugin_settings() -> PluginSettings:
     table = {row["name"]: row for row in plugin_table()}
     layout = "binpack" if table["binpack"]["enabled"] else "spread"
-    enabled = frozenset(name for name in ("topology", "rdma", "nvlink") if table[name]["enabled"])
-    weights = {name: table[name]["weight"] for name in ("spread", "binpack", "topology", "rdma", "nvlink")}
+    scores = ("topology", "rdma", "nvlink", "replica-spread")
+    enabled = frozenset(name for name in scores if table[name]["enabled"])
+    weights = {name: table[name]["weight"] for name in ("spread", "binpack", *scores)}
     thresholds = {
         option: float(value)
         for option, value in table["resource-filter"]["extra"].items()
@@ -341,9 +344,15 @@ def card_at(cards: list[GpuSnap], index: int) -> GpuSnap | None:
     return next((card for card in cards if card.index == index), None)
 
 
-QUEUE_SQL = """
-    SELECT id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at
-    FROM tasks WHERE status = 'pending' AND group_id IS NULL {after}
+# The single tasks' queue: tasks outside any group, and the replicas of inference services
+# (members of a group placed "replicas", each on its own like a single task; the gang
+# groups' members are placed whole, by group_window). The replicas' groups are one hashed
+# look-up per statement (a partial index holds them), so the common case, a task outside
+# any group, costs what it did.
+SINGLE_SQL = "(group_id IS NULL OR group_id IN (SELECT id FROM task_groups WHERE placement = 'replicas'))"
+QUEUE_SQL = f"""
+    SELECT id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at, group_id
+    FROM tasks WHERE status = 'pending' AND {SINGLE_SQL} {{after}}
     ORDER BY priority DESC, created_at, id LIMIT %s
 """
 AFTER_CURSOR = "AND (priority < %s OR (priority = %s AND (created_at, id) > (%s, %s)))"
@@ -356,8 +365,8 @@ MOVE_CURSOR = (
 
 
 def next_batch(size: int = BATCH_SIZE) -> list[TaskReq]:
-    """The next `size` pending tasks (not members of a group) in queue order after the
-    cursor, wrapping around."""
+    """The next `size` pending single tasks (outside any group, or replicas of an
+    inference service) in queue order after the cursor, wrapping around."""
     return [task for task, _ in next_batch_ordered(size)]
 
 
@@ -391,33 +400,60 @@ def next_batch_ordered(size: int = BATCH_SIZE) -> list[tuple[TaskReq, tuple]]:
                 priority=priority,
                 labels=orjson.loads(labels) if labels else {},
                 kind=kind,
+                replica_of=group_id,
             ),
-            (-priority, created_at, task_id),
+            (-priority, created, task_id),
         )
-        for task_id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at in rows
+        for task_id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created, group_id in rows
     ]
+
+
+# Where the services' replicas already hold a node (for the replica-spread score).
+REPLICAS_ON_NODES = """
+    SELECT group_id, node_id, count(*) FROM tasks
+    WHERE group_id = ANY(%s) AND node_id IS NOT NULL AND status = ANY(%s)
+    GROUP BY group_id, node_id
+"""
+
+
+def replicas_on_nodes(batch: Sequence[TaskReq]) -> dict[int, dict[str, int]]:
+    """For the services with a replica in `batch`: how many of their replicas each node
+    holds now (group id -> node id -> count). No query when the batch has no replica."""
+    services = sorted({task.replica_of for task in batch if task.replica_of is not None})
+    if not services:
+        return {}
+    on: dict[int, dict[str, int]] = {service: {} for service in services}
+    with connection.cursor() as cursor:
+        cursor.execute(REPLICAS_ON_NODES, [services, list(HOLDING)])
+        for group_id, node_id, count in cursor.fetchall():
+            on[group_id][node_id] = count
+    return on
 
 
 # Whether more single tasks wait than the batch took (the backlog: another cycle at once),
 # and whether any group member waits at all or a group still has a reservation report to
 # clear (else the groups' statement is not run): one
 # statement that reads at most batch + 1 queue entries, where counting would read them all.
-QUEUE_STATE = """
-    SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND group_id IS NULL OFFSET %s),
-           EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
-           OR EXISTS (SELECT 1 FROM task_groups WHERE NOT (reservation = '{}'::jsonb))
+QUEUE_STATE = f"""
+    SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'pending' AND {SINGLE_SQL} OFFSET %s),
+           EXISTS (
+               SELECT 1 FROM tasks t JOIN task_groups g ON g.id = t.group_id
+               WHERE t.status = 'pending' AND t.group_id IS NOT NULL AND g.placement = 'gang'
+           )
+           OR EXISTS (SELECT 1 FROM task_groups WHERE NOT (reservation = '{{}}'::jsonb))
 """
 
 
 def queue_state(batch_size: int) -> tuple[bool, bool]:
-    """(more single tasks pending than `batch_size`, a group to look at)."""
+    """(more single tasks pending than `batch_size`, a gang group to look at)."""
     with connection.cursor() as cursor:
         cursor.execute(QUEUE_STATE, [batch_size])
         backlog, groups_waiting = cursor.fetchone()
     return backlog, groups_waiting
 
 
-# One statement per cycle for the task groups. The groups whose current members (those
+# One statement per cycle for the task groups placed as a gang (a replicas group's members
+# are single tasks, in the queue above). The groups whose current members (those
 # not ended) are all pending, every rank there (`waiting`); of them, the head of each
 # priority (the first in queue order whose last explanation does not say that its type's
 # nodes in the tenant's reach could never take it: such a group would hold the head's
@@ -434,7 +470,8 @@ WAITING_GROUPS_SQL = """
                g.created_at, array_agg(t.id ORDER BY t.rank) AS members, g.reservation,
                coalesce((g.schedule_reason->'workers'->>'reach')::int, g.world_size) >= g.world_size AS in_reach
         FROM task_groups g JOIN tasks t ON t.group_id = g.id AND NOT (t.status = ANY(%(ended)s))
-        WHERE g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
+        WHERE g.placement = 'gang'
+          AND g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
         GROUP BY g.id
         HAVING bool_and(t.status = 'pending') AND count(*) = g.world_size
     ),
@@ -588,7 +625,10 @@ def dry_run(request: TaskReq | GroupReq) -> Decision | Failure | GroupDecision |
 
 def waiting_group(group: TaskGroup) -> GroupReq | None:
     """The group as placement would see it, if it is waiting to be placed (every current
-    member pending, every rank there); None otherwise (bound, running, ending)."""
+    member pending, every rank there); None otherwise (bound, running, ending), and for a
+    replicas group (its members are placed one by one, never as a group)."""
+    if group.placement == GroupPlacement.REPLICAS:
+        return None
     current = list(group.tasks.exclude(status__in=TERMINAL).order_by("rank").values_list("pk", "status"))
     if len(current) != group.world_size or any(status != S.PENDING for _, status in current):
         return None
@@ -977,11 +1017,12 @@ def _run_cycle(batch_size: int) -> CycleResult:
     settings = plugin_settings()
     clock.lap("queue")
     nodes = load_nodes(reuse_seconds=django_settings.HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS)
+    siblings = replicas_on_nodes(batch)  # where the batch's services run already (no query without replicas)
     clock.lap("snapshot")
     started = utcnow()
     reserve_after = django_settings.HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS
     reserving = reserving_groups(window.heads, started, reserve_after)
-    placement = place_queue(queue, nodes, settings, may_share, reserving=reserving)
+    placement = place_queue(queue, nodes, settings, may_share, reserving=reserving, siblings=siblings)
     decisions, failures = placement.decisions, placement.failures
     clock.lap("decide")
     tasks = {task.id: task for task in batch}

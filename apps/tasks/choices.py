@@ -106,15 +106,27 @@ class GroupStatus(models.TextChoices):
 ENDING = frozenset({S.STOPPING, S.DRAINING, S.PREEMPTING})
 
 
-def group_status(member_statuses) -> str:
-    """A group's status, derived from its members' (never stored, so it cannot drift):
+# a replica bound to its node and not being ended (placed, starting, waking, asleep, paused)
+BOUND_NOT_ENDING = frozenset(HOLDING) - ENDING - {S.RUNNING}
+
+
+def group_status(member_statuses, placement: str = GroupPlacement.GANG) -> str:
+    """A group's status, derived from its members' (never stored, so it cannot drift).
+    A gang group (all members or none):
     - every member ended: failed if one failed, stopped if one was stopped or cancelled,
       else completed;
     - a member being stopped, or one failed or stopped while others still run: stopping
       (the attempt is being ended as a whole);
     - every member pending (or no members yet): pending;
     - every member running or already completed: running;
-    - otherwise (bound, not every worker started): scheduled."""
+    - otherwise (bound, not every worker started): scheduled.
+    A replicas group (an inference service: each replica on its own, a dead one rebuilt
+    while the others serve) is judged by its current members (those not ended), the
+    ended ones only when every member has ended (then as a gang's):
+    - a replica running: running (it serves);
+    - else one bound and not being ended (scheduled, starting, waking, …): scheduled;
+    - else one waiting for placement: pending;
+    - else (every current replica being stopped or evicted): stopping."""
     statuses = list(member_statuses)
     if not statuses:
         return GroupStatus.PENDING
@@ -125,6 +137,14 @@ def group_status(member_statuses) -> str:
         if S.STOPPED in ended or S.CANCELLED in ended:
             return GroupStatus.STOPPED
         return GroupStatus.COMPLETED
+    if placement == GroupPlacement.REPLICAS:
+        if S.RUNNING in statuses:
+            return GroupStatus.RUNNING
+        if any(status in BOUND_NOT_ENDING for status in statuses):
+            return GroupStatus.SCHEDULED
+        if S.PENDING in statuses:
+            return GroupStatus.PENDING
+        return GroupStatus.STOPPING
     if any(status in ENDING for status in statuses) or any(status != S.COMPLETED for status in ended):
         return GroupStatus.STOPPING
     if all(status == S.PENDING for status in statuses):

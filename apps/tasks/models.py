@@ -84,6 +84,11 @@ class TaskGroup(models.Model):
             models.Index(fields=["tenant", "created_at"], name="task_groups_tenant"),
             # the few groups with a reservation report, which each cycle clears when stale
             models.Index(fields=["id"], condition=~models.Q(reservation={}), name="task_groups_reserving"),
+            # the inference services' groups, whose members the scheduler's queue takes one
+            # by one (apps.scheduler.services.QUEUE_SQL)
+            models.Index(
+                fields=["id"], condition=models.Q(placement=GroupPlacement.REPLICAS), name="task_groups_replicas"
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_group_priority_0_100"),
@@ -97,7 +102,7 @@ class TaskGroup(models.Model):
         statuses = getattr(self, "member_statuses", None)
         if statuses is None:
             statuses = self.tasks.values_list("status", flat=True)
-        return group_status(statuses)
+        return group_status(statuses, self.placement)
 
     def __str__(self):
         return f"{self.name} ({self.world_size} × {self.gpus_per_worker} {self.gpu_type})"

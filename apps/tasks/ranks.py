@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from apps.tasks.choices import GroupPlacement
 from apps.tasks.models import Task
 
 # The variables the platform owns for a member of a group; a task's own env never wins.
@@ -98,9 +99,9 @@ def rank_env(network: dict, rank: int, nodes_by_rank: Sequence[str]) -> dict[str
 
 
 def wiring_env(task: Task) -> dict[str, str]:
-    """A bound member's rank variables ({} for a task outside a group, or a group not
-    bound yet)."""
-    if task.group_id is None or task.node_id is None:
+    """A bound member's rank variables ({} for a task outside a group, a replica of an
+    inference service, or a group not bound yet)."""
+    if task.group_id is None or task.node_id is None or task.group.placement != GroupPlacement.GANG:
         return {}
     network = task.group.network or {}
     nodes = list(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Case, CharField, Count, F, Prefetch, Q, Sum, Value, When
 
-from apps.tasks.choices import ENDING, HOLDING, TERMINAL, GroupStatus, TaskStatus
+from apps.tasks.choices import BOUND_NOT_ENDING, ENDING, HOLDING, TERMINAL, GroupPlacement, GroupStatus, TaskStatus
 from apps.tasks.models import Task, TaskEvent, TaskGroup, UsageRecord
 
 
@@ -73,6 +73,9 @@ _GROUP_COUNTS = {
     "_ending": Q(tasks__status__in=ENDING),
     "_pending": Q(tasks__status=TaskStatus.PENDING),
     "_running_or_completed": Q(tasks__status__in=(TaskStatus.RUNNING, TaskStatus.COMPLETED)),
+    # a replicas group's
+    "_running": Q(tasks__status=TaskStatus.RUNNING),
+    "_bound_not_ending": Q(tasks__status__in=BOUND_NOT_ENDING),
 }
 
 
@@ -81,6 +84,7 @@ def with_group_status(groups):
     members' statuses, so a list filters on it in the database (a test holds the two to
     the same answers, case by case)."""
     all_ended = Q(_ended=F("_members"))
+    replicas = Q(placement=GroupPlacement.REPLICAS)
     return groups.annotate(
         **{name: Count("tasks", filter=condition or None) for name, condition in _GROUP_COUNTS.items()}
     ).annotate(
@@ -89,6 +93,10 @@ def with_group_status(groups):
             When(all_ended & Q(_failed__gt=0), then=Value(GroupStatus.FAILED)),
             When(all_ended & Q(_stopped__gt=0), then=Value(GroupStatus.STOPPED)),
             When(all_ended, then=Value(GroupStatus.COMPLETED)),
+            When(replicas & Q(_running__gt=0), then=Value(GroupStatus.RUNNING)),
+            When(replicas & Q(_bound_not_ending__gt=0), then=Value(GroupStatus.SCHEDULED)),
+            When(replicas & Q(_pending__gt=0), then=Value(GroupStatus.PENDING)),
+            When(replicas, then=Value(GroupStatus.STOPPING)),
             When(Q(_ending__gt=0) | Q(_ended_not_completed__gt=0), then=Value(GroupStatus.STOPPING)),
             When(_pending=F("_members"), then=Value(GroupStatus.PENDING)),
             When(_running_or_completed=F("_members"), then=Value(GroupStatus.RUNNING)),

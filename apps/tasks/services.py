@@ -319,7 +319,9 @@ def stop_group(group: TaskGroup) -> TaskGroup:
     members = list(Task.objects.filter(group_id=group.pk).values_list("pk", flat=True))
     with transaction.atomic():
         if not stop_tasks(members):
-            status = group_status(Task.objects.filter(group_id=group.pk).values_list("status", flat=True))
+            status = group_status(
+                Task.objects.filter(group_id=group.pk).values_list("status", flat=True), group.placement
+            )
             if status in ENDED_GROUP:
                 raise Conflict(f"Task group {group.pk} is {status} and cannot be stopped now.", "invalid_state")
             if status != GroupStatus.STOPPING:

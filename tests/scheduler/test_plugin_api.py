@@ -20,6 +20,7 @@ def test_the_list_is_what_the_scheduler_uses(api, world):
         "topology",
         "rdma",
         "nvlink",
+        "replica-spread",
         "preempt",
     ]
     assert table["spread"]["enabled"] and not table["binpack"]["enabled"]
@@ -48,6 +49,15 @@ def test_weights_and_switches_take_effect_in_the_settings(api, world):
     api.post("/api/v1/plugins/rdma?action=disable", **headers)
     settings = plugin_settings()
     assert settings.weights["topology"] == 3 and "rdma" not in settings.enabled
+
+
+def test_the_replica_spread_is_on_by_default_and_can_be_turned_off(api, world):
+    headers = bearer(world.operator_key)
+    assert "replica-spread" in plugin_settings().enabled
+    api.put("/api/v1/plugins/replica-spread", {"weight": 2}, format="json", **headers)
+    assert plugin_settings().weights["replica-spread"] == 2
+    table = rows(api.post("/api/v1/plugins/replica-spread?action=disable", **headers))
+    assert not table["replica-spread"]["enabled"] and "replica-spread" not in plugin_settings().enabled
 
 
 @pytest.mark.parametrize(

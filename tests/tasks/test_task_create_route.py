@@ -37,6 +37,13 @@ COMPARED_HEADERS = (
     "cross-origin-opener-policy",
 )
 VOLATILE = ("id", "created_at", "updated_at")
+SERVING = {
+    "engine": "llama.cpp",
+    "model": "tiny",
+    "format": "gguf",
+    "source": "/models/tiny.gguf",
+    "args": ["-c", "512"],
+}
 
 
 class Route:
@@ -154,6 +161,17 @@ CASES = [
     ("an unknown nested field", "member", {"volumes": [{"host": "/a", "container": "/b", "mode": "rw"}]}, 400),
     ("a probe on a job", "member", {"health_probe": {"type": "http", "port": 8000}}, 400),
     ("a missing required field", "member", {"name": None}, 400),
+    ("an inference task's serving", "member", {"kind": "inference", "serving": SERVING}, 201),
+    (
+        "serving with its defaults",
+        "member",
+        {"kind": "inference", "serving": {"model": "m", "format": "gguf", "source": "/m"}},
+        201,
+    ),
+    ("serving on a job", "member", {"serving": SERVING}, 400),
+    ("serving of an unknown format", "member", {"kind": "inference", "serving": SERVING | {"format": "pickle"}}, 400),
+    ("serving with an unknown key", "member", {"kind": "inference", "serving": SERVING | {"port": 1}}, 400),
+    ("serving args not strings", "member", {"kind": "inference", "serving": SERVING | {"args": [1, [2]]}}, 400),
     ("an unknown key", "bad-key", {}, 401),
     ("a revoked key", "revoked", {}, 401),
 ]
@@ -182,6 +200,8 @@ def test_the_route_answers_as_the_django_view(route, people, name, who, changes,
             "pending",
             fast.json()["created_by"],
         )
+        asked = {"engine": "auto", "args": []} | body["serving"] if "serving" in body else {}
+        assert task.serving == fast.json()["serving"] == asked
 
 
 def test_an_exceeded_quota_is_the_same_409_and_the_same_alert(route, people):

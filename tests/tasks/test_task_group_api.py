@@ -323,13 +323,16 @@ def test_the_list_filters_on_the_derived_status(api, world):
     )
 
 
-def test_the_sql_status_agrees_with_the_rule_for_every_mix_of_members(world):
+@pytest.mark.parametrize("placement", ["gang", "replicas"])
+def test_the_sql_status_agrees_with_the_rule_for_every_mix_of_members(world, placement):
     """with_group_status (the list's filter) against choices.group_status (what a group
-    shows), over every multiset of up to three member statuses."""
+    shows), over every multiset of up to three member statuses, for both placements."""
     acme = world.tenants["acme"]
     mixes = [mix for size in range(4) for mix in combinations_with_replacement(TaskStatus.values, size)]
     groups = TaskGroup.objects.bulk_create(
-        TaskGroup(tenant=acme, name=f"m{i}", world_size=max(len(mix), 1), gpu_type="nvidia", image="x")
+        TaskGroup(
+            tenant=acme, name=f"m{i}", world_size=max(len(mix), 1), gpu_type="nvidia", image="x", placement=placement
+        )
         for i, mix in enumerate(mixes)
     )
     Task.objects.bulk_create(
@@ -341,9 +344,9 @@ def test_the_sql_status_agrees_with_the_rule_for_every_mix_of_members(world):
         with_group_status(TaskGroup.objects.filter(pk__in=[g.pk for g in groups])).values_list("pk", "derived_status")
     )
     disagree = [
-        (mix, derived[group.pk], group_status(mix))
+        (mix, derived[group.pk], group_status(mix, placement))
         for group, mix in zip(groups, mixes, strict=True)
-        if derived[group.pk] != group_status(mix)
+        if derived[group.pk] != group_status(mix, placement)
     ]
     assert len(derived) == len(mixes) > 500 and disagree == []
 

@@ -33,6 +33,32 @@ from tests.factories import make_task
 )
 def test_status_is_a_function_of_the_members(members, expected):
     assert group_status(members) == expected
+    assert group_status(members, "gang") == expected
+
+
+@pytest.mark.parametrize(
+    "members, expected",
+    [
+        ([], G.PENDING),
+        (["pending", "pending"], G.PENDING),
+        (["running", "pending"], G.RUNNING),  # one serves while the other is rebuilt
+        (["running", "failed"], G.RUNNING),  # a dead replica does not stop the service
+        (["running", "stopped"], G.RUNNING),  # a slot stopped by a scale-down
+        (["running", "stopping"], G.RUNNING),
+        (["scheduled", "pending"], G.SCHEDULED),
+        (["starting", "failed"], G.SCHEDULED),
+        (["waking", "stopped"], G.SCHEDULED),
+        (["pending", "failed"], G.PENDING),  # the dead one requeued, waiting for placement
+        (["pending", "stopping"], G.PENDING),
+        (["stopping", "failed"], G.STOPPING),
+        (["preempting", "stopping"], G.STOPPING),
+        (["failed", "failed"], G.FAILED),
+        (["stopped", "stopped"], G.STOPPED),
+        (["stopped", "failed"], G.FAILED),  # every member ended: as a gang's
+    ],
+)
+def test_a_replicas_groups_status_follows_its_current_replicas(members, expected):
+    assert group_status(members, "replicas") == expected
 
 
 @pytest.mark.django_db

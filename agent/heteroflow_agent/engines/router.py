@@ -107,6 +107,7 @@ def route(
     requested: str = AUTO,
     images: Mapping[str, Mapping[str, str]] | None = None,
     versions: Mapping[str, str] | None = None,
+    absent: str = "no local {} image",
 ) -> Route:
     """Choose the engine and image for a model of `model_format` on this node.
 
@@ -114,7 +115,9 @@ def route(
     priorities: the operator's `engine_priorities` (format -> engines, replacing the
     default order for that format); requested: an engine name, or `auto`; images: the
     image table (image_table()); versions: engine -> the tag the probe found, used as
-    the image's tag ("latest" when unknown)."""
+    the image's tag ("latest" when unknown); absent: why a repository of the table
+    that the probe did not find is missing (the process runtime's table names
+    modules, not images)."""
     vendor = (vendor or "").lower()
     model_format = (model_format or "").lower()
     requested = (requested or AUTO).lower()
@@ -148,7 +151,7 @@ def route(
             why_not.append(f"no image of {engine} is known for {vendor} (the spec names none; set {key})")
             continue
         if engine not in detected:
-            why_not.append(f"{engine} is not on this node (no local {repository} image)")
+            why_not.append(f"{engine} is not on this node ({absent.format(repository)})")
             continue
         tag = versions.get(engine) or "latest"
         source = "asked for" if requested != AUTO else f"first detected of {', '.join(order)} for {model_format}"
@@ -163,7 +166,11 @@ def route(
 
 class EngineRouter:
     """The router bound to this node: it reads the probe's latest result each time it
-    is asked, so an engine pulled (or removed) after start counts from the next probe."""
+    is asked, so an engine pulled (or removed) after start counts from the next probe.
+
+    With `runtime="process"` it chooses among the engines installed as Python modules
+    (engines/launch.py's table; `engine_images` does not apply), and the Route's
+    `image` names the module that runs it with the package version as its tag."""
 
     def __init__(
         self,
@@ -172,11 +179,20 @@ class EngineRouter:
         *,
         priorities: Mapping[str, Iterable[str]] | None = None,
         images: Mapping[str, Mapping[str, str]] | None = None,
+        runtime: str = "docker",
     ):
         self._vendor = vendor if callable(vendor) else (lambda: vendor)
         self.probe = probe
         self.priorities = {fmt: tuple(engines) for fmt, engines in (priorities or {}).items()}
-        self.images = image_table(images)
+        self.runtime = runtime
+        if runtime == "process":
+            from heteroflow_agent.engines.launch import PROCESS_TABLE
+
+            self.images = {vendor: dict(engines) for vendor, engines in PROCESS_TABLE.items()}
+            self.absent = "python module {} not installed for the engine interpreter"
+        else:
+            self.images = image_table(images)
+            self.absent = "no local {} image"
 
     def choose(self, model_format: str, requested: str = AUTO) -> Route:
         engines, versions = self.probe()
@@ -188,4 +204,5 @@ class EngineRouter:
             requested=requested,
             images=self.images,
             versions=versions,
+            absent=self.absent,
         )

@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from apps.core.pagination import LIMIT_HELP, MAX_LIMIT, PageQuerySerializer
 from apps.core.serializers import AgentPayloadSerializer, StrictSerializer
+from apps.inference.choices import Engine, ModelFormat  # the schema layer: constants any app may use
 from apps.nodes.choices import GpuVendor
 from apps.tasks.choices import GroupKind, GroupStatus, GroupStrategy, TaskKind, TaskStatus
 from apps.tasks.models import Task, TaskGroup
@@ -43,6 +44,35 @@ class HealthProbeSerializer(StrictSerializer):
     path = serializers.CharField(max_length=500, required=False, default="/health")
 
 
+AUTO_ENGINE = "auto"
+
+
+class ServingSerializer(StrictSerializer):
+    """What an inference task serves, for the agent's engine router: the engine ("auto":
+    the router chooses from the node's engines and the model's format), the model's name
+    as clients ask for it, its format, where its weights are, and the engine's extra
+    arguments."""
+
+    engine = serializers.ChoiceField(
+        choices=[AUTO_ENGINE, *Engine.values],
+        default=AUTO_ENGINE,
+        error_messages={
+            "invalid_choice": f'"{{input}}" is not an engine: "{AUTO_ENGINE}" or one of {", ".join(Engine.values)}.'
+        },
+    )
+    model = serializers.CharField(max_length=200, help_text='the name clients put in "model"')
+    format = serializers.ChoiceField(
+        choices=ModelFormat.choices,  # the registry's own choice set: one enum in the API schema
+        error_messages={
+            "invalid_choice": f'"{{input}}" is not a model format: one of {", ".join(ModelFormat.values)}.'
+        },
+    )
+    source = serializers.CharField(max_length=1024, help_text="a path on the nodes' model cache, an image or a hub id")
+    args = serializers.ListField(
+        child=serializers.CharField(max_length=10_000), required=False, default=list, max_length=1000
+    )
+
+
 class TaskCreateSerializer(StrictSerializer):
     tenant = serializers.CharField(required=False, help_text="Tenant slug; operators only, defaults to yours.")
     name = serializers.CharField(max_length=200)
@@ -58,6 +88,7 @@ class TaskCreateSerializer(StrictSerializer):
         child=serializers.IntegerField(min_value=1, max_value=65535), required=False, default=list, max_length=16
     )
     health_probe = HealthProbeSerializer(required=False, allow_null=True, default=None)
+    serving = ServingSerializer(required=False, help_text="inference tasks only: what the engine router launches")
     gpu_required = serializers.IntegerField(min_value=0, max_value=64, default=1)
     gpu_memory_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     gpu_type = serializers.CharField(max_length=20, required=False, allow_blank=True, default="")
@@ -91,6 +122,10 @@ class TaskCreateSerializer(StrictSerializer):
             raise serializers.ValidationError({"preemptible": ["Training tasks cannot be preemptible."]})
         if attrs["kind"] != TaskKind.INFERENCE and attrs.get("health_probe"):
             raise serializers.ValidationError({"health_probe": ["Only inference tasks have a health probe."]})
+        if "serving" in attrs:
+            if attrs["kind"] != TaskKind.INFERENCE:
+                raise serializers.ValidationError({"serving": ["Only inference tasks have a serving spec."]})
+            attrs["serving"] = dict(attrs["serving"])
         return attrs
 
 
@@ -139,6 +174,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "volumes",
             "ports",
             "health_probe",
+            "serving",
             "registry_auth",
             "gpu_required",
             "gpu_memory_mb",
@@ -356,6 +392,7 @@ class TaskGroupSerializer(serializers.ModelSerializer):
             "name",
             "kind",
             "strategy",
+            "placement",
             "status",
             "world_size",
             "gpus_per_worker",

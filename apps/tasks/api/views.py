@@ -14,6 +14,7 @@ from apps.core.views import ScopedAPIView
 from apps.tasks import services
 from apps.tasks.api import serializers as s
 from apps.tasks.api.create import create_task_answer
+from apps.tasks.choices import GroupPlacement
 from apps.tasks.models import Task, TaskGroup
 from apps.tasks.ranks import wiring_env
 from apps.tasks.selectors import task_group_detail, task_group_events, task_group_list, task_list, task_stats
@@ -47,7 +48,7 @@ def agent_task(task: Task) -> dict:
         missing = [*missing, task.registry_auth["password"]["secret"]]
     # the cards it holds, for the vendor's visibility variable (NVIDIA_VISIBLE_DEVICES, …)
     data["gpu_indices"] = sorted(task.allocations.values_list("gpu_index", flat=True))
-    if task.group_id is not None:  # echoed in the agent's reports (services.late_group_report)
+    if services.in_gang(task):  # echoed in the agent's reports (services.late_group_report)
         data["attempt"] = task.group.attempts
     if missing:
         data["missing_secrets"] = missing
@@ -139,9 +140,13 @@ class TaskDetailView(TaskView):
         data = serializer.validated_data
         # a task sent back to the queue (preemption confirmed, or forced) has left its
         # node: the retried confirmation must still learn that it lost (409), not 404;
-        # so must a group member placed elsewhere since (its attempt here ended)
+        # so must a gang group's member placed elsewhere since (its attempt here ended); a
+        # replica of an inference service answers as a single task (404 from another node)
         task = get_object_or_404(
-            Task.objects.filter(Q(node_id=data["node_id"]) | Q(node__isnull=True) | Q(group__isnull=False)), pk=pk
+            Task.objects.filter(
+                Q(node_id=data["node_id"]) | Q(node__isnull=True) | Q(group__placement=GroupPlacement.GANG)
+            ).select_related("group"),
+            pk=pk,
         )
         late = services.late_group_report(task, data["node_id"], attempt=data["attempt"])
         if late:
