@@ -250,6 +250,8 @@ SPECTACULAR_SETTINGS = {
         "DeliveryStatusEnum": "apps.alerts.choices.DeliveryStatus",
         "TaskGroupStatusEnum": "apps.tasks.choices.GroupStatus",
         "TaskGroupKindEnum": "apps.tasks.choices.GroupKind",
+        "InferenceServiceStateEnum": "apps.inference.choices.ServiceStatus",
+        "HealthProbeTypeEnum": [("http", "http"), ("tcp", "tcp")],
     },
 }
 

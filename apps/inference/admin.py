@@ -1,14 +1,18 @@
-"""Operators' admin for the model registry: read, filter, search, delete. Models are
-registered and changed through the API or the portal, where their validation lives (the
-known engines, the source's shape, nodes the tenant may use)."""
+"""Operators' admin for the model registry and the inference services: read, filter,
+search. Models are registered and changed, services deployed, scaled, stopped and woken
+through the API or the portal, where their validation and their services live; the admin
+only deletes models, through the same pre-check as the API (apps.inference.model_deletion:
+a model a service not stopped uses is refused, naming the services)."""
 
 from django.contrib import admin
 
-from apps.inference.models import Model
+from apps.core.admin_tools import DeleteThroughServiceMixin, operator
+from apps.inference import model_deletion
+from apps.inference.models import InferenceService, Model, ServiceDecision
 
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ModelAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
     list_display = ["name", "tenant", "format", "source_kind", "source", "size_bytes", "created_at"]
     list_filter = ["format", "source_kind", "tenant"]
     search_fields = ["name", "source"]
@@ -35,3 +39,81 @@ class ModelAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def get_deleted_objects(self, objs, request):
+        """The records of stopped services go with their model (model_deletion), so they
+        neither protect it nor ask for a permission here; the services not stopped are
+        the protected objects the confirmation page lists."""
+        deleted, counts, perms_needed, _ = super().get_deleted_objects(objs, request)
+        perms_needed = {name for name in perms_needed if name != InferenceService._meta.verbose_name}
+        protected = [
+            f"Inference service: {service}" for model in objs for service in model_deletion.services_using(model)
+        ]
+        return deleted, counts, perms_needed, protected
+
+    def delete_through_service(self, request, model):
+        model_deletion.delete_model(operator(request), model)
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class ServiceDecisionInline(ReadOnlyInline):
+    """The service's decisions with their reasons, newest first (the latest 100)."""
+
+    model = ServiceDecision
+    fields = readonly_fields = ["created_at", "source", "action", "from_replicas", "to_replicas", "reason"]
+    ordering = ["-created_at", "-id"]
+    shown = 100
+
+    def get_formset(self, request, obj=None, **kwargs):
+        request.decisions_of = obj  # the admin asks for the formset, then for its queryset
+        return super().get_formset(request, obj, **kwargs)
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        service = getattr(request, "decisions_of", None)
+        if service is None:
+            return queryset
+        recent = queryset.filter(service=service).order_by("-created_at", "-id").values_list("pk", flat=True)
+        return queryset.filter(pk__in=list(recent[: self.shown]))
+
+
+@admin.register(InferenceService)
+class InferenceServiceAdmin(admin.ModelAdmin):
+    list_display = ["group_id", "name", "tenant", "model", "engine", "replicas", "bounds", "state", "created_at"]
+    list_filter = ["state", "engine", ("group__tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["=group__id", "group__name", "model__name"]
+    list_select_related = ["group__tenant", "model"]
+    date_hierarchy = "created_at"
+    inlines = [ServiceDecisionInline]
+    readonly_fields = [field.name for field in InferenceService._meta.fields]
+
+    @admin.display(description="name", ordering="group__name")
+    def name(self, service):
+        return service.group.name
+
+    @admin.display(description="tenant", ordering="group__tenant__slug")
+    def tenant(self, service):
+        return service.group.tenant.slug
+
+    @admin.display(description="min–max")
+    def bounds(self, service):
+        return f"{service.min_replicas}–{service.max_replicas}"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a service is stopped (API, portal), never deleted under its running replicas

@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import views
-from apps.portal.pages import account, alerts, models, nodes, server, tasks, training
+from apps.portal.pages import account, alerts, inference, models, nodes, server, tasks, training
 
 app_name = "portal"
 urlpatterns = [
@@ -39,6 +39,13 @@ urlpatterns = [
     path("models/<int:pk>/", models.model_detail, name="model"),
     path("models/<int:pk>/edit/", models.model_edit, name="model-edit"),
     path("models/<int:pk>/delete/", models.model_delete, name="model-delete"),
+    # inference services
+    path("inference/", inference.service_list, name="inference"),
+    path("inference/new/", inference.service_new, name="inference-new"),
+    path("inference/<int:pk>/", inference.service_detail, name="inference-service"),
+    path("inference/<int:pk>/scale/", inference.service_scale, name="inference-scale"),
+    path("inference/<int:pk>/stop/", inference.service_stop, name="inference-stop"),
+    path("inference/<int:pk>/wake/", inference.service_wake, name="inference-wake"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),

@@ -21,6 +21,7 @@ from apps.inference.models import Model
 from apps.tenants.models import ApiKey, TenantGroup
 from tests.factories import make_alert, make_group, make_node, make_task
 from tests.headers import bearer
+from tests.inference.service_rows import make_service
 
 pytestmark = pytest.mark.django_db
 
@@ -76,6 +77,11 @@ OWNED = {
     "task-group-events": lambda w, o: {"pk": o["group"].pk},
     "task-group-explain": lambda w, o: {"pk": o["group"].pk},
     "model-detail": lambda w, o: {"pk": o["model"].pk},
+    "inference-service-detail": lambda w, o: {"id": o["service"].pk},
+    "inference-service-scale": lambda w, o: {"id": o["service"].pk},
+    "inference-service-stop": lambda w, o: {"id": o["service"].pk},
+    "inference-service-wake": lambda w, o: {"id": o["service"].pk},
+    "inference-service-decisions": lambda w, o: {"id": o["service"].pk},
     "alert-channel-detail": lambda w, o: {"pk": o["channel"].pk},
     "alert-channel-test": lambda w, o: {"pk": o["channel"].pk},
     "alert-channel-rotate-secret": lambda w, o: {"pk": o["channel"].pk},
@@ -106,6 +112,7 @@ def acme_objects(world):
         "model": Model.objects.create(
             tenant=acme, name="acme-secret-model", source_kind="path", source="/m", format="gguf"
         ),
+        "service": make_service(acme, name="acme-secret-service", state="sleeping"),
         "channel": NotificationChannel.objects.create(tenant=acme, name="acme-secret-channel", kind="webhook"),
         "alert": make_alert(tenant=acme, message="acme-secret-alert"),
     }
@@ -167,6 +174,7 @@ def test_another_tenant_never_reaches_tenant_as_objects(world, api, acme_objects
         "acme-secret-task",
         "acme-secret-group",
         "acme-secret-model",
+        "acme-secret-service",
         "acme-secret-channel",
         "acme-secret-alert",
         "acme-only-group",

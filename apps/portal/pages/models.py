@@ -9,8 +9,9 @@ from django.contrib import messages
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404, visible
-from apps.inference import selectors, services
+from apps.inference import model_deletion, selectors, services
 from apps.inference.api.serializers import ModelCreateSerializer, ModelUpdateSerializer
 from apps.inference.choices import Engine, ModelFormat, SourceKind
 from apps.inference.models import Model
@@ -104,6 +105,7 @@ def model_detail(request, pk):
             "model": model,
             "nodes": sorted(node.pk for node in model.nodes.all()),
             "cached": selectors.cached_on([model])[model.pk],
+            "services": model.services.select_related("group").order_by("group__name", "group_id"),
             "may_change": policy.may_manage_models(principal, model.tenant),
             "engines": Engine.choices,
         },
@@ -138,6 +140,10 @@ def model_edit(request, pk):
 def model_delete(request, pk):
     principal = request.principal
     model = get_visible_or_404(Model.objects.select_related("tenant"), principal, pk=pk)
-    services.delete_model(principal, model)
+    try:
+        model_deletion.delete_model(principal, model)
+    except Conflict as exc:  # services not stopped use it: they are named
+        messages.error(request, str(exc.detail))
+        return redirect("portal:model", model.pk)
     messages.success(request, f"Model '{model.name}' deleted.")
     return redirect("portal:models")

@@ -19,7 +19,7 @@ from apps.portal.pages.common import choice, paginate, through_api_for_a_tenant
 from apps.portal.pages.tasks import REASON_CODES, REMOVED_BY, lines, may_create, pairs
 from apps.tasks import services
 from apps.tasks.api.serializers import TaskGroupCreateSerializer
-from apps.tasks.choices import GroupStatus, GroupStrategy
+from apps.tasks.choices import GroupKind, GroupStatus, GroupStrategy
 from apps.tasks.models import TaskGroup
 from apps.tasks.selectors import task_group_detail, task_group_list
 from apps.tasks.submission import submit_group
@@ -111,7 +111,9 @@ def training_new(request):
 def training_list(request):
     principal = request.principal
     status = choice(request.GET.get("status", ""), GroupStatus.values)
-    page = paginate(request, task_group_list(visible(TaskGroup, principal), status=status), 50)
+    # an inference service's group is listed on the Inference page, not here
+    groups = visible(TaskGroup.objects.filter(kind=GroupKind.TRAINING), principal)
+    page = paginate(request, task_group_list(groups, status=status), 50)
     return render(
         request,
         "portal/training.html",
