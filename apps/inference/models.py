@@ -62,7 +62,10 @@ class InferenceService(models.Model):
 
     group = models.OneToOneField("tasks.TaskGroup", on_delete=models.CASCADE, primary_key=True, related_name="service")
     model = models.ForeignKey(
-        Model, on_delete=models.PROTECT, related_name="services", help_text="a model in use is not deleted"
+        Model,
+        on_delete=models.RESTRICT,
+        related_name="services",
+        help_text="a model in use is not deleted alone (its tenant's deletion takes both)",
     )
     engine = models.CharField(max_length=20, default="auto", help_text='an engine name, or "auto": the agent\'s router')
     gpu_memory_mb = models.PositiveBigIntegerField(null=True, blank=True, help_text="GPU memory per replica")

@@ -1,5 +1,5 @@
 """The model deletion's pre-check: a model that a service not yet stopped uses is 409
-`model_in_use` naming the services (the foreign key is PROTECT: never a 500) on the API
+`model_in_use` naming the services (the foreign key is RESTRICT: never a 500) on the API
 and the portal, and nothing is deleted (the admin's confirmation page lists the protected
 services); a model only stopped services used is deleted with their records, their groups
 and tasks staying as history. And the services' admin: read-only, the latest decisions
@@ -131,3 +131,19 @@ def test_the_admin_shows_a_services_latest_hundred_decisions_whatever_the_others
     assert "the quiet one&#x27;s only decision" in page(admin, f"/admin/inference/inferenceservice/{quiet.pk}/change/")
     html = page(admin, f"/admin/inference/inferenceservice/{busy.pk}/change/")
     assert "busy decision 104" in html and "busy decision 005" in html and "busy decision 004" not in html
+
+
+def test_a_tenant_with_services_and_their_models_can_be_deleted():
+    """The model's foreign key is RESTRICT, not PROTECT: a model cannot go alone while a
+    service holds it, but its tenant's deletion takes the tenant's models and services
+    together (it was a 500)."""
+    from apps.tenants.models import Tenant
+    from apps.tenants.services import create_tenant, delete_tenant
+
+    tenant = create_tenant(name="Gone", slug="gone")
+    model = make_model(tenant)
+    make_service(tenant, model, name="chat", state="stopped")
+    Task.objects.filter(tenant=tenant).update(status="stopped")  # a tenant with live tasks is refused anyway
+    delete_tenant(tenant)
+    assert not Tenant.objects.filter(slug="gone").exists()
+    assert not Model.objects.filter(pk=model.pk).exists() and not InferenceService.objects.exists()
