@@ -15,7 +15,7 @@ from apps.nodes.models import Node
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import run_cycle
 from apps.tasks.models import Task, TaskEvent, TaskGroup
-from apps.tasks.services import agent_report, lock_groups_of, stop_tasks
+from apps.tasks.services import agent_report, lock_groups_of, requeue_replicas, stop_tasks
 from tests.factories import make_node, make_replica_group
 from tests.headers import AGENT
 
@@ -165,4 +165,17 @@ def test_reports_about_a_replica_answer_as_for_a_single_task(world, nodes, api):
     again = api.put(f"/api/v1/tasks/{first.pk}", here, format="json", **AGENT)
     assert again.status_code == 409 and again.json()["error"]["code"] == "status_changed"
     assert statuses(service) == ["failed", "running"]
+    unchanged(service)
+
+
+def test_a_failed_replica_requeued_by_the_rebuild_is_placed_again_away_from_its_sibling(world, nodes):
+    service = serving_service(world.tenants["acme"])
+    dead, sibling = members(service)
+    assert agent_report(dead, from_status="running", to_status="failed", exit_code=1)
+    assert requeue_replicas([dead.pk], why="rebuild: the replica died") == [dead.pk]
+    assert run_cycle().bound == [dead.pk]
+    dead.refresh_from_db()
+    sibling.refresh_from_db()
+    assert dead.status == "scheduled" and dead.node_id != sibling.node_id and dead.host_port is not None
+    assert statuses(service) == ["scheduled", "running"]
     unchanged(service)
