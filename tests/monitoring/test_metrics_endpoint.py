@@ -163,6 +163,10 @@ def test_metric_names_follow_prometheus_conventions(client):
                 "type",
                 "severity",
                 "part",
+                # heteroflow_agent_fields_ignored: the channel, and the field name (bounded:
+                # the first 64 names, then "other")
+                "channel",
+                "field",
             }, (family.name, sample.labels)
 
 

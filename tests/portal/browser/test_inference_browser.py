@@ -21,7 +21,7 @@ from apps.tenants.services import add_member, create_tenant
 from tests.factories import UserFactory
 from tests.live import start_control_plane, stop_process
 from tests.nodes.payloads import heartbeat
-from tests.portal.browser.test_walkthrough import (
+from tests.portal.browser.support import (
     CHROMIUM,
     CHROMIUM_ARGS,
     PASSWORD,

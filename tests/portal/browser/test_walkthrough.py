@@ -23,18 +23,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
-CHROMIUM = os.environ.get("HETEROFLOW_CHROMIUM", "/usr/bin/chromium")
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install -r requirements/dev.txt)"
-)
-if not os.path.exists(CHROMIUM):
-    pytest.skip(
-        f"no Chromium at {CHROMIUM} (apt-get install -y chromium; .ci/run installs it)", allow_module_level=True
-    )
-
-from django.contrib.contenttypes.models import ContentType  # noqa: E402
-from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections  # noqa: E402
 
 from apps.alerts.choices import AlertScope, AlertType, Severity  # noqa: E402
@@ -48,54 +36,28 @@ from apps.nodes.services import assign_tenant  # noqa: E402
 from apps.scheduler.services import run_cycle  # noqa: E402
 from apps.tasks.models import Task  # noqa: E402
 from apps.tasks.services import create_task  # noqa: E402
-from apps.tenants.models import ApiKey, Tenant  # noqa: E402
+from apps.tenants.models import ApiKey  # noqa: E402
 from apps.tenants.services import add_member, create_tenant  # noqa: E402
 from tests.factories import OperatorFactory, UserFactory  # noqa: E402
-from tests.headers import AGENT_HTTP, bearer_http  # noqa: E402
+from tests.headers import bearer_http  # noqa: E402
 from tests.live import start_control_plane, stop_process, wait_until  # noqa: E402
 from tests.nodes.payloads import gpu_stat, heartbeat  # noqa: E402
+from tests.portal.browser.support import (  # skips this module without a browser
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    PASSWORD,
+    SCREENSHOTS,
+    WAIT_MS,
+    beat,
+    clean_database,
+    committed,
+    sync_api,
+)
 
 # The mark makes pytest-django set up the test database; each test then runs in a
 # transaction of its own that the server cannot see, so what a test changes for the
 # server to show is done through `committed` (a thread: its own connection, autocommit).
 pytestmark = [pytest.mark.browser, pytest.mark.django_db]
-
-REPO = Path(__file__).resolve().parents[3]
-SCREENSHOTS = REPO / "test-artefacts" / "screenshots"
-PASSWORD = "pw-for-browser-tests"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-    "--disable-dev-shm-usage",
-]  # containers often have a small /dev/shm
-WAIT_MS = 10_000  # the longest any single expectation waits
-
-
-def committed(function, *args, **kwargs):
-    """Run `function` on a connection of its own (a thread's), so its writes commit and
-    the server sees them."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from django.db import connections
-
-    def run():
-        try:
-            return function(*args, **kwargs)
-        finally:
-            connections.close_all()
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(run).result()
-
-
-def beat(url: str, node_id: str, payload: dict) -> None:
-    response = requests.post(f"{url}/api/v1/nodes/{node_id}/heartbeat", json=payload, headers=AGENT_HTTP, timeout=10)
-    assert response.status_code == 200, response.text
 
 
 def backfill_history(node_id: str, gpus: int, minutes: int = 60) -> None:
@@ -254,19 +216,6 @@ def build_cluster(url: str) -> dict:
     )
     assert Alert.objects.filter(type=AlertType.GPU_LOST, node_id="gpu-a100-01", gpu_index=3).exists()
     return {"operator": operator, "member": member, "orbit": orbit, "vega": vega, "vega_task": vega_task}
-
-
-def clean_database() -> None:
-    """Remove what the module committed: tenants through the ORM (which drops their
-    schemas), then every public table, as a transactional test's teardown does."""
-    Task.objects.all().delete()
-    Node.objects.all().delete()
-    with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM node_metrics")
-    for tenant in Tenant.objects.all():
-        tenant.delete(force_drop=True)
-    call_command("flush", interactive=False, verbosity=0)  # post_migrate puts the content types back
-    ContentType.objects.clear_cache()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,79 @@
+"""What the browser tests share: Chromium and Playwright (a test module that imports this
+is skipped where either is missing), the constants, and the helpers that commit data the
+live control plane sees."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import requests
+
+CHROMIUM = os.environ.get("HETEROFLOW_CHROMIUM", "/usr/bin/chromium")
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install -r requirements/dev.txt)"
+)
+if not os.path.exists(CHROMIUM):
+    pytest.skip(
+        f"no Chromium at {CHROMIUM} (apt-get install -y chromium; .ci/run installs it)", allow_module_level=True
+    )
+
+from django.contrib.contenttypes.models import ContentType  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from apps.nodes.models import Node  # noqa: E402
+from apps.tasks.models import Task  # noqa: E402
+from apps.tenants.models import Tenant  # noqa: E402
+from tests.headers import AGENT_HTTP  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[3]
+SCREENSHOTS = REPO / "test-artefacts" / "screenshots"
+PASSWORD = "pw-for-browser-tests"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-dev-shm-usage",
+]  # containers often have a small /dev/shm
+WAIT_MS = 10_000  # the longest any single expectation waits
+
+
+def committed(function, *args, **kwargs):
+    """Run `function` on a connection of its own (a thread's), so its writes commit and
+    the server sees them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    def run():
+        try:
+            return function(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result()
+
+
+def beat(url: str, node_id: str, payload: dict) -> None:
+    response = requests.post(f"{url}/api/v1/nodes/{node_id}/heartbeat", json=payload, headers=AGENT_HTTP, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+def clean_database() -> None:
+    """Remove what the module committed: tenants through the ORM (which drops their
+    schemas), then every public table, as a transactional test's teardown does."""
+    Task.objects.all().delete()
+    Node.objects.all().delete()
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM node_metrics")
+    for tenant in Tenant.objects.all():
+        tenant.delete(force_drop=True)
+    call_command("flush", interactive=False, verbosity=0)  # post_migrate puts the content types back
+    ContentType.objects.clear_cache()
