@@ -334,6 +334,10 @@ def create_service(principal, data: dict) -> InferenceService:
     )
 
     def write_group_and_service():  # under the tenant's lock, once the quota check passed
+        # the model row locked as its deletion locks it (apps.inference.model_deletion):
+        # a model deleted meanwhile is the 400 it would have been, never a foreign-key 500
+        if not Model.objects.select_for_update().filter(pk=model.pk).exists():
+            raise ValidationError({"model": [f"No model named '{model.name}' in tenant '{tenant.slug}'."]})
         group.save()
         service.group = group
         service.save(force_insert=True)

@@ -40,3 +40,34 @@ def test_two_scales_from_one_count_one_wins_and_the_replicas_match_it(tenant, ta
     assert now == winners[0]
     live = Task.objects.filter(group_id=service.pk).exclude(status__in=TERMINAL)
     assert sorted(live.values_list("rank", flat=True)) == list(range(now))
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_create_and_the_models_deletion_at_once_end_in_a_400_or_a_409_never_a_500(tenant, attempt):
+    """Both lock the model row: either the delete went first (the create is a 400 on
+    `model`, nothing written) or the create did (the delete is a 409 naming the service)."""
+    from rest_framework.exceptions import ValidationError
+
+    from apps.core.errors import Conflict
+    from apps.inference import model_deletion
+
+    model = Model.objects.get(tenant=tenant)
+
+    def act(i):
+        try:
+            if i == 0:
+                services.create_service(OPERATOR, body(tenant=tenant.slug))
+                return "created"
+            model_deletion.delete_model(OPERATOR, Model.objects.get(pk=model.pk))
+            return "deleted"
+        except ValidationError as exc:
+            assert "model" in exc.detail
+            return "create refused"
+        except Conflict as exc:
+            assert exc.get_codes() == "model_in_use"
+            return "delete refused"
+
+    outcomes = sorted(together(2, act))
+    assert outcomes in (["create refused", "deleted"], ["created", "delete refused"]), outcomes
+    created = InferenceService.objects.filter(group__tenant=tenant).exists()
+    assert created == ("created" in outcomes) and Model.objects.filter(pk=model.pk).exists() == created
