@@ -108,9 +108,11 @@ def parse_window(data: Mapping) -> Window:
             if not isinstance(raw, Mapping) or set(raw) != RANGE_FIELDS:
                 errors.append(f'range {number} must be {{"start": "HH:MM", "end": "HH:MM"}}')
                 continue
+            before = len(errors)
             start = _clock(raw["start"], f"range {number} start", errors)
             end = _clock(raw["end"], f"range {number} end", errors, allow_24=True)
-            if end == start:
+            # (a time that did not parse is None, as 24:00 is: compare only two good ones)
+            if len(errors) == before and end == start:
                 errors.append(f"range {number} starts and ends at {raw['start']}: empty (00:00–24:00 is a whole day)")
             ranges.append(TimeRange(start, end))
     zone = data.get("timezone")

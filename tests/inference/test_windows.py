@@ -371,3 +371,11 @@ def test_the_job_at_the_exact_end_acts_and_one_second_before_does_not():
     end = utc(2026, 12, 1, 10, 0)  # Tue 18:00 Shanghai
     assert decide(OFFICE, WindowState(replicas=2), end - timedelta(seconds=1)).move == WindowMove.NONE
     assert decide(OFFICE, WindowState(replicas=2), end).move == WindowMove.APPLY
+
+
+def test_a_range_whose_two_times_are_bad_names_both_and_nothing_else():
+    errors = validate_window({**GOOD, "ranges": [{"start": "9", "end": "x"}]})
+    assert errors == [
+        "range 1 start must be a local time HH:MM (00:00–23:59), not '9'",
+        "range 1 end must be a local time HH:MM (00:00–23:59, or 24:00), not 'x'",
+    ]
