@@ -29,7 +29,6 @@ from django.conf import settings
 
 from apps.core.enqueue import enqueue
 from apps.core.principals import Principal, PrincipalKind
-from apps.inference import services as inference
 from apps.inference import signals
 from apps.inference.models import InferenceService, Model, ServiceDecision
 from apps.inference.selectors import replicas_of
@@ -38,8 +37,9 @@ from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import set_plugin_options
 from apps.tasks.models import Task
 from apps.tasks.services import create_task, stop_task
-from apps.tenants.services import create_tenant
+from apps.tenants.services import create_tenant, issue_platform_key
 from heteroflow_agent.runtime.process import ProcessRuntime
+from tests.factories import OperatorFactory
 from tests.faults.cluster import ControlPlane
 from tests.live import start_agent, stop_process, wait_until
 from tests.llama import models_answer, require_llama_cpp, write_tiny_gguf
@@ -194,9 +194,10 @@ def test_a_service_of_two_llama_cpp_replicas_is_rebuilt_sleeps_and_wakes(tmp_pat
         set_plugin_options("resource-filter", extra={"cpu_percent_max": 100, "memory_percent_max": 100})
         Model.objects.create(tenant=tenant, name="tiny", source_kind="path", source=str(model_path), format="gguf")
         began = time.monotonic()
-        service = inference.create_service(
-            OPERATOR,
-            {
+        key = issue_platform_key(user=OperatorFactory(username="ops"), name="ops").key
+        answer = requests.post(
+            f"{plane.url}/api/v1/inference-services",
+            json={
                 "tenant": "lab",
                 "name": "tiny-chat",
                 "model": "tiny",
@@ -208,7 +209,11 @@ def test_a_service_of_two_llama_cpp_replicas_is_rebuilt_sleeps_and_wakes(tmp_pat
                 "engine_args": ["--n_ctx", "512"],
                 "sleep_after_seconds": 60,
             },
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
         )
+        assert answer.status_code == 201, answer.text
+        service = InferenceService.objects.get(pk=answer.json()["id"])
         connection.delete(signals.inflight_key(service.pk))  # no gateway reading yet: it stays awake
 
         def state() -> str:
