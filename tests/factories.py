@@ -73,30 +73,35 @@ def make_task(tenant, **fields) -> Task:
     return TaskFactory(tenant=tenant, **{"name": "t", "image": "x", **fields})
 
 
-def make_group(tenant, workers: int = 2, gpus: int = 8, *, gpu_type: str = "nvidia", **fields) -> TaskGroup:
-    """A task group of `tenant` with its `workers` member tasks (ranks 0…workers-1, kind
-    training, `gpus` cards each, pending and of the group's priority), as a submission
-    leaves it; `fields` are the group's other columns."""
+def make_group(
+    tenant, workers: int = 2, gpus: int = 8, *, gpu_type: str = "nvidia", members=None, **fields
+) -> TaskGroup:
+    """A task group of `tenant` with its `workers` member tasks (ranks 0…workers-1, of the
+    group's kind, `gpus` cards each, pending and of the group's priority), as a submission
+    leaves it; `fields` are the group's other columns (world_size: `workers`, at least 1),
+    `members` more columns of each member: a dict, or a function of the rank giving one."""
+    fields.setdefault("world_size", max(workers, 1))
     group = TaskGroup.objects.create(
         tenant=tenant,
         name=fields.pop("name", "g"),
-        world_size=workers,
         gpus_per_worker=gpus,
         gpu_type=gpu_type,
-        image="x",
+        image=fields.pop("image", "x"),
         **fields,
     )
+    extra = members if callable(members) else (lambda rank: members or {})
     Task.objects.bulk_create(
         Task(
             tenant=tenant,
             name=f"{group.name}-{rank}",
-            image="x",
-            kind="training",
+            image=group.image,
+            kind="inference" if group.kind == "inference" else "training",
             group=group,
             rank=rank,
             gpu_required=gpus,
             gpu_type=gpu_type,
             priority=group.priority,
+            **extra(rank),
         )
         for rank in range(workers)
     )
@@ -109,34 +114,17 @@ def make_replica_group(
     """An inference service's group as the service leaves it: kind inference, placement
     replicas, with `replicas` pending member tasks (ranks 0…replicas-1, kind inference,
     `gpus` cards each, `serving` as given); `fields` are the group's other columns."""
-    group = TaskGroup.objects.create(
-        tenant=tenant,
-        name=fields.pop("name", "svc"),
+    return make_group(
+        tenant,
+        replicas,
+        gpus,
+        gpu_type=gpu_type,
         kind="inference",
         placement="replicas",
-        world_size=replicas,
-        gpus_per_worker=gpus,
-        gpu_type=gpu_type,
-        image="x",
+        name=fields.pop("name", "svc"),
+        members={"serving": serving or {}, "health_probe": {"path": "/v1/models"}},
         **fields,
     )
-    Task.objects.bulk_create(
-        Task(
-            tenant=tenant,
-            name=f"{group.name}-{rank}",
-            image="x",
-            kind="inference",
-            group=group,
-            rank=rank,
-            gpu_required=gpus,
-            gpu_type=gpu_type,
-            priority=group.priority,
-            serving=serving or {},
-            health_probe={"path": "/v1/models"},
-        )
-        for rank in range(replicas)
-    )
-    return group
 
 
 def make_alert(**fields) -> Alert:

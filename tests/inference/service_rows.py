@@ -5,7 +5,7 @@ its group with `replicas` replica tasks (ranks 0…n-1) in any status, on any no
 from __future__ import annotations
 
 from apps.inference.models import InferenceService, Model, ServiceDecision
-from apps.tasks.models import Task, TaskGroup
+from tests.factories import make_group
 
 
 def make_model(tenant, name: str = "qwen3-8b", **fields) -> Model:
@@ -30,35 +30,24 @@ def make_service(
     """A service of `replicas` replicas whose tasks are all in `status` (on `node`, with
     host ports 8000, 8001… when placed); `fields` are the service's other columns."""
     model = model or make_model(tenant)
-    group = TaskGroup.objects.create(
-        tenant=tenant,
-        name=name,
+    placed = node is not None and status != "pending"
+    group = make_group(
+        tenant,
+        replicas,
+        gpus,
         kind="inference",
         placement="replicas",
-        world_size=replicas or 1,
-        gpus_per_worker=gpus,
-        gpu_type="nvidia",
+        name=name,
         image="auto",
+        members=lambda rank: {
+            "status": status,
+            "node": node if status != "pending" else None,
+            "host_port": 8000 + rank if placed else None,
+            "serving": {"engine": "auto", "model": model.name, "format": model.format, "source": model.source},
+        },
     )
     fields = {"min_replicas": 1, "max_replicas": max(replicas, 1), "replicas": replicas, **fields}
     service = InferenceService.objects.create(group=group, model=model, **fields)
-    Task.objects.bulk_create(
-        Task(
-            tenant=tenant,
-            name=f"{name}-{rank}",
-            image="auto",
-            kind="inference",
-            group=group,
-            rank=rank,
-            gpu_required=gpus,
-            gpu_type="nvidia",
-            status=status,
-            node=node if status != "pending" else None,
-            host_port=8000 + rank if node is not None and status != "pending" else None,
-            serving={"engine": "auto", "model": model.name, "format": model.format, "source": model.source},
-        )
-        for rank in range(replicas)
-    )
     return service
 
 
