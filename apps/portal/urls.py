@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import views
-from apps.portal.pages import account, alerts, models, nodes, server, tasks, training
+from apps.portal.pages import account, alerts, gateway, models, nodes, server, tasks, training
 
 app_name = "portal"
 urlpatterns = [
@@ -39,6 +39,10 @@ urlpatterns = [
     path("models/<int:pk>/", models.model_detail, name="model"),
     path("models/<int:pk>/edit/", models.model_edit, name="model-edit"),
     path("models/<int:pk>/delete/", models.model_delete, name="model-delete"),
+    # endpoint keys (the gateway)
+    path("endpoint-keys/", gateway.endpoint_keys, name="endpoint-keys"),
+    path("endpoint-keys/<int:pk>/rotate/", gateway.endpoint_key_rotate, name="endpoint-key-rotate"),
+    path("endpoint-keys/<int:pk>/revoke/", gateway.endpoint_key_revoke, name="endpoint-key-revoke"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),

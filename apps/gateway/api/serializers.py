@@ -1,0 +1,83 @@
+from rest_framework import serializers
+
+from apps.core.clock import utcnow
+from apps.core.serializers import StrictSerializer
+from apps.gateway.models import EndpointKey
+
+
+class EndpointKeySerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    active = serializers.SerializerMethodField()
+
+    class Meta:
+        model = EndpointKey
+        fields = [
+            "id",
+            "tenant",
+            "name",
+            "display_prefix",
+            "previous_display_prefix",
+            "previous_valid_until",
+            "allowed_models",
+            "rpm_limit",
+            "tpm_limit",
+            "concurrency_limit",
+            "created_by",
+            "created_at",
+            "rotated_at",
+            "expires_at",
+            "last_used_at",
+            "revoked_at",
+            "active",
+        ]
+
+    def get_active(self, obj) -> bool:
+        return obj.is_usable_at(utcnow())
+
+
+class EndpointKeyCreatedSerializer(EndpointKeySerializer):
+    key = serializers.CharField(help_text="The key itself (sk-hf-…). Shown once; store it now.")
+
+    class Meta(EndpointKeySerializer.Meta):
+        fields = EndpointKeySerializer.Meta.fields + ["key"]
+
+
+def _future(value):
+    if value is not None and value <= utcnow():
+        raise serializers.ValidationError("Must be in the future.")
+    return value
+
+
+class _KeyFields(StrictSerializer):
+    name = serializers.CharField(max_length=100)
+    allowed_models = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        max_length=1000,
+        help_text="Model names this key may call; empty or absent: every model of the tenant.",
+    )
+    rpm_limit = serializers.IntegerField(min_value=1, max_value=10_000_000, required=False, allow_null=True)
+    tpm_limit = serializers.IntegerField(min_value=1, max_value=10_000_000_000, required=False, allow_null=True)
+    concurrency_limit = serializers.IntegerField(min_value=1, max_value=100_000, required=False, allow_null=True)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+    def validate_expires_at(self, value):
+        return _future(value)
+
+
+class EndpointKeyCreateSerializer(_KeyFields):
+    tenant = serializers.CharField(required=False, help_text="Tenant slug; defaults to the caller's tenant.")
+
+
+class EndpointKeyUpdateSerializer(_KeyFields):
+    name = serializers.CharField(max_length=100, required=False)
+
+
+class EndpointKeyRotateSerializer(StrictSerializer):
+    grace_seconds = serializers.IntegerField(
+        min_value=0,
+        max_value=30 * 86_400,
+        required=False,
+        help_text="How long the current secret keeps working; default HETEROFLOW_GATEWAY_ROTATE_GRACE_SECONDS.",
+    )

@@ -1,0 +1,9 @@
+from django.urls import path
+
+from apps.gateway.api import views
+
+urlpatterns = [
+    path("gateway/keys", views.EndpointKeyListView.as_view(), name="endpoint-key-list"),
+    path("gateway/keys/<int:pk>", views.EndpointKeyDetailView.as_view(), name="endpoint-key-detail"),
+    path("gateway/keys/<int:pk>/rotate", views.EndpointKeyRotateView.as_view(), name="endpoint-key-rotate"),
+]

@@ -1,0 +1,64 @@
+"""The endpoint keys' management API (/api/v1/gateway/keys). Tenant keys (sk-tenant-),
+operators' keys and sessions call it; an endpoint key (sk-hf-) does not (401: it calls
+/v1/* only). Views decode, scope and call apps.gateway.services."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, status
+from rest_framework.response import Response
+
+from apps.core.views import ScopedAPIView
+from apps.gateway import services
+from apps.gateway.api import serializers as s
+from apps.gateway.models import EndpointKey
+from apps.tenants import policy
+
+KEY_TENANT_REQUIRED = "Required: the slug of the tenant the endpoint key belongs to."
+
+
+class EndpointKeyListView(ScopedAPIView, generics.ListAPIView):
+    queryset = EndpointKey.objects.select_related("tenant", "created_by")
+    serializer_class = s.EndpointKeySerializer
+
+    @extend_schema(request=s.EndpointKeyCreateSerializer, responses={201: s.EndpointKeyCreatedSerializer})
+    def post(self, request):
+        serializer = s.EndpointKeyCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        tenant = policy.acting_tenant(request.auth, data.pop("tenant", None), required=KEY_TENANT_REQUIRED)
+        issued = services.create_key(request.auth, tenant=tenant, **data)
+        body = s.EndpointKeySerializer(issued.endpoint_key).data | {"key": issued.key}
+        return Response(body, status=status.HTTP_201_CREATED, headers={"Cache-Control": "no-store"})
+
+
+class EndpointKeyDetailView(ScopedAPIView):
+    queryset = EndpointKey.objects.select_related("tenant", "created_by")
+
+    @extend_schema(responses=s.EndpointKeySerializer)
+    def get(self, request, pk):
+        return Response(s.EndpointKeySerializer(self.get_object()).data)
+
+    @extend_schema(request=s.EndpointKeyUpdateSerializer, responses=s.EndpointKeySerializer)
+    def patch(self, request, pk):
+        endpoint_key = self.get_object()
+        serializer = s.EndpointKeyUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        endpoint_key = services.update_key(request.auth, endpoint_key, **serializer.validated_data)
+        return Response(s.EndpointKeySerializer(endpoint_key).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, pk):
+        services.revoke_key(request.auth, self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class EndpointKeyRotateView(ScopedAPIView):
+    queryset = EndpointKey.objects.select_related("tenant", "created_by")
+
+    @extend_schema(request=s.EndpointKeyRotateSerializer, responses={200: s.EndpointKeyCreatedSerializer})
+    def post(self, request, pk):
+        endpoint_key = self.get_object()
+        serializer = s.EndpointKeyRotateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        issued = services.rotate_key(request.auth, endpoint_key, **serializer.validated_data)
+        body = s.EndpointKeySerializer(issued.endpoint_key).data | {"key": issued.key}
+        return Response(body, headers={"Cache-Control": "no-store"})

@@ -1,0 +1,157 @@
+"""Every change to the gateway's tables: endpoint keys (create, change, rotate, revoke)
+and tenant limits. Each change tells the gateway processes to drop what they cached
+(`catalog.changed`, once the transaction commits)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from rest_framework.exceptions import PermissionDenied, ValidationError
+
+from apps.confidential.services import record_audit
+from apps.core.clock import utcnow
+from apps.gateway import catalog, keys
+from apps.gateway.models import EndpointKey, TenantLimits
+from apps.inference.models import Model
+from apps.tenants import policy
+
+LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "concurrency_limit")
+CHANGEABLE = ("name", "allowed_models", *LIMIT_FIELDS, "expires_at")
+
+
+@dataclass(frozen=True)
+class IssuedEndpointKey:
+    endpoint_key: EndpointKey
+    key: str  # the plaintext, shown once
+
+
+def _check_models(tenant, names) -> list[str]:
+    """The allowed models, each a model the tenant registered (a typo would lock the key
+    out of everything); duplicates dropped, order kept."""
+    names = list(dict.fromkeys(names or []))
+    known = set(Model.objects.filter(tenant=tenant, name__in=names).values_list("name", flat=True))
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValidationError({"allowed_models": [f"No model named {name!r} in '{tenant.slug}'." for name in unknown]})
+    return names
+
+
+def create_key(
+    principal,
+    *,
+    tenant,
+    name: str,
+    allowed_models=(),
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
+    concurrency_limit: int | None = None,
+    expires_at: datetime | None = None,
+) -> IssuedEndpointKey:
+    policy.check_may_manage_endpoint_keys(principal, tenant)
+    allowed = _check_models(tenant, allowed_models)
+    key = keys.generate()
+    with transaction.atomic():
+        endpoint_key = EndpointKey.objects.create(
+            tenant=tenant,
+            name=name,
+            key_hash=keys.hash_key(key),
+            display_prefix=keys.display_prefix(key),
+            allowed_models=allowed,
+            rpm_limit=rpm_limit,
+            tpm_limit=tpm_limit,
+            concurrency_limit=concurrency_limit,
+            expires_at=expires_at,
+            created_by=principal.user if getattr(principal.user, "pk", None) else None,
+        )
+        record_audit(tenant, principal, "endpoint_key.created", endpoint_key.display_prefix, name=name)
+        catalog.changed()
+    return IssuedEndpointKey(endpoint_key, key)
+
+
+def update_key(principal, endpoint_key: EndpointKey, **fields) -> EndpointKey:
+    policy.check_may_manage_endpoint_keys(principal, endpoint_key.tenant)
+    unknown = set(fields) - set(CHANGEABLE)
+    if unknown:
+        raise ValueError(f"not changeable: {sorted(unknown)}")
+    if endpoint_key.revoked_at is not None:
+        raise ValidationError({"non_field_errors": ["A revoked key cannot be changed."]})
+    if "allowed_models" in fields:
+        fields["allowed_models"] = _check_models(endpoint_key.tenant, fields["allowed_models"])
+    with transaction.atomic():
+        EndpointKey.objects.filter(pk=endpoint_key.pk).update(**fields)
+        record_audit(
+            endpoint_key.tenant,
+            principal,
+            "endpoint_key.changed",
+            endpoint_key.display_prefix,
+            fields=sorted(fields),
+        )
+        catalog.changed()
+    endpoint_key.refresh_from_db()
+    return endpoint_key
+
+
+def rotate_key(principal, endpoint_key: EndpointKey, *, grace_seconds: int | None = None) -> IssuedEndpointKey:
+    """A new secret for the key; the current one stays valid for `grace_seconds` (the
+    setting's default), then only the new one works. A secret still in its grace period
+    from an earlier rotation stops working now: a key has at most two."""
+    policy.check_may_manage_endpoint_keys(principal, endpoint_key.tenant)
+    grace = settings.HETEROFLOW_GATEWAY_ROTATE_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    key = keys.generate()
+    now = utcnow()
+    with transaction.atomic():
+        updated = EndpointKey.objects.filter(
+            pk=endpoint_key.pk, revoked_at__isnull=True, key_hash=endpoint_key.key_hash
+        ).update(
+            previous_key_hash=endpoint_key.key_hash if grace > 0 else None,
+            previous_display_prefix=endpoint_key.display_prefix if grace > 0 else "",
+            previous_valid_until=now + timedelta(seconds=grace) if grace > 0 else None,
+            key_hash=keys.hash_key(key),
+            display_prefix=keys.display_prefix(key),
+            rotated_at=now,
+        )
+        if not updated:
+            endpoint_key.refresh_from_db()
+            if endpoint_key.revoked_at is not None:
+                raise ValidationError({"non_field_errors": ["A revoked key cannot be rotated."]})
+            raise ValidationError({"non_field_errors": ["The key was rotated meanwhile; read it again."]})
+        record_audit(
+            endpoint_key.tenant,
+            principal,
+            "endpoint_key.rotated",
+            keys.display_prefix(key),
+            previous=endpoint_key.display_prefix,
+            grace_seconds=grace,
+        )
+        catalog.changed()
+    endpoint_key.refresh_from_db()
+    return IssuedEndpointKey(endpoint_key, key)
+
+
+def revoke_key(principal, endpoint_key: EndpointKey) -> EndpointKey:
+    """Both secrets stop working at once (in every gateway process within the catalog's
+    check interval). Revoking twice is a no-op."""
+    policy.check_may_manage_endpoint_keys(principal, endpoint_key.tenant)
+    if endpoint_key.revoked_at is None:
+        with transaction.atomic():
+            EndpointKey.objects.filter(pk=endpoint_key.pk, revoked_at__isnull=True).update(revoked_at=utcnow())
+            record_audit(endpoint_key.tenant, principal, "endpoint_key.revoked", endpoint_key.display_prefix)
+            catalog.changed()
+        endpoint_key.refresh_from_db()
+    return endpoint_key
+
+
+def set_tenant_limits(principal, tenant, **limits) -> TenantLimits:
+    """A tenant's limits over all its keys: operators only."""
+    if not principal.is_operator:
+        raise PermissionDenied("Only platform operators set a tenant's gateway limits.")
+    unknown = set(limits) - set(LIMIT_FIELDS)
+    if unknown:
+        raise ValueError(f"not limits: {sorted(unknown)}")
+    with transaction.atomic():
+        row, _ = TenantLimits.objects.update_or_create(tenant=tenant, defaults=limits)
+        catalog.changed()
+    return row
