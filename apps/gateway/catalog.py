@@ -91,6 +91,7 @@ class KeyInfo:
 class Backend:
     task_id: int
     address: str  # http://ip:port
+    healthy: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,10 @@ class Service:
     id: int
     model: str
     state: str
-    backends: tuple[Backend, ...] = field(default=())
+    backends: tuple[Backend, ...] = field(default=())  # every running replica with an address
+
+    def usable_backends(self) -> list[Backend]:
+        return [b for b in self.backends if b.healthy]
 
 
 KEY_SQL = """
@@ -112,19 +116,19 @@ WHERE k.key_hash = %(h)s OR k.previous_key_hash = %(h)s
 LIMIT 1
 """
 
-# A replica is a backend when its task runs with a host port on a node with an address
-# and the node's latest heartbeat says its probe passed (Node.task_health).
+# The replicas of a tenant's services: every running task with a host port on a node
+# with an address; it is healthy when the node's latest heartbeat says its probe passed
+# (Node.task_health). Stickiness hashes over all of them, balancing uses the healthy ones.
 ROUTES_SQL = """
-SELECT s.group_id, m.name, s.state, t.id, t.host_port, host(COALESCE(n.ip, n.internal_ip))
+SELECT s.group_id, m.name, s.state, t.id, t.host_port, host(COALESCE(n.ip, n.internal_ip)),
+       EXISTS (SELECT 1 FROM jsonb_array_elements(
+                 CASE WHEN jsonb_typeof(n.task_health) = 'array' THEN n.task_health ELSE '[]'::jsonb END) h
+               WHERE h->>'task_id' = t.id::text AND h->>'healthy' = 'true')
 FROM inference_services s
 JOIN task_groups g ON g.id = s.group_id
 JOIN inference_models m ON m.id = s.model_id
 LEFT JOIN tasks t ON t.group_id = s.group_id AND t.status = 'running' AND t.host_port IS NOT NULL
 LEFT JOIN nodes n ON n.id = t.node_id
-     AND COALESCE(n.ip, n.internal_ip) IS NOT NULL
-     AND EXISTS (SELECT 1 FROM jsonb_array_elements(
-                   CASE WHEN jsonb_typeof(n.task_health) = 'array' THEN n.task_health ELSE '[]'::jsonb END) h
-                 WHERE h->>'task_id' = t.id::text AND h->>'healthy' = 'true')
 WHERE g.tenant_id = %s
 ORDER BY s.group_id, t.rank
 """
@@ -147,12 +151,12 @@ def address(ip: str, port: int) -> str:
 
 
 def services_from_rows(rows) -> dict[str, list[Service]]:
-    """Model name → the services serving it, each with its healthy replicas."""
+    """Model name → the services serving it, each with its replicas."""
     by_id: dict[int, tuple[str, str, list[Backend]]] = {}
-    for service_id, model, state, task_id, port, ip in rows:
+    for service_id, model, state, task_id, port, ip, healthy in rows:
         entry = by_id.setdefault(service_id, (model, state, []))
         if task_id is not None and ip is not None:
-            entry[2].append(Backend(task_id, address(ip, port)))
+            entry[2].append(Backend(task_id, address(ip, port), bool(healthy)))
     routes: dict[str, list[Service]] = {}
     for service_id, (model, state, backends) in by_id.items():
         routes.setdefault(model, []).append(Service(service_id, model, state, tuple(backends)))
