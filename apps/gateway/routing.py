@@ -49,22 +49,23 @@ def conversation_keys(messages) -> tuple[str | None, str | None]:
     message before the first user message."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
         return None, None
-    system, first_user, first_assistant = [], None, None
+    missing = object()
+    system, first_user, first_assistant = [], missing, missing
     for message in messages:
         if not isinstance(message, Mapping):
             continue
         role = message.get("role")
-        if role in ("system", "developer") and first_user is None:
+        if role in ("system", "developer") and first_user is missing:
             system.append(_content(message))
-        elif role == "user" and first_user is None:
+        elif role == "user" and first_user is missing:
             first_user = _content(message)
-        elif role == "assistant" and first_user is not None and first_assistant is None:
+        elif role == "assistant" and first_user is not missing:
             first_assistant = _content(message)
             break
-    if first_user is None:
+    if first_user is missing:
         return None, None
     level5 = _digest("prompt", system, first_user)
-    level4 = _digest("conversation", system, first_user, first_assistant) if first_assistant is not None else None
+    level4 = _digest("conversation", system, first_user, first_assistant) if first_assistant is not missing else None
     return level4, level5
 
 
