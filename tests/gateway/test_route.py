@@ -17,6 +17,7 @@ from django.conf import settings as django_settings
 from apps.gateway import services as gateway_services
 from apps.gateway.models import EndpointKey, UsageBucket
 from apps.inference.models import InferenceService
+from apps.monitoring import metrics
 from tests.gateway.upstream import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -200,6 +201,8 @@ def test_a_backend_dying_mid_stream_is_an_error_and_the_next_request_goes_elsewh
 def test_a_client_leaving_mid_stream_cancels_the_upstream_and_counts_go_back(gateway, upstreams, tenancy):
     service = tenancy.service("qwen", [upstreams["a"]])
     _, key = tenancy.key()
+    left = metrics.GATEWAY_REQUESTS.labels("chat", "disconnected")
+    before = left._value.get()
     stream = chat(gateway, key, stream=True, max_tokens=50, extra_body={"standin": {"delay": 0.2}})
     next(iter(stream))
     stream.close()
@@ -210,6 +213,7 @@ def test_a_client_leaving_mid_stream_cancels_the_upstream_and_counts_go_back(gat
     store = redis.Redis.from_url(django_settings.REDIS_URL)
     assert int(store.get(f"hf:svc:{service.pk}:inflight") or 0) == 0
     assert store.zcard(f"hf:gw:conns:http://127.0.0.1:{upstreams['a'].port}") == 0
+    assert left._value.get() == before + 1
 
 
 def test_usage_is_recorded_once_per_request_and_signals_are_written(gateway, upstreams, tenancy, settings):

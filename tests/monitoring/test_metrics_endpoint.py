@@ -163,6 +163,8 @@ def test_metric_names_follow_prometheus_conventions(client):
                 "type",
                 "severity",
                 "part",
+                "endpoint",  # the gateway's: chat, completions, embeddings, models
+                "kind",  # the gateway's tokens: prompt, completion
             }, (family.name, sample.labels)
 
 

@@ -44,10 +44,12 @@ from apps.gateway.catalog import Catalog, KeyInfo, Service
 from apps.gateway.choices import Balancer
 from apps.gateway.limits import Limits, retry_after
 from apps.gateway.usage import Meter, usage_of_body, usage_of_stream
+from apps.monitoring.metrics import record_gateway_request, record_gateway_tokens
 
 logger = logging.getLogger(__name__)
 
 POST_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 MODELS_PATH = "/v1/models"
 WAKE_EVERY_SECONDS = 5.0  # a process asks for a sleeping service's wake at most this often
 TENANT_KEY_PREFIXES = ("sk-tenant-", "sk-admin-")
@@ -145,10 +147,19 @@ class GatewayApp:
     # --- the request -------------------------------------------------------------------
 
     async def handle(self, scope, receive, send) -> None:
+        timing = Timing(send)
         try:
-            await self.respond(scope, receive, send)
+            await self.respond(scope, receive, timing.send)
         except GatewayError as exc:
-            await send_json(send, exc.status, exc.body, exc.headers)
+            await send_json(timing.send, exc.status, exc.body, exc.headers)
+        finally:
+            record_gateway_request(
+                ENDPOINTS.get(scope["path"], "models"),
+                timing.status,
+                disconnected=timing.disconnected,
+                seconds=time.perf_counter() - timing.started,
+                first_byte=timing.first_byte,
+            )
 
     async def respond(self, scope, receive, send) -> None:
         host = header(scope, b"host") or ""
@@ -328,6 +339,9 @@ class GatewayApp:
                 raise
             task.uncancel()
             outcome.error = True  # the client left: the upstream request was closed with it
+            timing = getattr(send, "__self__", None)
+            if isinstance(timing, Timing):
+                timing.disconnected = True
         finally:
             watcher.cancel()
             # every exit: done, refused upstream, failed, cancelled by a client that left
@@ -347,6 +361,7 @@ class GatewayApp:
         except Exception:
             logger.warning("could not release the counts of request %s", request_id, exc_info=True)
         self.meter.done(key, data.get("model"), service.id, outcome)
+        record_gateway_tokens(outcome.prompt_tokens, outcome.completion_tokens)
 
     async def forward(self, send, service, backend, path, body, data, request_id, outcome, limits, scope):
         client = self.client()
@@ -466,6 +481,26 @@ class GatewayApp:
         outcome.prompt_tokens, outcome.completion_tokens = usage_of_stream(bytes(tail), outcome.chunks)
         outcome.finishing = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class Timing:
+    """Wraps `send`: the answer's status and when its first byte went out, for the metrics."""
+
+    __slots__ = ("_send", "started", "status", "first_byte", "disconnected")
+
+    def __init__(self, send):
+        self._send = send
+        self.started = time.perf_counter()
+        self.status = 0
+        self.first_byte: float | None = None
+        self.disconnected = False
+
+    async def send(self, message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        elif self.first_byte is None and message.get("body"):
+            self.first_byte = time.perf_counter() - self.started
+        await self._send(message)
 
 
 class Outcome:
