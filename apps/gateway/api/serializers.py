@@ -1,8 +1,9 @@
 from rest_framework import serializers
 
 from apps.core.clock import utcnow
+from apps.core.pagination import PageQuerySerializer
 from apps.core.serializers import StrictSerializer
-from apps.gateway.models import EndpointKey
+from apps.gateway.models import EndpointKey, UsageBucket
 
 
 class EndpointKeySerializer(serializers.ModelSerializer):
@@ -81,3 +82,42 @@ class EndpointKeyRotateSerializer(StrictSerializer):
         required=False,
         help_text="How long the current secret keeps working; default HETEROFLOW_GATEWAY_ROTATE_GRACE_SECONDS.",
     )
+
+
+class UsageQuerySerializer(PageQuerySerializer):
+    key = serializers.IntegerField(required=False, min_value=1, help_text="an endpoint key's id")
+    model = serializers.CharField(required=False, max_length=200)
+    service = serializers.IntegerField(required=False, min_value=1, help_text="an inference service's id")
+    since = serializers.DateTimeField(required=False, help_text="from this minute on (inclusive)")
+    until = serializers.DateTimeField(required=False, help_text="before this minute")
+
+
+class UsageBucketSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    service = serializers.IntegerField(source="service_id", read_only=True)
+
+    class Meta:
+        model = UsageBucket
+        fields = [
+            "minute",
+            "tenant",
+            "key",
+            "model",
+            "service",
+            "requests",
+            "errors",
+            "prompt_tokens",
+            "completion_tokens",
+        ]
+
+
+class UsageTotalSerializer(serializers.Serializer):
+    tenant = serializers.CharField(source="tenant__slug")
+    key = serializers.IntegerField(source="key_id", allow_null=True)
+    key_name = serializers.CharField(source="key__name", allow_null=True)
+    model = serializers.CharField()
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    minutes = serializers.IntegerField()

@@ -6,4 +6,5 @@ urlpatterns = [
     path("gateway/keys", views.EndpointKeyListView.as_view(), name="endpoint-key-list"),
     path("gateway/keys/<int:pk>", views.EndpointKeyDetailView.as_view(), name="endpoint-key-detail"),
     path("gateway/keys/<int:pk>/rotate", views.EndpointKeyRotateView.as_view(), name="endpoint-key-rotate"),
+    path("gateway/usage", views.UsageView.as_view(), name="gateway-usage"),
 ]

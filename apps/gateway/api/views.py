@@ -7,9 +7,9 @@ from rest_framework import generics, status
 from rest_framework.response import Response
 
 from apps.core.views import ScopedAPIView
-from apps.gateway import services
+from apps.gateway import selectors, services
 from apps.gateway.api import serializers as s
-from apps.gateway.models import EndpointKey
+from apps.gateway.models import EndpointKey, UsageBucket
 from apps.tenants import policy
 
 KEY_TENANT_REQUIRED = "Required: the slug of the tenant the endpoint key belongs to."
@@ -62,3 +62,23 @@ class EndpointKeyRotateView(ScopedAPIView):
         issued = services.rotate_key(request.auth, endpoint_key, **serializer.validated_data)
         body = s.EndpointKeySerializer(issued.endpoint_key).data | {"key": issued.key}
         return Response(body, headers={"Cache-Control": "no-store"})
+
+
+class UsageView(ScopedAPIView, generics.ListAPIView):
+    """The caller's usage buckets (per key, model, service and minute), newest first, paged;
+    `?key=`, `?model=`, `?service=`, `?since=`, `?until=` filter in SQL. `totals` sums the
+    filtered buckets per key and model."""
+
+    queryset = UsageBucket.objects.select_related("tenant")
+    serializer_class = s.UsageBucketSerializer
+
+    @extend_schema(parameters=[s.UsageQuerySerializer])
+    def get(self, request, *args, **kwargs):
+        query = s.UsageQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        params = {name: value for name, value in query.validated_data.items() if name not in ("limit", "offset")}
+        rows = selectors.usage_rows(self.get_queryset(), **params)
+        page = self.paginate_queryset(rows)
+        response = self.get_paginated_response(s.UsageBucketSerializer(page, many=True).data)
+        response.data["totals"] = s.UsageTotalSerializer(selectors.usage_totals(rows), many=True).data
+        return response
