@@ -33,6 +33,7 @@ from apps.core.db import libpq_params
 logger = logging.getLogger(__name__)
 
 VERSION_KEY = "hf:gw:catalog:version"
+REDIS_TIMEOUT = 2.0  # seconds a Redis call on the request path may take
 _generation = 0  # bumped in this process by every committed change
 
 
@@ -191,7 +192,10 @@ class Catalog:
                 timeout=5.0,
             )
             await self._pool.open()
-            self._redis = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+            # No socket_timeout: redis-py wraps every read in asyncio.wait_for for it (a task
+            # per command, a third of the gateway's Redis cost); callers bound their calls
+            # with asyncio.timeout instead (REDIS_TIMEOUT).
+            self._redis = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, max_connections=256)
             self._loop = loop
             self._lock = asyncio.Lock()
 
@@ -235,7 +239,8 @@ class Catalog:
             return
         self._version_checked = now
         try:
-            version = await (await self.redis()).get(VERSION_KEY)
+            async with asyncio.timeout(REDIS_TIMEOUT):
+                version = await (await self.redis()).get(VERSION_KEY)
         except Exception:
             logger.warning("could not read the gateway's change counter; caches live their TTL")
             return

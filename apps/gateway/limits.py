@@ -21,7 +21,11 @@ start after the minute's tokens reached it.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 from dataclasses import dataclass
+
+from redis.exceptions import NoScriptError
 
 WINDOW_SECONDS = 60
 TOKENS_SIGNAL_TTL = 600
@@ -155,13 +159,71 @@ def limit_keys(key_id: int, tenant_id: int, unix_minute: int) -> list[str]:
     ]
 
 
+class Batcher:
+    """Script calls made in one turn of the event loop go to Redis as one pipeline (one
+    write, one read), not one round trip each: under load most requests' admissions and
+    releases share a round trip. The scripts are loaded on first NOSCRIPT."""
+
+    def __init__(self, client):
+        self.client = client
+        self.queue: list = []
+        self.scheduled = False
+
+    def call(self, script: str, keys, args) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.queue.append((script, _sha(script), keys, args, future))
+        if not self.scheduled:
+            self.scheduled = True
+            loop.create_task(self.flush())  # runs after this turn's other callbacks queued theirs
+        return future
+
+    async def flush(self) -> None:
+        self.scheduled = False
+        batch, self.queue = self.queue, []
+        try:
+            results = await self._run(batch)
+            missing = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+            if missing:
+                for script in {batch[i][0] for i in missing}:
+                    await self.client.script_load(script)
+                for i, result in zip(missing, await self._run([batch[i] for i in missing]), strict=True):
+                    results[i] = result
+        except Exception as exc:
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (*_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue  # its caller timed out
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    async def _run(self, batch) -> list:
+        pipe = self.client.pipeline(transaction=False)
+        for _, sha, keys, args, _ in batch:
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+        return await pipe.execute(raise_on_error=False)
+
+
+_SHAS: dict[str, str] = {}
+
+
+def _sha(script: str) -> str:
+    sha = _SHAS.get(script)
+    if sha is None:
+        sha = _SHAS[script] = hashlib.sha1(script.encode()).hexdigest()
+    return sha
+
+
 class Limits:
-    """The three scripts registered on one async Redis client."""
+    """The three scripts, called through one batcher on one async Redis client."""
 
     def __init__(self, client, concurrency_ttl_s: int):
-        self.admit_script = client.register_script(ADMIT)
-        self.repick_script = client.register_script(REPICK)
-        self.release_script = client.register_script(RELEASE)
+        self.batcher = Batcher(client)
         self.ttl_ms = concurrency_ttl_s * 1000
 
     async def admit(self, key, service_id: int, request_id: str, candidates: list[str], now_s: float, offset: int):
@@ -181,14 +243,14 @@ class Limits:
             offset,
             INFLIGHT_TTL,
         ]
-        code, detail = await self.admit_script(keys=keys, args=args)
+        code, detail = await self.batcher.call(ADMIT, keys, args)
         if code:
             return Admission(False, KIND[int(code)], WHOSE[int(detail)])
         return Admission(True, picked=int(detail) - 1 if int(detail) else None)
 
     async def repick(self, request_id: str, old: str | None, candidates: list[str], now_s: float) -> int | None:
         keys = [conns_key(old) if old else "", *(conns_key(a) for a in candidates)]
-        picked = await self.repick_script(keys=keys, args=[request_id, int(now_s * 1000), self.ttl_ms])
+        picked = await self.batcher.call(REPICK, keys, [request_id, int(now_s * 1000), self.ttl_ms])
         return None if int(picked) < 0 else int(picked)
 
     async def release(
@@ -212,6 +274,6 @@ class Limits:
             tpm_t,
             tokens_key(service_id, minute(now_s)),
         ]
-        await self.release_script(
-            keys=keys, args=[request_id, int(total_tokens), int(completion_tokens), TOKENS_SIGNAL_TTL]
+        await self.batcher.call(
+            RELEASE, keys, [request_id, int(total_tokens), int(completion_tokens), TOKENS_SIGNAL_TTL]
         )

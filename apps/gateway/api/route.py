@@ -36,13 +36,14 @@ from itertools import count
 import aiohttp
 import orjson
 from django.conf import settings
+from redis.exceptions import RedisError
 
 from apps.core.asgi import header, host_is_allowed, is_secure
 from apps.core.enqueue import enqueue
 from apps.gateway import keys, routing
-from apps.gateway.catalog import Catalog, KeyInfo, Service
+from apps.gateway.catalog import REDIS_TIMEOUT, Catalog, KeyInfo, Service
 from apps.gateway.choices import Balancer
-from apps.gateway.limits import Limits, retry_after
+from apps.gateway.limits import Admission, Limits, retry_after
 from apps.gateway.usage import Meter, usage_of_body, usage_of_stream
 from apps.monitoring.metrics import record_gateway_request, record_gateway_tokens
 
@@ -300,7 +301,13 @@ class GatewayApp:
         candidates, _level = self.choose(scope, data, service)
         request_id = uuid.uuid4().hex
         now = time.time()
-        admission = await limits.admit(key, service.id, request_id, candidates, now, next(self._turns))
+        try:
+            async with asyncio.timeout(REDIS_TIMEOUT):
+                admission = await limits.admit(key, service.id, request_id, candidates, now, next(self._turns))
+        except (RedisError, OSError, TimeoutError):
+            # Redis holds nothing that cannot be lost: without it, no limits for a while
+            logger.warning("Redis unavailable: request admitted without limits", exc_info=True)
+            admission = Admission(True)
         if not admission.admitted:
             self.meter.refused(key, data.get("model"), service.id)
             whose = "this API key" if admission.whose == "key" else "this tenant"
@@ -349,15 +356,16 @@ class GatewayApp:
 
     async def finish(self, limits: Limits, key, service, request_id, outcome, data) -> None:
         try:
-            await limits.release(
-                key,
-                service.id,
-                request_id,
-                outcome.backend,
-                time.time(),
-                total_tokens=outcome.prompt_tokens + outcome.completion_tokens,
-                completion_tokens=outcome.completion_tokens,
-            )
+            async with asyncio.timeout(REDIS_TIMEOUT):
+                await limits.release(
+                    key,
+                    service.id,
+                    request_id,
+                    outcome.backend,
+                    time.time(),
+                    total_tokens=outcome.prompt_tokens + outcome.completion_tokens,
+                    completion_tokens=outcome.completion_tokens,
+                )
         except Exception:
             logger.warning("could not release the counts of request %s", request_id, exc_info=True)
         self.meter.done(key, data.get("model"), service.id, outcome)
@@ -389,7 +397,8 @@ class GatewayApp:
                         "server_error",
                         "backend_unreachable",
                     ) from None
-                picked = await limits.repick(request_id, backend, others, time.time())
+                async with asyncio.timeout(REDIS_TIMEOUT):
+                    picked = await limits.repick(request_id, backend, others, time.time())
                 backend = others[picked or 0]
                 outcome.backend = backend
             except TimeoutError:
