@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.db import transaction
 
 from apps.gateway import catalog
-from apps.gateway.models import EndpointKey, TenantLimits, UsageBucket
+from apps.gateway.models import EndpointKey, ServiceRoute, TenantLimits, UsageBucket
 
 
 class AnnouncingAdmin(admin.ModelAdmin):
@@ -58,6 +58,12 @@ class EndpointKeyAdmin(AnnouncingAdmin):
 @admin.register(TenantLimits)
 class TenantLimitsAdmin(AnnouncingAdmin):
     list_display = ["tenant", "rpm_limit", "tpm_limit", "concurrency_limit", "updated_at"]
+
+
+@admin.register(ServiceRoute)
+class ServiceRouteAdmin(AnnouncingAdmin):
+    list_display = ["service", "priority", "weight", "updated_at"]
+    raw_id_fields = ["service"]
 
 
 @admin.register(UsageBucket)

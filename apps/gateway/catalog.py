@@ -101,6 +101,8 @@ class Service:
     model: str
     state: str
     backends: tuple[Backend, ...] = field(default=())  # every running replica with an address
+    priority: int = 0
+    weight: int = 100
 
     def usable_backends(self) -> list[Backend]:
         return [b for b in self.backends if b.healthy]
@@ -121,13 +123,15 @@ LIMIT 1
 # with an address; it is healthy when the node's latest heartbeat says its probe passed
 # (Node.task_health). Stickiness hashes over all of them, balancing uses the healthy ones.
 ROUTES_SQL = """
-SELECT s.group_id, m.name, s.state, t.id, t.host_port, host(COALESCE(n.ip, n.internal_ip)),
+SELECT s.group_id, m.name, s.state, COALESCE(r.priority, 0), COALESCE(r.weight, 100),
+       t.id, t.host_port, host(COALESCE(n.ip, n.internal_ip)),
        EXISTS (SELECT 1 FROM jsonb_array_elements(
                  CASE WHEN jsonb_typeof(n.task_health) = 'array' THEN n.task_health ELSE '[]'::jsonb END) h
                WHERE h->>'task_id' = t.id::text AND h->>'healthy' = 'true')
 FROM inference_services s
 JOIN task_groups g ON g.id = s.group_id
 JOIN inference_models m ON m.id = s.model_id
+LEFT JOIN gateway_service_routes r ON r.service_id = s.group_id
 LEFT JOIN tasks t ON t.group_id = s.group_id AND t.status = 'running' AND t.host_port IS NOT NULL
 LEFT JOIN nodes n ON n.id = t.node_id
 WHERE g.tenant_id = %s
@@ -153,14 +157,14 @@ def address(ip: str, port: int) -> str:
 
 def services_from_rows(rows) -> dict[str, list[Service]]:
     """Model name → the services serving it, each with its replicas."""
-    by_id: dict[int, tuple[str, str, list[Backend]]] = {}
-    for service_id, model, state, task_id, port, ip, healthy in rows:
-        entry = by_id.setdefault(service_id, (model, state, []))
+    by_id: dict[int, tuple] = {}
+    for service_id, model, state, priority, weight, task_id, port, ip, healthy in rows:
+        entry = by_id.setdefault(service_id, (model, state, priority, weight, []))
         if task_id is not None and ip is not None:
-            entry[2].append(Backend(task_id, address(ip, port), bool(healthy)))
+            entry[4].append(Backend(task_id, address(ip, port), bool(healthy)))
     routes: dict[str, list[Service]] = {}
-    for service_id, (model, state, backends) in by_id.items():
-        routes.setdefault(model, []).append(Service(service_id, model, state, tuple(backends)))
+    for service_id, (model, state, priority, weight, backends) in by_id.items():
+        routes.setdefault(model, []).append(Service(service_id, model, state, tuple(backends), priority, weight))
     return routes
 
 

@@ -77,6 +77,31 @@ class TenantLimits(models.Model):
         return f"limits of {self.tenant_id}"
 
 
+class ServiceRouteQuerySet(ScopedQuerySet):
+    tenant_field = "service__group__tenant"
+
+
+class ServiceRoute(models.Model):
+    """How the gateway shares a model name among the tenant's services that serve it: the
+    services of the highest priority with a healthy replica take the requests, split by
+    weight; the others are the fallback. No row: priority 0, weight 100."""
+
+    service = models.OneToOneField(
+        "inference.InferenceService", on_delete=models.CASCADE, primary_key=True, related_name="gateway_route"
+    )
+    priority = models.PositiveSmallIntegerField(default=0, help_text="higher first; lower ones are the fallback")
+    weight = models.PositiveIntegerField(default=100, help_text="share among the services of one priority")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ServiceRouteQuerySet.as_manager()
+
+    class Meta:
+        db_table = "gateway_service_routes"
+
+    def __str__(self):
+        return f"route of service {self.service_id}: priority {self.priority}, weight {self.weight}"
+
+
 class UsageQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 

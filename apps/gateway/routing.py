@@ -131,3 +131,25 @@ def least_connections(counts: Sequence[int], start: int = 0) -> int:
 
 def is_balancer(name: str) -> bool:
     return name in Balancer.values
+
+
+def pick_service(services: Sequence, usable: Sequence[bool], draw: float) -> int | None:
+    """Among the services serving one model name (each with `priority` and `weight`), the
+    index of the one that takes this request: the highest priority among those with a
+    usable replica, then by weight (`draw` in [0, 1): the caller's random number; weight
+    0 everywhere: equal shares). None when no service has a usable replica."""
+    candidates = [i for i, ok in enumerate(usable) if ok]
+    if not candidates:
+        return None
+    top = max(services[i].priority for i in candidates)
+    candidates = [i for i in candidates if services[i].priority == top]
+    weights = [max(0, services[i].weight) for i in candidates]
+    total = sum(weights)
+    if total == 0:
+        return candidates[min(int(draw * len(candidates)), len(candidates) - 1)]
+    point = draw * total
+    for i, weight in zip(candidates, weights, strict=True):
+        if point < weight:
+            return i
+        point -= weight
+    return candidates[-1]

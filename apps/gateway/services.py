@@ -14,7 +14,7 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from apps.confidential.services import record_audit
 from apps.core.clock import utcnow
 from apps.gateway import catalog, keys
-from apps.gateway.models import EndpointKey, TenantLimits
+from apps.gateway.models import EndpointKey, ServiceRoute, TenantLimits
 from apps.inference.models import Model
 from apps.tenants import policy
 
@@ -155,3 +155,14 @@ def set_tenant_limits(principal, tenant, **limits) -> TenantLimits:
         row, _ = TenantLimits.objects.update_or_create(tenant=tenant, defaults=limits)
         catalog.changed()
     return row
+
+
+def set_service_route(principal, service, *, priority: int | None = None, weight: int | None = None):
+    """A service's share of its model name (priority, weight): as changing the service
+    (members and admins of its tenant, operators)."""
+    policy.check_may_manage_endpoint_keys(principal, service.group.tenant)
+    values = {name: value for name, value in (("priority", priority), ("weight", weight)) if value is not None}
+    with transaction.atomic():
+        route, _ = ServiceRoute.objects.update_or_create(service=service, defaults=values)
+        catalog.changed()
+    return route

@@ -10,6 +10,8 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
+from apps.gateway.services import set_service_route
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SYSTEM = {"role": "system", "content": "be brief"}
@@ -128,3 +130,26 @@ def test_least_connections_sends_to_the_idle_replica(gateway, upstreams, tenancy
     ):
         time.sleep(0.05)
     assert [store.zcard(f"hf:gw:conns:http://127.0.0.1:{upstreams[n].port}") for n in "ab"] == [0, 0]
+
+
+def test_services_of_one_name_priority_with_fallback(gateway, upstreams, tenancy):
+    primary = tenancy.service("qwen", [upstreams["a"]])
+    backup = tenancy.service("qwen", [upstreams["b"]])
+    set_service_route(tenancy.principal, primary, priority=10)
+    set_service_route(tenancy.principal, backup, priority=1)
+    _, key = tenancy.key()
+    assert {ask(gateway, key, messages=[{"role": "user", "content": f"{i}"}]) for i in range(6)} == {"a"}
+    entry = next(e for e in tenancy.node.task_health if e["task_id"] == primary.group.tasks.get().pk)
+    entry["healthy"] = False
+    tenancy.node.save(update_fields=["task_health"])
+    gateway.app.catalog.clear()
+    assert {ask(gateway, key, messages=[{"role": "user", "content": f"{i}"}]) for i in range(6)} == {"b"}
+
+
+def test_services_of_one_priority_share_by_weight(gateway, upstreams, tenancy):
+    heavy = tenancy.service("qwen", [upstreams["a"]])
+    light = tenancy.service("qwen", [upstreams["b"]])
+    set_service_route(tenancy.principal, heavy, weight=100)
+    set_service_route(tenancy.principal, light, weight=0)
+    _, key = tenancy.key()
+    assert {ask(gateway, key, messages=[{"role": "user", "content": f"{i}"}]) for i in range(8)} == {"a"}

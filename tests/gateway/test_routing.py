@@ -78,3 +78,23 @@ def test_round_robin_random_least_connections():
 @pytest.mark.parametrize("name", ["round_robin", "random", "least_connections"])
 def test_balancer_names(name):
     assert routing.is_balancer(name) and not routing.is_balancer("weighted")
+
+
+class S:
+    def __init__(self, priority=0, weight=100):
+        self.priority, self.weight = priority, weight
+
+
+def test_pick_service_priority_with_fallback_then_weight():
+    services = [S(priority=1, weight=1), S(priority=1, weight=3), S(priority=0)]
+    assert routing.pick_service(services, [True, True, True], 0.0) == 0
+    assert routing.pick_service(services, [True, True, True], 0.24) == 0
+    assert routing.pick_service(services, [True, True, True], 0.26) == 1
+    assert routing.pick_service(services, [True, True, True], 0.999) == 1
+    assert routing.pick_service(services, [False, False, True], 0.5) == 2  # the fallback
+    assert routing.pick_service(services, [False, True, True], 0.0) == 1
+    assert routing.pick_service(services, [False, False, False], 0.5) is None
+    even = [S(weight=0), S(weight=0)]
+    assert [routing.pick_service(even, [True, True], d) for d in (0.1, 0.9)] == [0, 1]
+    shares = [routing.pick_service([S(weight=1), S(weight=3)], [True, True], i / 1000) for i in range(1000)]
+    assert shares.count(1) == 750

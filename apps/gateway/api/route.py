@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from datetime import UTC, datetime
@@ -250,9 +251,14 @@ class GatewayApp:
                 "model_not_allowed",
                 param="model",
             )
-        usable = [s for s in services if self.catalog.usable(s.usable_backends())]
-        if usable:
-            return usable[0] if len(usable) == 1 else usable[next(self._turns) % len(usable)]
+        if len(services) == 1:
+            if self.catalog.usable(services[0].usable_backends()):
+                return services[0]
+        else:
+            usable = [bool(self.catalog.usable(s.usable_backends())) for s in services]
+            chosen = routing.pick_service(services, usable, random.random())
+            if chosen is not None:
+                return services[chosen]
         asleep = [s for s in services if s.state in ("sleeping", "waking")]
         if asleep:
             return await self.wake(key, asleep[0])
