@@ -337,6 +337,33 @@ def time_list(port: int, key: str, nodes: int, requests: int = 200) -> list[floa
     return latencies
 
 
+# Searches a user types (issue 20's case: `?q=` was p99 210 ms at 10,000 nodes): a node
+# name, a rack, an address prefix, the fleet's GPU model (every node matches), nothing.
+SEARCHES = ("node-00042", "r17", "198.18.3.", "h100", "nomatch")
+SEARCH_TARGET_P99_MS = 50
+
+
+def time_search(port: int, key: str, requests: int = 200) -> dict[str, list[float]]:
+    """GET /api/v1/nodes?q=…&limit=100, each search in turn; latencies per search."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    latencies: dict[str, list[float]] = {q: [] for q in SEARCHES}
+    for i in range(requests + 10):
+        q = SEARCHES[i % len(SEARCHES)]
+        started = time.perf_counter()
+        conn.request("GET", f"/api/v1/nodes?limit=100&q={q}", headers={"Authorization": f"Bearer {key}"})
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise SystemExit(f"node search answered {response.status}")
+        if (q == "nomatch") != (orjson.loads(body)["count"] == 0):
+            raise SystemExit(f"node search for {q!r} found the wrong nodes")
+        if i >= 10:  # warm-up
+            latencies[q].append(time.perf_counter() - started)
+    return latencies
+
+
 def health_pass(env: dict, database_url: str, silent: int) -> tuple[float, int, float, int]:
     import psycopg
 
@@ -486,6 +513,14 @@ def main() -> int:
                     f"p99 {results[count] * 1000:.1f} ms"
                 )
             say(f"  slowdown 100 → 10,000 nodes at p99: {results[10_000] / results[100]:.2f}x")
+            say("\n== node search (GET /api/v1/nodes?q=…&limit=100, 10,000 nodes) ==")
+            searched = time_search(port, key)
+            every = [value for values in searched.values() for value in values]
+            for q, lat in searched.items():
+                say(f"  q={q:<12} p50 {percentile(lat, 0.5) * 1000:.1f} ms, p99 {percentile(lat, 0.99) * 1000:.1f} ms")
+            p99 = percentile(every, 0.99) * 1000
+            verdict = "PASS" if p99 <= SEARCH_TARGET_P99_MS else "FAIL"
+            say(f"  {verdict}  all searches p99 {p99:.1f} ms (<= {SEARCH_TARGET_P99_MS} ms)")
             say("\n== 1,000 nodes going silent together, then coming back (health-check passes) ==")
             for count in (1_000, 10_000):
                 seed_nodes(database_url, count)

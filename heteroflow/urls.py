@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
+from django.views.decorators.csrf import csrf_exempt
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -29,8 +30,10 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("admin/", admin.site.urls),
     path("portal/", include("apps.portal.urls")),
-    # API clients get the JSON 404 even when DEBUG shows HTML pages elsewhere.
-    re_path(r"^(api|v1)/", errors.not_found),
+    # API clients get the JSON 404 even when DEBUG shows HTML pages elsewhere, whatever
+    # the method: exempt from CSRF (it writes nothing), or a POST to a path that does not
+    # exist would get the HTML CSRF page (403) instead.
+    re_path(r"^(api|v1)/", csrf_exempt(errors.not_found)),
 ]
 
 handler404 = "apps.core.errors.not_found"

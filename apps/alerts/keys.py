@@ -48,3 +48,13 @@ def preemption_timeout(task_id: int) -> str:
 
 def quota_exceeded(tenant_id: int) -> str:
     return f"quota-exceeded:tenant:{tenant_id}"
+
+
+def inference_crash_loop(task_id: int) -> str:
+    """An inference replica's slot (its task row, requeued on each rebuild) crash-looping."""
+    return f"inference-crash-loop:task:{task_id}"
+
+
+def inference_wake_timed_out(service_id: int, at: datetime) -> str:
+    """The key carries the moment: a later wake that times out alerts again."""
+    return f"inference-wake-timed-out:{service_id}:{at.timestamp():.3f}"

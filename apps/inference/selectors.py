@@ -16,9 +16,11 @@ from django.db.models import Q
 from django.db.models.fields.json import KeyTextTransform
 
 from apps.inference.choices import SourceKind
-from apps.inference.models import Model
+from apps.inference.models import InferenceService, Model
 from apps.nodes.model_cache import CACHED_MODELS_LABEL, discovered, label_models
 from apps.nodes.models import Node
+from apps.tasks.choices import TaskStatus
+from apps.tasks.models import Task
 
 
 def model_list(models, *, format: str = "", engine: str = ""):
@@ -105,3 +107,81 @@ def cached_on(models) -> dict[int, list[dict]]:
 def registered_on(node) -> list[Model]:
     """The models registered (pinned) on `node`, of every tenant, by tenant and name."""
     return list(Model.objects.filter(nodes=node).select_related("tenant").order_by("tenant__slug", "name", "id"))
+
+
+# --- inference services: their replicas ------------------------------------------------------
+
+
+def node_address(ip: str | None, port: int | None) -> str | None:
+    """`http://<ip>:<port>` (an IPv6 address in brackets), or None without either."""
+    if not ip or not port:
+        return None
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}"
+
+
+def health_by_task(task_health) -> dict[int, bool]:
+    """A node's latest task_health report ([{"task_id", "healthy"}]) as task id -> healthy;
+    malformed entries are skipped."""
+    found: dict[int, bool] = {}
+    for entry in task_health or []:
+        if isinstance(entry, dict) and isinstance(entry.get("task_id"), int):
+            found[entry["task_id"]] = bool(entry.get("healthy"))
+    return found
+
+
+REPLICA_COLUMNS = (
+    "pk",
+    "group_id",
+    "rank",
+    "status",
+    "node_id",
+    "node__ip",
+    "node__task_health",
+    "node__last_heartbeat_at",
+    "host_port",
+    "started_at",
+    "finished_at",
+    "gpu_required",
+)
+
+
+def replica_rows(service_ids) -> dict[int, list[dict]]:
+    """service id -> its replicas in rank order (replicas_of's rows, plus what the jobs
+    read: group_id, node_last_heartbeat_at, finished_at, gpu_required), for any number of
+    services in one query."""
+    found: dict[int, list[dict]] = {pk: [] for pk in service_ids}
+    if not found:
+        return found
+    rows = Task.objects.filter(group_id__in=list(found)).order_by("group_id", "rank").values_list(*REPLICA_COLUMNS)
+    for pk, group_id, rank, status, node_id, ip, task_health, heartbeat, port, started, finished, gpus in rows:
+        running = status == TaskStatus.RUNNING
+        reported = health_by_task(task_health).get(pk) if node_id else None
+        healthy = (reported if reported is not None else None) if running else False
+        found[group_id].append(
+            {
+                "task_id": pk,
+                "rank": rank,
+                "status": status,
+                "node_id": node_id,
+                "node_address": ip if node_id else None,
+                "host_port": port,
+                "healthy": healthy,
+                "address": node_address(ip, port) if node_id else None,
+                "started_at": started,
+                "finished_at": finished,
+                "node_last_heartbeat_at": heartbeat,
+                "gpu_required": gpus,
+            }
+        )
+    return found
+
+
+def replicas_of(service: InferenceService) -> list[dict]:
+    """The service's replicas in rank order, each: task_id, rank, status, node_id,
+    node_address (the node's reported IP), host_port, healthy (True or False from the
+    node's latest health report while the task runs, False when it does not run, None
+    while its node has not reported on it), address (`http://ip:port`, what the gateway
+    calls, or None off a node or without a port) and started_at."""
+    keep = ("task_id", "rank", "status", "node_id", "node_address", "host_port", "healthy", "address", "started_at")
+    return [{key: row[key] for key in keep} for row in replica_rows([service.pk])[service.pk]]

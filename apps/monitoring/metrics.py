@@ -79,6 +79,32 @@ HEARTBEAT_REJECT_REASONS = (
 _REJECTED = {reason: HEARTBEATS_REJECTED.labels(reason) for reason in HEARTBEAT_REJECT_REASONS}
 
 
+AGENT_FIELDS_IGNORED = Counter(
+    "heteroflow_agent_fields_ignored",
+    "Fields that agents sent and this server does not know (an agent newer than the server), ignored; "
+    "by channel (heartbeat, report, event, container_lost) and field name (list indices as []), "
+    "the first 64 names seen, then 'other'.",
+    ["channel", "field"],
+)
+IGNORED_FIELD_NAMES_MAX = 64
+_ignored_field_names: set[tuple[str, str]] = set()
+
+
+def record_ignored_agent_fields(channel: str, fields: list[str]) -> list[str]:
+    """Count the fields; return those this process had not seen on this channel before
+    (the caller logs them once)."""
+    new = []
+    for name in fields:
+        if (channel, name) not in _ignored_field_names:
+            if len(_ignored_field_names) >= IGNORED_FIELD_NAMES_MAX:
+                AGENT_FIELDS_IGNORED.labels(channel, "other").inc()
+                continue
+            _ignored_field_names.add((channel, name))
+            new.append(name)
+        AGENT_FIELDS_IGNORED.labels(channel, name).inc()
+    return new
+
+
 def record_heartbeat(status: int, error_code: str | None) -> None:
     HEARTBEATS_RECEIVED.inc()
     if status != 200:

@@ -1,4 +1,5 @@
 from django.db.models import Avg, Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
 from apps.nodes.choices import ALIVE, NodeStatus
@@ -15,18 +16,27 @@ def node_list(principal, *, q: str = "", status: str = "", gpu_type: str = ""):
     if gpu_type:
         nodes = nodes.filter(Exists(Gpu.objects.filter(node=OuterRef("pk"), vendor=gpu_type)))
     if q:
-        nodes = nodes.filter(
-            Q(name__icontains=q)
-            | Q(id__icontains=q)
-            | Q(ip__icontains=q)
-            | Q(internal_ip__icontains=q)
-            | Q(rack__icontains=q)
-            | Q(zone__icontains=q)
-            | Q(region__icontains=q)
-            | Q(gpu_model__icontains=q)
-            | Exists(Gpu.objects.filter(node=OuterRef("pk"), model__icontains=q))
-        )
+        pattern = "%" + like_escaped(q.upper()) + "%"
+        nodes = nodes.filter(pk__in=RawSQL(NODE_SEARCH_SQL, [pattern, pattern]))
     return nodes
+
+
+# The node search (`?q=`): a case-insensitive substring of the name, id, addresses,
+# location or GPU model, read from `node_search` (migration nodes/0007: those fields
+# upper-cased and joined by a unit separator, kept by triggers on nodes) through its
+# trigram index where PostgreSQL has pg_trgm. A node's gpu_model is its cards' model, normalised as each
+# card's, or "mixed": only the cards of a mixed node (or of one that never beat) are
+# searched one by one.
+NODE_SEARCH_SQL = (
+    "SELECT node_id FROM node_search WHERE text LIKE %s "
+    "UNION SELECT g.node_id FROM gpus g JOIN nodes n ON n.id = g.node_id "
+    "WHERE n.gpu_model IN ('mixed', '') AND upper(g.model) LIKE %s"
+)
+
+
+def like_escaped(text: str) -> str:
+    """`text` matched literally by LIKE (its default escape character is the backslash)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_").replace("\x1f", "")
 
 
 def environment_summary(principal) -> dict:

@@ -23,9 +23,10 @@ from apps.core.db import insert_rows
 from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import release
-from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupStatus, TaskKind, group_status
+from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupPlacement, GroupStatus, TaskKind, group_status
 from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task, TaskEvent, TaskGroup, TenantUsage
+from apps.tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,12 @@ def move_tasks(task_ids, from_statuses, to_status, **changes) -> list[int]:
     counted when it ends (to the queue or for good), the cards and host port are given
     back, usage is settled once when the task ends, and a failure raises TASK_FAILED.
     Returns the ids that won; a loser changes nothing."""
+    return _move_tasks(task_ids, from_statuses, to_status, TRANSITIONS, changes)
+
+
+def _move_tasks(task_ids, from_statuses, to_status, table, changes) -> list[int]:
+    """move_tasks under the allowed-transition `table` (TRANSITIONS, or REPLICA_TRANSITIONS
+    for requeue_replicas alone)."""
     ids = [task_ids] if isinstance(task_ids, int) else list(task_ids)
     if not ids:
         return []
@@ -52,7 +59,7 @@ def move_tasks(task_ids, from_statuses, to_status, **changes) -> list[int]:
         # a member of a task group leaving for the queue or failing ends its group's
         # attempt: the groups are locked before the members (see follow_group_losses)
         members = lock_groups_of(ids) if to_status in GROUP_FOLLOWED else []
-        won = transition(Task, TRANSITIONS, ids, from_statuses, to_status, **changes)
+        won = transition(Task, table, ids, from_statuses, to_status, **changes)
         if won and to_status in OFF_NODE:
             _count_gpu_time(won, now)
             release(won)
@@ -77,13 +84,17 @@ def _count_gpu_time(task_ids, now) -> None:
 
 
 def _settle_usage(task_ids, now) -> None:
-    """Once per task: the unique task_id makes a second settlement a no-op."""
+    """Once per end of a task: the unique task_id makes a second settlement of the same
+    end a no-op. An inference replica's slot requeued after it ended (requeue_replicas)
+    ends again with more GPU seconds: its record then carries the new total."""
     with connection.cursor() as cursor:
         cursor.execute(
             """INSERT INTO usage_records (task_id, tenant_id, gpus, gpu_seconds, ended_status, settled_at)
                SELECT id, tenant_id, gpu_required, gpu_seconds, status, %s FROM tasks
                WHERE id = ANY(%s) AND status = ANY(%s)
-               ON CONFLICT (task_id) DO NOTHING""",
+               ON CONFLICT (task_id) DO UPDATE SET gpu_seconds = EXCLUDED.gpu_seconds,
+                   ended_status = EXCLUDED.ended_status, settled_at = EXCLUDED.settled_at
+               WHERE usage_records.gpu_seconds < EXCLUDED.gpu_seconds""",
             [now, list(task_ids), list(TERMINAL)],
         )
 
@@ -347,9 +358,17 @@ def agent_report(
         changes.update(exit_code=exit_code, error_message=error_message[:10_000], log_tail=log_tail)
     if to_status == S.PENDING:  # a preempted task's stop is confirmed: back to the queue
         return bool(requeue_preempted([task.pk]))
-    if task.group_id is not None:
+    if in_gang(task):
         return report_group_member(task, from_status=from_status, to_status=to_status, changes=changes)
     return bool(move_tasks(task.pk, [from_status], to_status, **changes))
+
+
+def in_gang(task: Task) -> bool:
+    """Whether the task is a member of a gang group (a training job: its members live and
+    fail together). A replica of an inference service (a group placed as `replicas`) is
+    handled as a single task: its failure ends it alone, and the service's rebuild
+    requeues it."""
+    return task.group_id is not None and task.group.placement == GroupPlacement.GANG
 
 
 def requeue_preempted(task_ids) -> list[int]:
@@ -421,6 +440,68 @@ def record_event(task: Task, *, kind: str, message: str, details: dict | None = 
 def record_events(events) -> list:
     """Many task_event()s in one INSERT (a sweep after a rack fails writes hundreds)."""
     return TaskEvent.objects.bulk_create(list(events))
+
+
+# --- inference replicas: a slot requeued ------------------------------------------------
+#
+# A replica of an inference service is a member of a `replicas` group, one task row per
+# slot (rank) for good: the unique (group, rank) holds over every status. Rebuilding a
+# replica that ended, waking a service that slept or scaling back up over a slot stopped
+# before sends that same row back to the queue, a new attempt: the one move out of an
+# ended status there is, allowed for these rows only (REPLICA_TRANSITIONS).
+
+REPLICA_REQUEUE_FROM = (S.FAILED, S.STOPPED, S.CANCELLED, S.COMPLETED)
+REPLICA_TRANSITIONS = {**TRANSITIONS, **{status: TRANSITIONS[status] | {S.PENDING} for status in REPLICA_REQUEUE_FROM}}
+
+
+def requeue_replicas(task_ids, *, why: str, details: dict | None = None) -> list[int]:
+    """Ended replica slots (members of a `replicas` group, in REPLICA_REQUEUE_FROM) back to
+    the queue, all or none against the tenant's quota, checked as create_tasks does under
+    the tenant's usage lock (Conflict quota_exceeded: nothing moved). Each requeued slot
+    gets a `replica_requeued` event saying why, with `details` (the inference rebuild
+    marks the crash restarts there, its crash-loop history).
+    Returns the ids that moved; one someone else moved first is left out."""
+    rows = list(
+        Task.objects.filter(
+            pk__in=list(task_ids), group__placement=GroupPlacement.REPLICAS, status__in=REPLICA_REQUEUE_FROM
+        ).values_list("pk", "tenant_id", "gpu_required", "gpu_memory_mb", "node_id")
+    )
+    if not rows:
+        return []
+    by_tenant: dict[int, list[tuple]] = {}
+    for row in rows:
+        by_tenant.setdefault(row[1], []).append(row)
+    tenants = {tenant.pk: tenant for tenant in Tenant.objects.filter(pk__in=list(by_tenant))}
+    with transaction.atomic():
+        for tenant_id, tenant_rows in sorted(by_tenant.items()):
+            tenant = tenants[tenant_id]
+            use = TenantUsage.objects.locked(tenant_id).as_use()
+            gpus = sum(row[2] for row in tenant_rows)
+            memory = sum((row[3] or 0) * max(row[2], 1) for row in tenant_rows)
+            problems = quota_problems(tenant, use, tasks=len(tenant_rows), gpus=gpus, gpu_memory_mb=memory)
+            if problems:
+                raise Conflict(f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}.", "quota_exceeded")
+        won = _move_tasks(
+            [row[0] for row in rows],
+            REPLICA_REQUEUE_FROM,
+            S.PENDING,
+            REPLICA_TRANSITIONS,
+            {
+                "node": None,
+                "host_port": None,
+                "exit_code": None,
+                "error_message": "",
+                "finished_at": None,
+                "started_at": None,
+            },
+        )
+        nodes = {row[0]: row[4] for row in rows}
+        record_events(
+            task_event(pk, kind="replica_requeued", message=why, details=details, node_id=nodes.get(pk)) for pk in won
+        )
+        if won:
+            transaction.on_commit(ask_for_a_cycle)
+    return won
 
 
 # --- requeue (operators: the admin, node maintenance) ---------------------------------------
@@ -500,11 +581,13 @@ class LeavingMember(NamedTuple):
 
 
 def lock_groups_of(task_ids) -> list[LeavingMember]:
-    """The group members among `task_ids` as they are before a move, their groups' rows
-    locked (in id order) until the transaction ends."""
+    """The members of gang groups among `task_ids` as they are before a move, their
+    groups' rows locked (in id order) until the transaction ends. Replicas of an
+    inference service (a group placed as `replicas`) are not among them: one that dies
+    or is lost ends alone, and its siblings go on serving."""
     members = [
         LeavingMember(*row)
-        for row in Task.objects.filter(pk__in=task_ids, group__isnull=False).values_list(
+        for row in Task.objects.filter(pk__in=task_ids, group__placement=GroupPlacement.GANG).values_list(
             "pk", "group_id", "rank", "node_id", "status"
         )
     ]
@@ -675,8 +758,9 @@ def late_group_report(task: Task, node_id: str, *, attempt: int | None = None, l
     it is not): it names another `attempt` than the group's (the agent echoes the one it
     was handed), the member is placed on another node now, or (`lost`: its
     compare-and-set lost) it is back in the queue, off its node. Such a report is refused
-    (409 attempt_ended) and never moves the member of a later attempt."""
-    if task.group_id is None:
+    (409 attempt_ended) and never moves the member of a later attempt. A replica of an
+    inference service has no attempts (it answers as a single task does)."""
+    if not in_gang(task):
         return ""
     where = f"Task {task.pk} (rank {task.rank} of task group {task.group_id})"
     current = task.group.attempts

@@ -195,3 +195,15 @@ def test_unknown_api_path_is_json_even_with_debug_pages_on(world, api, settings)
     response = api.get("/api/v1/nothing/here", **bearer(world.operator_key))
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("method", ["post", "put", "patch", "delete"])
+@pytest.mark.parametrize("path", ["/api/v1/nothing/here", "/api/nope", "/v1/nothing"])
+def test_a_write_to_an_unknown_api_path_is_the_json_404_not_the_csrf_page(path, method):
+    """With a browser's session and no CSRF token, as an API client without credentials:
+    the JSON error shape, never Django's HTML CSRF page."""
+    from django.test import Client
+
+    response = getattr(Client(enforce_csrf_checks=True), method)(path, data="{}", content_type="application/json")
+    assert response.status_code == 404 and response["content-type"] == "application/json"
+    assert response.json()["error"]["code"] == "not_found"

@@ -28,6 +28,9 @@ EXPECTED = {
     "alerts.dispatch_notifications": (10.0, False),
     "monitoring.collect_server_metrics": (30.0, True),
     "monitoring.prune_server_metrics": (3600.0, False),
+    "inference.rebuild": (10.0, False),
+    "inference.autoscale": (30.0, False),
+    "inference.windows": (60.0, False),
 }
 
 

@@ -219,10 +219,11 @@ def test_put_is_the_same_as_post_and_other_methods_are_refused(agents):
         ({"heartbeat_interval": 301}, ["heartbeat_interval"]),
         ({"mac": "not-a-mac"}, ["mac"]),
         ({"internal_ip": "10.0.0.999"}, ["internal_ip"]),
-        ({"colour": "red", "cpu_used": -1}, ["colour", "cpu_used"]),
+        # a field this server does not know is not the error: the known ones are
+        ({"colour": "red", "cpu_used": -1}, ["cpu_used"]),
         (
             {"gpu_stats": [{"index": 0, "vendor": "nvidia", "utilization": 250, "bogus": 1}]},
-            ["gpu_stats[0].bogus", "gpu_stats[0].utilization"],
+            ["gpu_stats[0].utilization"],
         ),
         ({"gpu_stats": [gpu_stat(0), gpu_stat(0)]}, ["gpu_stats"]),
         ({"labels": {"ok": 5}}, ["labels.ok"]),
@@ -329,3 +330,55 @@ def test_a_farewell_beat_takes_the_node_offline_until_it_beats_again(agents):
     assert agents.send("bye-1", payload()).json()["status"] == "online"
     refresh_node_statuses()
     assert Node.objects.get(pk="bye-1").status == "online"
+
+
+def ignored_count(field):
+    from prometheus_client import REGISTRY
+
+    return (
+        REGISTRY.get_sample_value("heteroflow_agent_fields_ignored_total", {"channel": "heartbeat", "field": field})
+        or 0
+    )
+
+
+def test_a_newer_agents_unknown_fields_are_ignored_counted_and_logged_once(agents, caplog):
+    """Version skew: an agent one release ahead sends fields this server does not know.
+    The beat is applied (a rolling upgrade must not take the fleet offline), the unknown
+    fields are dropped before anything is stored, counted, and logged once per agent
+    version and field, not on every beat."""
+    stat = {**gpu_stat(0), "fan_speed_rpm": 1200}
+    newer = payload(gpu_stats=[stat, gpu_stat(1)], agent_version="9.9.0", power_budget_w=700)
+    before = ignored_count("power_budget_w"), ignored_count("gpu_stats[].fan_speed_rpm")
+    with caplog.at_level("WARNING", logger="apps.nodes.api.heartbeat"):
+        for _ in range(3):
+            response = agents.send("node-next", newer)
+            assert response.status_code == 200, response.text
+    node = Node.objects.get(pk="node-next")
+    assert node.status == "online" and node.agent_version == "9.9.0"
+    assert "fan_speed_rpm" not in str(list(Gpu.objects.filter(node=node).values())) and "power_budget_w" not in str(
+        Node.objects.filter(pk="node-next").values().get()
+    )
+    assert (ignored_count("power_budget_w"), ignored_count("gpu_stats[].fan_speed_rpm")) == (
+        before[0] + 3,
+        before[1] + 3,
+    )
+    skew_lines = [record for record in caplog.records if "does not know" in record.getMessage()]
+    assert len(skew_lines) == 1 and "9.9.0" in skew_lines[0].getMessage()
+    assert "gpu_stats[].fan_speed_rpm" in skew_lines[0].getMessage()
+
+
+def test_the_fields_the_server_knows_stay_strict_beside_unknown_ones(agents):
+    response = agents.send("node-next", payload(power_budget_w=700, cpu_used=140))
+    assert response.status_code == 400
+    assert sorted(response.json()["error"]["fields"]) == ["cpu_used"]
+    assert not Node.objects.filter(pk="node-next").exists()
+
+
+def test_the_strict_reading_still_names_unknown_fields():
+    """The contract as the agent's own tests hold it (heartbeat_errors: no field the
+    schema lacks) is unchanged; only the server reads tolerantly."""
+    from apps.nodes.protocol import heartbeat_errors, read_heartbeat
+
+    beat = payload(power_budget_w=700)
+    assert heartbeat_errors(beat) == {"power_budget_w": ["Unknown field."]}
+    assert read_heartbeat(beat) == ({}, ["power_budget_w"]) and "power_budget_w" not in beat

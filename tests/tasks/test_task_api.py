@@ -250,3 +250,34 @@ def test_the_agent_adds_to_a_tasks_history_and_its_readers_see_it(api, world, no
         ("checkpoint_resume", "n1", {"resume_from": "/ckpt/epoch-2"})
     ]
     assert api.get(f"/api/v1/tasks/{task.pk}/events", **bearer(world.keys["beta-viewer"])).status_code == 404
+
+
+def ignored_on(channel, field):
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("heteroflow_agent_fields_ignored_total", {"channel": channel, "field": field}) or 0
+
+
+def test_a_newer_agents_unknown_report_fields_are_ignored_and_counted(api, world, node, caplog):
+    """Version skew on the task channel: a report, an event and a lost-container report
+    from an agent that sends a field this server does not know are applied as if the
+    field were absent (counted, logged once); the known fields stay strict; people's
+    bodies stay strict."""
+    task = Task.objects.create(tenant=world.tenants["acme"], name="t", status="scheduled", node=node)
+    before = ignored_on("report", "gpu_seconds")
+    claim = {"node_id": "n1", "from_status": "scheduled", "status": "running", "gpu_seconds": 1.5}
+    with caplog.at_level("WARNING", logger="apps.core.serializers"):
+        assert api.put(f"/api/v1/tasks/{task.pk}", claim, format="json", **AGENT).json()["status"] == "running"
+        bad = claim | {"from_status": "running", "status": "completed", "exit_code": "zero"}
+        answer = api.put(f"/api/v1/tasks/{task.pk}", bad, format="json", **AGENT)
+        assert answer.status_code == 400 and sorted(answer.json()["error"]["fields"]) == ["exit_code"]
+        done = claim | {"from_status": "running", "status": "completed", "exit_code": 0}
+        assert api.put(f"/api/v1/tasks/{task.pk}", done, format="json", **AGENT).json()["status"] == "completed"
+    assert ignored_on("report", "gpu_seconds") == before + 2
+    assert len([r for r in caplog.records if "gpu_seconds" in r.getMessage()]) <= 1
+    running = Task.objects.create(tenant=world.tenants["acme"], name="t2", status="running", node=node)
+    event = {"node_id": "n1", "kind": "checkpoint_resume", "message": "m", "trace_id": "abc"}
+    assert api.post(f"/api/v1/tasks/{running.pk}/events", event, format="json", **AGENT).status_code == 201
+    assert running.events.get().details == {}
+    person = create(api, bearer(world.keys["acme-member"]), gpu_seconds=1)
+    assert person.status_code == 400 and person.json()["error"]["fields"] == {"gpu_seconds": ["Unknown field."]}

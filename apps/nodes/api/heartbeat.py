@@ -23,14 +23,15 @@ from apps.core.clock import utcnow
 from apps.core.db import libpq_params
 from apps.core.enqueue import enqueue
 from apps.core.errors import error_body
-from apps.monitoring.metrics import record_heartbeat
+from apps.monitoring.metrics import record_heartbeat, record_ignored_agent_fields
 from apps.nodes import heartbeat
-from apps.nodes.protocol import heartbeat_errors
+from apps.nodes.protocol import read_heartbeat
 
 logger = logging.getLogger(__name__)
 PATH = re.compile(r"^/api/v1/nodes/(?P<node_id>[^/]+)/heartbeat/?$")
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 PRUNE_EVERY_BEATS = 500
+LOGGED_SKEWS_MAX = 1_024  # (agent version, field) pairs logged once each, at most this many
 
 
 class HttpError(Exception):
@@ -67,6 +68,7 @@ class HeartbeatApp:
         self._pool: AsyncConnectionPool | None = None
         self._pool_loop = None
         self._beats = 0
+        self._logged_skews: set[tuple[str, str]] = set()
         self._trusted = [ipaddress.ip_network(net, strict=False) for net in settings.HETEROFLOW_TRUSTED_PROXIES]
 
     async def __call__(self, scope, receive, send):
@@ -148,9 +150,11 @@ class HeartbeatApp:
             raise HttpError(
                 400, "invalid", "node_id in the body differs from the path.", {"node_id": ["Must match the path."]}
             )
-        errors = heartbeat_errors(payload)
+        errors, ignored = read_heartbeat(payload)
         if errors:
             raise HttpError(400, "invalid", "Invalid heartbeat: " + ", ".join(sorted(errors)) + ".", errors)
+        if ignored:
+            self.note_ignored(payload.get("agent_version", ""), ignored)
         now = utcnow()
         try:
             pool = await self.pool()
@@ -189,6 +193,20 @@ class HeartbeatApp:
                 "authentication_failed",
                 "Invalid agent key.",
                 headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')],
+            )
+
+    def note_ignored(self, agent_version: str, fields: list[str]) -> None:
+        """Fields this server does not know, from an agent newer than it: counted in a
+        metric, and logged once per agent version and field (not on every beat)."""
+        record_ignored_agent_fields("heartbeat", fields)
+        new = [name for name in fields if (agent_version, name) not in self._logged_skews]
+        if new and len(self._logged_skews) < LOGGED_SKEWS_MAX:
+            self._logged_skews.update((agent_version, name) for name in new)
+            logger.warning(
+                "agent %s sends heartbeat fields this server does not know, ignored: %s "
+                "(an agent newer than the server? upgrade the server)",
+                agent_version or "(no version)",
+                ", ".join(new),
             )
 
     def after_beat(self, outcome) -> None:

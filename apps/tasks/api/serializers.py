@@ -5,7 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.pagination import LIMIT_HELP, MAX_LIMIT, PageQuerySerializer
-from apps.core.serializers import StrictSerializer
+from apps.core.serializers import AgentPayloadSerializer, StrictSerializer
 from apps.nodes.choices import GpuVendor
 from apps.tasks.choices import GroupKind, GroupStatus, GroupStrategy, TaskKind, TaskStatus
 from apps.tasks.models import Task, TaskGroup
@@ -191,7 +191,9 @@ class TaskListQuerySerializer(PageQuerySerializer):
 LOG_TAIL_MAX_CHARS = 64 * 1024
 
 
-class AgentReportSerializer(StrictSerializer):
+class AgentReportSerializer(AgentPayloadSerializer):
+    channel = "report"
+
     node_id = serializers.CharField(max_length=128)
     from_status = serializers.ChoiceField(choices=TaskStatus.choices)
     status = serializers.ChoiceField(choices=TaskStatus.choices)
@@ -220,14 +222,18 @@ class TaskLogsSerializer(serializers.Serializer):
     log_tail = serializers.CharField(help_text="the last lines of output, as the agent reported them at the end")
 
 
-class TaskEventCreateSerializer(StrictSerializer):
+class TaskEventCreateSerializer(AgentPayloadSerializer):
+    channel = "event"
+
     node_id = serializers.CharField(max_length=128)
     kind = serializers.RegexField(r"^[a-z][a-z0-9_]{0,39}$", help_text="e.g. checkpoint_resume")
     message = serializers.CharField(max_length=2000)
     details = serializers.DictField(required=False, default=dict)
 
 
-class ContainerLostSerializer(StrictSerializer):
+class ContainerLostSerializer(AgentPayloadSerializer):
+    channel = "container_lost"
+
     node_id = serializers.CharField(max_length=128)
     detail = serializers.CharField(max_length=2000, required=False, default="", help_text="what the agent saw")
 
