@@ -16,7 +16,7 @@ from apps.core.principals import Principal, PrincipalKind
 from apps.gateway import services as gateway_services
 from apps.gateway.api.route import GatewayApp
 from apps.inference.models import InferenceService, Model
-from apps.tasks.models import TaskGroup
+from apps.tasks.models import Task, TaskGroup
 from apps.tenants import services
 from apps.tenants.choices import Role
 from tests.factories import UserFactory, make_node, make_task
@@ -72,12 +72,15 @@ class Tenancy:
         issued = gateway_services.create_key(self.principal, tenant=self.tenant, name=fields.pop("name", "k"), **fields)
         return issued.endpoint_key, issued.key
 
+    def model(self, name: str) -> Model:
+        return Model.objects.filter(tenant=self.tenant, name=name).first() or Model.objects.create(
+            tenant=self.tenant, name=name, source_kind="path", source="/m", format="gguf"
+        )
+
     def service(self, model: str, upstreams, *, state="running", healthy=True) -> InferenceService:
         """A service of `model` whose replicas (ranks in order) are these stand-ins,
         running on this tenant's local node, healthy (or not: `healthy` a bool or a list)."""
-        registered = Model.objects.filter(tenant=self.tenant, name=model).first() or Model.objects.create(
-            tenant=self.tenant, name=model, source_kind="path", source="/m", format="gguf"
-        )
+        registered = self.model(model)
         n = len(upstreams)
         group = TaskGroup.objects.create(
             tenant=self.tenant,
@@ -112,8 +115,6 @@ class Tenancy:
         return service
 
     def close(self):
-        from apps.tasks.models import Task
-
         InferenceService.objects.filter(group__tenant=self.tenant).delete()
         Task.objects.filter(tenant=self.tenant).delete()
         TaskGroup.objects.filter(tenant=self.tenant).delete()
