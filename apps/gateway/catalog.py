@@ -298,8 +298,34 @@ class Catalog:
 
     # --- backends out of rotation ------------------------------------------------------
 
-    def quarantine(self, backend_address: str) -> None:
-        self._quarantine[backend_address] = time.monotonic() + settings.HETEROFLOW_GATEWAY_QUARANTINE_SECONDS
+    def quarantine(self, backend_address: str, seconds: float | None = None) -> None:
+        until = time.monotonic() + (settings.HETEROFLOW_GATEWAY_QUARANTINE_SECONDS if seconds is None else seconds)
+        self._quarantine[backend_address] = max(until, self._quarantine.get(backend_address, 0.0))
+
+    def release(self, backend_address: str) -> None:
+        """A backend that answered its probe is back in rotation at once."""
+        self._quarantine.pop(backend_address, None)
+
+    def known_backends(self) -> set[str]:
+        """Every replica address of the routes this process holds (the tenants it served lately)."""
+        return {
+            b.address
+            for _, routes in self._routes.values()
+            for services in routes.values()
+            for service in services
+            for b in service.backends
+        }
+
+    def clean(self, older_than: float) -> None:
+        """Drop cached routes not read again for `older_than` seconds, expired keys and
+        quarantine entries: what a long-running process would otherwise keep forever."""
+        now = time.monotonic()
+        for tenant_id in [t for t, (until, _) in self._routes.items() if until < now - older_than]:
+            del self._routes[tenant_id]
+        for key_hash in [h for h, (until, _) in self._keys.items() if until < now]:
+            del self._keys[key_hash]
+        for address in [a for a, until in self._quarantine.items() if until <= now]:
+            del self._quarantine[address]
 
     def usable(self, backends) -> list[Backend]:
         if not self._quarantine:

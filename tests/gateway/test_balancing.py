@@ -153,3 +153,33 @@ def test_services_of_one_priority_share_by_weight(gateway, upstreams, tenancy):
     set_service_route(tenancy.principal, light, weight=0)
     _, key = tenancy.key()
     assert {ask(gateway, key, messages=[{"role": "user", "content": f"{i}"}]) for i in range(8)} == {"a"}
+
+
+def test_the_probe_takes_a_failing_replica_out_and_brings_it_back(gateway, upstreams, tenancy):
+    tenancy.service("qwen", [upstreams["a"], upstreams["b"]])
+    _, key = tenancy.key()
+    gateway.app.stickiness = False
+    try:
+        assert {ask(gateway, key) for _ in range(4)} == {"a", "b"}  # both in the routes this process holds
+        upstreams["a"].app.unhealthy = True
+        results = gateway.call(gateway.app.probe_once())
+        assert results[f"http://127.0.0.1:{upstreams['a'].port}"] is False
+        assert results[f"http://127.0.0.1:{upstreams['b'].port}"] is True
+        assert {ask(gateway, key) for _ in range(4)} == {"b"}
+        upstreams["a"].app.unhealthy = False
+        gateway.call(gateway.app.probe_once())
+        assert {ask(gateway, key) for _ in range(4)} == {"a", "b"}
+    finally:
+        gateway.app.stickiness = django_settings.HETEROFLOW_GATEWAY_STICKINESS
+
+
+def test_clean_drops_stale_routes_and_keys(gateway, upstreams, tenancy):
+    tenancy.service("qwen", [upstreams["a"]])
+    _, key = tenancy.key()
+    ask(gateway, key)
+    catalog = gateway.app.catalog
+    assert tenancy.tenant.pk in catalog._routes and catalog._keys
+    catalog._routes = {t: (until - 1_000, routes) for t, (until, routes) in catalog._routes.items()}
+    catalog._keys = {h: (until - 1_000, info) for h, (until, info) in catalog._keys.items()}
+    catalog.clean(300)
+    assert not catalog._routes and not catalog._keys

@@ -33,10 +33,12 @@ class Upstream:
         self.active = 0  # streams in progress
         self.cancelled = 0  # streams whose client (the gateway) went away
         self.completed = 0
+        self.unhealthy = False  # GET /health answers 503
 
     def reset(self):
         self.requests.clear()
         self.active = self.cancelled = self.completed = 0
+        self.unhealthy = False
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -49,11 +51,14 @@ class Upstream:
                 break
         data = orjson.loads(body) if body else {}
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-        self.requests.append((scope["path"], data, headers))
+        if scope["path"] != "/health":
+            self.requests.append((scope["path"], data, headers))
         steer = data.get("standin") or {}
         if steer.get("status"):
             return await self.json(send, steer["status"], {"error": {"message": "refused by the stand-in"}})
         path = scope["path"]
+        if path == "/health":
+            return await self.json(send, 503 if self.unhealthy else 200, {"status": "ok"})
         if path == "/v1/models":
             return await self.json(send, 200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
         if path == "/v1/embeddings":

@@ -53,7 +53,13 @@ logger = logging.getLogger(__name__)
 POST_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 MODELS_PATH = "/v1/models"
-WAKE_EVERY_SECONDS = 5.0  # a process asks for a sleeping service's wake at most this often
+WAKE_EVERY_SECONDS = 5.0
+PROBE_EVERY_SECONDS = 10.0  # the gateway's own probe of the replicas it routes to
+PROBE_TIMEOUT_SECONDS = 2.0
+PROBE_PATHS = ("/health", "/v1/models")  # the engines' health endpoint, else the models list
+CLEAN_EVERY_SECONDS = (
+    300.0  # stale cache entries dropped  # a process asks for a sleeping service's wake at most this often
+)
 TENANT_KEY_PREFIXES = ("sk-tenant-", "sk-admin-")
 FORWARDED_REQUEST_HEADERS = (b"content-type", b"accept")
 DROPPED_RESPONSE_HEADERS = frozenset(
@@ -96,6 +102,7 @@ class GatewayApp:
         self._limits_redis = None
         self._turns = count()
         self._woken: dict[int, float] = {}
+        self._prober: asyncio.Task | None = None
         self.balancer = settings.HETEROFLOW_GATEWAY_BALANCER
         self.stickiness = settings.HETEROFLOW_GATEWAY_STICKINESS
 
@@ -139,7 +146,54 @@ class GatewayApp:
             self._limits_redis = redis
         return self._limits
 
+    # --- the backends' health -------------------------------------------------------------
+
+    def start_prober(self) -> None:
+        if self._prober is None or self._prober.done() or self._prober.get_loop() is not asyncio.get_running_loop():
+            self._prober = asyncio.get_running_loop().create_task(self.probe_forever())
+
+    async def probe_forever(self) -> None:
+        cleaned = time.monotonic()
+        while True:
+            await asyncio.sleep(PROBE_EVERY_SECONDS)
+            try:
+                await self.probe_once()
+                if time.monotonic() - cleaned >= CLEAN_EVERY_SECONDS:
+                    cleaned = time.monotonic()
+                    self.catalog.clean(CLEAN_EVERY_SECONDS)
+            except Exception:
+                logger.warning("the gateway's backend probe failed", exc_info=True)
+
+    async def probe_once(self) -> dict[str, bool]:
+        """Probe every replica of the routes this process holds: one that does not answer
+        (or answers 5xx) is out of rotation until the next probe says otherwise; one that
+        answers is back at once."""
+        addresses = sorted(self.catalog.known_backends())
+        results = await asyncio.gather(*(self.probe(address) for address in addresses))
+        for address, ok in zip(addresses, results, strict=True):
+            if ok:
+                self.catalog.release(address)
+            else:
+                self.catalog.quarantine(address, PROBE_EVERY_SECONDS + PROBE_TIMEOUT_SECONDS)
+        return dict(zip(addresses, results, strict=True))
+
+    async def probe(self, address: str) -> bool:
+        client = self.client()
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
+        for path in PROBE_PATHS:
+            try:
+                async with client.get(address + path, timeout=timeout, allow_redirects=False) as response:
+                    if response.status == 404:
+                        continue  # no such endpoint on this engine: try the next
+                    return response.status < 500
+            except (aiohttp.ClientError, TimeoutError):
+                return False
+        return False
+
     async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            self._prober = None
         await self.meter.flush()
         if self._client is not None:
             await self._client.close()
@@ -180,6 +234,8 @@ class GatewayApp:
                 [(b"allow", wanted.encode())],
             )
         await self.catalog.fresh()
+        if self._prober is None:
+            self.start_prober()
         key = await self.authenticate(scope)
         if wanted == "GET":
             await self.models(send, key, path)
