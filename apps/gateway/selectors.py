@@ -34,3 +34,19 @@ def usage_totals(buckets) -> list[dict]:
         )
         .order_by("tenant__slug", "key__name", "model")
     )
+
+
+def usage_per_minute(buckets, since) -> list[dict]:
+    """Requests, errors and tokens per minute since `since` (already scoped), oldest first."""
+    return list(
+        buckets.filter(minute__gte=since)
+        .order_by()
+        .values("minute")
+        .annotate(
+            requests=Sum("requests"),
+            errors=Sum("errors"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+        )
+        .order_by("minute")
+    )

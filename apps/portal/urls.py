@@ -43,6 +43,7 @@ urlpatterns = [
     path("endpoint-keys/", gateway.endpoint_keys, name="endpoint-keys"),
     path("endpoint-keys/<int:pk>/rotate/", gateway.endpoint_key_rotate, name="endpoint-key-rotate"),
     path("endpoint-keys/<int:pk>/revoke/", gateway.endpoint_key_revoke, name="endpoint-key-revoke"),
+    path("gateway-usage/", gateway.usage, name="gateway-usage"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),

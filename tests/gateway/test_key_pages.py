@@ -1,10 +1,13 @@
 """The portal's endpoint keys page: create (the secret shown once), the API's words on a
 bad form with nothing written, rotate, revoke, scoping, viewers only look."""
 
+from datetime import timedelta
+
 import pytest
 
+from apps.core.clock import utcnow
 from apps.gateway import keys
-from apps.gateway.models import EndpointKey
+from apps.gateway.models import EndpointKey, UsageBucket
 from tests.portal.client import page, signed_in
 
 pytestmark = pytest.mark.django_db
@@ -52,3 +55,17 @@ def test_viewers_see_no_form_and_cannot_revoke(client, world):
     assert client.post(f"{URL}{row.pk}/revoke/").status_code == 404
     row.refresh_from_db()
     assert row.revoked_at is None
+
+
+def test_the_usage_page_shows_the_tenants_usage_only(client, world):
+    acme, beta = world.tenants["acme"], world.tenants["beta"]
+    mine = EndpointKey.objects.create(tenant=acme, name="mine", key_hash="a" * 64, display_prefix="sk-hf-a")
+    theirs = EndpointKey.objects.create(tenant=beta, name="theirs", key_hash="b" * 64, display_prefix="sk-hf-b")
+    now = utcnow().replace(second=0, microsecond=0)
+    UsageBucket.objects.create(tenant=acme, key=mine, model="qwen", minute=now, requests=4, completion_tokens=9)
+    UsageBucket.objects.create(tenant=acme, key=mine, model="qwen", minute=now - timedelta(minutes=1), requests=2)
+    UsageBucket.objects.create(tenant=beta, key=theirs, model="qwen", minute=now, requests=7)
+    signed_in(client, world.users["acme-viewer"])
+    html = page(client, "/portal/gateway-usage/")
+    assert 'data-usage="mine/qwen"' in html and "theirs" not in html
+    assert html.count("data-minute=") == 2 and "Peak 4 requests" in html

@@ -4,6 +4,8 @@ Validation by the API's serializers, changes by apps.gateway.services."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import render
@@ -12,10 +14,10 @@ from rest_framework import exceptions as api_errors
 
 from apps.core.clock import utcnow
 from apps.core.views import get_visible_or_404
-from apps.gateway import services
+from apps.gateway import selectors, services
 from apps.gateway.api.serializers import EndpointKeyCreateSerializer, EndpointKeyRotateSerializer
 from apps.gateway.api.views import KEY_TENANT_REQUIRED
-from apps.gateway.models import EndpointKey
+from apps.gateway.models import EndpointKey, UsageBucket
 from apps.portal.access import portal_page
 from apps.portal.pages.common import paginate, through_api, through_api_for_a_tenant
 from apps.tenants import policy
@@ -100,3 +102,30 @@ def endpoint_key_revoke(request, pk):
         raise PermissionDenied(str(exc.detail)) from None
     messages.success(request, f"Revoked {endpoint_key.name} ({endpoint_key.display_prefix}…).")
     return page(request)
+
+
+USAGE_HOURS = 24
+
+
+@portal_page
+def usage(request):
+    """The last day's gateway usage: requests per minute as bars, totals per key and model."""
+    principal = request.principal
+    if not (principal.is_operator or principal.is_tenant):
+        raise PermissionDenied("You are not a member of any tenant.")
+    since = utcnow() - timedelta(hours=USAGE_HOURS)
+    buckets = UsageBucket.objects.visible_to(principal)
+    minutes = selectors.usage_per_minute(buckets, since)
+    peak = max((m["requests"] for m in minutes), default=0) or 1
+    for minute in minutes:
+        minute["height"] = max(2, round(100 * minute["requests"] / peak))
+    return render(
+        request,
+        "portal/gateway_usage.html",
+        {
+            "minutes": minutes,
+            "peak": peak,
+            "totals": selectors.usage_totals(selectors.usage_rows(buckets, since=since)),
+            "hours": USAGE_HOURS,
+        },
+    )
