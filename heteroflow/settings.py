@@ -293,6 +293,9 @@ HETEROFLOW_GATEWAY_WAKE_RETRY_AFTER_SECONDS = env.int(
 HETEROFLOW_GATEWAY_CONCURRENCY_TTL_SECONDS = env.int(
     "HETEROFLOW_GATEWAY_CONCURRENCY_TTL_SECONDS", 900, low=10, high=86_400
 )
+# Where an operator-declared external backend may point: host names, `.domain` for a
+# domain and its sub-domains, networks (CIDR) for literal addresses. Empty: none allowed.
+HETEROFLOW_GATEWAY_EXTERNAL_ALLOWED = env.list("HETEROFLOW_GATEWAY_EXTERNAL_ALLOWED", [])
 # last_request_at, last_used_at and usage rows are written at most this often per process.
 HETEROFLOW_GATEWAY_FLUSH_SECONDS = env.float("HETEROFLOW_GATEWAY_FLUSH_SECONDS", 10.0, low=0.1, high=600.0)
 

@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.db import transaction
 
 from apps.gateway import catalog
-from apps.gateway.models import EndpointKey, ServiceRoute, TenantLimits, UsageBucket
+from apps.gateway.models import EndpointKey, ExternalBackend, ServiceRoute, TenantLimits, UsageBucket
 
 
 class AnnouncingAdmin(admin.ModelAdmin):
@@ -64,6 +64,23 @@ class TenantLimitsAdmin(AnnouncingAdmin):
 class ServiceRouteAdmin(AnnouncingAdmin):
     list_display = ["service", "priority", "weight", "updated_at"]
     raw_id_fields = ["service"]
+
+
+@admin.register(ExternalBackend)
+class ExternalBackendAdmin(admin.ModelAdmin):
+    """Read and disable here; declared and re-pointed through the API, where the URL is checked."""
+
+    list_display = ["model", "tenant", "base_url", "priority", "weight", "enabled", "updated_at"]
+    list_filter = ["tenant", "enabled"]
+    readonly_fields = ["tenant", "model", "base_url", "secret_name", "created_by", "created_at", "updated_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            catalog.changed()
 
 
 @admin.register(UsageBucket)

@@ -25,10 +25,12 @@ from functools import cache
 import redis
 from django.conf import settings
 from django.db import transaction
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 from redis import asyncio as aioredis
 
 from apps.core.db import libpq_params
+from apps.gateway.external import normal_base
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +105,12 @@ class Service:
     backends: tuple[Backend, ...] = field(default=())  # every running replica with an address
     priority: int = 0
     weight: int = 100
+    auth: str | None = None  # an external backend's bearer token
+
+    @property
+    def external(self) -> bool:
+        """An operator-declared external backend (its id is minus the backend's id)."""
+        return self.id < 0
 
     def usable_backends(self) -> list[Backend]:
         return [b for b in self.backends if b.healthy]
@@ -136,6 +144,13 @@ LEFT JOIN tasks t ON t.group_id = s.group_id AND t.status = 'running' AND t.host
 LEFT JOIN nodes n ON n.id = t.node_id
 WHERE g.tenant_id = %s
 ORDER BY s.group_id, t.rank
+"""
+
+EXTERNAL_SQL = """
+SELECT e.id, e.model, e.base_url, e.secret_name, e.priority, e.weight, t.schema_name
+FROM gateway_external_backends e JOIN tenants t ON t.id = e.tenant_id
+WHERE e.tenant_id = %s AND e.enabled
+ORDER BY e.id
 """
 
 LAST_REQUEST_SQL = """
@@ -290,8 +305,21 @@ class Catalog:
         if cached is not None and cached[0] > now:
             return cached[1]
         routes = services_from_rows(await self.fetch(ROUTES_SQL, (tenant_id,)))
+        for backend_id, model, base_url, secret_name, priority, weight, schema in await self.fetch(
+            EXTERNAL_SQL, (tenant_id,)
+        ):
+            auth = await self.secret(schema, secret_name) if secret_name else None
+            routes.setdefault(model, []).append(
+                Service(-backend_id, model, "running", (Backend(0, normal_base(base_url)),), priority, weight, auth)
+            )
         self._routes[tenant_id] = (now + settings.HETEROFLOW_GATEWAY_BACKENDS_TTL_SECONDS, routes)
         return routes
+
+    async def secret(self, schema: str, name: str) -> str | None:
+        """A tenant secret's value, read from the tenant's own schema."""
+        query = sql.SQL("SELECT value FROM {}.secrets WHERE name = %s").format(sql.Identifier(schema))
+        rows = await self.fetch(query, (name,))
+        return rows[0][0] if rows else None
 
     def forget_routes(self, tenant_id: int) -> None:
         self._routes.pop(tenant_id, None)

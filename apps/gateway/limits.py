@@ -129,10 +129,14 @@ def retry_after(kind: str, now_s: float) -> int:
 
 
 def inflight_key(service_id: int) -> str:
+    if service_id < 0:  # an external backend: not an inference service's signal
+        return f"hf:gw:ext:{-service_id}:inflight"
     return f"hf:svc:{service_id}:inflight"
 
 
 def tokens_key(service_id: int, unix_minute: int) -> str:
+    if service_id < 0:
+        return f"hf:gw:ext:{-service_id}:tokens:{unix_minute}"
     return f"hf:svc:{service_id}:tokens:{unix_minute}"
 
 

@@ -102,6 +102,41 @@ class ServiceRoute(models.Model):
         return f"route of service {self.service_id}: priority {self.priority}, weight {self.weight}"
 
 
+class ExternalBackendQuerySet(ScopedQuerySet):
+    tenant_field = "tenant"
+
+
+class ExternalBackend(models.Model):
+    """An existing OpenAI-compatible server an operator puts behind a tenant's keys, limits
+    and metering under a model name (apps.gateway.external checks the URL). The bearer
+    token it takes is the value of the tenant's secret `secret_name` (in the tenant's own
+    schema), never stored here. It routes with the tenant's services of the same name by
+    priority and weight."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="gateway_backends")
+    model = models.CharField(max_length=200, help_text='the name clients put in "model"')
+    base_url = models.CharField(max_length=500, help_text="e.g. https://llm.example.com/v1; /v1/... is appended")
+    secret_name = models.CharField(max_length=100, blank=True, default="", help_text="a tenant secret; empty: none")
+    priority = models.PositiveSmallIntegerField(default=0)
+    weight = models.PositiveIntegerField(default=100)
+    enabled = models.BooleanField(default=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ExternalBackendQuerySet.as_manager()
+
+    class Meta:
+        db_table = "gateway_external_backends"
+        ordering = ["tenant_id", "model", "id"]
+        indexes = [models.Index(fields=["tenant", "model"], name="gateway_external_tenant_model")]
+
+    def __str__(self):
+        return f"{self.model} → {self.base_url}"
+
+
 class UsageQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 

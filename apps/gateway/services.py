@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
@@ -13,8 +14,8 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 
 from apps.confidential.services import record_audit
 from apps.core.clock import utcnow
-from apps.gateway import catalog, keys
-from apps.gateway.models import EndpointKey, ServiceRoute, TenantLimits
+from apps.gateway import catalog, external, keys
+from apps.gateway.models import EndpointKey, ExternalBackend, ServiceRoute, TenantLimits
 from apps.inference.models import Model
 from apps.tenants import policy
 
@@ -166,3 +167,61 @@ def set_service_route(principal, service, *, priority: int | None = None, weight
         route, _ = ServiceRoute.objects.update_or_create(service=service, defaults=values)
         catalog.changed()
     return route
+
+
+def _own_hosts() -> list[str]:
+    hosts = list(settings.ALLOWED_HOSTS)
+    if settings.HETEROFLOW_PUBLIC_URL:
+        hosts.append(urlsplit(settings.HETEROFLOW_PUBLIC_URL).hostname or "")
+    return hosts
+
+
+def check_external_url(url: str) -> str:
+    problems = external.url_problems(
+        url, allowed=settings.HETEROFLOW_GATEWAY_EXTERNAL_ALLOWED, own_hosts=_own_hosts(), resolve=external.resolve
+    )
+    if problems:
+        raise ValidationError({"base_url": problems})
+    return url
+
+
+EXTERNAL_FIELDS = ("model", "base_url", "secret_name", "priority", "weight", "enabled")
+
+
+def declare_external_backend(principal, *, tenant, **fields) -> ExternalBackend:
+    """An operator puts an existing OpenAI-compatible server behind a tenant's keys."""
+    if not principal.is_operator:
+        raise PermissionDenied("Only platform operators declare external backends.")
+    unknown = set(fields) - set(EXTERNAL_FIELDS)
+    if unknown:
+        raise ValueError(f"not fields of an external backend: {sorted(unknown)}")
+    check_external_url(fields["base_url"])
+    with transaction.atomic():
+        backend = ExternalBackend.objects.create(
+            tenant=tenant, created_by=principal.user if getattr(principal.user, "pk", None) else None, **fields
+        )
+        record_audit(tenant, principal, "external_backend.declared", backend.model, base_url=backend.base_url)
+        catalog.changed()
+    return backend
+
+
+def change_external_backend(principal, backend: ExternalBackend, **fields) -> ExternalBackend:
+    if not principal.is_operator:
+        raise PermissionDenied("Only platform operators change external backends.")
+    if "base_url" in fields:
+        check_external_url(fields["base_url"])
+    with transaction.atomic():
+        ExternalBackend.objects.filter(pk=backend.pk).update(**fields)
+        record_audit(backend.tenant, principal, "external_backend.changed", backend.model, fields=sorted(fields))
+        catalog.changed()
+    backend.refresh_from_db()
+    return backend
+
+
+def remove_external_backend(principal, backend: ExternalBackend) -> None:
+    if not principal.is_operator:
+        raise PermissionDenied("Only platform operators remove external backends.")
+    with transaction.atomic():
+        backend.delete()
+        record_audit(backend.tenant, principal, "external_backend.removed", backend.model)
+        catalog.changed()

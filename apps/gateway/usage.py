@@ -92,9 +92,11 @@ class Meter:
         self.last_used[key_id] = datetime.now(UTC)
 
     def requested(self, service_id: int) -> None:
-        self.last_request[service_id] = datetime.now(UTC)
+        if service_id > 0:  # an inference service (an external backend has no last_request_at)
+            self.last_request[service_id] = datetime.now(UTC)
 
     def _count(self, key, model, service_id, *, error: bool, prompt: int = 0, completion: int = 0) -> None:
+        service_id = service_id if service_id > 0 else None  # an external backend's usage: no service
         bucket = self.buckets[(key.tenant_id, key.id, str(model)[:200], service_id, minute_of(time.time()))]
         bucket[0] += 1
         bucket[1] += int(error)

@@ -441,6 +441,8 @@ class GatewayApp:
             if name in FORWARDED_REQUEST_HEADERS
         }
         headers["Accept-Encoding"] = "identity"
+        if service.auth:
+            headers["Authorization"] = f"Bearer {service.auth}"  # an external backend's token
         streaming = data.get("stream") is True
         response = None
         outcome.backend = backend

@@ -3,7 +3,7 @@ from rest_framework import serializers
 from apps.core.clock import utcnow
 from apps.core.pagination import PageQuerySerializer
 from apps.core.serializers import StrictSerializer
-from apps.gateway.models import EndpointKey, UsageBucket
+from apps.gateway.models import EndpointKey, ExternalBackend, UsageBucket
 
 
 class EndpointKeySerializer(serializers.ModelSerializer):
@@ -121,3 +121,41 @@ class UsageTotalSerializer(serializers.Serializer):
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
     minutes = serializers.IntegerField()
+
+
+class ExternalBackendSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = ExternalBackend
+        fields = [
+            "id",
+            "tenant",
+            "model",
+            "base_url",
+            "secret_name",
+            "priority",
+            "weight",
+            "enabled",
+            "created_at",
+            "updated_at",
+        ]
+
+
+class ExternalBackendWriteSerializer(StrictSerializer):
+    tenant = serializers.CharField(help_text="the tenant's slug")
+    model = serializers.CharField(max_length=200)
+    base_url = serializers.CharField(max_length=500)
+    secret_name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    priority = serializers.IntegerField(min_value=0, max_value=32767, required=False, default=0)
+    weight = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, default=100)
+    enabled = serializers.BooleanField(required=False, default=True)
+
+
+class ExternalBackendUpdateSerializer(StrictSerializer):
+    model = serializers.CharField(max_length=200, required=False)
+    base_url = serializers.CharField(max_length=500, required=False)
+    secret_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    priority = serializers.IntegerField(min_value=0, max_value=32767, required=False)
+    weight = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
+    enabled = serializers.BooleanField(required=False)

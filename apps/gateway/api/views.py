@@ -4,12 +4,13 @@ operators' keys and sessions call it; an endpoint key (sk-hf-) does not (401: it
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from apps.core.views import ScopedAPIView
 from apps.gateway import selectors, services
 from apps.gateway.api import serializers as s
-from apps.gateway.models import EndpointKey, UsageBucket
+from apps.gateway.models import EndpointKey, ExternalBackend, UsageBucket
 from apps.tenants import policy
 
 KEY_TENANT_REQUIRED = "Required: the slug of the tenant the endpoint key belongs to."
@@ -82,3 +83,42 @@ class UsageView(ScopedAPIView, generics.ListAPIView):
         response = self.get_paginated_response(s.UsageBucketSerializer(page, many=True).data)
         response.data["totals"] = s.UsageTotalSerializer(selectors.usage_totals(rows), many=True).data
         return response
+
+
+class ExternalBackendListView(ScopedAPIView, generics.ListAPIView):
+    """External OpenAI-compatible backends: tenants see theirs, operators declare them."""
+
+    queryset = ExternalBackend.objects.select_related("tenant")
+    serializer_class = s.ExternalBackendSerializer
+
+    @extend_schema(request=s.ExternalBackendWriteSerializer, responses={201: s.ExternalBackendSerializer})
+    def post(self, request):
+        serializer = s.ExternalBackendWriteSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        if not request.auth.is_operator:
+            raise PermissionDenied("Only platform operators declare external backends.")
+        tenant = policy.named_tenant(request.auth, data.pop("tenant"))
+        backend = services.declare_external_backend(request.auth, tenant=tenant, **data)
+        return Response(s.ExternalBackendSerializer(backend).data, status=status.HTTP_201_CREATED)
+
+
+class ExternalBackendDetailView(ScopedAPIView):
+    queryset = ExternalBackend.objects.select_related("tenant")
+
+    @extend_schema(responses=s.ExternalBackendSerializer)
+    def get(self, request, pk):
+        return Response(s.ExternalBackendSerializer(self.get_object()).data)
+
+    @extend_schema(request=s.ExternalBackendUpdateSerializer, responses=s.ExternalBackendSerializer)
+    def patch(self, request, pk):
+        backend = self.get_object()
+        serializer = s.ExternalBackendUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        backend = services.change_external_backend(request.auth, backend, **serializer.validated_data)
+        return Response(s.ExternalBackendSerializer(backend).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, pk):
+        services.remove_external_backend(request.auth, self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
