@@ -159,3 +159,15 @@ class ExternalBackendUpdateSerializer(StrictSerializer):
     priority = serializers.IntegerField(min_value=0, max_value=32767, required=False)
     weight = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
     enabled = serializers.BooleanField(required=False)
+
+
+class ServiceRouteSerializer(serializers.Serializer):
+    service = serializers.IntegerField(help_text="the inference service's id")
+    model = serializers.CharField()
+    priority = serializers.IntegerField()
+    weight = serializers.IntegerField()
+
+
+class ServiceRouteUpdateSerializer(StrictSerializer):
+    priority = serializers.IntegerField(min_value=0, max_value=32767, required=False)
+    weight = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)

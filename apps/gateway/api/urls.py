@@ -9,4 +9,5 @@ urlpatterns = [
     path("gateway/usage", views.UsageView.as_view(), name="gateway-usage"),
     path("gateway/backends", views.ExternalBackendListView.as_view(), name="gateway-backend-list"),
     path("gateway/backends/<int:pk>", views.ExternalBackendDetailView.as_view(), name="gateway-backend-detail"),
+    path("gateway/routes/<int:pk>", views.ServiceRouteView.as_view(), name="gateway-route"),
 ]

@@ -10,7 +10,8 @@ from rest_framework.response import Response
 from apps.core.views import ScopedAPIView
 from apps.gateway import selectors, services
 from apps.gateway.api import serializers as s
-from apps.gateway.models import EndpointKey, ExternalBackend, UsageBucket
+from apps.gateway.models import EndpointKey, ExternalBackend, ServiceRoute, UsageBucket
+from apps.inference.models import InferenceService
 from apps.tenants import policy
 
 KEY_TENANT_REQUIRED = "Required: the slug of the tenant the endpoint key belongs to."
@@ -122,3 +123,32 @@ class ExternalBackendDetailView(ScopedAPIView):
     def delete(self, request, pk):
         services.remove_external_backend(request.auth, self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def route_body(service) -> dict:
+    route = ServiceRoute.objects.filter(service=service).first()
+    return {
+        "service": service.pk,
+        "model": service.model.name,
+        "priority": route.priority if route else 0,
+        "weight": route.weight if route else 100,
+    }
+
+
+class ServiceRouteView(ScopedAPIView):
+    """How the gateway shares a model name among the services serving it: GET the service's
+    priority and weight (defaults 0 and 100), PATCH them (members, admins, operators)."""
+
+    queryset = InferenceService.objects.select_related("model", "group__tenant")
+
+    @extend_schema(responses=s.ServiceRouteSerializer)
+    def get(self, request, pk):
+        return Response(route_body(self.get_object()))
+
+    @extend_schema(request=s.ServiceRouteUpdateSerializer, responses=s.ServiceRouteSerializer)
+    def patch(self, request, pk):
+        service = self.get_object()
+        serializer = s.ServiceRouteUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.set_service_route(request.auth, service, **serializer.validated_data)
+        return Response(route_body(service))
