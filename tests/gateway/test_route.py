@@ -10,6 +10,7 @@ import time
 
 import httpx
 import openai
+import psycopg
 import pytest
 import redis
 from django.conf import settings as django_settings
@@ -243,3 +244,25 @@ def test_usage_is_recorded_once_per_request_and_signals_are_written(gateway, ups
         == 9
     )
     assert InferenceService.objects.get(pk=service.pk).last_request_at is not None
+
+
+def test_a_database_that_is_away_is_503_and_a_bug_500_in_openais_shape(gateway, upstreams, tenancy, monkeypatch):
+    tenancy.service("qwen", [upstreams["a"]])
+    _, key = tenancy.key()
+
+    async def away(*args, **kwargs):
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(gateway.app.catalog, "fetch", away)
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json={"model": "qwen"}, headers={"Authorization": f"Bearer {key}"}
+    )
+    assert response.status_code == 503 and response.json()["error"]["code"] == "catalog_unavailable"
+    assert response.headers["retry-after"] == "5"
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(gateway.app.catalog, "fetch", broken)
+    response = httpx.get(f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"

@@ -36,6 +36,7 @@ from itertools import count
 
 import aiohttp
 import orjson
+import psycopg
 from django.conf import settings
 from redis.exceptions import RedisError
 
@@ -208,6 +209,34 @@ class GatewayApp:
             await self.respond(scope, receive, timing.send)
         except GatewayError as exc:
             await send_json(timing.send, exc.status, exc.body, exc.headers)
+        except psycopg.Error:
+            logger.exception("the gateway could not read its catalog")
+            if timing.status:
+                raise
+            await send_json(
+                timing.send,
+                503,
+                unavailable(
+                    "The gateway cannot read its configuration now; retry.", retry=5, code="catalog_unavailable"
+                ).body,
+                [(b"retry-after", b"5")],
+            )
+        except Exception:
+            logger.exception("the gateway failed on %s", scope["path"])
+            if timing.status:
+                raise  # the answer has started: the connection is cut, the client sees an error
+            await send_json(
+                timing.send,
+                500,
+                {
+                    "error": {
+                        "message": "Internal server error.",
+                        "type": "server_error",
+                        "param": None,
+                        "code": "server_error",
+                    }
+                },
+            )
         finally:
             record_gateway_request(
                 ENDPOINTS.get(scope["path"], "models"),
