@@ -266,3 +266,13 @@ def test_a_database_that_is_away_is_503_and_a_bug_500_in_openais_shape(gateway, 
     monkeypatch.setattr(gateway.app.catalog, "fetch", broken)
     response = httpx.get(f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"
+
+
+def test_a_replica_closing_its_idle_connection_is_no_error(gateway, upstreams, tenancy):
+    """uvicorn (and llama.cpp) close an idle keep-alive connection after 5 s; the gateway's
+    pool lets it go before, so the next request never lands on a closing connection."""
+    tenancy.service("qwen", [upstreams["a"]])
+    _, key = tenancy.key()
+    assert chat(gateway, key).choices
+    time.sleep(5.5)
+    assert chat(gateway, key).choices

@@ -124,7 +124,9 @@ class GatewayApp:
                 connector=aiohttp.TCPConnector(
                     limit=settings.HETEROFLOW_GATEWAY_MAX_CONNECTIONS,
                     limit_per_host=0,
-                    keepalive_timeout=30.0,
+                    # below the engines' own idle keep-alive (uvicorn's, llama.cpp's: 5 s), so a
+                    # pooled connection is never one the replica is closing as it is reused
+                    keepalive_timeout=4.0,
                     ttl_dns_cache=60,
                 ),
                 timeout=aiohttp.ClientTimeout(
