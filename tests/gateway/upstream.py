@@ -185,7 +185,7 @@ class Served:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="error", lifespan="off", access_log=False
+            app, host="127.0.0.1", port=self.port, log_level="critical", lifespan="off", access_log=False
         )
         self.server = uvicorn.Server(config)
         self.loop = asyncio.new_event_loop()
