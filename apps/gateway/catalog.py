@@ -193,6 +193,8 @@ class Catalog:
         self._keys: dict[str, tuple[float, KeyInfo | None]] = {}
         self._routes: dict[int, tuple[float, dict[str, list[Service]]]] = {}
         self._quarantine: dict[str, float] = {}
+        self._refreshing: set[int] = set()
+        self._cleared = 0
         self._generation = _generation
         self._version: bytes | None = None
         self._version_checked = 0.0
@@ -245,6 +247,7 @@ class Catalog:
     # --- freshness ---------------------------------------------------------------------
 
     def clear(self) -> None:
+        self._cleared += 1
         self._keys.clear()
         self._routes.clear()
 
@@ -300,10 +303,28 @@ class Catalog:
         return info
 
     async def routes(self, tenant_id: int) -> dict[str, list[Service]]:
+        """The tenant's routes. Past their TTL they are still served while one refresh
+        runs in the background (no herd of requests reading the same rows at once); only
+        a tenant not cached at all (or dropped by a change) waits for the read."""
         now = time.monotonic()
         cached = self._routes.get(tenant_id)
-        if cached is not None and cached[0] > now:
+        if cached is not None:
+            if cached[0] <= now and tenant_id not in self._refreshing:
+                self._refreshing.add(tenant_id)
+                asyncio.get_running_loop().create_task(self._refresh(tenant_id))
             return cached[1]
+        return await self._load_routes(tenant_id)
+
+    async def _refresh(self, tenant_id: int) -> None:
+        try:
+            await self._load_routes(tenant_id)
+        except Exception:
+            logger.warning("could not refresh the routes of tenant %s; serving the last ones", tenant_id, exc_info=True)
+        finally:
+            self._refreshing.discard(tenant_id)
+
+    async def _load_routes(self, tenant_id: int) -> dict[str, list[Service]]:
+        generation = self._cleared
         routes = services_from_rows(await self.fetch(ROUTES_SQL, (tenant_id,)))
         for backend_id, model, base_url, secret_name, priority, weight, schema in await self.fetch(
             EXTERNAL_SQL, (tenant_id,)
@@ -312,7 +333,8 @@ class Catalog:
             routes.setdefault(model, []).append(
                 Service(-backend_id, model, "running", (Backend(0, normal_base(base_url)),), priority, weight, auth)
             )
-        self._routes[tenant_id] = (now + settings.HETEROFLOW_GATEWAY_BACKENDS_TTL_SECONDS, routes)
+        if generation == self._cleared:  # not read before a change that dropped the caches meanwhile
+            self._routes[tenant_id] = (time.monotonic() + settings.HETEROFLOW_GATEWAY_BACKENDS_TTL_SECONDS, routes)
         return routes
 
     async def secret(self, schema: str, name: str) -> str | None:

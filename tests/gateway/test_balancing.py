@@ -183,3 +183,22 @@ def test_clean_drops_stale_routes_and_keys(gateway, upstreams, tenancy):
     catalog._keys = {h: (until - 1_000, info) for h, (until, info) in catalog._keys.items()}
     catalog.clean(300)
     assert not catalog._routes and not catalog._keys
+
+
+def test_expired_routes_are_served_while_one_refresh_runs(gateway, upstreams, tenancy, monkeypatch):
+    tenancy.service("qwen", [upstreams["a"]])
+    _, key = tenancy.key()
+    ask(gateway, key)
+    catalog = gateway.app.catalog
+    until, routes = catalog._routes[tenancy.tenant.pk]
+    catalog._routes[tenancy.tenant.pk] = (until - 1_000, routes)  # past its TTL
+    reads = []
+
+    async def failing(*args, **kwargs):
+        reads.append(args[0])
+        raise OSError("the database is away")
+
+    monkeypatch.setattr(catalog, "fetch", failing)
+    answers = {ask(gateway, key) for _ in range(5)}  # served from the last routes, the refresh failing behind
+    assert answers == {"a"} and len(reads) >= 1
+    assert catalog._routes[tenancy.tenant.pk][1] is routes
