@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: up test lint install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit
+.PHONY: up test lint install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -53,3 +53,6 @@ bench-sweep: $(DEPS_STAMP)
 
 bench-submit: $(DEPS_STAMP)
 	$(BIN)/python bench/submit.py $(BENCH_ARGS)
+
+bench-gateway: $(DEPS_STAMP)
+	$(BIN)/python bench/gateway.py $(BENCH_ARGS)

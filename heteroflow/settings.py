@@ -66,6 +66,7 @@ SHARED_APPS = [
     "apps.alerts",
     "apps.scheduler",
     "apps.inference",
+    "apps.gateway",
     "apps.monitoring",
     "apps.portal",
 ]
@@ -254,6 +255,56 @@ SPECTACULAR_SETTINGS = {
         "HealthProbeTypeEnum": [("http", "http"), ("tcp", "tcp")],
     },
 }
+
+# --- gateway (/v1/*, apps.gateway) ---------------------------------------------------------
+# A rotated endpoint key's old secret keeps working this long (unless the rotation says).
+HETEROFLOW_GATEWAY_ROTATE_GRACE_SECONDS = env.int(
+    "HETEROFLOW_GATEWAY_ROTATE_GRACE_SECONDS", 86_400, low=0, high=30 * 86_400
+)
+# Keys, routes and backends are cached in each process: a change made through the
+# services is seen at once in the process that made it and within CHECK seconds in the
+# others (a version counter in Redis); backends (replica health) are read again every
+# BACKENDS seconds.
+HETEROFLOW_GATEWAY_CACHE_CHECK_SECONDS = env.float("HETEROFLOW_GATEWAY_CACHE_CHECK_SECONDS", 1.0, low=0.0, high=60.0)
+HETEROFLOW_GATEWAY_KEYS_TTL_SECONDS = env.float("HETEROFLOW_GATEWAY_KEYS_TTL_SECONDS", 30.0, low=0.0, high=3_600.0)
+HETEROFLOW_GATEWAY_BACKENDS_TTL_SECONDS = env.float("HETEROFLOW_GATEWAY_BACKENDS_TTL_SECONDS", 2.0, low=0.0, high=60.0)
+# A backend that refused a connection is out of rotation this long in that process.
+HETEROFLOW_GATEWAY_QUARANTINE_SECONDS = env.float("HETEROFLOW_GATEWAY_QUARANTINE_SECONDS", 10.0, low=0.0, high=600.0)
+HETEROFLOW_GATEWAY_MAX_BODY_BYTES = env.int(
+    "HETEROFLOW_GATEWAY_MAX_BODY_BYTES", 16_777_216, low=65_536, high=268_435_456
+)
+HETEROFLOW_GATEWAY_CONNECT_TIMEOUT_SECONDS = env.float(
+    "HETEROFLOW_GATEWAY_CONNECT_TIMEOUT_SECONDS", 5.0, low=0.1, high=120.0
+)
+# Until the backend's first byte (a long prompt's prefill), then between two chunks.
+HETEROFLOW_GATEWAY_FIRST_BYTE_TIMEOUT_SECONDS = env.float(
+    "HETEROFLOW_GATEWAY_FIRST_BYTE_TIMEOUT_SECONDS", 300.0, low=1.0, high=3_600.0
+)
+HETEROFLOW_GATEWAY_IDLE_TIMEOUT_SECONDS = env.float(
+    "HETEROFLOW_GATEWAY_IDLE_TIMEOUT_SECONDS", 120.0, low=1.0, high=3_600.0
+)
+HETEROFLOW_GATEWAY_MAX_CONNECTIONS = env.int("HETEROFLOW_GATEWAY_MAX_CONNECTIONS", 1_000, low=1, high=100_000)
+HETEROFLOW_GATEWAY_DB_POOL_SIZE = env.int("HETEROFLOW_GATEWAY_DB_POOL_SIZE", 4, low=1, high=100)
+HETEROFLOW_GATEWAY_BALANCER = env.choice(
+    "HETEROFLOW_GATEWAY_BALANCER", "least_connections", ("round_robin", "random", "least_connections")
+)
+HETEROFLOW_GATEWAY_STICKINESS = env.bool("HETEROFLOW_GATEWAY_STICKINESS", True)
+# A request for a sleeping service asks for its wake and waits this long for a healthy
+# replica; 0: answers 503 with Retry-After at once.
+HETEROFLOW_GATEWAY_WAKE_WAIT_SECONDS = env.float("HETEROFLOW_GATEWAY_WAKE_WAIT_SECONDS", 0.0, low=0.0, high=600.0)
+HETEROFLOW_GATEWAY_WAKE_RETRY_AFTER_SECONDS = env.int(
+    "HETEROFLOW_GATEWAY_WAKE_RETRY_AFTER_SECONDS", 30, low=1, high=3_600
+)
+# A request that never said it ended (a process killed mid-request) stops counting
+# towards a concurrency limit after this long.
+HETEROFLOW_GATEWAY_CONCURRENCY_TTL_SECONDS = env.int(
+    "HETEROFLOW_GATEWAY_CONCURRENCY_TTL_SECONDS", 900, low=10, high=86_400
+)
+# Where an operator-declared external backend may point: host names, `.domain` for a
+# domain and its sub-domains, networks (CIDR) for literal addresses. Empty: none allowed.
+HETEROFLOW_GATEWAY_EXTERNAL_ALLOWED = env.list("HETEROFLOW_GATEWAY_EXTERNAL_ALLOWED", [])
+# last_request_at, last_used_at and usage rows are written at most this often per process.
+HETEROFLOW_GATEWAY_FLUSH_SECONDS = env.float("HETEROFLOW_GATEWAY_FLUSH_SECONDS", 10.0, low=0.1, high=600.0)
 
 # --- nodes ----------------------------------------------------------------------------
 HETEROFLOW_HEARTBEAT_MAX_BYTES = env.int("HETEROFLOW_HEARTBEAT_MAX_BYTES", 262_144, low=4_096, high=8_388_608)

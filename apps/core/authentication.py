@@ -17,6 +17,7 @@ from rest_framework import authentication, exceptions
 
 from apps.core.clock import utcnow
 from apps.core.principals import AGENT, Principal, PrincipalKind
+from apps.gateway.choices import ENDPOINT_KEY_PREFIX
 from apps.tenants import keys
 from apps.tenants.choices import ROLE_RANK, KeyScope
 
@@ -52,6 +53,11 @@ def authenticate_bearer(token: str):
     token = token.strip()
     if not token:
         raise exceptions.AuthenticationFailed("Empty bearer token.")
+    if token.startswith(ENDPOINT_KEY_PREFIX):
+        raise exceptions.AuthenticationFailed(
+            "An endpoint key (sk-hf-) calls the OpenAI-compatible /v1/* endpoints only; "
+            "this API takes a tenant key (sk-tenant-) or a platform key (sk-admin-)."
+        )
     api_key = keys.find_usable(token, now=utcnow())
     if api_key is None:
         raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")

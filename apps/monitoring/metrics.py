@@ -111,6 +111,54 @@ def record_heartbeat(status: int, error_code: str | None) -> None:
         _REJECTED.get(error_code or "other", _REJECTED["other"]).inc()
 
 
+# --- the gateway (/v1/*, apps.gateway.api.route) -----------------------------------------
+
+GATEWAY_ENDPOINTS = ("chat", "completions", "embeddings", "models")
+GATEWAY_REQUESTS = Counter(
+    "heteroflow_gateway_requests",
+    "Requests to the OpenAI-compatible endpoints, by endpoint and status class (2xx, 4xx, 5xx) or "
+    "`disconnected` (the client left first).",
+    ["endpoint", "outcome"],
+)
+GATEWAY_DURATION = Histogram(
+    "heteroflow_gateway_request_duration_seconds",
+    "Time from a /v1/* request's arrival to the end of its answer, by endpoint.",
+    ["endpoint"],
+    buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+GATEWAY_FIRST_BYTE = Histogram(
+    "heteroflow_gateway_first_byte_seconds",
+    "Time from a /v1/* request's arrival to the first byte of its answer sent to the client, by endpoint.",
+    ["endpoint"],
+    buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+GATEWAY_TOKENS = Counter("heteroflow_gateway_tokens", "Tokens metered by the gateway, prompt or completion.", ["kind"])
+_GW_OUTCOMES = ("2xx", "4xx", "5xx", "disconnected")
+_GW_REQUESTS = {(e, o): GATEWAY_REQUESTS.labels(e, o) for e in GATEWAY_ENDPOINTS for o in _GW_OUTCOMES}
+_GW_DURATION = {e: GATEWAY_DURATION.labels(e) for e in GATEWAY_ENDPOINTS}
+_GW_FIRST_BYTE = {e: GATEWAY_FIRST_BYTE.labels(e) for e in GATEWAY_ENDPOINTS}
+_GW_PROMPT, _GW_COMPLETION = GATEWAY_TOKENS.labels("prompt"), GATEWAY_TOKENS.labels("completion")
+
+
+def record_gateway_request(
+    endpoint: str, status: int, *, disconnected: bool, seconds: float, first_byte: float | None
+) -> None:
+    outcome = "disconnected" if disconnected else f"{min(max(status // 100, 2), 5)}xx"
+    if outcome == "3xx":
+        outcome = "4xx"
+    _GW_REQUESTS[(endpoint, outcome)].inc()
+    _GW_DURATION[endpoint].observe(seconds)
+    if first_byte is not None:
+        _GW_FIRST_BYTE[endpoint].observe(first_byte)
+
+
+def record_gateway_tokens(prompt: int, completion: int) -> None:
+    if prompt:
+        _GW_PROMPT.inc(prompt)
+    if completion:
+        _GW_COMPLETION.inc(completion)
+
+
 # --- periodic jobs and Celery -------------------------------------------------------------
 
 TASK_CREATES = Counter(

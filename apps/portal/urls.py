@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import views
-from apps.portal.pages import account, alerts, inference, models, nodes, server, tasks, training
+from apps.portal.pages import account, alerts, gateway, inference, models, nodes, server, tasks, training
 
 app_name = "portal"
 urlpatterns = [
@@ -46,6 +46,11 @@ urlpatterns = [
     path("inference/<int:pk>/scale/", inference.service_scale, name="inference-scale"),
     path("inference/<int:pk>/stop/", inference.service_stop, name="inference-stop"),
     path("inference/<int:pk>/wake/", inference.service_wake, name="inference-wake"),
+    # endpoint keys (the gateway)
+    path("endpoint-keys/", gateway.endpoint_keys, name="endpoint-keys"),
+    path("endpoint-keys/<int:pk>/rotate/", gateway.endpoint_key_rotate, name="endpoint-key-rotate"),
+    path("endpoint-keys/<int:pk>/revoke/", gateway.endpoint_key_revoke, name="endpoint-key-revoke"),
+    path("gateway-usage/", gateway.usage, name="gateway-usage"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),

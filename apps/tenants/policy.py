@@ -78,6 +78,22 @@ def check_may_manage_models(principal, tenant) -> None:
         raise PermissionDenied(MODEL_CHANGE_REFUSED)
 
 
+# --- gateway endpoint keys -------------------------------------------------------------
+
+ENDPOINT_KEY_CHANGE_REFUSED = "Viewers cannot create, change, rotate or revoke endpoint keys."
+
+
+def may_manage_endpoint_keys(principal, tenant) -> bool:
+    """Create, change, rotate and revoke a tenant's endpoint keys (sk-hf-): as creating
+    tasks (members, admins, operators); viewers only look."""
+    return may_create_tasks(principal, tenant)
+
+
+def check_may_manage_endpoint_keys(principal, tenant) -> None:
+    if not may_manage_endpoint_keys(principal, tenant):
+        raise PermissionDenied(ENDPOINT_KEY_CHANGE_REFUSED)
+
+
 # --- alerts and tenants --------------------------------------------------------------------
 
 

@@ -185,6 +185,9 @@ def test_a_module_resolves_to_its_most_specific_row():
     assert layer_of("apps.tasks.api.views", patterns)[1].name == "entry points"
     assert layer_of("apps.alerts.failures", patterns)[1].name == "failure policy"
     assert layer_of("apps.alerts.notifications.dispatch", patterns)[1].name == "alert store"
+    assert layer_of("apps.gateway.catalog", patterns)[1].name == "gateway"
+    assert layer_of("apps.gateway.choices", patterns)[1].name == "schema"
+    assert layer_of("apps.gateway.api.route", patterns)[1].name == "entry points"
 
 
 def calls_in(path: Path):

@@ -167,6 +167,8 @@ def test_metric_names_follow_prometheus_conventions(client):
                 # the first 64 names, then "other")
                 "channel",
                 "field",
+                "endpoint",  # the gateway's: chat, completions, embeddings, models
+                "kind",  # the gateway's tokens: prompt, completion
             }, (family.name, sample.labels)
 
 

@@ -1,0 +1,227 @@
+"""Every change to the gateway's tables: endpoint keys (create, change, rotate, revoke)
+and tenant limits. Each change tells the gateway processes to drop what they cached
+(`catalog.changed`, once the transaction commits)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import transaction
+from rest_framework.exceptions import PermissionDenied, ValidationError
+
+from apps.confidential.services import record_audit
+from apps.core.clock import utcnow
+from apps.gateway import catalog, external, keys
+from apps.gateway.models import EndpointKey, ExternalBackend, ServiceRoute, TenantLimits
+from apps.inference.models import Model
+from apps.tenants import policy
+
+LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "concurrency_limit")
+CHANGEABLE = ("name", "allowed_models", *LIMIT_FIELDS, "expires_at")
+
+
+@dataclass(frozen=True)
+class IssuedEndpointKey:
+    endpoint_key: EndpointKey
+    key: str  # the plaintext, shown once
+
+
+def _check_models(tenant, names) -> list[str]:
+    """The allowed models, each a model the tenant registered (a typo would lock the key
+    out of everything); duplicates dropped, order kept."""
+    names = list(dict.fromkeys(names or []))
+    known = set(Model.objects.filter(tenant=tenant, name__in=names).values_list("name", flat=True))
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValidationError({"allowed_models": [f"No model named {name!r} in '{tenant.slug}'." for name in unknown]})
+    return names
+
+
+def create_key(
+    principal,
+    *,
+    tenant,
+    name: str,
+    allowed_models=(),
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
+    concurrency_limit: int | None = None,
+    expires_at: datetime | None = None,
+) -> IssuedEndpointKey:
+    policy.check_may_manage_endpoint_keys(principal, tenant)
+    allowed = _check_models(tenant, allowed_models)
+    key = keys.generate()
+    with transaction.atomic():
+        endpoint_key = EndpointKey.objects.create(
+            tenant=tenant,
+            name=name,
+            key_hash=keys.hash_key(key),
+            display_prefix=keys.display_prefix(key),
+            allowed_models=allowed,
+            rpm_limit=rpm_limit,
+            tpm_limit=tpm_limit,
+            concurrency_limit=concurrency_limit,
+            expires_at=expires_at,
+            created_by=principal.user if getattr(principal.user, "pk", None) else None,
+        )
+        record_audit(tenant, principal, "endpoint_key.created", endpoint_key.display_prefix, name=name)
+        catalog.changed()
+    return IssuedEndpointKey(endpoint_key, key)
+
+
+def update_key(principal, endpoint_key: EndpointKey, **fields) -> EndpointKey:
+    policy.check_may_manage_endpoint_keys(principal, endpoint_key.tenant)
+    unknown = set(fields) - set(CHANGEABLE)
+    if unknown:
+        raise ValueError(f"not changeable: {sorted(unknown)}")
+    if endpoint_key.revoked_at is not None:
+        raise ValidationError({"non_field_errors": ["A revoked key cannot be changed."]})
+    if "allowed_models" in fields:
+        fields["allowed_models"] = _check_models(endpoint_key.tenant, fields["allowed_models"])
+    with transaction.atomic():
+        EndpointKey.objects.filter(pk=endpoint_key.pk).update(**fields)
+        record_audit(
+            endpoint_key.tenant,
+            principal,
+            "endpoint_key.changed",
+            endpoint_key.display_prefix,
+            fields=sorted(fields),
+        )
+        catalog.changed()
+    endpoint_key.refresh_from_db()
+    return endpoint_key
+
+
+def rotate_key(principal, endpoint_key: EndpointKey, *, grace_seconds: int | None = None) -> IssuedEndpointKey:
+    """A new secret for the key; the current one stays valid for `grace_seconds` (the
+    setting's default), then only the new one works. A secret still in its grace period
+    from an earlier rotation stops working now: a key has at most two."""
+    policy.check_may_manage_endpoint_keys(principal, endpoint_key.tenant)
+    grace = settings.HETEROFLOW_GATEWAY_ROTATE_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    key = keys.generate()
+    now = utcnow()
+    with transaction.atomic():
+        updated = EndpointKey.objects.filter(
+            pk=endpoint_key.pk, revoked_at__isnull=True, key_hash=endpoint_key.key_hash
+        ).update(
+            previous_key_hash=endpoint_key.key_hash if grace > 0 else None,
+            previous_display_prefix=endpoint_key.display_prefix if grace > 0 else "",
+            previous_valid_until=now + timedelta(seconds=grace) if grace > 0 else None,
+            key_hash=keys.hash_key(key),
+            display_prefix=keys.display_prefix(key),
+            rotated_at=now,
+        )
+        if not updated:
+            endpoint_key.refresh_from_db()
+            if endpoint_key.revoked_at is not None:
+                raise ValidationError({"non_field_errors": ["A revoked key cannot be rotated."]})
+            raise ValidationError({"non_field_errors": ["The key was rotated meanwhile; read it again."]})
+        record_audit(
+            endpoint_key.tenant,
+            principal,
+            "endpoint_key.rotated",
+            keys.display_prefix(key),
+            previous=endpoint_key.display_prefix,
+            grace_seconds=grace,
+        )
+        catalog.changed()
+    endpoint_key.refresh_from_db()
+    return IssuedEndpointKey(endpoint_key, key)
+
+
+def revoke_key(principal, endpoint_key: EndpointKey) -> EndpointKey:
+    """Both secrets stop working at once (in every gateway process within the catalog's
+    check interval). Revoking twice is a no-op."""
+    policy.check_may_manage_endpoint_keys(principal, endpoint_key.tenant)
+    if endpoint_key.revoked_at is None:
+        with transaction.atomic():
+            EndpointKey.objects.filter(pk=endpoint_key.pk, revoked_at__isnull=True).update(revoked_at=utcnow())
+            record_audit(endpoint_key.tenant, principal, "endpoint_key.revoked", endpoint_key.display_prefix)
+            catalog.changed()
+        endpoint_key.refresh_from_db()
+    return endpoint_key
+
+
+def set_tenant_limits(principal, tenant, **limits) -> TenantLimits:
+    """A tenant's limits over all its keys: operators only."""
+    if not principal.is_operator:
+        raise PermissionDenied("Only platform operators set a tenant's gateway limits.")
+    unknown = set(limits) - set(LIMIT_FIELDS)
+    if unknown:
+        raise ValueError(f"not limits: {sorted(unknown)}")
+    with transaction.atomic():
+        row, _ = TenantLimits.objects.update_or_create(tenant=tenant, defaults=limits)
+        catalog.changed()
+    return row
+
+
+def set_service_route(principal, service, *, priority: int | None = None, weight: int | None = None):
+    """A service's share of its model name (priority, weight): as changing the service
+    (members and admins of its tenant, operators)."""
+    policy.check_may_manage_endpoint_keys(principal, service.group.tenant)
+    values = {name: value for name, value in (("priority", priority), ("weight", weight)) if value is not None}
+    with transaction.atomic():
+        route, _ = ServiceRoute.objects.update_or_create(service=service, defaults=values)
+        catalog.changed()
+    return route
+
+
+def _own_hosts() -> list[str]:
+    hosts = list(settings.ALLOWED_HOSTS)
+    if settings.HETEROFLOW_PUBLIC_URL:
+        hosts.append(urlsplit(settings.HETEROFLOW_PUBLIC_URL).hostname or "")
+    return hosts
+
+
+def check_external_url(url: str) -> str:
+    problems = external.url_problems(
+        url, allowed=settings.HETEROFLOW_GATEWAY_EXTERNAL_ALLOWED, own_hosts=_own_hosts(), resolve=external.resolve
+    )
+    if problems:
+        raise ValidationError({"base_url": problems})
+    return url
+
+
+EXTERNAL_FIELDS = ("model", "base_url", "secret_name", "priority", "weight", "enabled")
+
+
+def declare_external_backend(principal, *, tenant, **fields) -> ExternalBackend:
+    """An operator puts an existing OpenAI-compatible server behind a tenant's keys."""
+    if not principal.is_operator:
+        raise PermissionDenied("Only platform operators declare external backends.")
+    unknown = set(fields) - set(EXTERNAL_FIELDS)
+    if unknown:
+        raise ValueError(f"not fields of an external backend: {sorted(unknown)}")
+    check_external_url(fields["base_url"])
+    with transaction.atomic():
+        backend = ExternalBackend.objects.create(
+            tenant=tenant, created_by=principal.user if getattr(principal.user, "pk", None) else None, **fields
+        )
+        record_audit(tenant, principal, "external_backend.declared", backend.model, base_url=backend.base_url)
+        catalog.changed()
+    return backend
+
+
+def change_external_backend(principal, backend: ExternalBackend, **fields) -> ExternalBackend:
+    if not principal.is_operator:
+        raise PermissionDenied("Only platform operators change external backends.")
+    if "base_url" in fields:
+        check_external_url(fields["base_url"])
+    with transaction.atomic():
+        ExternalBackend.objects.filter(pk=backend.pk).update(**fields)
+        record_audit(backend.tenant, principal, "external_backend.changed", backend.model, fields=sorted(fields))
+        catalog.changed()
+    backend.refresh_from_db()
+    return backend
+
+
+def remove_external_backend(principal, backend: ExternalBackend) -> None:
+    if not principal.is_operator:
+        raise PermissionDenied("Only platform operators remove external backends.")
+    with transaction.atomic():
+        backend.delete()
+        record_audit(backend.tenant, principal, "external_backend.removed", backend.model)
+        catalog.changed()
