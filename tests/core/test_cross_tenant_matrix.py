@@ -17,6 +17,7 @@ from django.db import connection
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from apps.alerts.models import NotificationChannel
+from apps.gateway.models import EndpointKey, ExternalBackend
 from apps.inference.models import Model
 from apps.tenants.models import ApiKey, TenantGroup
 from tests.factories import make_alert, make_group, make_node, make_task
@@ -82,6 +83,10 @@ OWNED = {
     "inference-service-stop": lambda w, o: {"id": o["service"].pk},
     "inference-service-wake": lambda w, o: {"id": o["service"].pk},
     "inference-service-decisions": lambda w, o: {"id": o["service"].pk},
+    "endpoint-key-detail": lambda w, o: {"pk": o["endpoint_key"].pk},
+    "endpoint-key-rotate": lambda w, o: {"pk": o["endpoint_key"].pk},
+    "gateway-route": lambda w, o: {"pk": o["service"].pk},
+    "gateway-backend-detail": lambda w, o: {"pk": o["backend"].pk},
     "alert-channel-detail": lambda w, o: {"pk": o["channel"].pk},
     "alert-channel-test": lambda w, o: {"pk": o["channel"].pk},
     "alert-channel-rotate-secret": lambda w, o: {"pk": o["channel"].pk},
@@ -115,6 +120,12 @@ def acme_objects(world):
         "service": make_service(acme, name="acme-secret-service", state="sleeping"),
         "channel": NotificationChannel.objects.create(tenant=acme, name="acme-secret-channel", kind="webhook"),
         "alert": make_alert(tenant=acme, message="acme-secret-alert"),
+        "endpoint_key": EndpointKey.objects.create(
+            tenant=acme, name="acme-secret-endpoint-key", key_hash="0" * 64, display_prefix="sk-hf-0000"
+        ),
+        "backend": ExternalBackend.objects.create(
+            tenant=acme, model="acme-secret-backend", base_url="https://llm.example.com/v1"
+        ),
     }
 
 
@@ -175,6 +186,8 @@ def test_another_tenant_never_reaches_tenant_as_objects(world, api, acme_objects
         "acme-secret-group",
         "acme-secret-model",
         "acme-secret-service",
+        "acme-secret-endpoint-key",
+        "acme-secret-backend",
         "acme-secret-channel",
         "acme-secret-alert",
         "acme-only-group",
