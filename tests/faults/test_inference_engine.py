@@ -22,13 +22,14 @@ import signal
 import time
 from datetime import timedelta
 
+import openai
 import pytest
 import redis
 import requests
 from django.conf import settings
 
-from apps.core.enqueue import enqueue
 from apps.core.principals import Principal, PrincipalKind
+from apps.gateway.services import create_key
 from apps.inference import signals
 from apps.inference.models import InferenceService, Model, ServiceDecision
 from apps.inference.selectors import replicas_of
@@ -224,6 +225,28 @@ def test_a_service_of_two_llama_cpp_replicas_is_rebuilt_sleeps_and_wakes(tmp_pat
         wait_until(lambda: len(serving(service)) == 2, 120, f"both replicas serving ({replicas_of(service)})\n{logs()}")
         wait_until(lambda: state() == "running", 30, f"the service running ({service.state})\n{logs()}")
         print(f"\n2 replicas of llama.cpp serving {time.monotonic() - began:.1f} s after the service was created")
+
+        # through the gateway, with the official client and an endpoint key, as users call it
+        endpoint_key = create_key(OPERATOR, tenant=tenant, name="e2e").key
+        gateway = openai.OpenAI(base_url=f"{plane.url}/v1", api_key=endpoint_key, timeout=30, max_retries=0)
+
+        def chat_through_gateway():
+            try:
+                return gateway.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4
+                )
+            except openai.APIStatusError:
+                return None  # the gateway's routes not refreshed yet: asked again
+
+        answer = wait_until(chat_through_gateway, 60, f"a chat through the gateway\n{logs()}")
+        assert answer.choices and answer.usage.completion_tokens >= 1
+        chunks = list(
+            gateway.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+            )
+        )
+        assert chunks and any(chunk.choices for chunk in chunks)
+        assert [entry.id for entry in gateway.models.list().data] == ["tiny"]
         rows = replicas_of(service)
         assert sorted(row["rank"] for row in rows) == [0, 1]
         assert len({row["host_port"] for row in rows}) == 2
@@ -260,11 +283,18 @@ def test_a_service_of_two_llama_cpp_replicas_is_rebuilt_sleeps_and_wakes(tmp_pat
 
         # 3. idle: the gateway says nothing in flight and the last request was long ago
         wait_until(lambda: len(serving(service)) == 2, 60, f"both replicas serving again\n{logs()}")
-        connection.set(signals.inflight_key(service.pk), 0)
         long_ago = service.state_changed_at - timedelta(seconds=120)
-        InferenceService.objects.filter(pk=service.pk).update(state_changed_at=long_ago, last_request_at=long_ago)
         idle_at = time.monotonic()
-        wait_until(lambda: state() == "sleeping", 60, f"the idle service asleep ({service.state})\n{logs()}")
+
+        def idle_then_asleep():
+            # again each round: the gateway writes its last request time in batches, 10 s late
+            connection.set(signals.inflight_key(service.pk), 0)
+            InferenceService.objects.filter(pk=service.pk).exclude(state="sleeping").update(
+                state_changed_at=long_ago, last_request_at=long_ago
+            )
+            return state() == "sleeping"
+
+        wait_until(idle_then_asleep, 60, f"the idle service asleep ({service.state})\n{logs()}")
         replica_ids = [row["task_id"] for row in replicas_of(service)]
         wait_until(
             lambda: set(Task.objects.filter(pk__in=replica_ids).values_list("status", flat=True)) == {"stopped"},
@@ -275,16 +305,30 @@ def test_a_service_of_two_llama_cpp_replicas_is_rebuilt_sleeps_and_wakes(tmp_pat
         assert not any(models_answer(address(row)) for row in rows)
         print(f"idle, asleep with its cards free {time.monotonic() - idle_at:.1f} s after the gateway went quiet")
 
-        # 4. a request through the gateway wakes it: the job the gateway enqueues
+        # 4. a request through the gateway wakes it: answered 503 with Retry-After while it
+        # wakes (the gateway enqueues inference.wake_service), then served again
         woken_at = time.monotonic()
-        enqueue("inference.wake_service", service.pk)
-        wait_until(lambda: state() in ("waking", "running"), 30, f"the service waking ({service.state})\n{logs()}")
+        refusals = []
+
+        def woken_through_gateway():
+            try:
+                gateway.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "wake up"}])
+            except openai.APIStatusError as exc:
+                refusals.append((exc.status_code, exc.response.headers.get("retry-after")))
+            return state() in ("waking", "running")
+
+        wait_until(woken_through_gateway, 30, f"the service woken by a request ({service.state})\n{logs()}")
+        # the wake's answer is 503 with Retry-After; a 502 may come first, from routes the
+        # gateway cached while the replicas were still up (its probe drops them within 10 s)
+        assert refusals and refusals[-1][0] == 503 and refusals[-1][1], refusals
+        assert {status for status, _ in refusals} <= {502, 503}, refusals
         wait_until(lambda: serving(service), 120, f"a woken replica serving ({replicas_of(service)})\n{logs()}")
         row = serving(service)[0]
         listed = requests.get(f"{address(row)}/v1/models", timeout=10).json()
         assert [entry["id"] for entry in listed["data"]] == ["tiny"]
         wait_until(lambda: state() == "running", 30, f"the woken service running ({service.state})\n{logs()}")
         print(f"woken: a replica answering /v1/models {time.monotonic() - woken_at:.1f} s after the wake was asked")
+        assert wait_until(chat_through_gateway, 60, f"a chat through the gateway after the wake\n{logs()}").choices
     finally:
         stop_process(agent)
         runtime = ProcessRuntime(data_dir / "process-tasks")
