@@ -25,6 +25,7 @@ import asyncio
 import hashlib
 from dataclasses import dataclass
 
+from django.conf import settings
 from redis.exceptions import NoScriptError
 
 WINDOW_SECONDS = 60
@@ -142,6 +143,26 @@ def tokens_key(service_id: int, unix_minute: int) -> str:
 
 def conns_key(address: str) -> str:
     return f"hf:gw:conns:{address}"
+
+
+CONNS_PREFIX = conns_key("")
+
+
+def backend_in_flight(client, now_s: float) -> dict[str, int]:
+    """address -> requests in flight to that backend, over every gateway process (the
+    least-connections counts), read with a sync Redis `client` for /metrics; members older
+    than the concurrency TTL (a process that died mid-request) do not count."""
+    oldest_ms = int((now_s - settings.HETEROFLOW_GATEWAY_CONCURRENCY_TTL_SECONDS) * 1000)
+    keys = list(client.scan_iter(match=CONNS_PREFIX + "*", count=500))
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.zcount(key, oldest_ms, "+inf")
+        counts = pipe.execute()
+    return {
+        (key.decode() if isinstance(key, bytes) else key).removeprefix(CONNS_PREFIX): count
+        for key, count in zip(keys, counts, strict=True)
+        if count
+    }
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,7 @@ def test_metric_names_follow_prometheus_conventions(client):
                 "channel",
                 "field",
                 "endpoint",  # the gateway's: chat, completions, embeddings, models
+                "backend",  # the gateway's backends, from the database (never a request's)
                 "kind",  # the gateway's tokens: prompt, completion
             }, (family.name, sample.labels)
 
@@ -243,8 +244,32 @@ def test_the_snapshot_counts_the_cluster(client, world):
     assert set(last) == {"scheduler.tick", "monitoring.collect_server_metrics"}  # a failed run is no success
     assert all(
         value(fams, "heteroflow_metrics_snapshot_up", part=part) == 1
-        for part in ("nodes", "gpus", "alerts", "queue", "scheduler")
+        for part in ("nodes", "gpus", "alerts", "queue", "scheduler", "gateway")
     )
+
+
+def test_the_gateways_requests_in_flight_per_backend_come_from_its_redis_counts(client, settings):
+    """The least-connections counts of every gateway process, at scrape time; a request
+    whose process died (older than the concurrency TTL) is not counted."""
+    import time
+
+    import redis
+
+    from apps.gateway.limits import conns_key
+
+    connection = redis.Redis.from_url(settings.REDIS_URL)
+    now_ms = int(time.time() * 1000)
+    alive, quiet = conns_key("http://10.9.9.1:8000"), conns_key("http://10.9.9.2:8000")
+    stale_ms = now_ms - (settings.HETEROFLOW_GATEWAY_CONCURRENCY_TTL_SECONDS + 60) * 1000
+    connection.zadd(alive, {"r1": now_ms, "r2": now_ms - 1000, "dead": stale_ms})
+    connection.zadd(quiet, {"dead": stale_ms})
+    try:
+        fams = families(client.get("/metrics").content.decode())
+        assert value(fams, "heteroflow_gateway_backend_in_flight", backend="http://10.9.9.1:8000") == 2
+        samples = {s.labels["backend"] for s in fams["heteroflow_gateway_backend_in_flight"].samples}
+        assert "http://10.9.9.2:8000" not in samples
+    finally:
+        connection.delete(alive, quiet)
 
 
 def test_a_snapshot_part_that_fails_is_left_out_not_a_500(client, monkeypatch):
