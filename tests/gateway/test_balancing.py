@@ -10,6 +10,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
+from apps.gateway.catalog import ROUTES_SQL
 from apps.gateway.services import set_service_route
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -193,9 +194,12 @@ def test_expired_routes_are_served_while_one_refresh_runs(gateway, upstreams, te
     until, routes = catalog._routes[tenancy.tenant.pk]
     catalog._routes[tenancy.tenant.pk] = (until - 1_000, routes)  # past its TTL
     reads = []
+    fetch = catalog.fetch
 
-    async def failing(*args, **kwargs):
-        reads.append(args[0])
+    async def failing(sql, *args, **kwargs):
+        if sql != ROUTES_SQL:  # the key's own look-up (its TTL may run out on a slow machine) still works
+            return await fetch(sql, *args, **kwargs)
+        reads.append(sql)
         raise OSError("the database is away")
 
     monkeypatch.setattr(catalog, "fetch", failing)
