@@ -66,6 +66,7 @@ SHARED_APPS = [
     "apps.alerts",
     "apps.scheduler",
     "apps.inference",
+    "apps.slices",
     "apps.gateway",
     "apps.monitoring",
     "apps.portal",

@@ -55,3 +55,38 @@ RECOVERED_AFTER_BEATS = 2
 # carries this label: the scheduler gives it no new task. Labels merge by key, so the
 # agents' beats leave it in place.
 CORDON_LABEL = "heteroflow.cordon"
+
+
+# --- the image channel (docs/images.md) ------------------------------------------------
+
+
+class ImageAction(models.TextChoices):
+    PULL = "pull"
+    CHECK = "check"
+
+
+class ImageRequestStatus(models.TextChoices):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+IRS = ImageRequestStatus
+IMAGE_REQUEST_OPEN = (IRS.PENDING, IRS.PROCESSING)
+IMAGE_REQUEST_TRANSITIONS: dict[str, frozenset[str]] = {
+    IRS.PENDING: frozenset({IRS.PROCESSING, IRS.FAILED}),
+    IRS.PROCESSING: frozenset({IRS.COMPLETED, IRS.FAILED}),
+    IRS.COMPLETED: frozenset(),
+    IRS.FAILED: frozenset(),
+}
+IMAGE_PULL_BUDGET_SECONDS = 2 * 3600  # a pull may take this long in all
+IMAGE_PROGRESS_SECONDS = 60  # the agent reports a pull's progress this often
+IMAGE_STALLED_SECONDS = 600  # judged stalled after this long without progress
+IMAGE_CHECK_MAX_REFERENCES = 32
+
+
+class WatchedImageKind(models.TextChoices):
+    ENGINE = "engine", "inference engine"
+    BASE = "base", "base image"
+    TRAINING = "training", "training image"

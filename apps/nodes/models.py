@@ -7,7 +7,7 @@ from django.db.models import Exists, OuterRef, Q
 
 from apps.core.scoping import ScopedQuerySet
 from apps.nodes import liveness
-from apps.nodes.choices import ExecMode, LostBasis, NodeStatus
+from apps.nodes.choices import ExecMode, ImageAction, ImageRequestStatus, LostBasis, NodeStatus, WatchedImageKind
 from apps.nodes.gpu_state import gpu_state
 
 
@@ -180,3 +180,61 @@ class NodeMetric(models.Model):
     class Meta:
         db_table = "node_metrics"
         managed = False
+
+
+class ImageRequest(models.Model):
+    """An operator's image intent for one node's agent (docs/images.md): pull one
+    reference, or check up to 32. Claimed by CAS pending → processing and reported like
+    a task; a pull reports its progress every minute and is judged stalled only after
+    ten minutes without progress (never by its total time, within its 2-hour budget)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="image_requests")
+    action = models.CharField(max_length=8, choices=ImageAction.choices)
+    # pull: one reference; check: up to 32 (exact tag/digest, or a bare repository)
+    references = models.JSONField(default=list)
+    status = models.CharField(max_length=12, choices=ImageRequestStatus.choices, default=ImageRequestStatus.PENDING)
+    # the agent's latest progress: {"layers_done", "layers_total", "bytes_done", "bytes_total", "message"}
+    progress = models.JSONField(default=dict, blank=True)
+    progress_at = models.DateTimeField(null=True, blank=True)
+    # check: {"images": [{"reference", "present", "size_bytes", "image_id", "tags": [...]}]};
+    # pull: the check of the pulled reference that proves it is there
+    result = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True, default="")
+    requested_by = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True, help_text="created_at + the 2-hour budget")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "image_requests"
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["node", "status", "id"], name="image_requests_poll"),
+            models.Index(fields=["status", "updated_at"], name="image_requests_janitor"),
+        ]
+
+    def __str__(self):
+        return f"{self.action} {', '.join(self.references)[:80]} on {self.node_id} ({self.status})"
+
+
+class WatchedImage(models.Model):
+    """An image the nodes of a GPU vendor should have (engine images per vendor, base
+    and training images); empty vendor: every node. The server's list is authoritative
+    (`GET /api/v1/nodes/{id}/images/watched`); operators edit it."""
+
+    vendor = models.CharField(max_length=20, blank=True, default="", help_text="Empty: every vendor.")
+    reference = models.CharField(max_length=512)
+    kind = models.CharField(max_length=10, choices=WatchedImageKind.choices)
+    note = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "watched_images"
+        ordering = ["vendor", "kind", "reference"]
+        constraints = [models.UniqueConstraint(fields=["vendor", "reference"], name="watched_image_unique")]
+
+    def __str__(self):
+        return f"{self.vendor or '*'}: {self.reference}"

@@ -23,6 +23,7 @@ from apps.core.db import insert_rows
 from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import release
+from apps.slices.ledger import release_for_tasks as release_slices
 from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupPlacement, GroupStatus, TaskKind, group_status
 from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task, TaskEvent, TaskGroup, TenantUsage
@@ -63,6 +64,7 @@ def _move_tasks(task_ids, from_statuses, to_status, table, changes) -> list[int]
         if won and to_status in OFF_NODE:
             _count_gpu_time(won, now)
             release(won)
+            release_slices(won, now)
             if to_status in TERMINAL:
                 _settle_usage(won, now)
             if to_status == S.FAILED:

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SlicesConfig(AppConfig):
+    name = "apps.slices"
+    label = "slices"
