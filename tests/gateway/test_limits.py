@@ -21,6 +21,7 @@ from apps.gateway.api.route import GatewayApp
 from apps.gateway.services import set_tenant_limits
 from tests.factories import OperatorFactory, make_task
 from tests.gateway.upstream import Served
+from tests.live import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,12 +69,17 @@ def test_a_tenants_limit_covers_all_its_keys(gateway, upstreams, tenancy):
 
 
 def test_tokens_per_minute_refuse_once_the_minutes_tokens_reached_the_limit(gateway, upstreams, tenancy):
-    tenancy.service("qwen", [upstreams["a"]])
+    service = tenancy.service("qwen", [upstreams["a"]])
     _, key = tenancy.key(tpm_limit=15)  # the stand-in's answer uses 10 tokens
+    store = redis.Redis.from_url(django_settings.REDIS_URL)
+
+    def ended():  # a request's tokens are counted when it ends, on the gateway's side, after the answer
+        wait_until(lambda: int(store.get(limits.inflight_key(service.pk)) or 0) == 0, 5, "the request's end")
+
     chat(gateway.url, key)
-    time.sleep(0.2)  # the first request's tokens are counted when it ends, on the gateway's side
+    ended()
     chat(gateway.url, key)
-    time.sleep(0.2)
+    ended()
     with pytest.raises(openai.RateLimitError, match="tokens per minute"):
         chat(gateway.url, key)
 
@@ -92,9 +98,8 @@ def test_concurrent_requests_per_key_and_the_count_goes_back(gateway, second, up
     assert caught.value.response.headers["retry-after"] == "1"
     for stream in streams:
         list(stream)
-    time.sleep(0.2)
     store = redis.Redis.from_url(django_settings.REDIS_URL)
-    assert store.zcard(f"hf:gw:conc:k:{row.pk}") == 0
+    wait_until(lambda: store.zcard(f"hf:gw:conc:k:{row.pk}") == 0, 5, "the key's concurrency count to go back")
     assert chat(gateway.url, key).choices
 
 
@@ -126,7 +131,7 @@ def test_a_sleeping_service_is_asked_to_wake_and_answers_503(gateway, upstreams,
             f"{gateway.url}/v1/chat/completions", json={"model": "qwen"}, headers={"Authorization": f"Bearer {key}"}
         )
         assert response.status_code == 503 and "retry-after" in response.headers
-    time.sleep(0.1)
+    wait_until(lambda: asked, 5, "the wake to be asked for")
     assert asked == [service.pk]  # once per few seconds per process, however many requests
 
 

@@ -19,7 +19,7 @@ from apps.gateway import services as gateway_services
 from apps.gateway.models import EndpointKey, UsageBucket
 from apps.inference.models import InferenceService
 from apps.monitoring import metrics
-from tests.gateway.upstream import free_port
+from tests.gateway.upstream import Served, Upstream, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -188,6 +188,23 @@ def test_only_dead_backends_answer_502(gateway, upstreams, tenancy):
     with pytest.raises(openai.InternalServerError) as caught:
         chat(gateway, key)
     assert caught.value.status_code == 502
+
+
+def test_a_service_asleep_behind_cached_routes_is_woken_not_502(gateway, tenancy):
+    """The routes cached from before the service fell asleep still name its stopped
+    replica: the refused connection makes the gateway read the routes again, and a
+    sleeping service answers the waking 503 (with Retry-After), never a 502."""
+    gone = Served(Upstream("gone"))
+    service = tenancy.service("qwen", [gone])
+    _, key = tenancy.key()
+    assert chat(gateway, key).choices  # the routes are cached with the replica in them
+    gone.stop()
+    InferenceService.objects.filter(pk=service.pk).update(state="sleeping")  # no signal: the cache stays
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json={"model": "qwen"}, headers={"Authorization": f"Bearer {key}"}
+    )
+    assert response.status_code == 503 and response.json()["error"]["code"] == "model_waking"
+    assert response.headers["retry-after"]
 
 
 def test_a_backend_dying_mid_stream_is_an_error_and_the_next_request_goes_elsewhere(gateway, upstreams, tenancy):

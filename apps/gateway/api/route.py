@@ -71,7 +71,7 @@ DROPPED_RESPONSE_HEADERS = frozenset(
 class GatewayError(Exception):
     def __init__(self, status: int, message: str, type_: str, code: str | None = None, headers=(), param=None):
         super().__init__(message)
-        self.status, self.headers = status, list(headers)
+        self.status, self.headers, self.code = status, list(headers), code
         self.body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -88,6 +88,16 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def unavailable(message: str, retry: int | None = None, code: str = "no_healthy_backend") -> GatewayError:
     headers = [(b"retry-after", str(retry).encode())] if retry else []
     return GatewayError(503, message, "service_unavailable", code, headers)
+
+
+def backend_failed(exc: BaseException, outcome, when: str) -> GatewayError:
+    """A backend that timed out (504) or failed (502), `when` it did ("" or " mid-answer")."""
+    outcome.error = True
+    if isinstance(exc, TimeoutError):
+        return GatewayError(504, "The model's backend did not answer in time.", "server_error", "backend_timeout")
+    return GatewayError(
+        502, f"The model's backend failed{when} ({type(exc).__name__}).", "server_error", "backend_error"
+    )
 
 
 class GatewayApp:
@@ -282,7 +292,18 @@ class GatewayApp:
         if not isinstance(model, str) or not model:
             raise bad_request("you must provide a model parameter", param="model")
         service = await self.service_for(key, model)
-        await self.proxy(scope, receive, send, key, service, path, body, data)
+        try:
+            await self.proxy(scope, receive, send, key, service, path, body, data)
+        except GatewayError as exc:
+            # Nothing was sent yet. The cached routes may predate the service falling
+            # asleep (its replicas stopped): read them again, and wake it rather than 502.
+            if exc.code != "backend_unreachable":
+                raise
+            self.catalog.forget_routes(key.tenant_id)
+            now = {s.id: s for s in (await self.catalog.routes(key.tenant_id)).get(model, [])}.get(service.id)
+            if now is None or now.state not in ("sleeping", "waking"):
+                raise
+            await self.proxy(scope, receive, send, key, await self.wake(key, now), path, body, data)
 
     async def authenticate(self, scope) -> KeyInfo:
         scheme, _, token = (header(scope, b"authorization") or "").partition(" ")
@@ -496,16 +517,8 @@ class GatewayApp:
                     picked = await limits.repick(request_id, backend, others, time.time())
                 backend = others[picked or 0]
                 outcome.backend = backend
-            except TimeoutError:
-                outcome.error = True
-                raise GatewayError(
-                    504, "The model's backend did not answer in time.", "server_error", "backend_timeout"
-                ) from None
-            except aiohttp.ClientError as exc:
-                outcome.error = True
-                raise GatewayError(
-                    502, f"The model's backend failed ({type(exc).__name__}).", "server_error", "backend_error"
-                ) from None
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise backend_failed(exc, outcome, "") from None
         finished = False
         try:
             outcome.status = response.status
@@ -526,16 +539,8 @@ class GatewayApp:
     async def whole(self, send, response: aiohttp.ClientResponse, outcome) -> None:
         try:
             payload = await response.read()
-        except TimeoutError:
-            outcome.error = True
-            raise GatewayError(
-                504, "The model's backend did not answer in time.", "server_error", "backend_timeout"
-            ) from None
-        except aiohttp.ClientError as exc:
-            outcome.error = True
-            raise GatewayError(
-                502, f"The model's backend failed mid-answer ({type(exc).__name__}).", "server_error", "backend_error"
-            ) from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise backend_failed(exc, outcome, " mid-answer") from None
         outcome.prompt_tokens, outcome.completion_tokens = usage_of_body(payload)
         outcome.finishing = True
         await send(
