@@ -140,6 +140,11 @@ ORIGINAL_BACKEND = "django_prometheus.db.backends.postgresql"
 DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DB_CONNECT_TIMEOUT
 if DB_POOL_SIZE:
     DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DB_POOL_SIZE, "timeout": 10}
+    # With the pool, Django's health checks are the pool's `check`: a pooled connection is
+    # tried (an empty query, one round trip) before it is handed out, so that after the
+    # database restarted or terminated the connections no request gets a dead one and
+    # fails (tests/faults/test_database_loss.py).
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("HETEROFLOW_DB_CONN_MAX_AGE", 60, low=0, high=3600)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

@@ -18,11 +18,14 @@ from tests.live import REPO, free_port, server_env, stop_process, wait_for_web, 
 
 
 class Fleet:
-    """`nodes` simulated nodes with `prefix`-NNNNN ids, beating until stopped."""
+    """`nodes` simulated nodes with `prefix`-NNNNN ids, beating until stopped: to one
+    control plane, or spread over several (`url` a list; a node whose instance stops
+    answering moves to the next). `run_tasks` seconds: they also claim the tasks sent to
+    them and report them completed after that long (bench/fleet.py)."""
 
     def __init__(
         self,
-        url: str,
+        url: str | list[str],
         log_dir: Path,
         *,
         nodes: int,
@@ -30,7 +33,9 @@ class Fleet:
         interval: float = 5.0,
         jitter: float = 0.2,
         duration: float = 0,
+        run_tasks: float = 0,
     ):
+        urls = [url] if isinstance(url, str) else list(url)
         self.log_path = log_dir / f"fleet-{prefix}.log"
         self.ready = log_dir / f"fleet-{prefix}.ready"
         self.ready.unlink(missing_ok=True)
@@ -39,8 +44,9 @@ class Fleet:
                 [
                     sys.executable,
                     "bench/fleet.py",
-                    "--url",
-                    url,
+                    *(arg for one in urls for arg in ("--url", one)),
+                    "--run-tasks",
+                    str(run_tasks),
                     "--secret",
                     settings.HETEROFLOW_AGENT_SECRET,
                     "--nodes",
