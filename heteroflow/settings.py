@@ -276,6 +276,10 @@ HETEROFLOW_GATEWAY_KEYS_TTL_SECONDS = env.float("HETEROFLOW_GATEWAY_KEYS_TTL_SEC
 HETEROFLOW_GATEWAY_BACKENDS_TTL_SECONDS = env.float("HETEROFLOW_GATEWAY_BACKENDS_TTL_SECONDS", 2.0, low=0.0, high=60.0)
 # A backend that refused a connection is out of rotation this long in that process.
 HETEROFLOW_GATEWAY_QUARANTINE_SECONDS = env.float("HETEROFLOW_GATEWAY_QUARANTINE_SECONDS", 10.0, low=0.0, high=600.0)
+# The API's bodies (everything Django serves under /api/): larger ones are refused with
+# 413 before they are read (apps.core.asgi.BodyLimit). The heartbeat and the gateway have
+# their own limits.
+HETEROFLOW_API_MAX_BODY_BYTES = env.int("HETEROFLOW_API_MAX_BODY_BYTES", 2_621_440, low=65_536, high=268_435_456)
 HETEROFLOW_GATEWAY_MAX_BODY_BYTES = env.int(
     "HETEROFLOW_GATEWAY_MAX_BODY_BYTES", 16_777_216, low=65_536, high=268_435_456
 )

@@ -1,10 +1,14 @@
 """Helpers for the thin ASGI routes that sit in front of Django (the heartbeat, the task
-create): reading a request's headers from the ASGI scope as Django would read them."""
+create): reading a request's headers from the ASGI scope as Django would read them; and
+the API's body limit in front of Django (`BodyLimit`)."""
 
 from __future__ import annotations
 
+import orjson
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
+
+from apps.core.errors import error_body
 
 
 def header(scope, name: bytes) -> str | None:
@@ -31,3 +35,66 @@ def is_secure(scope) -> bool:
 def host_is_allowed(scope) -> bool:
     """What HttpRequest.get_host() checks: the Host header against ALLOWED_HOSTS."""
     return bool(validate_host(split_domain_port(header(scope, b"host") or "")[0], settings.ALLOWED_HOSTS))
+
+
+class BodyLimit:
+    """Bodies over the limit refused before they are read, in front of Django (whose ASGI
+    handler reads the whole body, spooling it to disk, before any view runs). A declared
+    Content-Length over the limit is answered 413 at once; a body without one (chunked) is
+    counted as it arrives and cut at the limit: the application sees the client leave,
+    and the client gets the 413. Only the API's paths: the portal and the admin keep
+    Django's own checks (DATA_UPLOAD_MAX_MEMORY_SIZE on form fields)."""
+
+    PATHS = ("/api/",)
+
+    def __init__(self, app, limit: int | None = None):
+        self.app, self._limit = app, limit
+
+    @property
+    def limit(self) -> int:
+        return self._limit or settings.HETEROFLOW_API_MAX_BODY_BYTES
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith(self.PATHS):
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit
+        length = header(scope, b"content-length")
+        if length is not None and length.strip().isdigit() and int(length) > limit:
+            await too_large(send, limit)
+            return
+        seen, over, started = 0, False, False
+
+        async def counted():
+            nonlocal seen, over
+            if over:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    over = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def watched(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        await self.app(scope, counted, watched)
+        if over and not started:
+            await too_large(send, limit)
+
+
+async def too_large(send, limit: int) -> None:
+    body = orjson.dumps(error_body("payload_too_large", f"The body may be at most {limit} bytes."))
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
