@@ -96,6 +96,31 @@ def routes(path: str) -> bool:
     return getattr(view, "__wrapped__", view) is not errors.not_found
 
 
+WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+_COUNT_SQL: list[str] = []
+
+
+def row_counts() -> dict[str, int]:
+    """Rows in every table of every schema (public and the tenants'), in one statement:
+    a refused write must leave every count as it was."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if not _COUNT_SQL:
+            cursor.execute(
+                "SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) FROM pg_tables "
+                "WHERE schemaname NOT IN ('pg_catalog', 'information_schema') AND tablename NOT LIKE 'node_metrics_%%' "
+                "ORDER BY 1"
+            )
+            tables = [row[0] for row in cursor.fetchall()]
+            _COUNT_SQL[:] = [
+                "SELECT " + ", ".join(f"(SELECT count(*) FROM {table})" for table in tables),
+                *tables,
+            ]
+        cursor.execute(_COUNT_SQL[0])
+        return dict(zip(_COUNT_SQL[1:], cursor.fetchone(), strict=True))
+
+
 def fuzzer(operation, who: str, headers: dict, tally: dict):
     """The Hypothesis test of one operation as one principal; counts into `tally`."""
     label = f"{operation.method.upper()} {operation.path}"
@@ -111,7 +136,16 @@ def fuzzer(operation, who: str, headers: dict, tally: dict):
     )
     def fuzz(case):
         tally["cases"] += 1
+        writes = operation.method.upper() in WRITES
+        before = row_counts() if writes else None
         response = case.call_and_validate(headers=headers, checks=CHECKS)
+        if writes and 400 <= response.status_code < 500:
+            after = row_counts()
+            changed = {
+                table: (before[table], after.get(table)) for table in before if before[table] != after.get(table)
+            }
+            assert not changed, f"a refused write ({response.status_code}) changed rows: {changed}"
+            tally["refused_writes"] += 1
         if response.status_code not in (401, 403):
             tally["reached"].setdefault(label, set()).add(who)
         if operation.path not in PUBLIC and routes(case.formatted_path):
@@ -128,7 +162,7 @@ def test_every_operation_answers_by_its_schema_for_every_principal(world, keep_c
     quiet()
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) > 50, "the schema lost its operations"
-    tally, failures = {"cases": 0, "reached": {}}, []
+    tally, failures = {"cases": 0, "reached": {}, "refused_writes": 0}, []
     for operation in operations:
         for who, django_headers in principals(world).items():
             try:
@@ -139,7 +173,10 @@ def test_every_operation_answers_by_its_schema_for_every_principal(world, keep_c
                 failures.append(f"{operation.method.upper()} {operation.path} as {who}: {str(exc)[:800]}")
     reached = tally["reached"]
     unreached = sorted({f"{o.method.upper()} {o.path}" for o in operations} - set(reached))
-    summary = f"{tally['cases']} cases, {len(operations)} operations, {len(reached)} reached past 401/403"
+    summary = (
+        f"{tally['cases']} cases, {len(operations)} operations, {len(reached)} reached past 401/403, "
+        f"{tally['refused_writes']} refused writes with every table's row count unchanged"
+    )
     print(summary)
     assert not failures, summary + "\n" + "\n\n".join(failures)
     assert not unreached, f"{summary}; never past the door: {unreached}"
