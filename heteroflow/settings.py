@@ -364,6 +364,16 @@ if HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS >= HETEROFLOW_NODE_STATUS_OFFLINE_SECO
 HETEROFLOW_NODE_OFFLINE_SECONDS = env.int("HETEROFLOW_NODE_OFFLINE_SECONDS", 45, low=10, high=3_600)
 # How often the alert sweep runs (beat's period and its guard's).
 HETEROFLOW_ALERT_SWEEP_SECONDS = env.int("HETEROFLOW_ALERT_SWEEP_SECONDS", 30, low=5, high=600)
+# Notification storms (apps.alerts.notifications.dispatch): per channel, at most this many
+# alerts one by one in a dispatch run (every 10 s) and this many deliveries a minute; the
+# rest go out as one digest per run, listing the first HETEROFLOW_NOTIFY_DIGEST_LISTED.
+HETEROFLOW_NOTIFY_GROUP_AFTER = env.int("HETEROFLOW_NOTIFY_GROUP_AFTER", 5, low=0, high=1000)
+HETEROFLOW_NOTIFY_PER_MINUTE = env.int("HETEROFLOW_NOTIFY_PER_MINUTE", 30, low=1, high=10_000)
+HETEROFLOW_NOTIFY_DIGEST_LISTED = env.int("HETEROFLOW_NOTIFY_DIGEST_LISTED", 50, low=1, high=1000)
+# Retention (alerts.prune, hourly): ended alerts and finished deliveries older than this
+# many days are deleted.
+HETEROFLOW_ALERT_RETENTION_DAYS = env.int("HETEROFLOW_ALERT_RETENTION_DAYS", 90, low=1, high=3650)
+HETEROFLOW_DELIVERY_RETENTION_DAYS = env.int("HETEROFLOW_DELIVERY_RETENTION_DAYS", 30, low=1, high=3650)
 # A running task its live node has not listed as alive for this long is stalled.
 HETEROFLOW_STALLED_TASK_SECONDS = env.int("HETEROFLOW_STALLED_TASK_SECONDS", 60, low=15, high=3_600)
 # A task still queued this long after it was created or last changed (the later of the

@@ -11,10 +11,13 @@ from django.conf import settings
 from apps.alerts.failures import sweep
 from apps.alerts.notifications.delivery import deliver
 from apps.alerts.notifications.dispatch import dispatch_notifications
+from apps.alerts.services import prune
 from apps.core.enqueue import enqueue
 from apps.core.guard import periodic_job
 
 sweep_job = periodic_job("alerts.sweep", every=settings.HETEROFLOW_ALERT_SWEEP_SECONDS)(sweep)
+# Hourly: ended alerts and finished deliveries past their retention (bounded batches).
+prune_job = periodic_job("alerts.prune", every=3600)(prune)
 
 # --- notifications (apps.alerts.notifications) ---------------------------------------------
 

@@ -6,9 +6,13 @@ statement, relying on the same index.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
-from apps.alerts.choices import AlertState
-from apps.alerts.models import Alert
+from django.conf import settings
+from django.db import transaction
+
+from apps.alerts.choices import AlertState, DeliveryStatus
+from apps.alerts.models import Alert, NotificationDelivery
 from apps.core.clock import utcnow
 
 RAISE_SQL = """
@@ -107,3 +111,44 @@ def resolve_alert(alert: Alert, user) -> bool:
     )
     alert.refresh_from_db()
     return bool(done)
+
+
+# --- retention ------------------------------------------------------------------------------
+
+PRUNE_BATCH = 2000
+PRUNE_MAX_BATCHES = 10  # per run: at most 20,000 rows of each kind an hour
+
+
+@dataclass
+class Pruned:
+    alerts: int = 0
+    deliveries: int = 0
+
+
+def prune(now=None) -> Pruned:
+    """Delete what the retention settings let go of, in bounded batches: finished
+    deliveries (delivered, failed, cancelled) older than HETEROFLOW_DELIVERY_RETENTION_DAYS,
+    and ended alerts (resolved or recovered, both events dispatched) older than
+    HETEROFLOW_ALERT_RETENTION_DAYS. An active alert, or a delivery still to be tried, is
+    never deleted however old."""
+    now = now or utcnow()
+    result = Pruned()
+    deliveries_before = now - timedelta(days=settings.HETEROFLOW_DELIVERY_RETENTION_DAYS)
+    alerts_before = now - timedelta(days=settings.HETEROFLOW_ALERT_RETENTION_DAYS)
+    finished = NotificationDelivery.objects.exclude(status=DeliveryStatus.PENDING).filter(
+        created_at__lt=deliveries_before
+    )
+    ended = Alert.objects.exclude(state=AlertState.ACTIVE).filter(
+        ended_at__lt=alerts_before, dispatched_raised_at__isnull=False, dispatched_ended_at__isnull=False
+    )
+    for query, field_name in ((finished, "deliveries"), (ended, "alerts")):
+        for _ in range(PRUNE_MAX_BATCHES):
+            with transaction.atomic():
+                ids = list(query.order_by("pk").values_list("pk", flat=True)[:PRUNE_BATCH])
+                if ids:
+                    # deliveries keep their payload; their alert link goes (SET_NULL)
+                    query.model.objects.filter(pk__in=ids).delete()
+            setattr(result, field_name, getattr(result, field_name) + len(ids))
+            if len(ids) < PRUNE_BATCH:
+                break
+    return result

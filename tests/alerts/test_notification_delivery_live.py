@@ -51,6 +51,7 @@ def worker():
     celery_app.control.purge()
 
 
+@override_settings(HETEROFLOW_NOTIFY_GROUP_AFTER=1000, HETEROFLOW_NOTIFY_PER_MINUTE=10_000)  # no storm limit here
 def test_two_dispatchers_at_once_make_exactly_one_delivery_per_alert_and_channel(receiver, operator):
     for name in ("one", "two"):
         services.create_channel(principal=operator, tenant=None, name=name, kind="webhook", url=receiver.url)

@@ -143,6 +143,7 @@ def test_a_rotated_secret_signs_from_then_on(world, receiver):
 # --- who gets what ------------------------------------------------------------------------
 
 
+@override_settings(HETEROFLOW_NOTIFY_GROUP_AFTER=1000, HETEROFLOW_NOTIFY_PER_MINUTE=10_000)  # no storm limit here
 def test_a_tenant_channel_gets_what_its_tenant_may_see_and_an_operator_channel_everything(world, receiver):
     acme, beta = world.tenants["acme"], world.tenants["beta"]
     acme_hook = webhook(world, receiver.url, tenant="acme", name="acme-hook").channel

@@ -26,6 +26,7 @@ EXPECTED = {
     "scheduler.preemption_watchdog": (30.0, False),
     "alerts.sweep": (30.0, False),
     "alerts.dispatch_notifications": (10.0, False),
+    "alerts.prune": (3600.0, False),
     "monitoring.collect_server_metrics": (30.0, True),
     "monitoring.prune_server_metrics": (3600.0, False),
     "inference.rebuild": (10.0, False),

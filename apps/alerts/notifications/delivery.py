@@ -255,6 +255,9 @@ def _target_refused(channel: NotificationChannel, url: str) -> Sent | None:
 
 def email_text(channel: NotificationChannel, delivery: NotificationDelivery) -> tuple[str, str]:
     alert = delivery.payload.get("alert")
+    digest = delivery.payload.get("digest")
+    if digest:
+        return digest_text(channel, delivery, digest)
     if delivery.event == NotificationEvent.TEST or not alert:
         subject = f"Test notification for channel {channel.name}"
         lines = [delivery.payload.get("message", ""), ""]
@@ -284,6 +287,21 @@ def email_text(channel: NotificationChannel, delivery: NotificationDelivery) -> 
         lines.append("")
     lines.append(f"Event {delivery.event}, delivery {delivery.pk}, channel '{channel.name}'.")
     subject = " ".join((settings.EMAIL_SUBJECT_PREFIX + subject).split())[:200]  # one line
+    return subject, "\n".join(lines) + "\n"
+
+
+def digest_text(channel: NotificationChannel, delivery: NotificationDelivery, digest: dict) -> tuple[str, str]:
+    """Many alerts in one e-mail (a storm, grouped by the dispatcher)."""
+    what = "raised" if delivery.event == NotificationEvent.RAISED else "ended"
+    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(digest["types"].items()))
+    subject = f"{digest['count']} alerts {what}: {kinds}"
+    lines = [f"{digest['count']} alerts {what} in a few seconds ({kinds}).", ""]
+    for alert in digest["alerts"]:
+        lines.append(f"- {alert['severity'].upper()} {alert['type']}: {(alert['message'].splitlines() or [''])[0]}")
+    if digest["omitted"]:
+        lines.append(f"… and {digest['omitted']} more (see the alerts page).")
+    lines += ["", f"Event {delivery.event}, delivery {delivery.pk}, channel '{channel.name}'."]
+    subject = " ".join((settings.EMAIL_SUBJECT_PREFIX + subject).split())[:200]
     return subject, "\n".join(lines) + "\n"
 
 
