@@ -37,13 +37,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.heartbeats import (  # noqa: E402
+    drop_database,
     free_port,
     percentile,
+    recreate_database,
     server_env,
     start_server,
     stores_in_use,
     wait_for,
-    with_database,
 )
 from heteroflow.embedded import ensure_data_stores  # noqa: E402
 
@@ -210,13 +211,7 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="hf-bench-gateway-"))
     (scratch / "static").mkdir()
     stores = ensure_data_stores(scratch, os.environ)
-    admin_url = stores.database_url
-    import psycopg
-
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
-    database_url = with_database(admin_url, DB_NAME)
+    database_url = recreate_database(stores.database_url, DB_NAME)
     env = server_env(database_url, stores.redis_url, scratch, secrets.token_urlsafe(24))
     processes = []
     try:
@@ -332,8 +327,7 @@ def main() -> int:
                 process.wait(timeout=30)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        drop_database(stores.database_url, DB_NAME)
         stores.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -56,19 +56,21 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
-def recreate_database(admin_url: str) -> None:
+def recreate_database(admin_url: str, name: str = BENCH_DB) -> str:
+    """A benchmark's own database, empty, on the server `admin_url` names; its URL."""
     import psycopg
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    return with_database(admin_url, name)
 
 
-def drop_database(admin_url: str) -> None:
+def drop_database(admin_url: str, name: str = BENCH_DB) -> None:
     import psycopg
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 # --- the load generator ---------------------------------------------------------------

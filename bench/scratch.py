@@ -10,8 +10,8 @@ import secrets
 import shutil
 import tempfile
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
+from bench.heartbeats import drop_database, recreate_database
 from heteroflow.embedded import ensure_data_stores
 
 
@@ -19,16 +19,13 @@ from heteroflow.embedded import ensure_data_stores
 def scratch_django(db_name: str, prefix: str, *, keep: bool = False):
     """Yields once Django is set up and migrated on `db_name`. `keep`: leave the database
     for EXPLAIN by hand (only meaningful with DATABASE_URL)."""
-    import psycopg
 
     scratch = Path(tempfile.mkdtemp(prefix=prefix))
     stores = ensure_data_stores(scratch, os.environ)
     admin_url = stores.database_url
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {db_name}")
+    database_url = recreate_database(admin_url, db_name)
     os.environ.update(
-        DATABASE_URL=urlunsplit(urlsplit(admin_url)._replace(path="/" + db_name)),
+        DATABASE_URL=database_url,
         REDIS_URL=stores.redis_url,
         HETEROFLOW_ENV="production",
         SECRET_KEY=secrets.token_urlsafe(50),
@@ -51,7 +48,6 @@ def scratch_django(db_name: str, prefix: str, *, keep: bool = False):
 
         connections.close_all()
         if not keep:
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")
+            drop_database(admin_url, db_name)
         stores.stop()
         shutil.rmtree(scratch, ignore_errors=True)
