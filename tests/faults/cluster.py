@@ -4,16 +4,26 @@ be killed and started again. Modules using these need `django_db(transaction=Tru
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+import requests
 from django.conf import settings
+from django.db.models import Count
 
+from apps.core.guard import EARLY_FRACTION, declared_jobs
+from apps.core.models import JobRun
+from apps.tasks.models import Task
 from heteroflow.launcher import web_command
+from tests.headers import bearer_http
 from tests.live import REPO, free_port, server_env, stop_process, wait_for_web, wait_until
 
 
@@ -155,3 +165,52 @@ class ControlPlane:
             f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
             for path in sorted(self.log_dir.glob("*.log"))
         )
+
+
+# --- what the control-plane fault tests share ------------------------------------------
+
+
+def task_statuses() -> dict[str, int]:
+    """How many tasks are in each status."""
+    return dict(Task.objects.values_list("status").annotate(n=Count("id")))
+
+
+def submit_tasks(urls: list[str], key: str, names, **fields) -> list[int]:
+    """One-card tasks of tenant `lab` created through the API, spread over the instances
+    at `urls` in turn; their ids."""
+    ids = []
+    for name, url in zip(names, itertools.cycle(urls), strict=False):
+        response = requests.post(
+            f"{url}/api/v1/tasks",
+            headers=bearer_http(key),
+            timeout=60,
+            json={"tenant": "lab", "name": name, "image": "busybox", "gpu_required": 1, **fields},
+        )
+        assert response.status_code == 201, response.text
+        ids.append(response.json()["id"])
+    return ids
+
+
+def assert_no_job_ran_over_its_period(runs_before: dict[str, int], elapsed: float) -> dict[str, int]:
+    """No periodic job ran more often than its guard allows over `elapsed` seconds (one
+    start per 80 % of its period, plus the first), whatever number of beats sent ticks.
+    The scheduler's tick is left out: it also runs on demand when a task is created, by
+    design. Returns the runs of each job since `runs_before` (JobRun.runs)."""
+    runs = {row.key: row.runs - runs_before.get(row.key, 0) for row in JobRun.objects.all()}
+    for job in declared_jobs().values():
+        if job.name == "scheduler.tick" or job.every > elapsed:
+            continue
+        allowed = math.floor(elapsed / (job.every * EARLY_FRACTION)) + 1
+        assert runs.get(job.name, 0) <= allowed, (job.name, runs.get(job.name), allowed, elapsed)
+    return runs
+
+
+def wait_for_statuses(expected: dict[str, int], timeout: float, plane: ControlPlane | None = None) -> None:
+    """Until the tasks' statuses are `expected`; a time-out says what they were then, with
+    the control plane's logs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if task_statuses() == expected:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"tasks never {expected}: {task_statuses()}\n{plane.logs() if plane else ''}")

@@ -16,9 +16,7 @@ import subprocess
 import time
 
 import pytest
-import requests
 from django.db import connection
-from django.db.models import Count
 
 from apps.core.clock import utcnow
 from apps.core.models import JobRun
@@ -26,18 +24,13 @@ from apps.scheduler.services import set_plugin_options
 from apps.tasks.models import Task
 from apps.tenants.services import create_tenant, issue_platform_key
 from tests.factories import OperatorFactory
-from tests.faults.cluster import ControlPlane, Fleet
-from tests.headers import bearer_http
+from tests.faults.cluster import ControlPlane, Fleet, submit_tasks, wait_for_statuses
 from tests.live import free_port, stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 NODES = 20
 RUN_SECONDS = 2.0
-
-
-def statuses() -> dict[str, int]:
-    return dict(Task.objects.values_list("status").annotate(n=Count("id")))
 
 
 def start_redis(port: int, log) -> subprocess.Popen:
@@ -58,19 +51,13 @@ def start_redis(port: int, log) -> subprocess.Popen:
     return server
 
 
-def submit(url: str, key: str, names) -> list[float]:
+def timed_submit(url: str, key: str, names) -> list[float]:
     """Seconds each create took."""
     took = []
     for name in names:
         began = time.monotonic()
-        response = requests.post(
-            f"{url}/api/v1/tasks",
-            headers=bearer_http(key),
-            timeout=60,
-            json={"tenant": "lab", "name": name, "image": "busybox", "gpu_required": 1},
-        )
+        submit_tasks([url], key, [name])
         took.append(time.monotonic() - began)
-        assert response.status_code == 201, response.text
     return took
 
 
@@ -86,16 +73,16 @@ def test_redis_killed_and_started_empty_loses_no_task(tmp_path):
     fleet = Fleet(plane.url, tmp_path, nodes=NODES, prefix="rd", run_tasks=RUN_SECONDS)
     try:
         fleet.wait_registered()
-        submit(plane.url, key, [f"before-{n}" for n in range(10)])
-        wait_until(lambda: statuses() == {"completed": 10}, 120, f"the first tasks done ({statuses()})\n{plane.logs()}")
+        submit_tasks([plane.url], key, [f"before-{n}" for n in range(10)])
+        wait_for_statuses({"completed": 10}, 120, plane)
 
         stop_process(redis_server, signal.SIGKILL)
         down_at = utcnow()
-        took = submit(plane.url, key, [f"during-{n}" for n in range(5)])  # the tick messages are lost
+        took = timed_submit(plane.url, key, [f"during-{n}" for n in range(5)])  # the tick messages are lost
         redis_server = start_redis(port, log)  # empty: no message, no cache, no count survived
         back_at = utcnow()
-        submit(plane.url, key, [f"after-{n}" for n in range(5)])
-        wait_until(lambda: statuses() == {"completed": 20}, 180, f"every task completed ({statuses()})\n{plane.logs()}")
+        submit_tasks([plane.url], key, [f"after-{n}" for n in range(5)])
+        wait_for_statuses({"completed": 20}, 180, plane)
         wait_until(
             lambda: JobRun.objects.filter(key="nodes.check_health", last_started_at__gt=back_at).exists(),
             60,
