@@ -14,6 +14,8 @@ from apps.core.clock import utcnow
 from apps.nodes.choices import NodeStatus
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation
+from apps.slices import ledger
+from apps.slices.models import Slice, SliceRequest
 from apps.tasks.models import Task, TaskGroup
 
 
@@ -141,3 +143,26 @@ def make_task_holding(node: Node, tenant, status: str, card: int = 0) -> Task:
     task = make_task(tenant, name=status, status=status, node=node)
     GpuAllocation.objects.create(task=task, node=node, gpu_index=card, tenant=tenant)
     return task
+
+
+def make_slice(node: Node, tenant=None, task: Task | None = None, **fields) -> Slice:
+    """A slice written as it is (any state, tier, card): a 1g.18gb MIG slice of 18 GB on
+    card 0, requested, unless `fields` say otherwise."""
+    fields = {
+        "gpu_index": 0,
+        "gpu_uuid": f"GPU-{node.pk}-{fields.get('gpu_index', 0)}",
+        "tier": "mig",
+        "memory_mb": 18 * 1024,
+        "compute_percent": 14,
+        "profile": "1g.18gb",
+        **fields,
+    }
+    return Slice.objects.create(node=node, tenant=tenant or (task.tenant if task else None), task=task, **fields)
+
+
+def make_slice_request(slice_: Slice, action: str = "create", **fields) -> SliceRequest:
+    """A request for `slice_`'s agent as ledger.issue writes it (pending unless `status`
+    says otherwise); `fields` are its other columns."""
+    fields.setdefault("vendor", {"mig": "nvidia-mig", "mps": "nvidia-mps", "hami": "hygon-hami"}[slice_.tier])
+    fields.setdefault("params", ledger.request_params(slice_))
+    return SliceRequest.objects.create(node_id=slice_.node_id, slice=slice_, action=action, **fields)
