@@ -5,6 +5,8 @@ from any state; a test of a service's own writes calls the service."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import factory
 from django.contrib.auth import get_user_model
 
@@ -166,3 +168,19 @@ def make_slice_request(slice_: Slice, action: str = "create", **fields) -> Slice
     fields.setdefault("vendor", {"mig": "nvidia-mig", "mps": "nvidia-mps", "hami": "hygon-hami"}[slice_.tier])
     fields.setdefault("params", ledger.request_params(slice_))
     return SliceRequest.objects.create(node_id=slice_.node_id, slice=slice_, action=action, **fields)
+
+
+def make_bound_slice(node: Node, tenant, *, card: int = 0, state: str = "requested", **fields) -> Slice:
+    """A memory-only task as a bind leaves it: scheduled on `node`, its card held in the
+    ledger for the slice's memory, the slice in `state` and, for a hardware tier
+    requested or issued, its create request (pending; processing when issued).
+    `fields` are the slice's other columns (tier, memory_mb, profile…)."""
+    memory = fields.get("memory_mb", 18 * 1024)
+    task = make_task(tenant, name=f"sliced-{state}", status="scheduled", node=node, gpu_memory_mb=memory)
+    GpuAllocation.objects.create(task=task, node=node, gpu_index=card, tenant=tenant, memory_mb=memory)
+    slice_ = make_slice(node, task=task, gpu_index=card, state=state, **fields)
+    if slice_.tier != "software" and state in ("requested", "issued"):
+        now = utcnow()
+        extra = {"status": "processing", "claimed_at": now, "deadline": now + timedelta(seconds=120)}
+        make_slice_request(slice_, "create", **(extra if state == "issued" else {}))
+    return slice_

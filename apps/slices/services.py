@@ -130,7 +130,7 @@ def _requeue(slice_: Slice, message: str) -> None:
         TaskStatus.PENDING,
         node=None,
         host_port=None,
-        schedule_reason=Jsonb({"code": SLICE_FAILED, "message": message}),
+        schedule_reason={"code": SLICE_FAILED, "message": message},
     )
     if moved:
         record_event(
@@ -164,7 +164,7 @@ def apply_outcome(request: SliceRequest, *, now=None) -> bool:
     (the caller holds the transaction). True when it changed something; applying the
     same outcome again changes nothing."""
     now = now or utcnow()
-    slice_ = Slice.objects.select_for_update().select_related("task").get(pk=request.slice_id)
+    slice_ = Slice.objects.select_for_update(of=("self",)).select_related("task").get(pk=request.slice_id)
     result = request.result or {}
     if request.action == SliceAction.CREATE:
         if slice_.state not in (SL.ISSUED, SL.RELEASING):
