@@ -43,15 +43,25 @@ def slice_summary(slice_: Slice, *, own: bool) -> dict:
     }
 
 
-def slices_by_card(node, principal) -> dict[int, list[dict]]:
-    """The LIVE slices on each card of `node` (gpu index → summaries, oldest first)."""
+def slices_by_card(node, principal, *, shares: bool = False) -> dict[int, list[dict]]:
+    """The LIVE slices on each card of `node` (gpu index → summaries, oldest first);
+    `shares`: each with its `percent` of the card's memory too (for the pages' bars)."""
     visible = set(Slice.objects.visible_to(principal).filter(node=node, state__in=LIVE).values_list("pk", flat=True))
     cards: dict[int, list[dict]] = defaultdict(list)
     for slice_ in (
         Slice.objects.filter(node=node, state__in=LIVE).select_related("tenant", "task").order_by("gpu_index", "id")
     ):
         cards[slice_.gpu_index].append(slice_summary(slice_, own=slice_.pk in visible))
+    if shares:
+        totals = dict(Gpu.objects.filter(node=node).values_list("index", "memory_total_mb"))
+        for index, items in cards.items():
+            _add_shares(items, totals.get(index) or 0)
     return dict(cards)
+
+
+def _add_shares(items: list[dict], total_mb: int) -> None:
+    for item in items:
+        item["percent"] = round(100 * item["memory_mb"] / total_mb, 1) if total_mb else None
 
 
 def carved_cards(principal, *, node_id: str = "") -> list[dict]:
@@ -95,6 +105,5 @@ def carved_cards(principal, *, node_id: str = "") -> list[dict]:
     for card in out:
         total = card["memory_total_mb"]
         card["carved_percent"] = min(100, round(100 * card["carved_mb"] / total)) if total else None
-        for item in card["slices"]:
-            item["percent"] = round(100 * item["memory_mb"] / total, 1) if total else None
+        _add_shares(card["slices"], total)
     return out
