@@ -45,9 +45,10 @@ RS, SL = RequestStatus, SliceState
 
 # the compensation scan's own critical section: the spec's "advisory lock 9603"
 COMPENSATION_LOCK = "slices:compensation:9603"
-# a card whose create reported this recently is left alone by the GC: the heartbeat it
-# reads may predate the instance's slice being confirmed
-CREATE_SETTLE_SECONDS = 30
+# a card whose create or destroy reported this recently is left alone by the GC: the
+# heartbeat it reads may predate the report (a new instance not yet confirmed, or one
+# already destroyed still listed)
+SETTLE_SECONDS = 30
 # a failed (or timed-out) destroy is issued again after 60 s, 120 s, 240 s… (at most 10 min)
 DESTROY_BACKOFF_SECONDS = 60
 DESTROY_BACKOFF_MAX_SECONDS = 600
@@ -304,12 +305,12 @@ def _release_taskless(slice_: Slice, now) -> int:
 
 
 def _card_busy(node_id: str, index: int, now) -> bool:
-    """A create in flight on the card: processing, or completed within the settle time."""
+    """A change in flight on the card: a create processing, or a create or destroy
+    completed within the settle time (the beat may predate it)."""
     return SliceRequest.objects.filter(
-        Q(status=RS.PROCESSING)
-        | Q(status=RS.COMPLETED, finished_at__gte=now - timedelta(seconds=CREATE_SETTLE_SECONDS)),
+        Q(status=RS.PROCESSING, action=SliceAction.CREATE)
+        | Q(status=RS.COMPLETED, finished_at__gte=now - timedelta(seconds=SETTLE_SECONDS)),
         node_id=node_id,
-        action=SliceAction.CREATE,
         slice__gpu_index=index,
     ).exists()
 

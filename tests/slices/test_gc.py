@@ -98,6 +98,15 @@ def test_a_card_with_a_create_in_flight_is_skipped(node, acme, status, finished_
     assert (("mig-node", 0) in report.skipped_cards) is skipped
 
 
+def test_an_instance_destroyed_moments_ago_but_still_in_the_beat_is_not_orphaned_again(node, acme):
+    now = utcnow()
+    gone = make_slice(node, acme, state="released", device_id="MIG-just-gone", handles={"gi": 4, "ci": 0})
+    make_slice_request(gone, "destroy", status="completed", finished_at=now - timedelta(seconds=5))
+    report_instances(node, 0, [instance("MIG-just-gone", 4)])  # the beat was sent before the destroy
+    assert services.gc(now=now).orphans == []
+    assert services.gc(now=now + timedelta(seconds=31)).orphans != []  # still there after the settle time
+
+
 def test_absent_or_empty_instance_lists_make_nothing(node):
     Node.objects.filter(pk=node.pk).update(gpu_capabilities={"0": {"mig_capable": True}, "1": {"mig_instances": []}})
     assert services.gc().orphans == []
