@@ -183,9 +183,13 @@ def apply_outcome(request: SliceRequest, *, now=None) -> bool:
     if request.status == RS.COMPLETED:
         Slice.objects.filter(pk=slice_.pk).update(state=SL.RELEASED, released_at=now, error="", updated_at=now)
         return True
-    # a failed or timed-out destroy: the slice stays, its error kept; the scan issues it again
+    # a failed or timed-out destroy: the slice stays, its error kept, with what is left on
+    # the card when the agent says (a partial destroy); the scan issues it again
     error = request.error or ("timed out" if request.status == RS.TIMED_OUT else "the destroy failed")
-    Slice.objects.filter(pk=slice_.pk).update(error=error, updated_at=now)
+    changes = {"error": error, "updated_at": now}
+    if request.status == RS.FAILED and isinstance(result.get("handles"), dict) and result["handles"]:
+        changes["handles"] = result["handles"]
+    Slice.objects.filter(pk=slice_.pk).update(**changes)
     return True
 
 
@@ -254,17 +258,22 @@ def _profile_memory_mb(profile: str) -> int:
     return int(match.group(1)) * 1024 if match else 0
 
 
-def _owned(slices) -> tuple[set[str], set[tuple[int, int]]]:
-    uuids, pairs = set(), set()
+def _owned(slices) -> tuple[set[str], set[int]]:
+    """The MIG UUIDs and GPU instance ids the slices on one card claim. A slice is one GPU
+    instance with its compute instance (`-cgi PROFILE -C`), and GPU instance ids are
+    unique on a card, so the GI id names what a slice owns even before its compute
+    instance or UUID exists (a partial create, a listing without UUIDs)."""
+    uuids, gis = set(), set()
     for slice_ in slices:
-        for item in [slice_.handles or {}, *(slice_.handles or {}).get("instances", [])]:
+        handles = slice_.handles if isinstance(slice_.handles, dict) else {}
+        for item in [handles, *(i for i in handles.get("instances", []) if isinstance(i, dict))]:
             if item.get("uuid"):
                 uuids.add(item["uuid"])
-            if item.get("gi") is not None and item.get("ci") is not None:
-                pairs.add((int(item["gi"]), int(item["ci"])))
+            if isinstance(item.get("gi"), int):
+                gis.add(item["gi"])
         if slice_.device_id:
             uuids.add(slice_.device_id)
-    return uuids, pairs
+    return uuids, gis
 
 
 def gc(*, now=None) -> GcReport:
@@ -323,13 +332,14 @@ def _gc_node(node: Node, now, out: GcReport) -> None:
             continue  # absent (not known) or none there
         index = int(key)
         live = list(Slice.objects.select_for_update().filter(node=node, gpu_index=index, state__in=LIVE))
-        uuids, pairs = _owned(live)
+        uuids, gis = _owned(live)
         unowned = [
             i
             for i in instances
             if isinstance(i, dict)
-            and i.get("uuid") not in uuids
-            and not (i.get("gi") is not None and i.get("ci") is not None and (int(i["gi"]), int(i["ci"])) in pairs)
+            and isinstance(i.get("gi"), int)
+            and not (i.get("uuid") and i["uuid"] in uuids)
+            and i["gi"] not in gis
         ]
         if not unowned:
             continue

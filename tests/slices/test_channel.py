@@ -183,12 +183,13 @@ def test_a_completed_destroy_releases_the_slice_and_a_failed_one_keeps_it_with_i
     second = make_slice_request(stuck, "destroy", status="processing")
     ok = report_body(result={"destroyed": [{"uuid": "MIG-d1", "gi": 1, "ci": 0}]})
     assert api.put(url(first), ok, format="json", **AGENT).status_code == 200
-    bad = report_body("failed", result={"destroyed": []}, error="In use by another client")
+    bad = report_body("failed", result={"destroyed": [], "handles": {"gi": 1}}, error="In use by another client")
     assert api.put(url(second), bad, format="json", **AGENT).status_code == 200
     done.refresh_from_db()
     stuck.refresh_from_db()
     assert done.state == "released" and done.released_at is not None
     assert stuck.state == "orphaned" and stuck.error == "In use by another client"
+    assert stuck.handles == {"gi": 1}  # what the agent says is left (its compute instance went)
 
 
 def test_a_report_after_the_time_out_is_409_saying_the_status(api, node, acme):

@@ -77,6 +77,18 @@ def test_an_instance_a_live_slice_owns_is_never_destroyed(node, acme):
     assert [r.slice_id for r in destroys()] == [going.pk]  # only the one it already had
 
 
+def test_a_gpu_instance_without_its_compute_instance_is_owned_by_its_gi(node, acme):
+    """A partial create left a GPU instance (no CI, no UUID yet): its orphaned slice holds
+    {"gi": 6}; the beat lists it without ci or uuid. It is not orphaned a second time."""
+    partial = make_slice(node, acme, state="orphaned", device_id="", handles={"gi": 6})
+    make_slice_request(partial, "destroy", status="failed", finished_at=utcnow())
+    report_instances(node, 0, [{"gi": 6, "profile": "1g.18gb"}, {"gi": 8}])
+    report = services.gc()
+    (new,) = Slice.objects.filter(pk__in=report.orphans)
+    assert new.handles == {"gi": 8} and new.device_id == ""
+    assert services.gc().orphans == []
+
+
 @pytest.mark.parametrize(
     "status, finished_ago, skipped",
     [("processing", None, True), ("completed", 10, True), ("completed", 31, False), ("failed", 5, False)],
