@@ -143,12 +143,9 @@ def _requeue(slice_: Slice, message: str) -> None:
         )
 
 
-def _handles_of(created: list[dict]) -> tuple[str, dict]:
-    """device_id and handles of what a partial create left on the card."""
-    if len(created) == 1:
-        one = created[0]
-        return one.get("uuid", ""), {k: one[k] for k in ("gi", "ci") if k in one}
-    return "", {"instances": created}
+def _handles_of(instance: dict) -> tuple[str, dict]:
+    """device_id and handles of one instance a create left on the card."""
+    return instance.get("uuid", "") or "", {k: instance[k] for k in ("gi", "ci") if k in instance}
 
 
 def _destroy_or_release(slice_: Slice, now) -> None:
@@ -197,7 +194,7 @@ def _create_completed(slice_: Slice, result: dict, now) -> bool:
     device_id = result.get("device_id") or slice_.device_id or slice_.gpu_uuid
     handles = result.get("handles") or slice_.handles
     if not handles and result.get("created"):
-        _, handles = _handles_of(result["created"])
+        _, handles = _handles_of(result["created"][0])
         device_id = result.get("device_id") or result["created"][0].get("uuid") or device_id
     slice_.device_id, slice_.handles = device_id, handles
     if slice_.state == SL.ISSUED and _task_still_served(slice_):
@@ -221,17 +218,41 @@ def _create_failed(slice_: Slice, request: SliceRequest, result: dict, now) -> b
         message = f"the agent could not make the slice: {request.error or 'no reason given'}"
     serving = slice_.state == SL.ISSUED
     if created:
-        device_id, handles = _handles_of(created)
+        # each instance it made is destroyed by a request of its own (one instance per
+        # slice, as the agent's destroy expects): the slice keeps the first, any others
+        # get orphaned rows of their own
+        device_id, handles = _handles_of(created[0])
         Slice.objects.filter(pk=slice_.pk).update(
             state=SL.ORPHANED, device_id=device_id, handles=handles, error=message, updated_at=now
         )
         slice_.device_id, slice_.handles, slice_.state = device_id, handles, SL.ORPHANED
-        ledger.issue([slice_], SliceAction.DESTROY)
+        extra = [_orphan_row(slice_, instance, message) for instance in created[1:]]
+        ledger.issue([slice_, *extra], SliceAction.DESTROY)
     else:
         Slice.objects.filter(pk=slice_.pk).update(state=SL.FAILED, error=message, updated_at=now)
     if serving:
         _requeue(slice_, message)
     return True
+
+
+def _orphan_row(like: Slice, instance: dict, error: str) -> Slice:
+    """An orphaned slice for one more instance a partial create left on `like`'s card."""
+    device_id, handles = _handles_of(instance)
+    return Slice.objects.create(
+        node_id=like.node_id,
+        gpu_index=like.gpu_index,
+        gpu_uuid=like.gpu_uuid,
+        tenant_id=like.tenant_id,
+        tier=like.tier,
+        memory_mb=_profile_memory_mb(instance.get("profile", "")) or like.memory_mb,
+        compute_percent=like.compute_percent,
+        profile=instance.get("profile", "") or like.profile,
+        state=SL.ORPHANED,
+        device_id=device_id,
+        handles=handles,
+        reason={"why": f"left on the card by the failed create of slice {like.pk}"},
+        error=error,
+    )
 
 
 # --- the orphan GC -------------------------------------------------------------------------

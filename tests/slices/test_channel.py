@@ -168,10 +168,17 @@ def test_a_partial_create_orphans_what_it_made_with_a_destroy_and_requeues_the_t
     body = report_body("failed", result={"created": made}, error="3 of 4 made; then: No space left")
     assert api.put(url(only_request(slice_)), body, format="json", **AGENT).status_code == 200
     slice_.refresh_from_db()
-    assert slice_.state == "orphaned"
-    assert [i["uuid"] for i in slice_.handles["instances"]] == ["MIG-c1", "MIG-c2"]
+    assert (slice_.state, slice_.device_id, slice_.handles) == ("orphaned", "MIG-c1", {"gi": 3, "ci": 0})
     destroy = only_request(slice_)
-    assert (destroy.action, destroy.status) == ("destroy", "pending")
+    assert (destroy.action, destroy.status, destroy.params["handles"]) == ("destroy", "pending", {"gi": 3, "ci": 0})
+    (second,) = Slice.objects.exclude(pk=slice_.pk)  # one instance per slice, as the agent destroys them
+    assert (second.state, second.device_id, second.handles, second.task_id) == (
+        "orphaned",
+        "MIG-c2",
+        {"gi": 4, "ci": 0},
+        None,
+    )
+    assert second.tenant_id == slice_.tenant_id and only_request(second).action == "destroy"
     task = Task.objects.get(pk=slice_.task_id)
     assert task.status == "pending" and task.schedule_reason["code"] == "SliceFailed"
 

@@ -163,6 +163,7 @@ def test_the_scan_has_its_own_advisory_lock(node, acme, settings):
         other.execute("SELECT pg_advisory_lock(%s)", [lock_id(services.COMPENSATION_LOCK)])
         assert services.compensate().busy
         assert not SliceRequest.objects.exists()
+        other.execute("SELECT pg_advisory_unlock(%s)", [lock_id(services.COMPENSATION_LOCK)])  # at once, not on exit
     finally:
         other.close()
     assert services.compensate().destroys != []
