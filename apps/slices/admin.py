@@ -35,7 +35,19 @@ class SliceRequestInline(admin.TabularInline):
 
 @admin.register(Slice)
 class SliceAdmin(ReadOnlyAdmin):
-    list_display = ["id", "node", "gpu_index", "tier", "memory_mb", "state", "tenant", "task", "created_at"]
+    list_display = [
+        "id",
+        "node",
+        "gpu_index",
+        "tier",
+        "profile",
+        "memory_mb",
+        "state",
+        "device_id",
+        "tenant",
+        "task",
+        "created_at",
+    ]
     list_filter = ["state", "tier", "tenant"]
     search_fields = ["node__id", "node__name", "device_id", "gpu_uuid", "task__name"]
     list_select_related = ["node", "tenant", "task"]

@@ -75,3 +75,15 @@ def test_the_node_detail_shows_each_cards_slices(client, world, carved):
     assert 'data-gpu-slices="1"' not in html  # a card with no slices has no slice row
     operator = page(signed_in(client, world.operator), "/portal/nodes/shared-1/")
     assert "no tenant (found on the card)" in operator.split('data-gpu-slices="2"')[1].split("</tr>")[0]
+
+
+def test_the_admin_lists_slices_and_requests_read_only(client, world, carved):
+    operator = signed_in(client, world.operator)
+    html = page(operator, "/admin/slices/slice/?state__exact=confirmed")
+    assert "MIG-acme-1" in html and "MIG-lost" not in html
+    detail = page(operator, f"/admin/slices/slice/{carved['beta'].pk}/change/")
+    assert "2g.20gb" in detail and "create" in detail  # its create request inline
+    assert 'name="_save"' not in detail  # nothing to change
+    page(operator, "/admin/slices/slicerequest/?status__exact=processing")
+    assert client.get("/admin/slices/slice/add/").status_code == 403
+    assert client.get(f"/admin/slices/slice/{carved['orphan'].pk}/delete/").status_code == 403
