@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Count, Exists, F, Max, OuterRef, Q
+from django.db.models import BooleanField, Count, Exists, F, Max, OuterRef, Q
+from django.db.models.expressions import RawSQL
 from psycopg.types.json import Jsonb
 
 from apps.core import locks
@@ -53,6 +54,12 @@ SETTLE_SECONDS = 30
 DESTROY_BACKOFF_SECONDS = 60
 DESTROY_BACKOFF_MAX_SECONDS = 600
 SLICE_FAILED = "SliceFailed"
+# the nodes whose latest beat lists a MIG instance on some card (the GC reads only those)
+REPORTS_MIG_INSTANCES = RawSQL(
+    "jsonb_typeof(nodes.gpu_capabilities) = 'object' AND jsonb_path_exists(nodes.gpu_capabilities, %s::jsonpath)",
+    ["$.*.mig_instances[0]"],
+    output_field=BooleanField(),
+)
 
 
 class NotProcessing(Exception):
@@ -314,7 +321,7 @@ def gc(*, now=None) -> GcReport:
             out.released_for_tasks = ledger.release_for_tasks(sorted(ended), now)
         for slice_ in Slice.objects.select_for_update().filter(state__in=HOLDING, task__isnull=True).order_by("pk"):
             out.released_taskless += _release_taskless(slice_, now)
-        for node in Node.objects.exclude(gpu_capabilities={}).order_by("pk"):
+        for node in Node.objects.filter(REPORTS_MIG_INSTANCES).order_by("pk"):
             _gc_node(node, now, out)
     return out
 
