@@ -178,7 +178,7 @@ def apply_outcome(request: SliceRequest, *, now=None) -> bool:
         if slice_.requests.filter(pk__gt=request.pk).exists():
             return False
         if request.status == RS.COMPLETED:
-            return _create_completed(slice_, result, now)
+            return _create_completed(slice_, request, result, now)
         return _create_failed(slice_, request, result, now)
     if slice_.state not in (SL.RELEASING, SL.ORPHANED):
         return False
@@ -197,12 +197,14 @@ def apply_outcome(request: SliceRequest, *, now=None) -> bool:
     return True
 
 
-def _create_completed(slice_: Slice, result: dict, now) -> bool:
-    device_id = result.get("device_id") or slice_.device_id or slice_.gpu_uuid
-    handles = result.get("handles") or slice_.handles
-    if not handles and result.get("created"):
-        _, handles = _handles_of(result["created"][0])
-        device_id = result.get("device_id") or result["created"][0].get("uuid") or device_id
+def _create_completed(slice_: Slice, request: SliceRequest, result: dict, now) -> bool:
+    created = list(result.get("created") or [])
+    device_id = result.get("device_id") or (created[0].get("uuid") if created else "") or slice_.device_id
+    handles = result.get("handles") or (_handles_of(created[0])[1] if created else {}) or slice_.handles
+    if slice_.tier == Tier.MIG and not device_id:
+        # no MIG device to hand the task: never confirmed (no limit, no start)
+        return _create_failed(slice_, request, result, now, why="the agent reported no MIG device for it")
+    device_id = device_id or slice_.gpu_uuid  # MPS / HAMi: the card, unless the vendor named a device
     slice_.device_id, slice_.handles = device_id, handles
     if slice_.state == SL.ISSUED and _task_still_served(slice_):
         Slice.objects.filter(pk=slice_.pk).update(
@@ -217,9 +219,11 @@ def _create_completed(slice_: Slice, result: dict, now) -> bool:
     return True
 
 
-def _create_failed(slice_: Slice, request: SliceRequest, result: dict, now) -> bool:
+def _create_failed(slice_: Slice, request: SliceRequest, result: dict, now, *, why: str = "") -> bool:
     created = list(result.get("created") or [])
-    if request.status == RS.TIMED_OUT:
+    if why:
+        message = f"the slice was not confirmed: {why}"
+    elif request.status == RS.TIMED_OUT:
         message = f"the agent did not report the slice's create within {REQUEST_SECONDS} s"
     else:
         message = f"the agent could not make the slice: {request.error or 'no reason given'}"

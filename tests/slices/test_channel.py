@@ -122,6 +122,21 @@ def test_a_completed_create_confirms_the_slice_with_its_device(api, node, acme):
     assert retried.status_code == 409 and "completed" in retried.json()["error"]["message"]
 
 
+def test_a_mig_create_completed_without_a_mig_device_is_not_confirmed(api, node, acme):
+    slice_ = make_bound_slice(node, acme, state="issued")
+    assert api.put(url(only_request(slice_)), report_body(result={}), format="json", **AGENT).status_code == 200
+    slice_.refresh_from_db()
+    assert slice_.state == "failed" and "no MIG device" in slice_.error
+    assert Task.objects.get(pk=slice_.task_id).schedule_reason["code"] == "SliceFailed"
+
+
+def test_an_mps_create_completed_is_confirmed_on_the_card(api, node, acme):
+    slice_ = make_bound_slice(node, acme, state="issued", tier="mps", profile="", compute_percent=12)
+    assert api.put(url(only_request(slice_)), report_body(result={}), format="json", **AGENT).status_code == 200
+    slice_.refresh_from_db()
+    assert (slice_.state, slice_.device_id) == ("confirmed", slice_.gpu_uuid)
+
+
 def test_a_create_completed_after_its_task_ended_is_destroyed_at_once(api, node, acme):
     slice_ = make_bound_slice(node, acme, state="issued")
     create = only_request(slice_)
