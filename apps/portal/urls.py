@@ -2,7 +2,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import views
-from apps.portal.pages import account, alerts, gateway, inference, models, nodes, server, slices, tasks, training
+from apps.portal.pages import account, alerts, gateway, inference, models, nodes, server, tasks, training
+from apps.portal.pages import slices as slice_pages
 
 app_name = "portal"
 urlpatterns = [
@@ -24,7 +25,7 @@ urlpatterns = [
     path("nodes/<str:node_id>/delete/", nodes.node_delete, name="node-delete"),
     path("environment/", nodes.environment, name="environment"),
     # slices (cards carved for memory-only tasks)
-    path("slices/", slices.slices, name="slices"),
+    path("slices/", slice_pages.slices, name="slices"),
     # tasks
     path("tasks/", tasks.task_list, name="tasks"),
     path("tasks/new/", tasks.task_new, name="task-new"),

@@ -111,13 +111,10 @@ def acme_objects(world):
     node = make_node("acme-dedicated-node", 2, tenant=acme, name="acme-secret-node")
     group = TenantGroup.objects.create(name="acme-only-group")
     group.tenants.add(acme)
-    task = make_task(acme, name="acme-secret-task", status="running", node=node)
-    slice_ = make_slice(node, task=task, state="confirmed", device_id="MIG-acme-secret-slice")
+    slice_ = make_slice(node, acme, state="confirmed", device_id="MIG-acme-secret-slice")
     return {
         "node": node,
-        "task": task,
-        "slice": slice_,
-        "slice_request": make_slice_request(slice_, "destroy", status="pending"),
+        "task": make_task(acme, name="acme-secret-task", status="running", node=node),
         "group": make_group(acme, 2, 1, name="acme-secret-group"),
         "api_key": ApiKey.objects.filter(tenant=acme).order_by("pk").first(),
         "tenant_group": group,
@@ -133,6 +130,8 @@ def acme_objects(world):
         "backend": ExternalBackend.objects.create(
             tenant=acme, model="acme-secret-backend", base_url="https://llm.example.com/v1"
         ),
+        "slice": slice_,
+        "slice_request": make_slice_request(slice_, "destroy", status="pending"),
     }
 
 
