@@ -166,8 +166,8 @@ class Heartbeat:
 def cached_models_label(models: list[dict]) -> str:
     """The `heteroflow.cache/models` label: the names of the models in the node's model
     cache, comma-separated, cut at a whole name to fit a label. Always sent, empty when
-    the cache is: the server merges labels by key, so an absent label would keep the
-    last list forever."""
+    the cache is: a server older than label ownership merges labels by key, so an absent
+    label would keep the last list there forever."""
     names: list[str] = []
     size = 0
     for name in dict.fromkeys(model["name"].replace(",", " ").strip() for model in models):
