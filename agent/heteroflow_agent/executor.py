@@ -9,7 +9,8 @@ code 124), the server's stop intent (polled every 5 s; three 404s in a row mean 
 task was deleted), health probes for inference. The outcome is reported as a CAS with
 the exit code and a log tail, retried for up to a minute; an outcome that still did not
 get through is kept (with its container) and re-reported later, and the container is
-removed only once the server has it.
+removed only once the server has it. Kept outcomes are also written to the agent's data
+directory (heteroflow_agent.outcomes), so a restarted agent still delivers them.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ import time
 import urllib.request
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from heteroflow_agent import checkpoint, inventory
 from heteroflow_agent.client import AuthError, ServerClient, ServerError
 from heteroflow_agent.engines import launch
 from heteroflow_agent.engines.router import AUTO, EngineRouter, Route
 from heteroflow_agent.heartbeat import TaskReport
+from heteroflow_agent.outcomes import OutcomeStore
 from heteroflow_agent.runtime import Runtime, RuntimeError_, TaskSpec, Volume
 
 logger = logging.getLogger("heteroflow_agent.executor")
@@ -158,6 +161,7 @@ class Executor:
         shm_free_mb=None,
         router: EngineRouter | None = None,
         engine_python: str | None = None,
+        state_dir: Path | None = None,
     ):
         self.node_id, self.client, self.runtime = node_id, client, runtime
         self.vendor = vendor
@@ -180,6 +184,18 @@ class Executor:
         self.engine_python = engine_python or sys.executable  # runs engines under the process runtime
         self.undelivered: OrderedDict[int, Outcome] = OrderedDict()
         self.lock = threading.Lock()
+        # the undelivered outcomes on disk too (None: in memory only, as in most tests);
+        # those an earlier agent process kept are delivered by the reconciler's first pass
+        self.outcome_store = OutcomeStore(state_dir, MAX_UNDELIVERED) if state_dir is not None else None
+        if self.outcome_store is not None:
+            for kept in self.outcome_store.load():
+                self.undelivered[kept["task_id"]] = Outcome(**kept)
+            if self.undelivered:
+                logger.info(
+                    "%d outcome(s) kept by an earlier agent process, delivered at the next reconcile: tasks %s",
+                    len(self.undelivered),
+                    ", ".join(str(task_id) for task_id in self.undelivered),
+                )
         self.closing = threading.Event()
         self.wake = threading.Event()  # set by the heartbeat when tasks wait for this node
         self.sweep = threading.Event()  # set after each heartbeat that got through: look for zombies
@@ -516,7 +532,9 @@ class Executor:
                 "task %s: report refused: HTTP %d %s", outcome.task_id, response.status_code, response.text[:300]
             )
         with self.lock:
-            self.undelivered.pop(outcome.task_id, None)
+            was_kept = self.undelivered.pop(outcome.task_id, None) is not None
+        if was_kept:
+            self._persist()
         try:
             self.runtime.remove(outcome.task_id)
         except RuntimeError_ as exc:
@@ -533,6 +551,20 @@ class Executor:
                 logger.error(
                     "task %s: more than %d outcomes undelivered; the oldest is given up", dropped, MAX_UNDELIVERED
                 )
+        self._persist()
+
+    def _persist(self) -> None:
+        """Write the kept outcomes to disk (a no-op without a state directory). The
+        snapshot is taken under the store's writer lock, so the last write is the latest
+        state whichever worker thread gets there first."""
+        if self.outcome_store is None:
+            return
+
+        def snapshot() -> list[dict]:
+            with self.lock:
+                return [asdict(kept) for kept in self.undelivered.values()]
+
+        self.outcome_store.save(snapshot)
 
     def route(self, task: dict) -> Route | None:
         """The engine for an inference task that asks the router for one: its `serving`

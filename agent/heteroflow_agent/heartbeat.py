@@ -2,6 +2,10 @@
 interval. The first beat registers the node (implicit registration on the server). A
 beat that fails is logged and dropped: the next interval sends a fresh one, so beats
 never pile up behind a slow or absent server.
+
+The agent owns the labels it sends (`owned_label_keys`): the server removes one the
+agent sent before and leaves out now. Labels an operator set on the node are not the
+agent's and stay.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class Heartbeat:
         exec_mode = "docker" if engine.available else ("process" if self.config.allow_process_runtime else "none")
         ip, mac = collect.primary_address()
         report = self.tasks()
+        labels = {**self.config.labels, **gpus.labels, CACHED_MODELS_LABEL: cached_models_label(self.models)}
         body = {
             "node_id": self.config.node_id,
             **self.facts,
@@ -100,7 +105,10 @@ class Heartbeat:
             "gpu_collect_failures": gpus.collect_failures,
             "gpu_collector_error": gpus.collector_error,
             "gpu_capabilities": gpus.capabilities,
-            "labels": {**self.config.labels, **gpus.labels, CACHED_MODELS_LABEL: cached_models_label(self.models)},
+            "labels": labels,
+            # every label here is this agent's: one it stops sending (taken out of its
+            # configuration, a topology no longer read) is removed from the node
+            "owned_label_keys": sorted(labels),
             "inference_engines": self.engines[0],
             "inference_engine_versions": self.engines[1],
             "vllm_available": "vllm" in self.engines[0],
@@ -158,8 +166,8 @@ class Heartbeat:
 def cached_models_label(models: list[dict]) -> str:
     """The `heteroflow.cache/models` label: the names of the models in the node's model
     cache, comma-separated, cut at a whole name to fit a label. Always sent, empty when
-    the cache is: the server merges labels by key, so an absent label would keep the
-    last list forever."""
+    the cache is: a server older than label ownership merges labels by key, so an absent
+    label would keep the last list there forever."""
     names: list[str] = []
     size = 0
     for name in dict.fromkeys(model["name"].replace(",", " ").strip() for model in models):

@@ -80,6 +80,7 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
             vendor=detector.detect().vendor,
             report_client=reports,
             engine_python=cfg.engine_python or sys.executable,
+            state_dir=cfg.data_dir,  # undelivered outcomes survive a restart
         )
     process = runtime is not None and runtime.kind == "process"
     heartbeat = Heartbeat(

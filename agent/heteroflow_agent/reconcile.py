@@ -3,6 +3,11 @@ kept, adopts the tasks the runtime holds that no watcher follows (left by an ear
 agent process), reports a task the server has running here with nothing for it as lost,
 and removes zombies; after each heartbeat that got through, a light pass removes zombies
 only. It works through the executor's client, runtime and bookkeeping, never past them.
+
+A task whose outcome is kept (in memory, or loaded from the data directory by a new
+agent process: heteroflow_agent.outcomes) is neither adopted nor reported lost: the
+server still has it running only because it has not got the outcome yet, and the next
+pass tries that again.
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ that matched, the readings of all the node's GPU rows with the lost-card judgeme
 the metrics sample; and the GPU_LOST alerts this beat raises or recovers. A beat whose
 structure changed (GPU models, specs, labels, agent version…) or a first beat takes the
 slow path in a transaction, which is rare. Nothing here reads another node.
+
+Labels merge by key, except those the agent owns: an agent that sends
+`owned_label_keys` may remove a label it set itself, by leaving it out of a later beat
+(`nodes.agent_label_keys` remembers which keys those are). Leaving a key out changes the
+labels, so removal happens on the slow path only. The cordon label is the operators'
+(apps.nodes.services): an agent neither sets nor removes it.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from psycopg.types.json import Jsonb, set_json_dumps
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
 from apps.nodes import liveness
-from apps.nodes.choices import LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS
+from apps.nodes.choices import CORDON_LABEL, LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS
 from apps.nodes.normalize import gpu_model
 
 logger = logging.getLogger(__name__)
@@ -66,7 +72,10 @@ def structure_hash(payload: dict) -> str:
         )
         for g in payload.get("gpu_stats", ())
     )
-    document = orjson.dumps([[payload.get(key) for key in STRUCTURAL_KEYS], gpus], option=orjson.OPT_SORT_KEYS)
+    facts = [payload.get(key) for key in STRUCTURAL_KEYS]
+    if "owned_label_keys" in payload:  # only then: an older agent's hash stays what it was
+        facts.append(sorted(payload["owned_label_keys"]))
+    document = orjson.dumps([facts, gpus], option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(document, digest_size=16).hexdigest()
 
 
@@ -228,7 +237,8 @@ BEAT = " ".join(BEAT.split())
 FULL_NODE_UPDATE = (
     "UPDATE nodes SET "
     + ", ".join(f"{column} = %({column})s" for column in HEARTBEAT_COLUMNS + STRUCTURE_COLUMNS)
-    + ", labels = labels || %(labels)s WHERE id = %(id)s"
+    + ", labels = (labels || %(labels)s) - %(label_removals)s::text[]"
+    + ", agent_label_keys = COALESCE(%(agent_label_keys)s, agent_label_keys) WHERE id = %(id)s"
 )
 
 NODE_INSERT_COLUMNS = (
@@ -238,6 +248,7 @@ NODE_INSERT_COLUMNS = (
         "id",
         "name",
         "labels",
+        "agent_label_keys",
         "region",
         "zone",
         "rack",
@@ -264,7 +275,7 @@ GPU_UPSERT = """
         memory_total_mb = EXCLUDED.memory_total_mb, compute_capability = EXCLUDED.compute_capability
 """
 
-NODE_FOR_UPDATE = "SELECT ip FROM nodes WHERE id = %(id)s FOR UPDATE"
+NODE_FOR_UPDATE = "SELECT ip, agent_label_keys FROM nodes WHERE id = %(id)s FOR UPDATE"
 GPU_COUNT_UPDATE = "UPDATE nodes SET gpu_count = (SELECT count(*) FROM gpus WHERE node_id = %(id)s) WHERE id = %(id)s"
 
 
@@ -348,8 +359,33 @@ def structure_params(payload: dict) -> dict:
         "discovered_models": Jsonb(payload.get("discovered_models", [])),
         "gpu_type": max(set(vendors), key=vendors.count) if vendors else "",
         "gpu_model": models.pop() if len(models) == 1 else ("mixed" if models else ""),
-        "labels": Jsonb(payload.get("labels", {})),
+        "labels": Jsonb(agent_labels(payload)),
         "gpus": orjson.dumps(gpus).decode(),
+    }
+
+
+def agent_labels(payload: dict) -> dict:
+    """The beat's labels, less the cordon label (the operators')."""
+    labels = payload.get("labels", {})
+    if CORDON_LABEL in labels:
+        labels = {key: value for key, value in labels.items() if key != CORDON_LABEL}
+    return labels
+
+
+def label_ownership(payload: dict, previously_owned) -> dict:
+    """The slow path's label parameters. An agent that sends `owned_label_keys` owns the
+    keys of those it also sends (recorded in `agent_label_keys`); a key it owned before
+    and leaves out now is removed. An older agent (no `owned_label_keys`) removes nothing
+    and leaves the record as it is: its labels merge as they always did. A key only
+    claimed, never sent, is not the agent's: an operator's label is never removed by an
+    agent."""
+    owned = payload.get("owned_label_keys")
+    if owned is None:
+        return {"label_removals": [], "agent_label_keys": None}
+    sent = set(agent_labels(payload))
+    return {
+        "label_removals": sorted(set(previously_owned or ()) - sent - {CORDON_LABEL}),
+        "agent_label_keys": Jsonb(sorted(sent & set(owned))),
     }
 
 
@@ -371,13 +407,14 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
         async with conn.transaction():
             await cur.execute(NODE_FOR_UPDATE, {"id": node_id})
             existing = await cur.fetchone()
-            structure = structure_params(payload)
+            structure = structure_params(payload) | label_ownership(payload, existing[1] if existing else ())
             if existing is None:
                 await cur.execute(
                     NODE_INSERT,
                     params
                     | structure
                     | {
+                        "agent_label_keys": structure["agent_label_keys"] or Jsonb([]),
                         "name": f"agent-{node_id}",
                         "region": "",
                         "zone": "",

@@ -73,6 +73,9 @@ class Node(models.Model):
     gpu_collector_error = models.TextField(blank=True, default="")
     # self-description
     labels = models.JSONField(default=dict, blank=True)
+    # the label keys the agent set and may remove (it sends `owned_label_keys`): a key in
+    # here that a later beat leaves out is removed; every other key merges (docs/nodes.md)
+    agent_label_keys = models.JSONField(default=list, blank=True)
     gpu_capabilities = models.JSONField(default=dict, blank=True)
     inference_engines = models.JSONField(default=list, blank=True)
     inference_engine_versions = models.JSONField(default=dict, blank=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -10,6 +11,7 @@ from rest_framework.exceptions import NotFound
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.services import recover_alert
+from apps.confidential.services import actor_name, record_audit
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes import liveness
@@ -18,6 +20,8 @@ from apps.nodes.models import Gpu, Node
 from apps.tasks.choices import ACTIVE, TaskStatus
 from apps.tasks.models import Task
 from apps.tasks.services import move_tasks, requeue_tasks
+
+logger = logging.getLogger(__name__)
 
 # liveness.status_at, set-wise: one statement for the whole fleet, touching only the rows
 # whose status changes.
@@ -142,13 +146,17 @@ def assign_tenant(node: Node, tenant, *, expected_version: int, mode: str = "dra
 
 def upsert_node(node_id: str, fields: dict) -> tuple[Node, bool]:
     """The operators' manual create/update (POST /api/v1/nodes). Agents register by
-    heartbeat; this corrects or pre-registers a node. Labels merge by key, as a beat's do."""
+    heartbeat; this corrects or pre-registers a node. Labels merge by key, as a beat's do.
+    A key set here is no longer the agent's to remove (see heartbeat.label_ownership)."""
     with transaction.atomic():
         node, created = Node.objects.select_for_update().get_or_create(
             pk=node_id, defaults={"name": fields.get("name") or f"agent-{node_id}", **fields}
         )
         if not created and fields:
             if "labels" in fields:
+                agents = [key for key in node.agent_label_keys if key not in fields["labels"]]
+                if agents != node.agent_label_keys:
+                    fields = fields | {"agent_label_keys": agents}
                 fields = fields | {"labels": {**node.labels, **fields["labels"]}}
             for field, value in fields.items():
                 setattr(node, field, value)
@@ -206,3 +214,77 @@ def return_to_service(node: Node) -> Node:
     """Drain or maintenance ends: the node takes tasks again."""
     _set_cordon(node, None)
     return node
+
+
+# --- out of service (operators: the API) -----------------------------------------------------
+
+IN_SERVICE = "in_service"
+# move -> the service states it applies from ("" stands for in service: no cordon label)
+SERVICE_MOVES: dict[str, tuple[str, ...]] = {
+    "drain": ("",),
+    "maintenance": ("", "drain"),  # a drain can be hardened into maintenance
+    "return": ("drain", "maintenance"),
+}
+
+
+def service_state(node: Node) -> str:
+    """The service state: in_service, drain or maintenance (or another value an operator gave the
+    cordon label by hand: the node takes no new task all the same)."""
+    return node.labels.get(CORDON_LABEL) or IN_SERVICE
+
+
+@dataclass(frozen=True)
+class ServiceChanged:
+    node: Node
+    service: str  # the state the node is in now
+    requeued: list[int]
+    stopping: list[int]
+
+
+def change_service(node: Node, move: str, principal, *, reason: str = "") -> ServiceChanged:
+    """The API's drain, maintenance and return to service: the same moves as the admin's
+    actions (drain_node, start_maintenance, return_to_service), but refused with a
+    conflict when the move does not apply, and audited: in the tenant's audit log when
+    the node is dedicated to one, and always as a log line of `apps.nodes.services`
+    (a shared node belongs to no tenant, and there is no operators' audit table yet)."""
+    if move not in SERVICE_MOVES:
+        raise ValueError(move)
+    with transaction.atomic():
+        locked = Node.objects.select_for_update().get(pk=node.pk)  # two operators racing: one wins
+        was = locked.labels.get(CORDON_LABEL) or ""
+        applies = bool(was) if move == "return" else was in SERVICE_MOVES[move]
+        if not applies:
+            options = " or ".join((state or IN_SERVICE).replace("_", " ") for state in SERVICE_MOVES[move])
+            raise Conflict(
+                f"Node '{node.pk}' is {(was or IN_SERVICE).replace('_', ' ')}; {move} applies only to a node "
+                f"that is {options}.",
+                "service_move_not_applicable",
+            )
+        requeued: list[int] = []
+        stopping: list[int] = []
+        if move == "drain":
+            drain_node(node)
+        elif move == "maintenance":
+            done = start_maintenance(node)
+            requeued, stopping = done.requeued, done.stopping
+        else:
+            return_to_service(node)
+        node.refresh_from_db()
+        state = service_state(node)
+        details = {"from": was or IN_SERVICE, "to": state, "requeued": requeued, "stopping": stopping}
+        if reason:
+            details["reason"] = reason
+        if node.tenant_id is not None:
+            record_audit(node.tenant, principal, f"node.{move}", node.pk, **details)
+        logger.info(
+            "audit: %s moved node %s (%s) from %s to %s (requeued %s, stopping %s)%s",
+            actor_name(principal),
+            node.pk,
+            f"dedicated to {node.tenant.slug}" if node.tenant_id is not None else "shared",
+            was or IN_SERVICE,
+            state,
+            requeued,
+            stopping,
+            f": {reason!r}" if reason else "",
+        )
+    return ServiceChanged(node, state, requeued, stopping)

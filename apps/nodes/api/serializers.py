@@ -91,6 +91,14 @@ class LocationSerializer(StrictSerializer):
     rack = serializers.CharField(max_length=64, required=False, allow_blank=True)
 
 
+class ServiceMoveSerializer(StrictSerializer):
+    """The body of drain, maintenance and return: nothing, or the operator's reason."""
+
+    reason = serializers.CharField(
+        max_length=500, required=False, allow_blank=True, default="", help_text="Kept in the audit record."
+    )
+
+
 class TenantAssignmentSerializer(StrictSerializer):
     tenant = serializers.CharField(allow_null=True, help_text="Tenant slug, or null for a shared node.")
     version = serializers.IntegerField(min_value=1, help_text="The node's version as you read it.")

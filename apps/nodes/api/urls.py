@@ -17,5 +17,13 @@ urlpatterns = [
     path("nodes/<str:node_id>/gpus/<int:index>", views.NodeGpuView.as_view(), name="node-gpu"),
     path("admin/nodes/<str:node_id>/location", views.NodeLocationView.as_view(), name="node-location"),
     path("admin/nodes/<str:node_id>/tenant", views.NodeTenantView.as_view(), name="node-tenant"),
+    # out of service and back (docs/nodes.md#out-of-service)
+    path("admin/nodes/<str:node_id>/drain", views.NodeServiceView.as_view(move="drain"), name="node-drain"),
+    path(
+        "admin/nodes/<str:node_id>/maintenance",
+        views.NodeServiceView.as_view(move="maintenance"),
+        name="node-maintenance",
+    ),
+    path("admin/nodes/<str:node_id>/return", views.NodeServiceView.as_view(move="return"), name="node-return"),
     path("environment/summary", views.EnvironmentSummaryView.as_view(), name="environment-summary"),
 ]

@@ -200,6 +200,47 @@ class NodeTenantView(NodeView):
         )
 
 
+class NodeServiceView(NodeView):
+    """POST /api/v1/admin/nodes/{id}/drain, /maintenance, /return: the admin's actions as
+    API calls, through the same services (docs/nodes.md#out-of-service)."""
+
+    permission_classes = [IsOperator]
+    move = ""  # set by the URL configuration
+
+    @extend_schema(
+        request=s.ServiceMoveSerializer,
+        responses=inline_serializer(
+            "NodeServiceChanged",
+            {
+                "node": s.NodeSerializer(),
+                "service": serializers.ChoiceField(
+                    choices=["in_service", "drain", "maintenance"], help_text="The node's service state now."
+                ),
+                "requeued": serializers.ListField(
+                    child=serializers.IntegerField(), help_text="maintenance: tasks sent back to the queue at once"
+                ),
+                "stopping": serializers.ListField(
+                    child=serializers.IntegerField(),
+                    help_text="maintenance: tasks their agent stops before they are queued again",
+                ),
+            },
+        ),
+    )
+    def post(self, request, node_id):
+        node = self.get_object()
+        serializer = s.ServiceMoveSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        result = services.change_service(node, self.move, request.auth, reason=serializer.validated_data["reason"])
+        return Response(
+            {
+                "node": presenters.present_one(result.node),
+                "service": result.service,
+                "requeued": result.requeued,
+                "stopping": result.stopping,
+            }
+        )
+
+
 class NodeMetricsView(NodeView):
     @extend_schema(
         parameters=[s.HoursSerializer],
