@@ -91,6 +91,14 @@ def locked(username: str, ip: str) -> Lock | None:
     return Lock(math.ceil(left)) if left > 0 else None
 
 
+def refused(username: str, ip: str) -> Lock | None:
+    """locked(), logging the refusal when it holds."""
+    lock = locked(username, ip)
+    if lock is not None:
+        logger.warning("sign-in refused for %r from %s: locked for %d s more", username, ip, lock.retry_after)
+    return lock
+
+
 def record_failure(username: str, ip: str) -> Lock | None:
     """Count one failed sign-in; the lock it starts, if it is the one too many."""
     ident = _ident(username, ip)
@@ -132,12 +140,9 @@ class LockoutBackend:
     def authenticate(self, request, username=None, password=None, **kwargs):
         if request is None or username is None:
             return None
-        lock = locked(username, client_ip(request))
+        lock = refused(username, client_ip(request))
         if lock is not None:
             request.heteroflow_login_lock = lock
-            logger.warning(
-                "sign-in refused for %r from %s: locked for %d s more", username, client_ip(request), lock.retry_after
-            )
             raise PermissionDenied("locked out")
         return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib.auth import views as auth_views
 
-from apps.core.login_limits import client_ip, locked
+from apps.core.login_limits import client_ip, refused
 
 
 class LoginView(auth_views.LoginView):
@@ -13,7 +13,7 @@ class LoginView(auth_views.LoginView):
     redirect_authenticated_user = True
 
     def post(self, request, *args, **kwargs):
-        lock = locked(request.POST.get("username") or "", client_ip(request))
+        lock = refused(request.POST.get("username") or "", client_ip(request))
         if lock is not None:
             return self._locked(lock)
         response = super().post(request, *args, **kwargs)
