@@ -6,7 +6,11 @@ templates need nothing the policy forbids (no inline script, no event handler)."
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,6 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.test import AsyncClient, Client
 
-from tests.core.test_production_safety import manage
 from tests.headers import bearer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,6 +96,22 @@ def test_no_template_needs_what_the_policy_forbids(path):
     assert not EVENT_HANDLER.search(text), f"{path}: an on…= handler; use data-confirm / data-autosubmit (forms.js)"
     assert not STYLE_BLOCK.search(text), f"{path}: a <style> block; put it in static/portal/portal.css"
     assert "javascript:" not in text, f"{path}: a javascript: URL"
+
+
+def manage(args):
+    """manage.py in production mode with safe values (as tests/core/test_production_safety.py)."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "HETEROFLOW_"))
+    }
+    env.update(
+        HETEROFLOW_ENV="production",
+        SECRET_KEY=secrets.token_urlsafe(50),
+        HETEROFLOW_AGENT_SECRET=secrets.token_urlsafe(24),
+        ALLOWED_HOSTS="hf.example.com",
+    )
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_production_settings_are_secure_and_pass_check_deploy():

@@ -14,12 +14,12 @@ import time_machine
 from django.test import Client
 
 from apps.core import login_limits
-from tests.conftest import PASSWORD
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
 T0 = 1_800_000_000.0
+PASSWORD = "pw-for-tests-only"  # tests.factories.UserFactory's
 
 
 @pytest.fixture
