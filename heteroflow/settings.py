@@ -496,13 +496,21 @@ HETEROFLOW_CSP = env.str(
     "img-src 'self' data:; font-src 'self'; connect-src 'self'; object-src 'none'; "
     "base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
 )
-# The API documentation (drf-spectacular's Swagger UI) has an inline script and style
-# block of its own; it shows the public schema only.
-HETEROFLOW_CSP_DOCS_PATHS = ("/api/docs/",)
-HETEROFLOW_CSP_DOCS = (
-    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'self'; frame-ancestors 'none'"
-)
+# Pages with inline code of their own get the policy with that allowed, by path prefix:
+# the API documentation (drf-spectacular's Swagger UI: an inline script and style block;
+# it shows the public schema only) and the admin (django-tenants' and Django's admin
+# templates have inline <style> blocks; its scripts stay 'self' only).
+HETEROFLOW_CSP_BY_PATH = {
+    "/api/docs/": (
+        "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'self'; frame-ancestors 'none'"
+    ),
+    "/admin/": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+        "font-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+}
 HETEROFLOW_PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
 SECURE_SSL_REDIRECT = env.bool("HETEROFLOW_SSL_REDIRECT", PRODUCTION)
 SECURE_HSTS_SECONDS = env.int("HETEROFLOW_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0, low=0, high=63_072_000)

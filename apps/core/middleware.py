@@ -4,10 +4,11 @@ a Content-Security-Policy and a Permissions-Policy on every HTML page.
 The portal's pages load scripts and style sheets from /static/ only and have no inline
 scripts or event handlers (templates/portal, static/portal/forms.js), so the policy
 allows `'self'` and nothing inline but style attributes (`style-src-attr`, used for
-meters' widths; they cannot run code). The API documentation page (drf-spectacular's
-Swagger UI) has one inline script and style block of its own, and gets the same policy
-with those allowed (HETEROFLOW_CSP_DOCS). JSON answers get no policy: a browser does not
-render them as a document.
+meters' widths; they cannot run code). Pages with inline code of their own get the
+policy with that allowed (HETEROFLOW_CSP_BY_PATH): the API documentation (Swagger UI's
+inline script and style block) and the admin (inline <style> blocks in Django's and
+django-tenants' admin templates; scripts stay 'self'). JSON answers get no policy: a
+browser does not render them as a document.
 
 Sync and async capable, so that under ASGI it adds no thread hop.
 """
@@ -38,9 +39,9 @@ class SecurityHeadersMiddleware:
 
 
 def policy_for(path: str) -> str:
-    for prefix in settings.HETEROFLOW_CSP_DOCS_PATHS:
+    for prefix, policy in settings.HETEROFLOW_CSP_BY_PATH.items():
         if path.startswith(prefix):
-            return settings.HETEROFLOW_CSP_DOCS
+            return policy
     return settings.HETEROFLOW_CSP
 
 
