@@ -106,7 +106,7 @@ def record_failure(username: str, ip: str) -> Lock | None:
     window_seconds = settings.HETEROFLOW_LOGIN_FAILURE_WINDOW_SECONDS
     window = int(at // window_seconds)
     try:
-        count = throttling.incr(_fail_key(ident, window), timeout=window_seconds + 1)
+        count = throttling.incr(_fail_key(ident, window), timeout=2 * window_seconds + 5)
         logger.warning("sign-in failed for %r from %s (%d in this window)", username, ip, count)
         if count < settings.HETEROFLOW_LOGIN_MAX_FAILURES:
             return None
