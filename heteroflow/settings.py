@@ -469,10 +469,12 @@ HETEROFLOW_ADMIN_API_KEY = env.str("HETEROFLOW_ADMIN_API_KEY")
 # per-tenant row lock caps them near 250/s, for at most a few seconds of a sweep: use
 # the batch form for more).
 HETEROFLOW_API_RATE = parse_rate("HETEROFLOW_API_RATE", env.str("HETEROFLOW_API_RATE", "6000/min"))
-# Agent-key requests that name a node (the task poll, every 5 s): per node id. A node
-# working normally makes about 15 a minute. The heartbeat is never counted.
+# Agent-key requests that name a node, per node id: the task poll every 5 s, and a stop
+# check every 5 s for each task the node runs (12 a minute each), so 3000/min leaves
+# room for some 240 tasks on one node (slices, replicas) and still stops a runaway loop.
+# The heartbeat is never counted.
 HETEROFLOW_API_RATE_AGENT_NODE = parse_rate(
-    "HETEROFLOW_API_RATE_AGENT_NODE", env.str("HETEROFLOW_API_RATE_AGENT_NODE", "600/min")
+    "HETEROFLOW_API_RATE_AGENT_NODE", env.str("HETEROFLOW_API_RATE_AGENT_NODE", "3000/min")
 )
 # Sign-in: the MAX_FAILURES-th failure of one username from one address within WINDOW
 # locks it out for LOCKOUT seconds, doubled for each lock-out in a row.

@@ -71,7 +71,7 @@ def test_the_defaults_are_sane():
     from django.conf import settings
 
     assert settings.HETEROFLOW_API_RATE == Rate(6000, 60)
-    assert settings.HETEROFLOW_API_RATE_AGENT_NODE == Rate(600, 60)
+    assert settings.HETEROFLOW_API_RATE_AGENT_NODE == Rate(3000, 60)
     assert "apps.core.throttling.PrincipalRateThrottle" in settings.REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]
 
 
