@@ -4,7 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 
-.PHONY: up test lint install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway
+# `make security` (.ci/run, before the tests): bandit over the code that runs, with the
+# checks skipped in bandit.yaml and the reviewed findings in .bandit-baseline.json
+# (each explained in docs/security.md#bandit); any new finding fails it.
+SECURITY_PATHS := apps heteroflow agent/heteroflow_agent celery_worker.py manage.py
+
+.PHONY: up test lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -15,6 +20,9 @@ test: $(DEPS_STAMP)
 lint: $(DEPS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+security: $(DEPS_STAMP)
+	$(BIN)/bandit -q -c bandit.yaml -b .bandit-baseline.json -r $(SECURITY_PATHS)
 
 install: $(DEPS_STAMP)
 

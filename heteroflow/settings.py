@@ -13,6 +13,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from heteroflow.envvars import Env
+from heteroflow.rates import parse_rate
 from heteroflow.safety import DEV_AGENT_SECRET, DEV_SECRET_KEY, production_problems
 
 env = Env()
@@ -90,6 +91,7 @@ MIDDLEWARE = [
     "apps.monitoring.middleware.HealthProbeMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "apps.core.middleware.SecurityHeadersMiddleware",
     "servestatic.middleware.ServeStaticMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -191,6 +193,12 @@ AUTH_PASSWORD_VALIDATORS = [
 if HETEROFLOW_ENV == "test":
     # Hashing cost is not what the tests are about.
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# The sign-in lock-out (apps.core.login_limits) goes first: while it holds, no password
+# is checked by the backends after it.
+AUTHENTICATION_BACKENDS = [
+    "apps.core.login_limits.LockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "/portal/login/"
 LOGIN_REDIRECT_URL = "/portal/"
 LOGOUT_REDIRECT_URL = "/portal/login/"
@@ -226,6 +234,8 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "apps.core.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
+    # per key / person, and per node for the agent key (apps.core.throttling)
+    "DEFAULT_THROTTLE_CLASSES": ["apps.core.throttling.PrincipalRateThrottle"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "HeteroFlow control plane API",
@@ -473,12 +483,57 @@ HETEROFLOW_ADMIN_EMAIL = env.str("HETEROFLOW_ADMIN_EMAIL", "admin@localhost")
 HETEROFLOW_ADMIN_PASSWORD = env.str("HETEROFLOW_ADMIN_PASSWORD")
 HETEROFLOW_ADMIN_API_KEY = env.str("HETEROFLOW_ADMIN_API_KEY")
 
+# --- rate limits (docs/security.md#rate-limits) ------------------------------------------
+# API requests per key (or per signed-in person): N/s, N/min, N/h, N/10s; "off": none.
+# 6000/min is 100/s sustained per key, above what one tenant's creates can reach (the
+# per-tenant row lock caps them near 250/s, for at most a few seconds of a sweep: use
+# the batch form for more).
+HETEROFLOW_API_RATE = parse_rate("HETEROFLOW_API_RATE", env.str("HETEROFLOW_API_RATE", "6000/min"))
+# Agent-key requests that name a node, per node id: the task poll every 5 s, and a stop
+# check every 5 s for each task the node runs (12 a minute each), so 3000/min leaves
+# room for some 240 tasks on one node (slices, replicas) and still stops a runaway loop.
+# The heartbeat is never counted.
+HETEROFLOW_API_RATE_AGENT_NODE = parse_rate(
+    "HETEROFLOW_API_RATE_AGENT_NODE", env.str("HETEROFLOW_API_RATE_AGENT_NODE", "3000/min")
+)
+# Sign-in: the MAX_FAILURES-th failure of one username from one address within WINDOW
+# locks it out for LOCKOUT seconds, doubled for each lock-out in a row.
+HETEROFLOW_LOGIN_MAX_FAILURES = env.int("HETEROFLOW_LOGIN_MAX_FAILURES", 5, low=1, high=1_000)
+HETEROFLOW_LOGIN_FAILURE_WINDOW_SECONDS = env.int("HETEROFLOW_LOGIN_FAILURE_WINDOW_SECONDS", 900, low=10, high=86_400)
+HETEROFLOW_LOGIN_LOCKOUT_SECONDS = env.int("HETEROFLOW_LOGIN_LOCKOUT_SECONDS", 300, low=1, high=86_400)
+
 # --- security headers -----------------------------------------------------------------
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+# HTML pages (apps.core.middleware): the portal's and the admin's load everything from
+# this origin and run no inline script; style attributes only (meters' widths).
+HETEROFLOW_CSP = env.str(
+    "HETEROFLOW_CSP",
+    "default-src 'self'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self'; connect-src 'self'; object-src 'none'; "
+    "base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+)
+# Pages with inline code of their own get the policy with that allowed, by path prefix:
+# the API documentation (drf-spectacular's Swagger UI: an inline script and style block;
+# it shows the public schema only) and the admin (django-tenants' and Django's admin
+# templates have inline <style> blocks; its scripts stay 'self' only).
+HETEROFLOW_CSP_BY_PATH = {
+    "/api/docs/": (
+        "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'self'; frame-ancestors 'none'"
+    ),
+    "/admin/": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+        "font-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+}
+HETEROFLOW_PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
 SECURE_SSL_REDIRECT = env.bool("HETEROFLOW_SSL_REDIRECT", PRODUCTION)
 SECURE_HSTS_SECONDS = env.int("HETEROFLOW_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0, low=0, high=63_072_000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("HETEROFLOW_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)

@@ -9,4 +9,4 @@ class CoreConfig(AppConfig):
         # Load the Celery app in every Django process so that `.delay()` from a view
         # goes to the configured broker rather than to Celery's default app.
         import celery_worker  # noqa: F401
-        from apps.core import schema  # noqa: F401  (OpenAPI extensions for our auth)
+        from apps.core import login_limits, schema  # noqa: F401  (sign-in lock-out signals; OpenAPI extensions for our auth)

@@ -240,7 +240,7 @@ _SHAS: dict[str, str] = {}
 def _sha(script: str) -> str:
     sha = _SHAS.get(script)
     if sha is None:
-        sha = _SHAS[script] = hashlib.sha1(script.encode()).hexdigest()
+        sha = _SHAS[script] = hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()  # Redis EVALSHA names
     return sha
 
 

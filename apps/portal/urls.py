@@ -1,18 +1,14 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from apps.portal import views
+from apps.portal import login, views
 from apps.portal.pages import account, alerts, gateway, inference, models, nodes, server, tasks, training
 from apps.portal.pages import slices as slice_pages
 
 app_name = "portal"
 urlpatterns = [
     path("", views.home, name="home"),
-    path(
-        "login/",
-        auth_views.LoginView.as_view(template_name="portal/login.html", redirect_authenticated_user=True),
-        name="login",
-    ),
+    path("login/", login.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tenant/", views.switch_tenant, name="switch-tenant"),
     path("server/hosts/", server.server_hosts, name="server-hosts"),

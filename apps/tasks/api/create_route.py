@@ -10,7 +10,8 @@ and puts the headers on the answer that Django's middleware would. Anything it d
 handle exactly as Django would goes to Django unchanged: no Bearer header (sessions,
 the agent key, none), another content type or Accept, no or an oversized
 Content-Length, a body that is not a JSON object (DRF says why in its words), a Host
-not allowed, plain HTTP when HTTPS is required.
+not allowed, plain HTTP when HTTPS is required. The API's rate limit applies here as in
+DRF (apps.core.throttling.check_principal: 429 with Retry-After).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from rest_framework import exceptions
 from apps.core.asgi import header, host_is_allowed, is_secure
 from apps.core.authentication import BEARER_CHALLENGE, authenticate_bearer
 from apps.core.errors import error_body, exception_handler
+from apps.core.throttling import check_principal
 from apps.monitoring.metrics import record_task_create
 from apps.tasks.api.create import create_task_answer
 from apps.tasks.api.views import PeopleOrAgent, TaskListView
@@ -96,12 +98,15 @@ def answer_bearer_create(token: str, data) -> tuple[int, dict, list[tuple[bytes,
             _, principal = authenticate_bearer(token)
             if not PeopleOrAgent().has_permission(SimpleNamespace(auth=principal, method="POST"), TaskListView):
                 raise exceptions.PermissionDenied(PeopleOrAgent.message)
+            check_principal(principal)  # the API's rate limit, after the permission as in DRF
             return 201, create_task_answer(principal, data), []
         except (exceptions.APIException, Http404, DjangoPermissionDenied) as exc:
             extra = []
             if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
                 extra = [(b"www-authenticate", BEARER_CHALLENGE.encode())]
             response = exception_handler(exc, {})
+            if response.has_header("Retry-After"):
+                extra.append((b"retry-after", response["Retry-After"].encode()))
             return response.status_code, response.data, extra
     finally:
         _keep_or_close(connection)
