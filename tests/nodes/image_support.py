@@ -3,10 +3,12 @@ validators, an agent's report bodies and CHECK_ITEMs as images-agent sends them.
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import jsonschema_rs
+from django.apps import apps
 
 from tests.headers import AGENT
 
@@ -16,6 +18,13 @@ SCHEMA = json.loads(
     ).read_text()
 )
 DIGEST = "sha256:" + "ab" * 32
+SEEDING = importlib.import_module("apps.nodes.migrations.0009_default_watched_images")
+
+
+def seed_default_watched_images() -> None:
+    """The defaults nodes/0009 seeds, again (idempotent): a browser test's flush of the
+    database removes what the migrations wrote."""
+    SEEDING.seed(apps, None)
 
 
 def validator(definition: str):

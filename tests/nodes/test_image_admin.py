@@ -8,8 +8,14 @@ import pytest
 from apps.nodes import images
 from apps.nodes.models import ImageRequest, WatchedImage
 from tests.factories import make_node
+from tests.nodes.image_support import seed_default_watched_images
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def defaults():
+    seed_default_watched_images()
 
 
 @pytest.fixture

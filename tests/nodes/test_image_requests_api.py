@@ -12,11 +12,16 @@ from apps.core.clock import utcnow
 from apps.nodes.models import ImageRequest, WatchedImage
 from tests.factories import make_node
 from tests.headers import AGENT, bearer
-from tests.nodes.image_support import DIGEST, assert_fits
+from tests.nodes.image_support import DIGEST, assert_fits, seed_default_watched_images
 
 pytestmark = pytest.mark.django_db
 
 REGISTRY = "127.0.0.1:5000"
+
+
+@pytest.fixture(autouse=True)
+def defaults():
+    seed_default_watched_images()
 
 
 @pytest.fixture

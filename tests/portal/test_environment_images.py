@@ -15,10 +15,15 @@ from django.test import Client
 
 from apps.nodes.models import ImageRequest
 from tests.headers import AGENT
-from tests.nodes.image_support import claim, completed, item, progress, report
+from tests.nodes.image_support import claim, completed, item, progress, report, seed_default_watched_images
 from tests.portal.client import page, signed_in
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def defaults():
+    seed_default_watched_images()
 
 
 def images_data(html: str) -> dict:
