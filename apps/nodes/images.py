@@ -111,6 +111,20 @@ def watched_images(node: Node):
     return WatchedImage.objects.filter(Q(vendor="") | Q(vendor=node.gpu_type) if node.gpu_type else Q(vendor=""))
 
 
+def watched_by_vendor() -> dict[str, list[WatchedImage]]:
+    """Every watched image by vendor ('' for every vendor), in one query: for a page of
+    nodes (watched_images' rule, applied as watched_for)."""
+    grouped: dict[str, list[WatchedImage]] = {}
+    for watched in WatchedImage.objects.all():
+        grouped.setdefault(watched.vendor, []).append(watched)
+    return grouped
+
+
+def watched_for(node: Node, grouped: dict[str, list[WatchedImage]]) -> list[WatchedImage]:
+    rows = grouped.get("", []) + (grouped.get(node.gpu_type, []) if node.gpu_type else [])
+    return sorted(rows, key=lambda w: (w.vendor, w.kind, w.reference))
+
+
 # --- the agent --------------------------------------------------------------------------------
 
 
@@ -176,7 +190,7 @@ def judge_final(request: ImageRequest, report: Report) -> tuple[str, dict, str]:
     if request.action == ImageAction.PULL:
         reference = request.references[0]
         item = items.get(reference)
-        if item is None or not item.get("present"):
+        if item is None or not proves_pull(reference, item):
             why = "absent from its check" if item is not None else "not in the report's check result"
             return (
                 IRS.FAILED,
@@ -188,6 +202,17 @@ def judge_final(request: ImageRequest, report: Report) -> tuple[str, dict, str]:
     if missing:
         return IRS.FAILED, result, "the check's result does not answer " + ", ".join(missing[:8])
     return IRS.COMPLETED, result, report.error
+
+
+def proves_pull(reference: str, item: dict) -> bool:
+    """Whether a check item shows the pulled image on the node: present, and for a bare
+    repository answered by a repository match, its :latest (what a pull of it fetches)
+    among the local tags."""
+    if not item.get("present"):
+        return False
+    if item.get("match") == "repository":
+        return any(tag.get("tag") == f"{reference}:latest" for tag in item.get("tags", []))
+    return True
 
 
 def _as_asked(references: list[str], result: dict) -> dict:

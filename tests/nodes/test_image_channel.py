@@ -219,3 +219,23 @@ def test_the_contract_covers_the_transitions_the_server_allows():
             or (validator("progress_report").is_valid(body))
         )
     assert not validator("final_report").is_valid({"node_id": "n", "from_status": "processing", "status": "completed"})
+
+
+def test_a_bare_pull_answered_by_a_repository_match_must_show_latest(api, node):
+    row = new_pull(node, "hf/tiny")
+    report(api, row.pk, claim(node.pk))
+    other_tags = item("hf/tiny", match="repository", tags=[{"tag": "hf/tiny:1.0", "image_id": DIGEST, "size_bytes": 1}])
+    assert report(api, row.pk, completed(node.pk, other_tags)).json()["status"] == "failed"
+    row = new_pull(node, "hf/tiny")
+    report(api, row.pk, claim(node.pk))
+    latest = item("hf/tiny", match="repository", tags=[{"tag": "hf/tiny:latest", "image_id": DIGEST, "size_bytes": 1}])
+    assert report(api, row.pk, completed(node.pk, latest)).json()["status"] == "completed"
+
+
+def test_the_watched_list_of_a_page_is_the_same_rule_in_one_query(node, django_assert_num_queries):
+    ascend = make_node("npu-2", 1, vendor="ascend")
+    bare = make_node("cpu-2", 0)
+    with django_assert_num_queries(1):
+        grouped = images.watched_by_vendor()
+    for each in (node, ascend, bare):
+        assert [w.pk for w in images.watched_for(each, grouped)] == [w.pk for w in images.watched_images(each)]

@@ -18,7 +18,7 @@ from apps.inference import services as inference_services
 from apps.nodes import metrics, selectors, services
 from apps.nodes.api.serializers import LocationSerializer, TenantAssignmentSerializer
 from apps.nodes.choices import ALIVE, IMAGE_CHECK_MAX_REFERENCES
-from apps.nodes.images import node_alive, watched_images
+from apps.nodes.images import node_alive, watched_by_vendor, watched_for
 from apps.nodes.model_cache import node_models
 from apps.nodes.models import Gpu, Node
 from apps.portal.access import operators_only, portal_page
@@ -296,12 +296,13 @@ def environment_images(page) -> dict:
     offline node is listed as not checkable and gets no URL, so no request is made for it.
     Rendering makes no request: the script asks (POST check), then follows it."""
     now = utcnow()
+    grouped = watched_by_vendor()
     nodes = {}
     for node in page:
         if not node_alive(node, now):
             nodes[node.pk] = {"checkable": False}
             continue
-        watched = list(watched_images(node))[:IMAGE_CHECK_MAX_REFERENCES]
+        watched = watched_for(node, grouped)[:IMAGE_CHECK_MAX_REFERENCES]
         nodes[node.pk] = {
             "checkable": True,
             "watched": [{"reference": w.reference, "kind": w.kind} for w in watched],
