@@ -122,7 +122,7 @@ class AgentImageReportSerializer(AgentPayloadSerializer):
     error}. Read tolerantly at the top (a newer agent's field is ignored and named), the
     progress and result strictly by the schema."""
 
-    channel = "image-report"
+    channel = "image_report"
 
     node_id = serializers.CharField(max_length=128)
     from_status = serializers.ChoiceField(choices=IRS.choices)
