@@ -248,20 +248,15 @@ def sharing_rule():
 
 # A node the failure policy has given up takes nothing, whatever its status still shows
 # (apps/nodes/liveness.py): a task requeued from it would be placed straight back on it.
-# `mig_cards`: the indices (text) of the cards whose capabilities report MIG mode enabled
-# (apps.slices.planning.is_mig: never on a container node), read in the same statement so
-# that the snapshot parses no capabilities document
 NODES_SQL = f"""
-    SELECT id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used,
-           CASE WHEN NOT is_container AND jsonb_typeof(gpu_capabilities) = 'object' THEN (
-               SELECT array_agg(c.key) FROM jsonb_each(gpu_capabilities) AS c(key, value)
-               WHERE jsonb_typeof(c.value) = 'object' AND c.value->'mig_capable' = 'true'::jsonb
-           ) END
+    SELECT id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used
     FROM nodes WHERE status = ANY(%s) AND executable AND {liveness.not_given_up_sql("last_heartbeat_at")}
 """
 GPUS_SQL = f"""
     SELECT g.node_id, g.index, g.vendor, g.memory_total_mb, g.memory_used_mb, g.utilization, g.temperature,
-           g.lost_at IS NOT NULL, g.model
+           g.lost_at IS NOT NULL, g.model,
+           NOT n.is_container AND lower(g.vendor) = 'nvidia'
+               AND n.gpu_capabilities -> (g.index::text) -> 'mig_capable' = 'true'::jsonb
     FROM gpus g JOIN nodes n ON n.id = g.node_id
     WHERE n.status = ANY(%s) AND n.executable AND {liveness.not_given_up_sql("n.last_heartbeat_at")}
 """
@@ -281,20 +276,29 @@ class GpuRows:
     by_node: dict[str, list[GpuSnap]]
     nodes: frozenset[str]
     read_at: float
-    marked: list[GpuSnap] = field(default_factory=list)  # cards a snapshot set slicing facts on
+    mig: list[GpuSnap] = field(default_factory=list)  # the cards in MIG mode (their carving is per cycle)
 
 
 _gpu_rows: GpuRows | None = None
 
 
-def read_gpu_rows(cursor, statuses, heard_since) -> dict[str, list[GpuSnap]]:
+def read_gpu_rows(cursor, statuses, heard_since) -> GpuRows:
+    """The GPU rows, with the slicing facts that come with them: whether the card is in
+    MIG mode (apps.slices.planning.is_mig, from the node's capabilities, in the same
+    statement so that the snapshot parses no capabilities document) and its model's MIG
+    table. Bind plans each slice against the capabilities as they are then."""
     cursor.execute(GPUS_SQL, [statuses, heard_since])
     by_node: dict[str, list[GpuSnap]] = defaultdict(list)
-    for node_id, index, vendor, total, used, utilization, temperature, lost, model in cursor.fetchall():
-        by_node[node_id].append(GpuSnap(index, vendor, total, lost, used, utilization, temperature, [], model=model))
+    in_mig = []
+    for node_id, index, vendor, total, used, utilization, temperature, lost, model, mig in cursor.fetchall():
+        card = GpuSnap(index, vendor, total, lost, used, utilization, temperature, [], model=model)
+        if mig:
+            card.mig, card.mig_model = True, mig_model(model, total)
+            in_mig.append(card)
+        by_node[node_id].append(card)
     for cards in by_node.values():
         cards.sort(key=attrgetter("index"))
-    return by_node
+    return GpuRows(by_node, frozenset(), 0.0, in_mig)
 
 
 def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
@@ -310,7 +314,6 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
     with connection.cursor() as cursor:
         cursor.execute(NODES_SQL, [statuses, heard_since])
         node_rows = cursor.fetchall()
-        mig_cards = {row[0]: row[10] for row in node_rows if row[10]}
         nodes = {
             node_id: NodeSnap(
                 node_id,
@@ -325,31 +328,22 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
                 memory_used,
                 [],
             )
-            for node_id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used, _ in (
-                node_rows
-            )
+            for node_id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used in node_rows
         }
         rows = _gpu_rows
         fresh = rows is not None and time.monotonic() - rows.read_at < reuse_seconds and rows.nodes.issuperset(nodes)
         if not fresh:
-            rows = GpuRows(read_gpu_rows(cursor, statuses, heard_since), frozenset(nodes), time.monotonic())
+            rows = read_gpu_rows(cursor, statuses, heard_since)
+            rows.nodes, rows.read_at = frozenset(nodes), time.monotonic()
             if reuse_seconds:
                 _gpu_rows = rows
-        for card in rows.marked:  # a reused row's slicing facts are last cycle's
-            card.mig, card.mig_model, card.carved_g, card.carved_memory = False, None, 0, 0
-        rows.marked = []
+        for card in rows.mig:  # a reused row's carving is last cycle's: the slices below are the truth
+            card.carved_g = card.carved_memory = 0
         for node_id, node in nodes.items():
             node.gpus = rows.by_node.get(node_id, [])
             for card in node.gpus:
                 if card.holders:
                     card.holders = []  # a reused row's holders are last cycle's: the ledger below is the truth
-        for node_id, indices in mig_cards.items():
-            node = nodes[node_id]
-            for key in indices:
-                card = card_at(node.gpus, int(key)) if key.isdigit() else None
-                if card is not None and card.vendor.lower() == "nvidia":
-                    card.mig, card.mig_model = True, mig_model(card.model, card.memory_total_mb)
-                    rows.marked.append(card)
         cursor.execute(PORTS_USED, [list(HOLDING)])
         for node_id, used in cursor.fetchall():
             if node_id in nodes:

@@ -10,11 +10,13 @@ cycle. Everything the agent's reports and the periodic scans do is in
 
 from __future__ import annotations
 
-from collections import defaultdict
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from apps.nodes.models import Gpu, Node
+from django.db import connection
+
+from apps.core.db import insert_rows
 from apps.slices.choices import (
     LIVE,
     REQUEST_OPEN,
@@ -93,42 +95,46 @@ class Carve:
     plan: SlicePlan
 
 
+# The asked cards with what planning needs, in one statement: the card (vendor, model,
+# uuid, total), its node's tier facts (container, the card's own capabilities) and the
+# LIVE slices on it, as [[profile, memory MB], ...].
+CARDS_TO_CARVE = """
+    SELECT g.node_id, g.index, g.vendor, g.model, g.uuid, g.memory_total_mb, n.is_container,
+           CASE WHEN jsonb_typeof(n.gpu_capabilities) = 'object' THEN n.gpu_capabilities -> (g.index::text) END,
+           coalesce((
+               SELECT json_agg(json_build_array(s.profile, s.memory_mb)) FROM slices s
+               WHERE s.node_id = g.node_id AND s.gpu_index = g.index AND s.state = ANY(%s)
+           ), '[]')
+    FROM gpus g JOIN nodes n ON n.id = g.node_id
+    JOIN unnest(%s::text[], %s::int[]) AS asked(node_id, index) ON asked.node_id = g.node_id AND asked.index = g.index
+"""
+
+
 def plan_carves(asks: Sequence[CarveAsk]) -> dict[int, Carve | Refusal]:
     """Each ask's slice, planned against the cards as they are now (their node's tier
     facts, the card's model, the LIVE slices already on it), in order: a MIG profile
     taken by an earlier ask of the same batch counts for the later ones. The caller
     holds the nodes' row locks (bind), so no other binder carves the same cards
-    meanwhile. Three queries, whatever the number of asks; none without asks."""
+    meanwhile. One query, whatever the number of asks; none without asks."""
     if not asks:
         return {}
-    node_ids = sorted({ask.node_id for ask in asks})
-    nodes = {
-        pk: (is_container, capabilities)
-        for pk, is_container, capabilities in Node.objects.filter(pk__in=node_ids).values_list(
-            "pk", "is_container", "gpu_capabilities"
-        )
-    }
-    cards = {
-        (node_id, index): (vendor, model, uuid, total)
-        for node_id, index, vendor, model, uuid, total in Gpu.objects.filter(node_id__in=node_ids).values_list(
-            "node_id", "index", "vendor", "model", "uuid", "memory_total_mb"
-        )
-    }
-    live: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)
-    for node_id, index, profile, memory in Slice.objects.filter(node_id__in=node_ids, state__in=LIVE).values_list(
-        "node_id", "gpu_index", "profile", "memory_mb"
-    ):
-        live[(node_id, index)].append((profile, memory))
+    wanted = sorted({(ask.node_id, ask.gpu_index) for ask in asks})
+    with connection.cursor() as cursor:
+        cursor.execute(CARDS_TO_CARVE, [list(LIVE), [n for n, _ in wanted], [i for _, i in wanted]])
+        rows = cursor.fetchall()
+    cards = {}
+    live: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for node_id, index, vendor, model, uuid, total, is_container, capability, slices in rows:
+        cards[(node_id, index)] = (vendor, model, uuid, total, is_container, _json(capability))
+        live[(node_id, index)] = [(profile, memory) for profile, memory in _json(slices)]
     planned: dict[int, Carve | Refusal] = {}
     for ask in asks:
         where = (ask.node_id, ask.gpu_index)
-        card, node = cards.get(where), nodes.get(ask.node_id)
-        if card is None or node is None:
+        card = cards.get(where)
+        if card is None:
             planned[ask.task_id] = Refusal("SliceUnplannable", f"card {ask.gpu_index} of {ask.node_id} is gone")
             continue
-        vendor, model, uuid, total = card
-        is_container, capabilities = node
-        capability = capabilities.get(str(ask.gpu_index)) if isinstance(capabilities, dict) else None
+        vendor, model, uuid, total, is_container, capability = card
         plan = plan_slice(
             vendor=vendor,
             model_name=model,
@@ -145,6 +151,11 @@ def plan_carves(asks: Sequence[CarveAsk]) -> dict[int, Carve | Refusal]:
         else:
             planned[ask.task_id] = plan
     return planned
+
+
+def _json(value):
+    """Django's raw cursor hands json over as text (jsonb as well)."""
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
 def carve(carves: Sequence[Carve], now) -> list[Slice]:
@@ -174,7 +185,7 @@ def carve(carves: Sequence[Carve], now) -> list[Slice]:
                 confirmed_at=now if software else None,
             )
         )
-    slices = Slice.objects.bulk_create(rows)
+    slices = insert_rows(rows)
     issue([s for s in slices if s.tier not in NO_HARDWARE], SliceAction.CREATE)
     return slices
 
