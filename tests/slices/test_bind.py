@@ -95,6 +95,16 @@ def test_a_full_mig_card_is_not_chosen_and_the_task_waits_with_the_reason(world)
     assert third.schedule_reason["removed_by"] == {"capacity": 2}
 
 
+def test_one_cycle_carves_a_mig_card_full_and_no_further(world):
+    mig_node()
+    tasks = [share(world.tenants["acme"], memory=18000, name=f"s{k}") for k in range(8)]
+    result = run_cycle()
+    assert sorted(result.bound) == sorted(t.pk for t in tasks[:7])  # 7 × 1g.18gb
+    assert result.failed[tasks[7].pk]["removed_by"] == {"capacity": 1}
+    assert sorted(Slice.objects.values_list("profile", flat=True)) == ["1g.18gb"] * 7
+    assert SliceRequest.objects.filter(action="create", status="pending").count() == 7
+
+
 def test_a_slice_that_can_no_longer_be_planned_at_bind_drops_the_decision(world):
     acme = world.tenants["acme"]
     node = mig_node()
