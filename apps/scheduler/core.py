@@ -143,7 +143,7 @@ class Decision:
     task_id: int
     node_id: str
     gpu_indices: list[int]
-    memory_mb: int | None  # per card, for memory-only tasks
+    memory_mb: int | None  # per card, for memory-only tasks (on a MIG card: the profile's memory)
     score: float
 
 
