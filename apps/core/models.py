@@ -16,3 +16,26 @@ class JobRun(models.Model):
 
     def __str__(self):
         return self.key
+
+
+class OperatorAuditEvent(models.Model):
+    """A change an operator made (any tenant's, or the platform's: nodes, plugins,
+    tenants, watched images…), kept in `public` so that operators read one log. A change
+    in one tenant is in that tenant's own log as well (apps.confidential AuditEvent, in
+    its schema), which its admins read. The actor and the tenant are kept by name, so the
+    record survives them."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=200)
+    target = models.CharField(max_length=200, blank=True, default="")
+    tenant = models.CharField(max_length=63, blank=True, default="", help_text="Its slug; empty: the platform.")
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        db_table = "operator_audit_events"
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["tenant", "-at"], name="operator_audit_tenant_at")]
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"

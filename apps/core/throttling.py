@@ -57,11 +57,11 @@ def hit(scope: str, ident: str, rate: Rate, *, at: float | None = None) -> Verdi
         return Verdict(True, 0, 0)
     at = now() if at is None else at
     window = int(at // rate.period)
-    key = f"rl:{scope}:{_digest(ident)}:{rate.period}:{window}"
+    counter = f"rl:{scope}:{_digest(ident)}:{rate.period}:{window}"
     try:
         # kept past its window's end, so that an instance whose clock is a little behind
         # never finds it gone mid-window (Django's incr is EXISTS then INCR)
-        count = incr(key, timeout=2 * rate.period + 5)
+        count = incr(counter, timeout=2 * rate.period + 5)
     except Exception:  # the limiter fails open; the cause is logged
         logger.warning("rate limit %s not counted: the cache is unreachable", scope, exc_info=True)
         return Verdict(True, 0, 0)

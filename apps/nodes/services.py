@@ -11,7 +11,8 @@ from rest_framework.exceptions import NotFound
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.services import recover_alert
-from apps.confidential.services import actor_name, record_audit
+from apps.confidential.services import record_audit
+from apps.core.audit import record_operator_audit
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes import liveness
@@ -274,17 +275,8 @@ def change_service(node: Node, move: str, principal, *, reason: str = "") -> Ser
         details = {"from": was or IN_SERVICE, "to": state, "requeued": requeued, "stopping": stopping}
         if reason:
             details["reason"] = reason
-        if node.tenant_id is not None:
+        if node.tenant_id is not None:  # the tenant's log, and the operators'
             record_audit(node.tenant, principal, f"node.{move}", node.pk, **details)
-        logger.info(
-            "audit: %s moved node %s (%s) from %s to %s (requeued %s, stopping %s)%s",
-            actor_name(principal),
-            node.pk,
-            f"dedicated to {node.tenant.slug}" if node.tenant_id is not None else "shared",
-            was or IN_SERVICE,
-            state,
-            requeued,
-            stopping,
-            f": {reason!r}" if reason else "",
-        )
+        else:
+            record_operator_audit(principal, f"node.{move}", node.pk, **details)
     return ServiceChanged(node, state, requeued, stopping)

@@ -11,6 +11,7 @@ from django_tenants.utils import schema_context
 from rest_framework.exceptions import ValidationError
 
 from apps.confidential.models import Secret
+from apps.confidential.services import record_audit
 from apps.tasks import services
 from apps.tasks.models import Task, TaskGroup
 from apps.tenants import policy
@@ -52,7 +53,10 @@ def submit_task(principal, validated: dict) -> Task:
     """Queue a task from TaskCreateSerializer's validated data. Raises ValidationError
     (400), PermissionDenied (403), Http404 and Conflict (409, quota) as the API answers."""
     tenant, data = prepared(principal, validated)
-    return services.create_task(tenant=tenant, created_by=principal.user, **data)
+    task = services.create_task(tenant=tenant, created_by=principal.user, **data)
+    # after the create's commit: its tenant lock is not held through one more insert
+    record_audit(tenant, principal, "task.created", str(task.pk), name=task.name)
+    return task
 
 
 def submit_array(principal, validated: dict) -> list[Task]:
@@ -62,7 +66,11 @@ def submit_array(principal, validated: dict) -> list[Task]:
     count = data.pop("array")["count"]
     tenant, fields = prepared(principal, data)
     specs = [{**fields, "array_index": index, "array_size": count} for index in range(count)]
-    return services.create_tasks(tenant, specs, created_by=principal.user)
+    tasks = services.create_tasks(tenant, specs, created_by=principal.user)
+    record_audit(
+        tenant, principal, "task_array.created", f"{tasks[0].pk}-{tasks[-1].pk}", name=fields["name"], count=count
+    )
+    return tasks
 
 
 def submit_group(principal, validated: dict) -> TaskGroup:
@@ -71,4 +79,6 @@ def submit_group(principal, validated: dict) -> TaskGroup:
     members), then services.create_group, all or nothing against the quota. Raises as
     submit_task."""
     tenant, data = prepared(principal, validated)
-    return services.create_group(tenant, data, created_by=principal.user)
+    group = services.create_group(tenant, data, created_by=principal.user)
+    record_audit(tenant, principal, "task_group.created", str(group.pk), name=group.name, kind=group.kind)
+    return group

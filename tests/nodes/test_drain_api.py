@@ -3,12 +3,12 @@
 404 for an unknown node, 409 when the move does not apply, the node's state in the
 answer, through the same services as the admin's actions, and audited."""
 
-import logging
 
 import pytest
 from django_tenants.utils import schema_context
 
 from apps.confidential.models import AuditEvent
+from apps.core.models import OperatorAuditEvent
 from apps.nodes.choices import CORDON_LABEL
 from apps.nodes.models import Node
 from apps.scheduler.services import run_cycle
@@ -126,12 +126,13 @@ def test_a_dedicated_nodes_moves_go_into_its_tenants_audit_log(api, world):
         assert not AuditEvent.objects.filter(target="n1").exists()
 
 
-def test_a_shared_nodes_moves_are_logged(api, world, caplog):
+def test_a_shared_nodes_moves_go_into_the_operators_audit_log(api, world):
     make_node("n1", gpus=1)
-    with caplog.at_level(logging.INFO, logger="apps.nodes.services"):
-        assert post(api, world, "n1", "drain").status_code == 200
-    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("audit:"))
-    assert "node n1 (shared) from in_service to drain" in line and "op" in line
+    assert post(api, world, "n1", "drain", {"reason": "fans"}).status_code == 200
+    (event,) = OperatorAuditEvent.objects.filter(target="n1")
+    assert (event.action, event.tenant, event.details["to"]) == ("node.drain", "", "drain")
+    assert event.details["reason"] == "fans"
+    assert event.actor.startswith("op")
     for tenant in world.tenants.values():
         with schema_context(tenant.schema_name):
             assert not AuditEvent.objects.filter(target="n1").exists()  # no tenant's business

@@ -149,6 +149,10 @@ class AuditEventSerializer(serializers.Serializer):
     details = serializers.JSONField()
 
 
+class OperatorAuditEventSerializer(AuditEventSerializer):
+    tenant = serializers.CharField(help_text="The tenant's slug; empty: a change to the platform.")
+
+
 class MembershipBriefSerializer(serializers.Serializer):
     tenant = serializers.CharField()
     role = serializers.ChoiceField(choices=Role.choices)

@@ -9,6 +9,7 @@ urlpatterns = [
     path("tenants/<slug:slug>/members", views.MemberListView.as_view(), name="member-list"),
     path("tenants/<slug:slug>/members/<str:username>", views.MemberDetailView.as_view(), name="member-detail"),
     path("tenants/<slug:slug>/audit", views.AuditLogView.as_view(), name="tenant-audit"),
+    path("admin/audit", views.OperatorAuditLogView.as_view(), name="operator-audit"),
     path("tenant-groups", views.TenantGroupListView.as_view(), name="tenant-group-list"),
     path("tenant-groups/<int:pk>", views.TenantGroupDetailView.as_view(), name="tenant-group-detail"),
     path("api-keys", views.ApiKeyListView.as_view(), name="api-key-list"),

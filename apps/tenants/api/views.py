@@ -1,14 +1,17 @@
 """Tenancy API. Views decode, scope and call services; the rules live in services.py."""
 
 from django.shortcuts import get_object_or_404
+from django.utils.dateparse import parse_datetime
 from django_tenants.utils import schema_context
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.confidential.models import AuditEvent
+from apps.core.models import OperatorAuditEvent
 from apps.core.permissions import IsOperator
 from apps.core.views import ScopedAPIView, get_visible_or_404
 from apps.tenants import policy, services
@@ -130,6 +133,45 @@ class AuditLogView(generics.ListAPIView):
             page = self.paginate_queryset(AuditEvent.objects.all())
             data = s.AuditEventSerializer(page, many=True).data
         return self.get_paginated_response(data)
+
+
+class OperatorAuditLogView(generics.ListAPIView):
+    """The operators' audit log: every change an operator made, the platform's and each
+    tenant's (a tenant's own people's changes are in that tenant's log). Filters:
+    `tenant` (a slug; `-` for the platform's), `actor`, `action` (a part of it), `since`."""
+
+    serializer_class = s.OperatorAuditEventSerializer
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("tenant", str, description="a tenant's slug, or - for the platform's changes"),
+            OpenApiParameter("actor", str),
+            OpenApiParameter("action", str, description="a part of the action"),
+            OpenApiParameter("since", OpenApiTypes.DATETIME),
+        ]
+    )
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self):
+        rows = OperatorAuditEvent.objects.all()
+        query = self.request.query_params
+        if "tenant" in query:
+            rows = rows.filter(tenant="" if query["tenant"] == "-" else query["tenant"])
+        if query.get("actor"):
+            rows = rows.filter(actor=query["actor"])
+        if query.get("action"):
+            rows = rows.filter(action__icontains=query["action"])
+        if query.get("since"):
+            try:
+                since = parse_datetime(query["since"])
+            except ValueError:
+                since = None
+            if since is None:
+                raise ValidationError({"since": ["An ISO 8601 date and time, e.g. 2026-12-01T00:00:00Z."]})
+            rows = rows.filter(at__gte=since)
+        return rows
 
 
 class ApiKeyListView(generics.ListAPIView):
