@@ -3,7 +3,6 @@
 404 for an unknown node, 409 when the move does not apply, the node's state in the
 answer, through the same services as the admin's actions, and audited."""
 
-
 import pytest
 from django_tenants.utils import schema_context
 
