@@ -188,6 +188,8 @@ class Detector:
             mig=reading.mig,
             mps_alive=mps,
             container=container,
+            mig_instances=reading.mig_instances,
+            hami=reading.hami if tool.vendor == "hygon" else None,
         )
         retry = not self._topology_tried or self._calls - self._topology_tried >= self._rescan_every
         if nvidia and self._topology is None and retry:
