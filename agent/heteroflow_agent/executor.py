@@ -371,7 +371,7 @@ class Executor:
             self.record_event(task["id"], "checkpoint_resume", decision, {"resume_from": resume})
         ipc_host = many_cards and task.get("kind") in ("training", "inference")
         shm_size_mb = self._shm_for(task, ipc_host)
-        if slice_ is not None and slice_.get("tier") == "mps" and self.runtime.kind == "docker":
+        if slice_ is not None and slice_.get("tier") == "mps" and self._runtime_kind() == "docker":
             ipc_host = True  # an MPS client shares the daemon's IPC namespace
         return TaskSpec(
             task_id=task["id"],
@@ -385,15 +385,18 @@ class Executor:
             ipc_host=ipc_host,
         )
 
+    def _runtime_kind(self) -> str:
+        return getattr(self.runtime, "kind", "")
+
     def _slice_volumes(self, slice_: dict) -> list[Volume]:
         """What a container needs from the host for its slice: the MPS daemon's pipe and
         log directories, or the vDCU's config file where the Hygon driver reads it. The
         process runtime shares the host's paths already; a vDCU cannot be enforced there
         (the driver reads the file only inside a container), so it refuses to start."""
         tier = slice_.get("tier")
-        if tier == "hami" and self.runtime.kind != "docker":
+        if tier == "hami" and self._runtime_kind() != "docker":
             raise RuntimeError_("a HAMi vDCU is enforced only inside a container; this node runs tasks as processes")
-        if self.runtime.kind != "docker":
+        if self._runtime_kind() != "docker":
             return []
         if tier == "mps":
             return [Volume(self.mps_pipe, self.mps_pipe, False), Volume(self.mps_log, self.mps_log, False)]

@@ -22,7 +22,8 @@ import threading
 from collections import OrderedDict
 
 from heteroflow_agent.client import AuthError, ServerClient, ServerError
-from heteroflow_agent.slicing import REQUEST_SECONDS, Budget, Outcome, Vendor, hami, mig, mps
+from heteroflow_agent.slicing import hami, mig, mps
+from heteroflow_agent.slicing.base import REQUEST_SECONDS, Budget, Outcome, Vendor
 
 logger = logging.getLogger("heteroflow_agent.channels.slices")
 

@@ -189,7 +189,10 @@ class Detector:
             mps_alive=mps,
             container=container,
             mig_instances=reading.mig_instances,
-            hami=reading.hami if tool.vendor == "hygon" else None,
+            # a Hygon node in a container carves nothing: known, so said (false)
+            hami=(reading.hami if reading.hami is not None else {} if container else None)
+            if tool.vendor == "hygon"
+            else None,
         )
         retry = not self._topology_tried or self._calls - self._topology_tried >= self._rescan_every
         if nvidia and self._topology is None and retry:

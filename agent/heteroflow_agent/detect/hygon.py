@@ -9,11 +9,37 @@ hygon-hami slices) can carve: `hami_capable` in the capabilities.
 
 from __future__ import annotations
 
-from heteroflow_agent.slicing.hami import parse_devices
+import re
 
 from .base import Runner, VendorTool
 from .model import Card, Reading
 from .rocm_json import parse_rocm_json
+
+_BLOCK = re.compile(r"^\s*(Virtual Device|Device)\s+(\d+)\s*:")
+_FIELD = re.compile(r"^\s*(Actual Device|Compute units|Global memory)\s*:\s*(\d+)")
+
+
+def parse_devices(text: str) -> list[dict]:
+    """Either listing: [{"id", "device", "compute_units", "memory_mib"}] ("id" is the
+    block's number: the card for -show-device-info, the vDCU for -show-vdevice-info)."""
+    rows: list[dict] = []
+    current: dict | None = None
+    for line in (text or "").splitlines():
+        m = _BLOCK.match(line)
+        if m:
+            current = {"id": int(m[2])}
+            rows.append(current)
+            continue
+        m = _FIELD.match(line) if current is not None else None
+        if m:
+            value = int(m[2])
+            if m[1] == "Actual Device":
+                current["device"] = value
+            elif m[1] == "Compute units":
+                current["compute_units"] = value
+            else:
+                current["memory_mib"] = value // 2**20
+    return [r for r in rows if {"device", "compute_units", "memory_mib"} <= r.keys()]
 
 
 class HygonTool(VendorTool):

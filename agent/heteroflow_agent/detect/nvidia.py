@@ -18,9 +18,8 @@ import json
 import re
 from collections.abc import Sequence
 
-from heteroflow_agent.slicing.mig import ListingError, list_instances
-
 from .base import Runner, VendorTool, reading_from
+from .mig import ListingError, list_instances
 from .model import Card, Reading
 from .parsing import CARD_ERROR, integer, lookup, number, sectioned_records, strip_ansi, to_mib
 

@@ -26,36 +26,12 @@ from __future__ import annotations
 import re
 
 from heteroflow_agent.detect.command import find_command, first_line
+from heteroflow_agent.detect.hygon import parse_devices
 
-from . import Budget, Outcome, OutOfTime, Vendor, gpu_index, refused
+from .base import Budget, Outcome, OutOfTime, Vendor, gpu_index, refused
 
-_BLOCK = re.compile(r"^\s*(Virtual Device|Device)\s+(\d+)\s*:")
-_FIELD = re.compile(r"^\s*(Actual Device|Compute units|Global memory)\s*:\s*(\d+)")
 VDEV_CONF = "/etc/vdev/vdev{}.conf"
 VDEV_IN_CONTAINER = "/etc/vdev/docker/vdev{}.conf"
-
-
-def parse_devices(text: str) -> list[dict]:
-    """Either listing: [{"id", "device", "compute_units", "memory_mib"}] ("id" is the
-    block's number: the card for -show-device-info, the vDCU for -show-vdevice-info)."""
-    rows: list[dict] = []
-    current: dict | None = None
-    for line in (text or "").splitlines():
-        m = _BLOCK.match(line)
-        if m:
-            current = {"id": int(m[2])}
-            rows.append(current)
-            continue
-        m = _FIELD.match(line) if current is not None else None
-        if m:
-            value = int(m[2])
-            if m[1] == "Actual Device":
-                current["device"] = value
-            elif m[1] == "Compute units":
-                current["compute_units"] = value
-            else:
-                current["memory_mib"] = value // 2**20
-    return [r for r in rows if {"device", "compute_units", "memory_mib"} <= r.keys()]
 
 
 def virtual_tool(root: str = "/") -> list[str] | None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 
 from heteroflow_agent.detect.command import find_command, first_line
+from heteroflow_agent.detect.mig import parse_listing
 
-from . import Budget, Outcome, OutOfTime, Vendor, gpu_index, refused
-from .mig import parse_listing
+from .base import Budget, Outcome, OutOfTime, Vendor, gpu_index, refused
 
 CONTROL = "nvidia-cuda-mps-control"
 DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # CUDA's default when the daemon's env names none
