@@ -280,6 +280,8 @@ class Executor:
             if memory_only(task) and confirmed_slice(task) is None:
                 # no limit, no start: a share of a card runs only inside its confirmed slice
                 if task["id"] not in self.withheld:
+                    if len(self.withheld) >= MAX_UNDELIVERED:
+                        self.withheld.clear()  # tasks that left the list meanwhile: at worst logged again
                     self.withheld.add(task["id"])
                     state = (task.get("slice") or {}).get("state") if isinstance(task.get("slice"), dict) else None
                     logger.info(

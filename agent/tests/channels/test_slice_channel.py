@@ -10,6 +10,8 @@ import pytest
 
 from heteroflow_agent.channels.slices import PATH, SliceChannel, default_vendors
 from heteroflow_agent.client import ServerClient
+from heteroflow_agent.config import AgentConfig
+from heteroflow_agent.main import build_slice_channel
 from heteroflow_agent.slicing.base import Budget, Outcome, Vendor
 
 GPU0 = "GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a70"
@@ -371,3 +373,12 @@ def test_a_404_channel_is_logged_once(server, channel, caplog):
         channel.poll()
         channel.poll()
     assert sum("has no slice channel" in m for m in caplog.messages) == 1
+
+
+def test_the_agent_wires_the_channel_with_its_own_clients(tmp_path):
+    cfg = AgentConfig(server_url="http://cp:8000", api_key="k", node_id="n1", data_dir=tmp_path, report_attempts=4)
+    channel = build_slice_channel(cfg)
+    assert channel.report_client.attempts == 4 and channel.report_client is not channel.client
+    assert set(channel.vendors) == {"nvidia-mig", "nvidia-mps", "hygon-hami"}
+    assert channel.poll_seconds == 5.0 and channel.request_seconds == 120.0
+    assert channel.tool_timeout == 60.0
