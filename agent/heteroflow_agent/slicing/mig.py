@@ -109,6 +109,11 @@ class NvidiaMig(Vendor):
             return Outcome(False, f"{said}; then could not list the instances: {exc}", created)
         old = {_key(e) for e in before}
         created = [e for e in after if _key(e) not in old]
+        named = _CREATED_GI.search(made.stdout)
+        if named and any(e["gi"] == int(named[1]) for e in created):
+            # what this create made, not what someone else made meanwhile (an operator's
+            # nvidia-smi): the server destroys what a failed create reports
+            created = [e for e in created if e["gi"] == int(named[1])]
         complete = [e for e in created if "ci" in e and e["uuid"]]
         if made.ok and len(complete) == 1 and len(created) == 1:
             entry = complete[0]

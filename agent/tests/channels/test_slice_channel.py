@@ -142,6 +142,19 @@ def test_gi_made_ci_failed_is_reported_with_what_exists_then_destroyed(server, c
     assert not [c for c in cards.calls("mig") if "-dci" in c]
 
 
+def test_a_create_reports_only_what_it_made(server, channel, cards):
+    """An instance someone else made meanwhile is not this request's: a failed create
+    reports only its own GPU instance, which the server then destroys."""
+    cards.nvidia()
+    cards.update(
+        meanwhile=[{"id": 1, "profile": "2g.10gb", "start": 0, "size": 2, "cis": [{"id": 0, "uuid": "MIG-op"}]}]
+    )
+    cards.fail(cci="Insufficient Resources")
+    report = run_one(server, channel, request(profile="1g.5gb"))
+    assert report["status"] == "failed"
+    assert report["result"]["created"] == [{"uuid": "", "gi": 2, "profile": "1g.5gb"}]
+
+
 def test_a_full_card_fails_the_way_nvidia_smi_does(server, channel, cards):
     cards.nvidia()
     assert run_one(server, channel, request(1, profile="7g.40gb"))["status"] == "completed"
