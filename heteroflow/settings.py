@@ -254,6 +254,7 @@ SPECTACULAR_SETTINGS = {
         "TaskGroupKindEnum": "apps.tasks.choices.GroupKind",
         "InferenceServiceStateEnum": "apps.inference.choices.ServiceStatus",
         "HealthProbeTypeEnum": [("http", "http"), ("tcp", "tcp")],
+        "SliceStateEnum": "apps.slices.choices.SliceState",
     },
 }
 

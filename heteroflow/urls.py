@@ -13,6 +13,7 @@ api_v1 = [
     path("", include("apps.tasks.api.urls")),
     path("", include("apps.scheduler.api.urls")),
     path("", include("apps.inference.api.urls")),
+    path("", include("apps.slices.api.urls")),
     path("", include("apps.gateway.api.urls")),
     # before any alerts/<...> route, so "channels" is never read as an alert's id
     path("", include("apps.alerts.api.channel_urls")),

@@ -5,6 +5,8 @@ from any state; a test of a service's own writes calls the service."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import factory
 from django.contrib.auth import get_user_model
 
@@ -14,6 +16,8 @@ from apps.core.clock import utcnow
 from apps.nodes.choices import NodeStatus
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation
+from apps.slices import ledger
+from apps.slices.models import Slice, SliceRequest
 from apps.tasks.models import Task, TaskGroup
 
 
@@ -141,3 +145,42 @@ def make_task_holding(node: Node, tenant, status: str, card: int = 0) -> Task:
     task = make_task(tenant, name=status, status=status, node=node)
     GpuAllocation.objects.create(task=task, node=node, gpu_index=card, tenant=tenant)
     return task
+
+
+def make_slice(node: Node, tenant=None, task: Task | None = None, **fields) -> Slice:
+    """A slice written as it is (any state, tier, card): a 1g.18gb MIG slice of 18 GB on
+    card 0, requested, unless `fields` say otherwise."""
+    fields = {
+        "gpu_index": 0,
+        "gpu_uuid": f"GPU-{node.pk}-{fields.get('gpu_index', 0)}",
+        "tier": "mig",
+        "memory_mb": 18 * 1024,
+        "compute_percent": 14,
+        "profile": "1g.18gb",
+        **fields,
+    }
+    return Slice.objects.create(node=node, tenant=tenant or (task.tenant if task else None), task=task, **fields)
+
+
+def make_slice_request(slice_: Slice, action: str = "create", **fields) -> SliceRequest:
+    """A request for `slice_`'s agent as ledger.issue writes it (pending unless `status`
+    says otherwise); `fields` are its other columns."""
+    fields.setdefault("vendor", {"mig": "nvidia-mig", "mps": "nvidia-mps", "hami": "hygon-hami"}[slice_.tier])
+    fields.setdefault("params", ledger.request_params(slice_))
+    return SliceRequest.objects.create(node_id=slice_.node_id, slice=slice_, action=action, **fields)
+
+
+def make_bound_slice(node: Node, tenant, *, card: int = 0, state: str = "requested", **fields) -> Slice:
+    """A memory-only task as a bind leaves it: scheduled on `node`, its card held in the
+    ledger for the slice's memory, the slice in `state` and, for a hardware tier
+    requested or issued, its create request (pending; processing when issued).
+    `fields` are the slice's other columns (tier, memory_mb, profile…)."""
+    memory = fields.get("memory_mb", 18 * 1024)
+    task = make_task(tenant, name=f"sliced-{state}", status="scheduled", node=node, gpu_memory_mb=memory)
+    GpuAllocation.objects.create(task=task, node=node, gpu_index=card, tenant=tenant, memory_mb=memory)
+    slice_ = make_slice(node, task=task, gpu_index=card, state=state, **fields)
+    if slice_.tier != "software" and state in ("requested", "issued"):
+        now = utcnow()
+        extra = {"status": "processing", "claimed_at": now, "deadline": now + timedelta(seconds=120)}
+        make_slice_request(slice_, "create", **(extra if state == "issued" else {}))
+    return slice_

@@ -3,6 +3,7 @@ from django.urls import path
 
 from apps.portal import views
 from apps.portal.pages import account, alerts, gateway, inference, models, nodes, server, tasks, training
+from apps.portal.pages import slices as slice_pages
 
 app_name = "portal"
 urlpatterns = [
@@ -23,6 +24,8 @@ urlpatterns = [
     path("nodes/<str:node_id>/tenant/", nodes.node_tenant, name="node-tenant"),
     path("nodes/<str:node_id>/delete/", nodes.node_delete, name="node-delete"),
     path("environment/", nodes.environment, name="environment"),
+    # slices (cards carved for memory-only tasks)
+    path("slices/", slice_pages.slices, name="slices"),
     # tasks
     path("tasks/", tasks.task_list, name="tasks"),
     path("tasks/new/", tasks.task_new, name="task-new"),

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 
 from apps.nodes.choices import CORDON_LABEL
 from apps.scheduler import nvlink
+from apps.slices import planning
+from apps.slices.planning import MigModel
 
 NEUTRAL = 50.0
 
@@ -31,8 +33,18 @@ class GpuSnap:
     memory_used_mb: int | None = None  # live readings, for the load thresholds
     utilization: float | None = None
     temperature: float | None = None
-    # current holders: (task id, tenant id, memory MB or None for the whole card)
-    holders: list[tuple[int, int, int | None]] = field(default_factory=list)
+    # current holders: (task id, tenant id, memory MB or None for the whole card); a slice
+    # still on the card with no task (releasing, orphaned) is (0, None, its memory): it
+    # takes room but serves no tenant
+    holders: list[tuple[int, int | None, int | None]] = field(default_factory=list)
+    # slicing (apps.slices.planning): a card in MIG mode gives its shares as MIG
+    # instances, planned by its model's profile table (None: no table, nothing is
+    # planned on it) against the compute and memory slices its LIVE slices take
+    mig: bool = False
+    mig_model: MigModel | None = None
+    model: str = ""  # the card's name as its agent reports it (the MIG table is found by it)
+    carved_g: int = 0
+    carved_memory: int = 0
 
     @property
     def whole_taken(self) -> bool:
@@ -41,6 +53,19 @@ class GpuSnap:
     def memory_free_mb(self, reserve_mb: int) -> int:
         total = self.memory_total_mb or 0
         return total - reserve_mb - sum(memory or 0 for _, _, memory in self.holders)
+
+    def share_room_mb(self, reserve_mb: int) -> int:
+        """The most memory one more share could have on this card: on a MIG card the
+        largest profile that still fits (no reserve: the instance is a partition), else
+        the free memory after the reserve."""
+        if self.mig:
+            return planning.largest_fit_mb(self.mig_model, self.carved_g, self.carved_memory)
+        return self.memory_free_mb(reserve_mb)
+
+    def shared_with(self, tenant_id: int, may_share) -> bool:
+        """Whether every tenant on the card may share it with `tenant_id` (fail-closed:
+        the rule is asked about each holder; a slice with no task serves no tenant)."""
+        return all(holder is None or may_share(tenant_id, holder) for _, holder, _ in self.holders)
 
 
 @dataclass(slots=True)
@@ -118,7 +143,7 @@ class Decision:
     task_id: int
     node_id: str
     gpu_indices: list[int]
-    memory_mb: int | None  # per card, for memory-only tasks
+    memory_mb: int | None  # per card, for memory-only tasks (on a MIG card: the profile's memory)
     score: float
 
 
@@ -172,8 +197,8 @@ def shareable_cards(node: NodeSnap, task: TaskReq, settings: PluginSettings, may
         if vendor_matches(gpu, vendor)
         and card_under_load(gpu, settings)
         and not gpu.whole_taken
-        and gpu.memory_free_mb(reserve_mb(gpu, settings)) >= task.gpu_memory_mb
-        and all(may_share(task.tenant_id, holder_tenant) for _, holder_tenant, _ in gpu.holders)
+        and gpu.share_room_mb(reserve_mb(gpu, settings)) >= task.gpu_memory_mb
+        and gpu.shared_with(task.tenant_id, may_share)
     ]
 
 
@@ -372,7 +397,7 @@ class FleetView:
             if partial is None:
                 settings = self.settings
                 partial = self._partial[position] = [
-                    (gpu, gpu.memory_free_mb(reserve_mb(gpu, settings)))
+                    (gpu, gpu.share_room_mb(reserve_mb(gpu, settings)))
                     for gpu in self.nodes[position].gpus
                     if not gpu.lost and not (gpu.holders and gpu.whole_taken) and card_under_load(gpu, settings)
                 ]
@@ -384,7 +409,7 @@ class FleetView:
                 if (
                     (best is None or free > best)
                     and vendor_matches(gpu, vendor)
-                    and (tenant_id is None or all(may_share(tenant_id, holder) for _, holder, _ in gpu.holders))
+                    and (tenant_id is None or gpu.shared_with(tenant_id, may_share))
                 ):
                     best = free
             room = cache[key] = 0 if best is None else best
@@ -778,10 +803,21 @@ def take(ask: Ask, fleet: FleetView, best: Candidate) -> Decision:
     if task.kind == "inference" and node.ports_free is not None:
         node.ports_free -= 1
     for gpu in chosen:
+        if memory is not None and gpu.mig:
+            memory = carve_mig(gpu, memory)
         gpu.holders.append((task.id, task.tenant_id, memory))
     if chosen:
         fleet.changed(best.position)
     return Decision(task.id, node.id, [gpu.index for gpu in chosen], memory, best.score)
+
+
+def carve_mig(gpu: GpuSnap, memory_mb: int) -> int:
+    """Take the smallest fitting MIG profile for a share on this card (the room check
+    said one fits); returns the profile's memory, which is what the ledger holds."""
+    profile = planning.choose_profile(gpu.mig_model, memory_mb, gpu.carved_g, gpu.carved_memory)
+    gpu.carved_g += profile.g
+    gpu.carved_memory += profile.memory_slices
+    return profile.memory_mb
 
 
 def _failure_code(removed: dict, total: int) -> str:

@@ -55,6 +55,11 @@ from apps.scheduler.core import (
 )
 from apps.scheduler.ledger import ALLOCATE
 from apps.scheduler.models import GpuAllocation, PluginConfig
+from apps.slices import ledger as slice_ledger
+from apps.slices.choices import LIVE as LIVE_SLICES
+from apps.slices.choices import SliceState
+from apps.slices.planning import Refusal, mig_model
+from apps.slices.planning import occupancy as slice_occupancy
 from apps.tasks.choices import HOLDING, TERMINAL, TRANSITIONS, GroupPlacement, TaskKind
 from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task, TaskGroup
@@ -249,13 +254,18 @@ NODES_SQL = f"""
 """
 GPUS_SQL = f"""
     SELECT g.node_id, g.index, g.vendor, g.memory_total_mb, g.memory_used_mb, g.utilization, g.temperature,
-           g.lost_at IS NOT NULL
+           g.lost_at IS NOT NULL, g.model,
+           NOT n.is_container AND lower(g.vendor) = 'nvidia'
+               AND n.gpu_capabilities -> (g.index::text) -> 'mig_capable' = 'true'::jsonb
     FROM gpus g JOIN nodes n ON n.id = g.node_id
     WHERE n.status = ANY(%s) AND n.executable AND {liveness.not_given_up_sql("n.last_heartbeat_at")}
 """
 PORTS_USED = "SELECT node_id, count(*) FROM tasks WHERE host_port IS NOT NULL AND status = ANY(%s) GROUP BY node_id"
 # the ledger is bounded by the number of cards: read it whole
 HOLDERS_SQL = "SELECT node_id, gpu_index, task_id, tenant_id, memory_mb FROM gpu_allocations"
+# the slices still on a card (bounded by the cards' instances; a partial index holds them):
+# a MIG card's carved slices, and the releasing or orphaned ones, which no ledger row holds
+LIVE_SLICES_SQL = "SELECT node_id, gpu_index, state, profile, memory_mb FROM slices WHERE state = ANY(%s)"
 
 
 @dataclass
@@ -266,24 +276,34 @@ class GpuRows:
     by_node: dict[str, list[GpuSnap]]
     nodes: frozenset[str]
     read_at: float
+    mig: list[GpuSnap] = field(default_factory=list)  # the cards in MIG mode (their carving is per cycle)
 
 
 _gpu_rows: GpuRows | None = None
 
 
-def read_gpu_rows(cursor, statuses, heard_since) -> dict[str, list[GpuSnap]]:
+def read_gpu_rows(cursor, statuses, heard_since) -> GpuRows:
+    """The GPU rows, with the slicing facts that come with them: whether the card is in
+    MIG mode (apps.slices.planning.is_mig, from the node's capabilities, in the same
+    statement so that the snapshot parses no capabilities document) and its model's MIG
+    table. Bind plans each slice against the capabilities as they are then."""
     cursor.execute(GPUS_SQL, [statuses, heard_since])
     by_node: dict[str, list[GpuSnap]] = defaultdict(list)
-    for node_id, index, vendor, total, used, utilization, temperature, lost in cursor.fetchall():
-        by_node[node_id].append(GpuSnap(index, vendor, total, lost, used, utilization, temperature, []))
+    in_mig = []
+    for node_id, index, vendor, total, used, utilization, temperature, lost, model, mig in cursor.fetchall():
+        card = GpuSnap(index, vendor, total, lost, used, utilization, temperature, [], model=model)
+        if mig:
+            card.mig, card.mig_model = True, mig_model(model, total)
+            in_mig.append(card)
+        by_node[node_id].append(card)
     for cards in by_node.values():
         cards.sort(key=attrgetter("index"))
-    return by_node
+    return GpuRows(by_node, frozenset(), 0.0, in_mig)
 
 
 def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
-    """The schedulable part of the fleet, in four queries: nodes, GPU rows, host ports in
-    use, the ledger (raw rows: at thousands of nodes, building model instances would
+    """The schedulable part of the fleet, in five queries: nodes, GPU rows, host ports in
+    use, the ledger, the slices still on the cards (raw rows: at thousands of nodes, building model instances would
     cost more than the decisions; Django's cursor hands jsonb over as text). With
     `reuse_seconds`, the GPU rows this process read that recently are reused when every
     node is known (node rows, ports and the ledger are always fresh): at 5,000 nodes
@@ -313,9 +333,12 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
         rows = _gpu_rows
         fresh = rows is not None and time.monotonic() - rows.read_at < reuse_seconds and rows.nodes.issuperset(nodes)
         if not fresh:
-            rows = GpuRows(read_gpu_rows(cursor, statuses, heard_since), frozenset(nodes), time.monotonic())
+            rows = read_gpu_rows(cursor, statuses, heard_since)
+            rows.nodes, rows.read_at = frozenset(nodes), time.monotonic()
             if reuse_seconds:
                 _gpu_rows = rows
+        for card in rows.mig:  # a reused row's carving is last cycle's: the slices below are the truth
+            card.carved_g = card.carved_memory = 0
         for node_id, node in nodes.items():
             node.gpus = rows.by_node.get(node_id, [])
             for card in node.gpus:
@@ -334,7 +357,22 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
             card = node and card_at(node.gpus, index)
             if card is not None:
                 card.holders.append((task_id, tenant_id, memory))
+        cursor.execute(LIVE_SLICES_SQL, [list(LIVE_SLICES)])
+        for node_id, index, state, profile, memory in cursor.fetchall():
+            node = nodes.get(node_id)
+            card = node and card_at(node.gpus, index)
+            if card is None:
+                continue
+            if state in UNHELD_SLICES:  # no task, no ledger row: it still takes its room
+                card.holders.append((0, None, memory))
+            if card.mig and card.mig_model is not None:
+                used_g, used_memory = slice_occupancy(card.mig_model, ((profile, memory),))
+                card.carved_g += used_g
+                card.carved_memory += used_memory
     return list(nodes.values())
+
+
+UNHELD_SLICES = frozenset({SliceState.RELEASING, SliceState.ORPHANED})
 
 
 def card_at(cards: list[GpuSnap], index: int) -> GpuSnap | None:
@@ -723,11 +761,14 @@ def bind_all(
     """Bind a cycle's decisions in one transaction: lock their nodes (in id order, so
     concurrent schedulers queue rather than deadlock), drop the decisions the live ledger
     now contradicts (a node gone, a card taken, a holder this tenant may not share with),
+    plan the slice of each memory-only decision on its card as it is now (a decision
+    whose slice cannot be planned is dropped, its task keeps waiting with the reason),
     move the rest pending → scheduled in one multi-row compare-and-set, and write the
-    ledger rows of the winners. A task group (`groups`; its members' TaskReq in `tasks`)
-    is bound whole or not at all: one contradicted member drops the group, and its
-    members' compare-and-set runs in a savepoint of its own that is rolled back unless
-    every member won. Returns (bound, lost), task ids (members of groups included)."""
+    ledger rows of the winners and their slices (with the agent's create requests). A
+    task group (`groups`; its members' TaskReq in `tasks`) is bound whole or not at all:
+    one contradicted member drops the group, and its members' compare-and-set runs in a
+    savepoint of its own that is rolled back unless every member won. Returns (bound,
+    lost), task ids (members of groups included)."""
     members = [d for g in groups for d in g.decisions]
     if not decisions and not members:
         return [], []
@@ -777,12 +818,29 @@ def bind_all(
             )
 
         still_valid = [decision for decision in decisions if still_holds(decision)]
+        now = utcnow()
+        # a memory-only task's slice, planned on the card as it is now: one that cannot be
+        # planned (no MIG profile left) drops its decision before the CAS
+        carves = slice_ledger.plan_carves(
+            [
+                slice_ledger.CarveAsk(
+                    d.task_id, tasks[d.task_id].tenant_id, d.node_id, index, tasks[d.task_id].gpu_memory_mb
+                )
+                for d in still_valid
+                if d.memory_mb is not None
+                for index in d.gpu_indices
+            ]
+        )
+        refused = {task_id: plan for task_id, plan in carves.items() if isinstance(plan, Refusal)}
+        if refused:
+            still_valid = [d for d in still_valid if d.task_id not in refused]
+            explain_refusals(refused, now)
         ports = assign_host_ports(still_valid, tasks, alive)
         still_valid = [d for d in still_valid if d.task_id in ports]
-        now = utcnow()
         bound_rows = bind_rows(still_valid, ports, now)
         won = {row[0] for row in bound_rows}
         winners = [d for d in still_valid if d.task_id in won]
+        slice_ledger.carve([carves[d.task_id] for d in winners if d.task_id in carves], now)
         hosts = {
             node.pk: node
             for node in Node.objects.filter(pk__in={d.node_id for d in members} & alive).only(
@@ -836,12 +894,28 @@ def bind_all(
                         [d.node_id for d, _ in cards],
                         [index for _, index in cards],
                         [tasks[d.task_id].tenant_id for d, _ in cards],
-                        [d.memory_mb for d, _ in cards],
+                        # a share holds what is carved (a MIG slice: its profile's memory)
+                        [carves[d.task_id].plan.memory_mb if d.task_id in carves else d.memory_mb for d, _ in cards],
                     ],
                 )
     won = {d.task_id for d in winners}
     every = [*decisions, *members]
     return [d.task_id for d in every if d.task_id in won], [d.task_id for d in every if d.task_id not in won]
+
+
+def explain_refusals(refused: dict[int, Refusal], now) -> None:
+    """Why a decision was dropped at bind for its slice (the task stays pending)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            EXPLAIN,
+            [
+                list(refused),
+                [
+                    orjson.dumps({"code": r.code, "message": r.message, "at": now.isoformat()}).decode()
+                    for r in refused.values()
+                ],
+            ],
+        )
 
 
 GROUPS_BOUND = """

@@ -2,10 +2,64 @@
 
 from __future__ import annotations
 
-from django.db.models import Case, CharField, Count, F, Prefetch, Q, Sum, Value, When
+from django.db.models import Case, CharField, Count, Exists, F, OuterRef, Prefetch, Q, Subquery, Sum, Value, When
 
+from apps.nodes.models import Gpu
+from apps.slices.choices import SliceState
+from apps.slices.models import Slice
 from apps.tasks.choices import BOUND_NOT_ENDING, ENDING, HOLDING, TERMINAL, GroupPlacement, GroupStatus, TaskStatus
 from apps.tasks.models import Task, TaskEvent, TaskGroup, UsageRecord
+
+# A memory-only task (only gpu_memory_mb, no whole cards): it runs in a slice of one card
+# (apps.slices), and never without a confirmed one ("no limit, no start").
+MEMORY_ONLY = Q(gpu_required=0, gpu_memory_mb__gt=0)
+
+
+def is_memory_only(task: Task) -> bool:
+    return task.gpu_required == 0 and bool(task.gpu_memory_mb)
+
+
+def slice_confirmed(task_ref) -> Exists:
+    """Whether the task (an OuterRef to it, or its id) has a confirmed slice."""
+    return Exists(Slice.objects.filter(task=task_ref, state=SliceState.CONFIRMED))
+
+
+def agent_tasks(node_id: str, status: str):
+    """The agent's list of a node's tasks in a status. Scheduled ones leave out the
+    memory-only tasks whose slice is not confirmed yet: the agent must not start them."""
+    tasks = Task.objects.filter(node_id=node_id, status=status)
+    if status == TaskStatus.SCHEDULED:
+        tasks = tasks.exclude(MEMORY_ONLY & ~slice_confirmed(OuterRef("pk")))
+    return tasks
+
+
+def task_slice(task: Task) -> dict | None:
+    """The "slice" of a task's detail and of its agent payload: the slice serving it (or
+    the last one it had), None unless the task is memory-only or before it was bound."""
+    if not is_memory_only(task):
+        return None
+    card_memory = Gpu.objects.filter(node_id=OuterRef("node_id"), index=OuterRef("gpu_index")).values(
+        "memory_total_mb"
+    )[:1]
+    found = (
+        Slice.objects.filter(task_id=task.pk).annotate(memory_total_mb=Subquery(card_memory)).order_by("-pk").first()
+    )
+    if found is None:
+        return None
+    return {
+        "id": found.pk,
+        "tier": found.tier,
+        "qos": str(found.qos),
+        "state": found.state,
+        "gpu_index": found.gpu_index,
+        "gpu_uuid": found.gpu_uuid,
+        "memory_mb": found.memory_mb,
+        "memory_total_mb": found.memory_total_mb,
+        "compute_percent": found.compute_percent,
+        "profile": found.profile,
+        "device_id": found.device_id,
+        "reason": found.reason,
+    }
 
 
 def task_list(principal, *, status: str = "", kind: str = "", node_id: str = "", tenant_slug: str = "", q: str = ""):

@@ -27,6 +27,7 @@ from apps.slices.ledger import release_for_tasks as release_slices
 from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupPlacement, GroupStatus, TaskKind, group_status
 from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task, TaskEvent, TaskGroup, TenantUsage
+from apps.tasks.selectors import is_memory_only, slice_confirmed
 from apps.tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -344,6 +345,22 @@ AGENT_MOVES: dict[str, frozenset[str]] = {
     S.PREEMPTING: frozenset({S.PENDING}),
     S.WAKING: frozenset({S.RUNNING, S.FAILED}),
 }
+# the agent's claim of a bound task: it is about to start it
+CLAIMS = frozenset({S.RUNNING, S.STARTING})
+
+
+def check_slice_confirmed(task: Task) -> None:
+    """No limit, no start: a memory-only task is claimed only once its slice is
+    confirmed (409 otherwise; the agent tries again on a later poll). A confirmed slice
+    stays so while the task is scheduled (only the task's own move releases it), so the
+    claim's CAS that follows cannot start it unlimited."""
+    if is_memory_only(task) and not Task.objects.filter(pk=task.pk).filter(slice_confirmed(task.pk)).exists():
+        raise Conflict(
+            f"Task {task.pk} is memory-only and its slice is not confirmed yet; it may not start.",
+            "slice_not_confirmed",
+        )
+
+
 # the statuses in which a run ends on its own (the agent reports completed or failed)
 RUN_STATUSES = (S.SCHEDULED, S.STARTING, S.RUNNING, S.WAKING)
 
@@ -355,6 +372,8 @@ def agent_report(
     the task first, or the same report was already applied); nothing changed."""
     if to_status not in AGENT_MOVES.get(from_status, frozenset()):
         raise IllegalTransition(f"an agent cannot move a task from {from_status} to {to_status}")
+    if from_status == S.SCHEDULED and to_status in CLAIMS:
+        check_slice_confirmed(task)
     changes: dict = {}
     if to_status == S.RUNNING:
         changes["started_at"] = utcnow()

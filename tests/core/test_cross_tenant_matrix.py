@@ -20,7 +20,7 @@ from apps.alerts.models import NotificationChannel
 from apps.gateway.models import EndpointKey, ExternalBackend
 from apps.inference.models import Model
 from apps.tenants.models import ApiKey, TenantGroup
-from tests.factories import make_alert, make_group, make_node, make_task
+from tests.factories import make_alert, make_group, make_node, make_slice, make_slice_request, make_task
 from tests.headers import bearer
 from tests.inference.service_rows import make_service
 
@@ -94,6 +94,9 @@ OWNED = {
     "alert-detail": lambda w, o: {"pk": o["alert"].pk},
     "alert-acknowledge": lambda w, o: {"pk": o["alert"].pk},
     "alert-resolve": lambda w, o: {"pk": o["alert"].pk},
+    "slice-detail": lambda w, o: {"pk": o["slice"].pk},
+    # the agent's channel: people's keys are refused (403) for any id alike
+    "agent-slice-request-detail": lambda w, o: {"pk": o["slice_request"].pk},
 }
 
 
@@ -108,6 +111,7 @@ def acme_objects(world):
     node = make_node("acme-dedicated-node", 2, tenant=acme, name="acme-secret-node")
     group = TenantGroup.objects.create(name="acme-only-group")
     group.tenants.add(acme)
+    slice_ = make_slice(node, acme, state="confirmed", device_id="MIG-acme-secret-slice")
     return {
         "node": node,
         "task": make_task(acme, name="acme-secret-task", status="running", node=node),
@@ -126,6 +130,8 @@ def acme_objects(world):
         "backend": ExternalBackend.objects.create(
             tenant=acme, model="acme-secret-backend", base_url="https://llm.example.com/v1"
         ),
+        "slice": slice_,
+        "slice_request": make_slice_request(slice_, "destroy", status="pending"),
     }
 
 
@@ -191,6 +197,7 @@ def test_another_tenant_never_reaches_tenant_as_objects(world, api, acme_objects
         "acme-secret-channel",
         "acme-secret-alert",
         "acme-only-group",
+        "MIG-acme-secret-slice",
     ]
     before = database_fingerprint()
     tried, problems = 0, []

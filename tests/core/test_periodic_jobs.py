@@ -31,6 +31,8 @@ EXPECTED = {
     "inference.rebuild": (10.0, False),
     "inference.autoscale": (30.0, False),
     "inference.windows": (60.0, False),
+    "slices.gc": (60.0, False),
+    "slices.compensate": (60.0, False),
 }
 
 

@@ -7,6 +7,7 @@ from apps.core.serializers import StrictSerializer
 from apps.nodes.choices import ExecMode, GpuState, GpuVendor, NodeStatus
 from apps.nodes.models import Gpu, Node
 from apps.nodes.presenters import GPU_COLUMNS, GPU_COMPUTED, NODE_COLUMNS, NODE_COMPUTED
+from apps.slices.api.serializers import SliceOnCardSerializer
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -32,6 +33,23 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = NODE_COLUMNS + NODE_COMPUTED
+
+
+class GpuDetailSerializer(GpuSerializer):
+    """A GPU in the node detail: with the slices carved on it (docs/slices.md)."""
+
+    slices = SliceOnCardSerializer(
+        many=True,
+        read_only=True,
+        help_text="The card's live slices, oldest first; another tenant's shows only tier, QoS, state and memory.",
+    )
+
+    class Meta(GpuSerializer.Meta):
+        fields = GpuSerializer.Meta.fields + ["slices"]
+
+
+class NodeDetailSerializer(NodeSerializer):
+    gpus = GpuDetailSerializer(many=True, read_only=True)
 
 
 LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")  # as in the heartbeat schema

@@ -12,6 +12,7 @@ from apps.inference import services as inference_services
 from apps.nodes import metrics, presenters, selectors, services
 from apps.nodes.api import serializers as s
 from apps.nodes.models import Node
+from apps.slices.selectors import slices_by_card
 from apps.tenants import policy
 
 
@@ -92,9 +93,14 @@ class NodeListView(APIView):
 
 
 class NodeDetailView(NodeView):
-    @extend_schema(responses=s.NodeSerializer)
+    @extend_schema(responses=s.NodeDetailSerializer)
     def get(self, request, node_id):
-        return Response(presenters.present_one(self.get_object()))
+        node = self.get_object()
+        data = presenters.present_one(node)
+        by_card = slices_by_card(node, request.auth)
+        for gpu in data["gpus"]:
+            gpu["slices"] = by_card.get(gpu["index"], [])
+        return Response(data)
 
     @extend_schema(
         parameters=[

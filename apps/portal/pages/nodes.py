@@ -21,6 +21,7 @@ from apps.nodes.model_cache import node_models
 from apps.nodes.models import Gpu, Node
 from apps.portal.access import operators_only, portal_page
 from apps.portal.pages.common import choice, error_messages, paginate
+from apps.slices.selectors import slices_by_card
 from apps.tasks.choices import ACTIVE
 from apps.tasks.models import Task
 from apps.tasks.selectors import scheduling_summary
@@ -92,6 +93,7 @@ def node_detail(request, node_id):
             "tenants": Tenant.objects.order_by("name") if principal.is_operator else [],
             "can_delete": policy.may_delete_node(principal, node),
             "other_tenant_tasks": others,
+            "card_slices": slices_by_card(node, principal, shares=True),
         },
     )
 

@@ -8,8 +8,10 @@ from apps.core.pagination import LIMIT_HELP, MAX_LIMIT, PageQuerySerializer
 from apps.core.serializers import AgentPayloadSerializer, StrictSerializer
 from apps.inference.choices import Engine, ModelFormat  # the schema layer: constants any app may use
 from apps.nodes.choices import GpuVendor
+from apps.slices.choices import Qos, SliceState, Tier
 from apps.tasks.choices import GroupKind, GroupStatus, GroupStrategy, TaskKind, TaskStatus
 from apps.tasks.models import Task, TaskGroup
+from apps.tasks.selectors import task_slice
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -202,6 +204,34 @@ class TaskSerializer(serializers.ModelSerializer):
             "array_index",
             "array_size",
         ]
+
+
+class TaskSliceSerializer(serializers.Serializer):
+    """A memory-only task's slice (apps.slices): its tier, limits and state."""
+
+    id = serializers.IntegerField()
+    tier = serializers.ChoiceField(choices=Tier.choices)
+    qos = serializers.ChoiceField(choices=Qos.choices, help_text="derived from the tier, never chosen")
+    state = serializers.ChoiceField(choices=SliceState.choices)
+    gpu_index = serializers.IntegerField()
+    gpu_uuid = serializers.CharField()
+    memory_mb = serializers.IntegerField(help_text="the memory limit (MIG: the profile's memory)")
+    memory_total_mb = serializers.IntegerField(allow_null=True, help_text="the card's")
+    compute_percent = serializers.IntegerField(allow_null=True)
+    profile = serializers.CharField(help_text="the MIG profile, empty for the other tiers")
+    device_id = serializers.CharField(help_text="once confirmed: the MIG device's UUID, else the card's")
+    reason = serializers.DictField(help_text='why this tier: {"tier", "qos", "why"}')
+
+
+class TaskDetailSerializer(TaskSerializer):
+    slice = serializers.SerializerMethodField(help_text="a memory-only task's slice; null for the others")
+
+    class Meta(TaskSerializer.Meta):
+        fields = [*TaskSerializer.Meta.fields, "slice"]
+
+    @extend_schema_field(TaskSliceSerializer(allow_null=True))
+    def get_slice(self, task) -> dict | None:
+        return task_slice(task)
 
 
 AGENT_DEFAULT_LIMIT = 20

@@ -17,7 +17,15 @@ from apps.tasks.api.create import create_task_answer
 from apps.tasks.choices import GroupPlacement
 from apps.tasks.models import Task, TaskGroup
 from apps.tasks.ranks import wiring_env
-from apps.tasks.selectors import task_group_detail, task_group_events, task_group_list, task_list, task_stats
+from apps.tasks.selectors import (
+    agent_tasks,
+    task_group_detail,
+    task_group_events,
+    task_group_list,
+    task_list,
+    task_slice,
+    task_stats,
+)
 from apps.tasks.submission import submit_array, submit_group
 from apps.tenants import policy
 
@@ -48,6 +56,7 @@ def agent_task(task: Task) -> dict:
         missing = [*missing, task.registry_auth["password"]["secret"]]
     # the cards it holds, for the vendor's visibility variable (NVIDIA_VISIBLE_DEVICES, …)
     data["gpu_indices"] = sorted(task.allocations.values_list("gpu_index", flat=True))
+    data["slice"] = task_slice(task)  # a memory-only task's: the agent starts it only once confirmed
     if services.in_gang(task):  # echoed in the agent's reports (services.late_group_report)
         data["attempt"] = task.group.attempts
     if missing:
@@ -76,7 +85,7 @@ class TaskListView(generics.ListAPIView):
             if self.params.get("limit", 0) > s.AGENT_MAX_LIMIT:
                 raise ValidationError({"limit": [f"Ensure this value is less than or equal to {s.AGENT_MAX_LIMIT}."]})
             tasks = (
-                Task.objects.filter(node_id=self.params["node_id"], status=self.params["status"])
+                agent_tasks(self.params["node_id"], self.params["status"])
                 .select_related("tenant", "created_by", "group")
                 .in_queue_order()[: self.params.get("limit", s.AGENT_DEFAULT_LIMIT)]
             )
@@ -121,7 +130,7 @@ class TaskDetailView(TaskView):
                 "A task not (or no longer) on that node is 404, which tells the agent to stop it.",
             )
         ],
-        responses=s.TaskSerializer,
+        responses=s.TaskDetailSerializer,
     )
     def get(self, request, pk):
         if request.auth.is_agent:
@@ -129,7 +138,7 @@ class TaskDetailView(TaskView):
             if not node_id:
                 raise ValidationError({"node_id": ["The agent key must name the node."]})
             return Response(agent_task(get_object_or_404(Task, pk=pk, node_id=node_id)))
-        return Response(s.TaskSerializer(self.get_object()).data)
+        return Response(s.TaskDetailSerializer(self.get_object()).data)
 
     @extend_schema(request=s.AgentReportSerializer, responses=s.TaskSerializer)
     def put(self, request, pk):
