@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import pytest
-from agent.tests.runtime.test_docker_runtime import wait_exited
 
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.executor import Executor
@@ -20,6 +20,16 @@ SHOW = (
     '$HETEROFLOW_SLICE_TIER $CUDA_MPS_PIPE_DIRECTORY"; '
     "touch {log}/client; readlink /proc/self/ns/ipc"
 )
+
+
+def wait_exited(runtime, task_id, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        state = runtime.state(task_id)
+        if state is not None and not state.running and state.exit_code is not None:
+            return state
+        assert time.monotonic() < deadline, f"task {task_id} did not exit within {timeout} s: {state}"
+        time.sleep(0.05)
 
 
 @pytest.fixture
