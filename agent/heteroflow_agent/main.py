@@ -106,25 +106,24 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
     return heartbeat, executor
 
 
-def build_slice_channel(cfg: agent_config.AgentConfig) -> SliceChannel:
-    """The slice command channel: its own poller and worker threads and its own HTTP
-    sessions, so a slow driver call never holds up the task executor or the beat."""
-    version = current()
-
-    def client(**retries) -> ServerClient:
-        return ServerClient(
-            cfg.server_url,
-            cfg.api_key,
-            connect_timeout=cfg.connect_timeout,
-            read_timeout=cfg.read_timeout,
-            user_agent=f"heteroflow-agent/{version.version}",
-            **retries,
-        )
-
+def build_slice_channel(cfg: agent_config.AgentConfig, client: ServerClient) -> SliceChannel:
+    """The slice command channel: its own poller and worker threads, so a slow driver call
+    never holds up the task executor or the beat. It polls with the agent's `client` (a
+    wrong key is logged once for the whole agent) and reports with its own retrying one."""
+    reports = ServerClient(
+        cfg.server_url,
+        cfg.api_key,
+        connect_timeout=cfg.connect_timeout,
+        read_timeout=cfg.read_timeout,
+        attempts=cfg.report_attempts,
+        backoff=1.0,
+        backoff_cap=10.0,
+        user_agent=f"heteroflow-agent/{current().version}",
+    )
     return SliceChannel(
         cfg.node_id,
-        client(),
-        report_client=client(attempts=cfg.report_attempts, backoff=1.0, backoff_cap=10.0),
+        client,
+        report_client=reports,
         tool_timeout=max(cfg.tool_timeout, 60.0),  # a MIG create takes seconds, not the beat's 10 s
     )
 
@@ -242,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             kwargs={"reconcile_seconds": cfg.reconcile_interval},
         )
         worker.start()
-    slices = build_slice_channel(cfg)
+    slices = build_slice_channel(cfg, heartbeat.client)
     slices.start()
     try:
         return run(heartbeat, stop)

@@ -118,6 +118,9 @@ class SliceChannel:
         try:
             params = {"node_id": self.node_id, "status": "pending", "limit": POLL_LIMIT}
             response = self.client.request("GET", PATH, params=params)
+        except AuthError:
+            logger.debug("slice requests not fetched: the key is refused")  # the client logs it once
+            return []
         except ServerError as exc:
             logger.warning("could not fetch slice requests: %s", exc)
             return []
@@ -176,6 +179,8 @@ class SliceChannel:
                 f"{PATH}/{request_id}",
                 json={"node_id": self.node_id, "from_status": "pending", "status": "processing"},
             )
+        except AuthError:
+            return False  # the client has logged the configuration error
         except ServerError as exc:
             logger.warning("could not claim slice request %s: %s", request_id, exc)
             return False

@@ -365,7 +365,7 @@ def test_requests_run_one_at_a_time_in_order_and_the_poll_goes_on(server, client
     offer(server, *reqs)
     for r in reqs:
         accept(server, r["id"])
-    server.default = (200, {"results": []})  # later polls: nothing new
+    server.default = (200, {"results": []}, {})  # later polls: nothing new
     channel.start()
     try:
         deadline = time.monotonic() + 10
@@ -381,6 +381,15 @@ def test_requests_run_one_at_a_time_in_order_and_the_poll_goes_on(server, client
         assert puts(server, r["id"])[-1]["status"] == "completed"
 
 
+def test_a_refused_key_is_not_logged_on_every_poll(server, channel, caplog):
+    server.default = (401, {"error": {"code": "unauthorized"}}, {})
+    with caplog.at_level("INFO"):
+        assert channel.poll() == []
+        assert channel.poll() == []
+    assert sum("configuration error" in m for m in caplog.messages) == 1  # the client's, once
+    assert not [m for m in caplog.messages if "could not fetch slice requests" in m]
+
+
 def test_a_404_channel_is_logged_once(server, channel, caplog):
     with caplog.at_level("WARNING"):
         channel.poll()
@@ -390,8 +399,10 @@ def test_a_404_channel_is_logged_once(server, channel, caplog):
 
 def test_the_agent_wires_the_channel_with_its_own_clients(tmp_path):
     cfg = AgentConfig(server_url="http://cp:8000", api_key="k", node_id="n1", data_dir=tmp_path, report_attempts=4)
-    channel = build_slice_channel(cfg)
-    assert channel.report_client.attempts == 4 and channel.report_client is not channel.client
+    shared = ServerClient(cfg.server_url, cfg.api_key)
+    channel = build_slice_channel(cfg, shared)
+    assert channel.client is shared  # the agent's: a wrong key is logged once for all of it
+    assert channel.report_client.attempts == 4 and channel.report_client is not shared
     assert set(channel.vendors) == {"nvidia-mig", "nvidia-mps", "hygon-hami"}
     assert channel.poll_seconds == 5.0 and channel.request_seconds == 120.0
     assert channel.tool_timeout == 60.0
