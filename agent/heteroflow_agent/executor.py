@@ -35,6 +35,8 @@ from heteroflow_agent.engines.router import AUTO, EngineRouter, Route
 from heteroflow_agent.heartbeat import TaskReport
 from heteroflow_agent.outcomes import OutcomeStore
 from heteroflow_agent.runtime import Runtime, RuntimeError_, TaskSpec, Volume
+from heteroflow_agent.slicing import hami as hami_slices
+from heteroflow_agent.slicing import mps as mps_slices
 
 logger = logging.getLogger("heteroflow_agent.executor")
 
@@ -63,6 +65,22 @@ VISIBILITY_VARIABLES: dict[str, tuple[str, ...]] = {
     "biren": ("BIREN_VISIBLE_DEVICES",),
 }
 ALL_VISIBILITY_VARIABLES = frozenset(name for names in VISIBILITY_VARIABLES.values() for name in names)
+
+# The slice's variables (SLICES.md): the agent's alone, a task's own values are replaced.
+SLICE_VARIABLES = frozenset(
+    {
+        "HETEROFLOW_SLICE_ID",
+        "HETEROFLOW_SLICE_TIER",
+        "HETEROFLOW_SLICE_QOS",
+        "HETEROFLOW_GPU_MEMORY_LIMIT_MB",
+        "HETEROFLOW_GPU_MEMORY_FRACTION",
+        "HETEROFLOW_VDEV_CONF",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        "CUDA_MPS_PIPE_DIRECTORY",
+        "CUDA_MPS_LOG_DIRECTORY",
+    }
+)
 
 DEFAULT_VOLUME_ALLOW = ("/data", "/mnt", "/models", "/srv")
 DEFAULT_VOLUME_DENY = (
@@ -99,6 +117,62 @@ def visibility_env(vendor: str, gpu_indices: list[int]) -> dict[str, str]:
     env = {name: value for name in VISIBILITY_VARIABLES.get(vendor, ())}
     if not gpu_indices and "NVIDIA_VISIBLE_DEVICES" in env:
         env["NVIDIA_VISIBLE_DEVICES"] = "void"  # the NVIDIA container runtime's word for "none"
+    return env
+
+
+def memory_only(task: dict) -> bool:
+    """A share of one card (gpu_memory_mb and no whole cards): it runs only inside a
+    confirmed slice."""
+    return bool(task.get("gpu_memory_mb")) and task.get("gpu_required") == 0
+
+
+def confirmed_slice(task: dict) -> dict | None:
+    slice_ = task.get("slice")
+    return slice_ if isinstance(slice_, dict) and slice_.get("state") == "confirmed" else None
+
+
+def memory_fraction(slice_: dict) -> str | None:
+    """memory_mb / memory_total_mb, 3 decimals, rounded down ("0.250"); None when the
+    card's total is not known."""
+    memory, total = slice_.get("memory_mb"), slice_.get("memory_total_mb")
+    if not isinstance(memory, int) or not isinstance(total, int) or memory <= 0 or total <= 0:
+        return None
+    return f"{min(memory * 1000 // total, 1000) / 1000:.3f}"
+
+
+def slice_env(vendor: str, slice_: dict, *, mps_pipe: str, mps_log: str) -> dict[str, str]:
+    """The variables that put a task inside its confirmed slice, per tier (SLICES.md):
+    mig: the card visibility is the MIG UUID; mps: the card index plus the MPS client
+    limits and the daemon's directories; hami: the card index plus the vDCU's config
+    file; software: the card index plus the limit the engines are asked to honour."""
+    tier = str(slice_.get("tier") or "")
+    index = slice_.get("gpu_index")
+    env = visibility_env(vendor, [index] if isinstance(index, int) else [])
+    env.update(
+        {
+            "HETEROFLOW_SLICE_ID": str(slice_.get("id", "")),
+            "HETEROFLOW_SLICE_TIER": tier,
+            "HETEROFLOW_SLICE_QOS": str(slice_.get("qos") or ""),
+        }
+    )
+    memory = slice_.get("memory_mb")
+    if tier == "mig":
+        device = str(slice_.get("device_id") or "")
+        env.update({name: device for name in VISIBILITY_VARIABLES["nvidia"]})
+    elif tier == "mps":
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(slice_.get("compute_percent") or 100)
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"  # device 0: the one card it sees
+        env["CUDA_MPS_PIPE_DIRECTORY"] = mps_pipe
+        env["CUDA_MPS_LOG_DIRECTORY"] = mps_log
+    elif tier == "hami":
+        vdev = hami_slices.vdev_of(slice_)
+        if vdev is not None:
+            env["HETEROFLOW_VDEV_CONF"] = hami_slices.VDEV_IN_CONTAINER.format(vdev)
+    if tier != "mig" and isinstance(memory, int):
+        env["HETEROFLOW_GPU_MEMORY_LIMIT_MB"] = str(memory)
+        fraction = memory_fraction(slice_)
+        if fraction:
+            env["HETEROFLOW_GPU_MEMORY_FRACTION"] = fraction
     return env
 
 
@@ -199,6 +273,9 @@ class Executor:
         self.closing = threading.Event()
         self.wake = threading.Event()  # set by the heartbeat when tasks wait for this node
         self.sweep = threading.Event()  # set after each heartbeat that got through: look for zombies
+        self.withheld: set[int] = set()  # memory-only tasks left alone for want of a confirmed slice (logged once)
+        self.mps_pipe = mps_slices.pipe_directory()
+        self.mps_log = mps_slices.log_directory()
 
     # --- the poll -----------------------------------------------------------------------
 
@@ -216,6 +293,20 @@ class Executor:
             return []
         claimed = []
         for task in response.json().get("results", []):
+            if memory_only(task) and confirmed_slice(task) is None:
+                # no limit, no start: a share of a card runs only inside its confirmed slice
+                if task["id"] not in self.withheld:
+                    if len(self.withheld) >= MAX_UNDELIVERED:
+                        self.withheld.clear()  # tasks that left the list meanwhile: at worst logged again
+                    self.withheld.add(task["id"])
+                    state = (task.get("slice") or {}).get("state") if isinstance(task.get("slice"), dict) else None
+                    logger.info(
+                        "task %s: memory-only and its slice is %s: not started until the slice is confirmed",
+                        task["id"],
+                        state or "missing",
+                    )
+                continue
+            self.withheld.discard(task["id"])
             with self.lock:
                 if task["id"] in self.active or self.closing.is_set():
                     continue
@@ -274,13 +365,21 @@ class Executor:
 
     def spec_for(self, task: dict) -> TaskSpec:
         env = {name: str(value) for name, value in (task.get("env") or {}).items() if name and isinstance(value, str)}
-        for name in ALL_VISIBILITY_VARIABLES & env.keys():
+        for name in (ALL_VISIBILITY_VARIABLES | SLICE_VARIABLES) & env.keys():
             del env[name]  # the agent's to set
         env.update(visibility_env(self.vendor, task.get("gpu_indices") or []))
+        slice_ = confirmed_slice(task)
+        if memory_only(task) and slice_ is None:
+            raise RuntimeError_("a memory-only task starts only inside a confirmed slice, and this one has none")
+        agent_volumes: list[Volume] = []
+        if slice_ is not None:
+            env.update(slice_env(self.vendor, slice_, mps_pipe=self.mps_pipe, mps_log=self.mps_log))
+            agent_volumes = self._slice_volumes(slice_)
         if task.get("host_port"):
             env["HETEROFLOW_PORT"] = str(task["host_port"])
         many_cards = len(task.get("gpu_indices") or []) > 1
         volumes = checked_volumes(task.get("volumes") or [], self.volume_allow, self.volume_deny)
+        volumes += tuple(agent_volumes)  # the agent's own mounts, not subject to the task's lists
         env.pop(checkpoint.RESUME_VARIABLE, None)
         resume, decision = checkpoint.resume_point(task, volumes)
         if resume:
@@ -290,6 +389,8 @@ class Executor:
             self.record_event(task["id"], "checkpoint_resume", decision, {"resume_from": resume})
         ipc_host = many_cards and task.get("kind") in ("training", "inference")
         shm_size_mb = self._shm_for(task, ipc_host)
+        if slice_ is not None and slice_.get("tier") == "mps" and self._runtime_kind() == "docker":
+            ipc_host = True  # an MPS client shares the daemon's IPC namespace
         return TaskSpec(
             task_id=task["id"],
             image=task.get("image") or "",
@@ -301,6 +402,28 @@ class Executor:
             host_port=task.get("host_port"),
             ipc_host=ipc_host,
         )
+
+    def _runtime_kind(self) -> str:
+        return getattr(self.runtime, "kind", "")
+
+    def _slice_volumes(self, slice_: dict) -> list[Volume]:
+        """What a container needs from the host for its slice: the MPS daemon's pipe and
+        log directories, or the vDCU's config file where the Hygon driver reads it. The
+        process runtime shares the host's paths already; a vDCU cannot be enforced there
+        (the driver reads the file only inside a container), so it refuses to start."""
+        tier = slice_.get("tier")
+        if tier == "hami" and self._runtime_kind() != "docker":
+            raise RuntimeError_("a HAMi vDCU is enforced only inside a container; this node runs tasks as processes")
+        if self._runtime_kind() != "docker":
+            return []
+        if tier == "mps":
+            return [Volume(self.mps_pipe, self.mps_pipe, False), Volume(self.mps_log, self.mps_log, False)]
+        if tier == "hami":
+            vdev = hami_slices.vdev_of(slice_)
+            if vdev is None:
+                raise RuntimeError_(f"the slice names no vDCU (device id {slice_.get('device_id')!r})")
+            return [Volume(hami_slices.VDEV_CONF.format(vdev), hami_slices.VDEV_IN_CONTAINER.format(vdev), True)]
+        return []
 
     def _shm_for(self, task: dict, ipc_host: bool) -> int | None:
         """The task's `shm_size_mb` label sizes its /dev/shm. With --ipc=host the host's
@@ -591,6 +714,10 @@ class Executor:
         image (and its server's command line when the task gives none). Raises
         launch.LaunchError when its serving cannot be launched."""
         serving = launch.serving_of(task)
+        slice_ = confirmed_slice(task)
+        if slice_ is not None and slice_.get("tier") != "mig":
+            # a share of a card: the engine is told how much of it is its own
+            serving = launch.with_memory_fraction(routed.engine, serving, memory_fraction(slice_))
         if self.runtime is not None and self.runtime.kind == "process":
             argv = launch.process_argv(routed.engine, self.engine_python, serving, task.get("host_port"))
             return {**task, "command": argv}

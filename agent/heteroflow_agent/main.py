@@ -13,6 +13,7 @@ import threading
 import time
 
 from heteroflow_agent import config as agent_config
+from heteroflow_agent.channels.slices import SliceChannel
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.collect import ContainerEngine
 from heteroflow_agent.engines import launch
@@ -104,6 +105,28 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
             runtime=runtime.kind,
         )
     return heartbeat, executor
+
+
+def build_slice_channel(cfg: agent_config.AgentConfig, client: ServerClient) -> SliceChannel:
+    """The slice command channel: its own poller and worker threads, so a slow driver call
+    never holds up the task executor or the beat. It polls with the agent's `client` (a
+    wrong key is logged once for the whole agent) and reports with its own retrying one."""
+    reports = ServerClient(
+        cfg.server_url,
+        cfg.api_key,
+        connect_timeout=cfg.connect_timeout,
+        read_timeout=cfg.read_timeout,
+        attempts=cfg.report_attempts,
+        backoff=1.0,
+        backoff_cap=10.0,
+        user_agent=f"heteroflow-agent/{current().version}",
+    )
+    return SliceChannel(
+        cfg.node_id,
+        client,
+        report_client=reports,
+        tool_timeout=max(cfg.tool_timeout, 60.0),  # a MIG create takes seconds, not the beat's 10 s
+    )
 
 
 def run_executor(
@@ -219,9 +242,12 @@ def main(argv: list[str] | None = None) -> int:
             kwargs={"reconcile_seconds": cfg.reconcile_interval},
         )
         worker.start()
+    slices = build_slice_channel(cfg, heartbeat.client)
+    slices.start()
     try:
         return run(heartbeat, stop)
     finally:
+        slices.close()
         # the heartbeat loop has returned; stop taking and watching tasks (they keep
         # running: the next agent process adopts them)
         if worker is not None:

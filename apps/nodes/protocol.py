@@ -100,5 +100,7 @@ def _checked(payload, *, tolerant: bool) -> tuple[dict[str, list[str]], list[str
 def _remove(payload, path: list, name: str) -> None:
     holder = payload
     for part in path:
-        holder = holder[part]
+        # jsonschema-rs gives an object key that looks like a number ("0" in
+        # gpu_capabilities) as an int in the path
+        holder = holder[str(part)] if isinstance(holder, dict) and isinstance(part, int) else holder[part]
     holder.pop(name, None)

@@ -382,3 +382,36 @@ def test_the_strict_reading_still_names_unknown_fields():
     beat = payload(power_budget_w=700)
     assert heartbeat_errors(beat) == {"power_budget_w": ["Unknown field."]}
     assert read_heartbeat(beat) == ({}, ["power_budget_w"]) and "power_budget_w" not in beat
+
+
+def test_slice_capabilities_are_accepted_and_kept_and_malformed_ones_refused(agents):
+    """The slice fields the agent reports per card (issue 18): the MIG instances of a
+    card in MIG mode (a GPU instance without a compute instance has no "ci") and
+    whether a Hygon card can be carved into vDCUs."""
+    capabilities = {
+        "0": {
+            "mig_capable": True,
+            "mps_capable": False,
+            "best_tier": 1,
+            "mig_instances": [
+                {"uuid": "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f", "gi": 1, "ci": 0, "profile": "1g.5gb"},
+                {"uuid": "", "gi": 2, "profile": "2g.10gb"},
+            ],
+        },
+        "1": {"mig_capable": False, "mps_capable": False, "best_tier": 2, "hami_capable": True},
+    }
+    response = agents.send("node-s", payload(gpus=2, gpu_capabilities=capabilities))
+    assert response.status_code == 200, response.text
+    assert Node.objects.get(pk="node-s").gpu_capabilities == capabilities
+    for bad in (
+        {"0": {"mig_instances": [{"uuid": "MIG-x", "ci": 0}]}},  # no gi
+        {"0": {"mig_instances": [{"gi": 1, "ci": None}]}},  # no nulls
+        {"0": {"hami_capable": "yes"}},
+    ):
+        assert agents.send("node-s", payload(gpus=2, gpu_capabilities=bad)).status_code == 400, bad
+    # a key this server does not know (a newer agent's) is dropped, the beat kept; the
+    # card key "0" reaches the validator's error path as the number 0
+    newer = {"0": {"mig_capable": True, "mig_instances": [{"gi": 1, "slot": 3}]}}
+    response = agents.send("node-s", payload(gpus=2, gpu_capabilities=newer))
+    assert response.status_code == 200, response.text
+    assert Node.objects.get(pk="node-s").gpu_capabilities == {"0": {"mig_capable": True, "mig_instances": [{"gi": 1}]}}

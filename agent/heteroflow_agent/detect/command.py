@@ -115,8 +115,10 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_tool(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> ToolResult:
-    """Run a tool to completion or kill it at `timeout` seconds.
+def run_tool(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT, *, input: str | None = None) -> ToolResult:
+    """Run a tool to completion or kill it at `timeout` seconds. `input` is written to
+    its stdin (nvidia-cuda-mps-control reads its commands there); without it, stdin is
+    /dev/null.
 
     The tool gets its own session so that a timeout kills what it started too (a shell
     wrapper around the real binary, say). LC_ALL=C keeps numbers and messages in the
@@ -127,7 +129,7 @@ def run_tool(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> ToolResul
     try:
         proc = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -137,7 +139,7 @@ def run_tool(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT) -> ToolResul
     except OSError as exc:
         return ToolResult(argv, error=exc.strerror or str(exc), timeout=timeout)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(input=None if input is None else input.encode(), timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         try:

@@ -188,6 +188,11 @@ class Detector:
             mig=reading.mig,
             mps_alive=mps,
             container=container,
+            mig_instances=reading.mig_instances,
+            # a Hygon node in a container carves nothing: known, so said (false)
+            hami=(reading.hami if reading.hami is not None else {} if container else None)
+            if tool.vendor == "hygon"
+            else None,
         )
         retry = not self._topology_tried or self._calls - self._topology_tried >= self._rescan_every
         if nvidia and self._topology is None and retry:

@@ -43,6 +43,9 @@ class Reading:
     error: str = ""  # the tool failed as a whole: missing, hung, garbage, nothing printed
     no_devices: bool = False  # the tool ran and said plainly that there is no card
     mig: dict[str, bool] = field(default_factory=dict)  # uuid -> MIG mode currently Enabled
+    # uuid -> the card's MIG instances, only for cards in MIG mode whose listing worked
+    mig_instances: dict[str, list[dict]] = field(default_factory=dict)
+    hami: dict[int, bool] | None = None  # card index -> the vDCU tool works (Hygon); None: not asked
     source: str = ""  # the tool path (or "nvml") the reading came from
 
 

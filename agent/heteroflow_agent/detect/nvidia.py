@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 
 from .base import Runner, VendorTool, reading_from
+from .mig import ListingError, list_instances
 from .model import Card, Reading
 from .parsing import CARD_ERROR, integer, lookup, number, sectioned_records, strip_ansi, to_mib
 
@@ -262,6 +263,20 @@ class _Nvml:
             return f"NVML: {exc}"
 
 
+def mig_instances(path: str, run: Runner, reading: Reading) -> dict[str, list[dict]]:
+    """The MIG instances of the cards in MIG mode, by card UUID ({} when a listing failed:
+    absent is "not known", never "none")."""
+    try:
+        by_index = list_instances(run, path)
+    except ListingError:
+        return {}
+    return {
+        card.uuid: by_index.get(card.index, [])
+        for card in reading.cards
+        if card.uuid and card.index is not None and reading.mig.get(card.uuid)
+    }
+
+
 def _text(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -300,6 +315,8 @@ class NvidiaTool(VendorTool):
             details = run([path, "-q"])
             if not (details.timed_out or details.error):
                 reading.mig = parse_mig_modes(details.stdout)
+            if any(reading.mig.values()):
+                reading.mig_instances = mig_instances(path, run, reading)
         return reading
 
     def probe(self, path: str, run: Runner, card: str) -> Card | str:

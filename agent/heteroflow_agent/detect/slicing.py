@@ -5,8 +5,8 @@ NVML) says the mode is Enabled now, MPS only while the control daemon is alive n
 a daemon that dies is dropped on the next beat. A node inside a container does no
 hardware slicing at all and offers software accounting only.
 
-Tiers, from the spec (1-9, smaller is stronger): 1 MIG (hardware isolation), 2 MPS
-(shared with limits), 9 software accounting only.
+Tiers, from the spec (1-9, smaller is stronger): 1 MIG (hardware isolation), 2 MPS or
+a HAMi vDCU (shared with limits), 9 software accounting only.
 """
 
 from __future__ import annotations
@@ -69,13 +69,26 @@ def capabilities(
     mig: dict[str, bool],
     mps_alive: bool,
     container: bool,
+    mig_instances: dict[str, list[dict]] | None = None,
+    hami: dict[int, bool] | None = None,
 ) -> dict[str, dict]:
-    """gpu_capabilities for (index, uuid) cards, keyed by the index as a string."""
+    """gpu_capabilities for (index, uuid) cards, keyed by the index as a string.
+
+    `mig_instances` (card uuid -> its MIG instances) is added for a MIG card whose
+    listing worked ([] = none there); `hami` (card index -> the vDCU tool carves it) is
+    given for Hygon cards only, and says `hami_capable` for each (tier 2: shared with
+    limits, like MPS). Absent keys mean "not known"."""
     hardware = nvidia and not container
     result: dict[str, dict] = {}
     for index, uuid in cards:
         mig_capable = hardware and bool(uuid) and mig.get(uuid, False)
         mps_capable = hardware and mps_alive
-        tier = TIER_MIG if mig_capable else TIER_MPS if mps_capable else TIER_SOFTWARE
-        result[str(index)] = {"mig_capable": mig_capable, "mps_capable": mps_capable, "best_tier": tier}
+        hami_capable = hami is not None and not container and bool(hami.get(index))
+        tier = TIER_MIG if mig_capable else TIER_MPS if mps_capable or hami_capable else TIER_SOFTWARE
+        entry = {"mig_capable": mig_capable, "mps_capable": mps_capable, "best_tier": tier}
+        if hami is not None:
+            entry["hami_capable"] = hami_capable
+        if mig_capable and mig_instances is not None and uuid in mig_instances:
+            entry["mig_instances"] = [dict(instance) for instance in mig_instances[uuid]][:64]
+        result[str(index)] = entry
     return result

@@ -119,6 +119,31 @@ def _common(serving: Mapping, host_port: int | None, model_flag: str, alias_flag
     return argv + _engine_args(serving)
 
 
+def with_memory_fraction(engine: str, serving: Mapping, fraction: str | None) -> dict:
+    """The serving block with vLLM's --gpu-memory-utilization set to the slice's share
+    of the card (replacing one the operator gave: the slice is the limit). Other engines
+    have no such flag; they read HETEROFLOW_GPU_MEMORY_FRACTION from their env."""
+    serving = dict(serving)
+    if engine != VLLM or not fraction:
+        return serving
+    args = list(serving.get("args") or []) if isinstance(serving.get("args"), list) else serving.get("args")
+    if not isinstance(args, list):
+        return serving  # _engine_args reports it
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg == "--gpu-memory-utilization":
+            skip = True
+            continue
+        if isinstance(arg, str) and arg.startswith("--gpu-memory-utilization="):
+            continue
+        kept.append(arg)
+    serving["args"] = [*kept, "--gpu-memory-utilization", fraction]
+    return serving
+
+
 def process_argv(engine: str, python: str, serving: Mapping, host_port: int | None) -> list[str]:
     """The process runtime's command line for `engine` serving `serving` on `host_port`."""
     spec = PROCESS_ENGINES.get(engine)

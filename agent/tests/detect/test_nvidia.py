@@ -220,15 +220,17 @@ def test_in_a_container_only_software_accounting_and_no_mig_query(host):
 
 
 def test_one_or_two_runs_per_beat(host):
-    """The first beat also reads the topology; after that, the query and -q only."""
+    """The first beat also reads the topology; after that, the query and -q only, plus
+    the MIG instance listing on a node with cards in MIG mode (here it fails at its
+    first call, `mig -lgi`, and is not pursued)."""
     eight_cards(host)
     detector = host.detector()
     detector.detect()
-    assert [c[0] for c in host.calls("nvidia-smi")] == [f"{QUERY}{','.join(QUERY_FIELDS)}", "-q", "topo"]
+    assert [c[0] for c in host.calls("nvidia-smi")] == [f"{QUERY}{','.join(QUERY_FIELDS)}", "-q", "mig", "topo"]
     before = len(host.calls("nvidia-smi"))
     for _ in range(3):
         detector.detect()
-    assert len(host.calls("nvidia-smi")) - before == 6
+    assert len(host.calls("nvidia-smi")) - before == 9
 
 
 def test_topology_label(host):
