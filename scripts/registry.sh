@@ -14,7 +14,7 @@
 #
 # DIR defaults to $HETEROFLOW_REGISTRY_DIR or ${TMPDIR:-/tmp}/heteroflow-registry; the port
 # to $HETEROFLOW_REGISTRY_PORT or 5055. --install runs `apt-get install -y docker-registry
-# skopeo podman busybox-static` for what is missing, when running as root. Only the export
+# skopeo podman runc busybox-static` for what is missing, when running as root. Only the export
 # lines go to stdout; progress and errors go to stderr.
 #
 # The engine pulls from it over plain HTTP, so the registry is marked insecure in
@@ -82,6 +82,7 @@ install_missing() {
   command -v docker-registry >/dev/null 2>&1 || pkgs+=(docker-registry)
   command -v skopeo >/dev/null 2>&1 || pkgs+=(skopeo)
   command -v podman >/dev/null 2>&1 || pkgs+=(podman)
+  command -v runc >/dev/null 2>&1 || pkgs+=(runc)
   command -v curl >/dev/null 2>&1 || pkgs+=(curl)
   static_busybox >/dev/null || pkgs+=(busybox-static)
   [ ${#pkgs[@]} -eq 0 ] && return 0
