@@ -253,6 +253,7 @@ SPECTACULAR_SETTINGS = {
         "TaskGroupStatusEnum": "apps.tasks.choices.GroupStatus",
         "TaskGroupKindEnum": "apps.tasks.choices.GroupKind",
         "InferenceServiceStateEnum": "apps.inference.choices.ServiceStatus",
+        "ImageRequestStatusEnum": "apps.nodes.choices.ImageRequestStatus",
         "HealthProbeTypeEnum": [("http", "http"), ("tcp", "tcp")],
     },
 }
@@ -323,6 +324,8 @@ HETEROFLOW_SUBMIT_TICK_SECONDS = env.float(
     "HETEROFLOW_SUBMIT_TICK_SECONDS", 0.0 if HETEROFLOW_ENV == "test" else 1.0, low=0.0, high=5.0
 )
 METRICS_RETENTION_HOURS = env.int("METRICS_RETENTION_HOURS", 168, low=1, high=8_760)
+# How long finished image requests (docs/images.md) are kept before the janitor deletes them.
+HETEROFLOW_IMAGE_REQUEST_RETENTION_DAYS = env.int("HETEROFLOW_IMAGE_REQUEST_RETENTION_DAYS", 7, low=1, high=365)
 # How long one scheduler process reuses the GPU rows it read (their live readings are
 # refreshed by heartbeats every 5 s anyway); node rows and the GPU ledger are read fresh
 # every cycle, and bind re-checks the chosen cards. 0: read everything every cycle.

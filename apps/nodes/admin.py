@@ -14,7 +14,8 @@ from apps.core.errors import Conflict
 from apps.inference import services as inference_services
 from apps.nodes import services
 from apps.nodes.choices import CORDON_LABEL, GpuState
-from apps.nodes.models import Gpu, Node
+from apps.nodes.images_protocol import reference_error
+from apps.nodes.models import Gpu, ImageRequest, Node, WatchedImage
 
 
 def gpu_state(gpu: Gpu) -> str:
@@ -305,3 +306,61 @@ class GpuAdmin(admin.ModelAdmin):
                 self.message_user(request, refusal(exc), messages.ERROR)
             else:
                 self.message_user(request, f"Removed GPU {gpu.index} of {gpu.node.name}.", messages.SUCCESS)
+
+
+# --- the image channel (docs/images.md) -------------------------------------------------------
+
+
+class WatchedImageForm(forms.ModelForm):
+    class Meta:
+        model = WatchedImage
+        fields = ["vendor", "reference", "kind", "note"]
+
+    def clean_reference(self):
+        reference = self.cleaned_data["reference"]
+        problem = reference_error(reference)
+        if problem:
+            raise forms.ValidationError(problem)
+        return reference
+
+
+@admin.register(WatchedImage)
+class WatchedImageAdmin(admin.ModelAdmin):
+    """The images the nodes of a vendor should have (empty vendor: every node); the
+    environment page checks them. The defaults seeded by nodes/0009 say so in their note."""
+
+    form = WatchedImageForm
+    list_display = ["reference", "vendor_shown", "kind", "note", "updated_at"]
+    list_filter = ["vendor", "kind"]
+    search_fields = ["reference", "note"]
+
+    @admin.display(description="vendor", ordering="vendor")
+    def vendor_shown(self, watched):
+        return watched.vendor or "every vendor"
+
+
+@admin.register(ImageRequest)
+class ImageRequestAdmin(admin.ModelAdmin):
+    """Read only: requests are made through the API (or the environment page) and moved
+    by the agent's reports and the janitor, each a compare-and-set."""
+
+    list_display = ["id", "node", "action", "references_shown", "status", "progress_shown", "created_at", "finished_at"]
+    list_filter = ["status", "action"]
+    search_fields = ["node__id", "node__name", "error"]
+    list_select_related = ["node"]
+    readonly_fields = [field.name for field in ImageRequest._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="references")
+    def references_shown(self, row):
+        return ", ".join(row.references)[:120]
+
+    @admin.display(description="progress")
+    def progress_shown(self, row):
+        done, total = row.progress.get("layers_done"), row.progress.get("layers_total")
+        return f"{done}/{total} layers" if done is not None and total else (row.progress.get("message") or "—")

@@ -1,8 +1,9 @@
-"""Node jobs: the health checker and metrics retention."""
+"""Node jobs: the health checker, metrics retention and the image channel's janitor."""
 
 from __future__ import annotations
 
 from apps.core.guard import periodic_job
+from apps.nodes.images import sweep_image_requests
 from apps.nodes.metrics import prune_and_prepare_partitions
 from apps.nodes.services import refresh_node_statuses
 
@@ -10,3 +11,6 @@ check_health_job = periodic_job("nodes.check_health", every=5)(refresh_node_stat
 # also requested every 500 heartbeats (apps.nodes.api.heartbeat); the guard keeps it to
 # once per period
 prune_metrics_job = periodic_job("nodes.prune_metrics", every=600)(prune_and_prepare_partitions)
+# the image channel's janitor (apps.nodes.images, docs/images.md): stalled, over budget,
+# pending on an offline node, and the finished requests past their retention
+image_janitor_job = periodic_job("nodes.image_janitor", every=60)(sweep_image_requests)

@@ -19,6 +19,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from apps.alerts.models import NotificationChannel
 from apps.gateway.models import EndpointKey, ExternalBackend
 from apps.inference.models import Model
+from apps.nodes.models import ImageRequest
 from apps.tenants.models import ApiKey, TenantGroup
 from tests.factories import make_alert, make_group, make_node, make_task
 from tests.headers import bearer
@@ -51,6 +52,7 @@ NOT_TENANT_OWNED = {
     "agent-dist-index": "the agent's install files: public, per architecture",
     "agent-dist-file": "the agent's install files: public, per architecture",
     "scheduler-plugin": "scheduler plugins are the cluster's, operators only",
+    "watched-image-detail": "the watched images are the cluster's (per GPU vendor), operators only",
 }
 
 # route name → a function of (world, objects) giving the URL kwargs of tenant A's object
@@ -64,6 +66,11 @@ OWNED = {
     "node-metrics": lambda w, o: {"node_id": o["node"].pk},
     "node-detail": lambda w, o: {"node_id": o["node"].pk},
     "node-energy": lambda w, o: {"node_id": o["node"].pk},
+    "node-images-pull": lambda w, o: {"node_id": o["node"].pk},
+    "node-images-check": lambda w, o: {"node_id": o["node"].pk},
+    "node-images-watched": lambda w, o: {"node_id": o["node"].pk},
+    "image-request-detail": lambda w, o: {"pk": o["image_request"].pk},
+    "agent-image-request": lambda w, o: {"pk": o["image_request"].pk},
     "node-gpu": lambda w, o: {"node_id": o["node"].pk, "index": 0},
     "node-location": lambda w, o: {"node_id": o["node"].pk},
     "node-tenant": lambda w, o: {"node_id": o["node"].pk},
@@ -111,6 +118,7 @@ def acme_objects(world):
     return {
         "node": node,
         "task": make_task(acme, name="acme-secret-task", status="running", node=node),
+        "image_request": ImageRequest.objects.create(node=node, action="pull", references=["acme/secret:1"]),
         "group": make_group(acme, 2, 1, name="acme-secret-group"),
         "api_key": ApiKey.objects.filter(tenant=acme).order_by("pk").first(),
         "tenant_group": group,

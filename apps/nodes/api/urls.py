@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.nodes.api import install_views, views
+from apps.nodes.api import images, install_views, views
 
 urlpatterns = [
     path("agent/auth-check", views.AgentAuthCheckView.as_view(), name="agent-auth-check"),
@@ -18,4 +18,14 @@ urlpatterns = [
     path("admin/nodes/<str:node_id>/location", views.NodeLocationView.as_view(), name="node-location"),
     path("admin/nodes/<str:node_id>/tenant", views.NodeTenantView.as_view(), name="node-tenant"),
     path("environment/summary", views.EnvironmentSummaryView.as_view(), name="environment-summary"),
+    # the image channel (docs/images.md)
+    path("nodes/<str:node_id>/images/pull", images.NodeImagePullView.as_view(), name="node-images-pull"),
+    path("nodes/<str:node_id>/images/check", images.NodeImageCheckView.as_view(), name="node-images-check"),
+    path("nodes/<str:node_id>/images/watched", images.NodeWatchedImagesView.as_view(), name="node-images-watched"),
+    path("image-requests", images.ImageRequestListView.as_view(), name="image-request-list"),
+    path("image-requests/<int:pk>", images.ImageRequestDetailView.as_view(), name="image-request-detail"),
+    path("watched-images", images.WatchedImageListView.as_view(), name="watched-image-list"),
+    path("watched-images/<int:pk>", images.WatchedImageDetailView.as_view(), name="watched-image-detail"),
+    path("agent/image-requests", images.AgentImageRequestListView.as_view(), name="agent-image-request-list"),
+    path("agent/image-requests/<int:pk>", images.AgentImageRequestView.as_view(), name="agent-image-request"),
 ]

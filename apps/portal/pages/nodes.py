@@ -11,12 +11,14 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
+from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404
 from apps.inference import services as inference_services
 from apps.nodes import metrics, selectors, services
 from apps.nodes.api.serializers import LocationSerializer, TenantAssignmentSerializer
-from apps.nodes.choices import ALIVE
+from apps.nodes.choices import ALIVE, IMAGE_CHECK_MAX_REFERENCES
+from apps.nodes.images import node_alive, watched_by_vendor, watched_for
 from apps.nodes.model_cache import node_models
 from apps.nodes.models import Gpu, Node
 from apps.portal.access import operators_only, portal_page
@@ -31,6 +33,7 @@ SORT_LABELS = {"tasks": "Tasks", "busy": "GPUs busy", "utilization": "Utilisatio
 MONITOR_RANGES = {"1": "1 h", "6": "6 h", "24": "24 h", "72": "3 d", "168": "7 d"}
 MONITOR_LIST_LIMIT = 200
 ENVIRONMENT_TABS = {"alive": "Online (checkable)", "offline": "Offline", "all": "All"}
+IMAGE_POLL_MS = 5000  # the environment page follows a check or a pull this often
 
 
 def gpus_with_state():
@@ -281,5 +284,33 @@ def environment(request):
             "tab": tab,
             "tabs": ENVIRONMENT_TABS,
             "page": page,
+            # the image part is the operators' (the image channel's API is theirs)
+            "images": environment_images(page) if principal.is_operator else None,
         },
     )
+
+
+def environment_images(page) -> dict:
+    """What the page's script needs to check the watched images of the live nodes on
+    this page (docs/images.md): per node its watched list and the channel's URLs. An
+    offline node is listed as not checkable and gets no URL, so no request is made for it.
+    Rendering makes no request: the script asks (POST check), then follows it."""
+    now = utcnow()
+    grouped = watched_by_vendor()
+    nodes = {}
+    for node in page:
+        if not node_alive(node, now):
+            nodes[node.pk] = {"checkable": False}
+            continue
+        watched = watched_for(node, grouped)[:IMAGE_CHECK_MAX_REFERENCES]
+        nodes[node.pk] = {
+            "checkable": True,
+            "watched": [{"reference": w.reference, "kind": w.kind} for w in watched],
+            "check_url": reverse("node-images-check", args=[node.pk]),
+            "pull_url": reverse("node-images-pull", args=[node.pk]),
+        }
+    return {
+        "nodes": nodes,
+        "request_url": reverse("image-request-detail", args=[0]).rstrip("0"),
+        "poll_ms": IMAGE_POLL_MS,
+    }
