@@ -6,13 +6,13 @@ agent sends, and every answer scripted here, is validated against the shared con
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from pathlib import Path
 
 import jsonschema_rs
 import pytest
+from agent.tests.channels.support import StallingRegistry
 
 from heteroflow_agent.channels.images import PATH, ImageChannel, canonical, parse
 from heteroflow_agent.client import ServerClient
@@ -116,49 +116,6 @@ def channel(plane):
     for one in made:
         one.close()
         one.client.close()
-
-
-class StallingRegistry:
-    """A 'registry' that accepts connections, reads what comes, and never answers, until
-    release() closes every connection."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        self.connections: list[socket.socket] = []
-        self.received = 0
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections.append(conn)
-            threading.Thread(target=self._drain, args=(conn,), daemon=True).start()
-
-    def _drain(self, conn):
-        while True:
-            try:
-                data = conn.recv(65536)
-            except OSError:
-                return
-            if not data:
-                return
-            self.received += len(data)
-
-    def release(self):
-        self.sock.close()
-        for conn in self.connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            conn.close()
 
 
 @pytest.fixture
