@@ -47,6 +47,8 @@ MESSAGE_MAX = 500
 _HUB = "docker.io"
 _HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"})
 _DONE = frozenset({"download complete", "pull complete", "already exists"})
+# events with an id that is no layer: Docker's "Pulling from library/busybox" (id: the tag)
+_NOT_A_LAYER = ("pulling from", "digest:", "status:")
 
 
 class ImageError(Exception):
@@ -362,20 +364,22 @@ class _Progress:
         self.message = ""
 
     def add(self, event: dict) -> bool:
-        """Take one event; True when it moved something."""
+        """Take one event; True when it moved something. Bytes are the download's
+        ("Downloading": current of total, compressed); extraction is not counted twice."""
         before = (len(self.layers), len(self.done), self._bytes(), self.message)
         status = str(event.get("status") or "")
+        lowered = status.lower()
         layer = event.get("id")
-        if layer and status and not status.lower().startswith(("digest:", "status:")):
+        if layer and status and not lowered.startswith(_NOT_A_LAYER):
+            current, total = self.layers.get(layer, (None, None))
             detail = event.get("progressDetail") or {}
-            current, total = detail.get("current"), detail.get("total")
-            old = self.layers.get(layer, (None, None))
-            self.layers[layer] = (
-                current if isinstance(current, int) else old[0],
-                total if isinstance(total, int) else old[1],
-            )
-            if status.lower() in _DONE:
+            if lowered == "downloading":
+                current = detail.get("current") if isinstance(detail.get("current"), int) else current
+                total = detail.get("total") if isinstance(detail.get("total"), int) else total
+            if lowered in _DONE:
                 self.done.add(layer)
+                current = total if total is not None else current
+            self.layers[layer] = (current, total)
             self.message = f"{layer}: {status}"
         elif status:
             self.message = status

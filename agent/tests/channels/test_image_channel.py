@@ -435,3 +435,94 @@ def _base(tmp_path) -> dict:
         "HETEROFLOW_NODE_ID": NODE,
         "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path),
     }
+
+
+# ---- progress: Docker Engine's event stream, and the 60 s rule ------------------------------------
+
+# A pull's events as Docker Engine's API streams them (POST /images/create, one JSON object
+# a line; the documented shape: status, id, progressDetail {current, total}, progress text).
+DOCKER_EVENTS = [
+    {"status": "Pulling from library/busybox", "id": "1.36"},
+    {"status": "Pulling fs layer", "progressDetail": {}, "id": "a3ed95caeb02"},
+    {"status": "Pulling fs layer", "progressDetail": {}, "id": "9ad63333ebc9"},
+    {"status": "Waiting", "progressDetail": {}, "id": "9ad63333ebc9"},
+    {"status": "Downloading", "progressDetail": {"current": 32768, "total": 2155034}, "id": "a3ed95caeb02"},
+    {"status": "Downloading", "progressDetail": {"current": 1048576, "total": 2155034}, "id": "a3ed95caeb02"},
+    {"status": "Verifying Checksum", "progressDetail": {}, "id": "a3ed95caeb02"},
+    {"status": "Download complete", "progressDetail": {}, "id": "a3ed95caeb02"},
+    {"status": "Extracting", "progressDetail": {"current": 131072, "total": 4861952}, "id": "a3ed95caeb02"},
+    {"status": "Downloading", "progressDetail": {"current": 5000, "total": 10000}, "id": "9ad63333ebc9"},
+    {"status": "Pull complete", "progressDetail": {}, "id": "a3ed95caeb02"},
+    {"status": "Download complete", "progressDetail": {}, "id": "9ad63333ebc9"},
+    {"status": "Pull complete", "progressDetail": {}, "id": "9ad63333ebc9"},
+    {"status": "Digest: sha256:" + "c" * 64},
+    {"status": "Status: Downloaded newer image for busybox:1.36"},
+]
+
+
+class FakeEngine:
+    """A docker client whose pull streams DOCKER_EVENTS, moving a clock by `gaps` seconds
+    before each event; the image is then there."""
+
+    def __init__(self, clock, gaps):
+        self.clock, self.gaps = clock, gaps
+        self.api = self
+        self.images = self
+
+    def pull(self, repository, tag=None, **options):
+        assert (repository, tag, options["stream"], options["decode"]) == ("busybox", "1.36", True, True)
+        for gap, event in zip(self.gaps, DOCKER_EVENTS, strict=True):
+            self.clock.now += gap
+            yield event
+
+    def get(self, reference):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(id="sha256:" + "d" * 64, attrs={"Size": 4861952, "RepoTags": ["busybox:1.36"]})
+
+    def close(self):
+        pass
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_progress_from_dockers_events_at_most_every_60_seconds(plane, channel):
+    clock = Clock()
+    # the first downloads come quickly; a 70 s silence; then the rest
+    gaps = [1, 1, 1, 1, 1, 1, 1, 70, 1, 1, 1, 1, 80, 1, 1]
+    one = channel(clock=clock)
+    one._docker = FakeEngine(clock, gaps)
+    final = one.handle(row(30, "pull", ["busybox:1.36"], "processing"))
+    progress = progress_of(puts(plane, 30))
+    assert progress == [
+        {
+            "layers_done": 0,
+            "layers_total": 0,
+            "bytes_done": None,
+            "bytes_total": None,
+            "message": "pulling busybox:1.36",
+        },
+        # 71 s after the start: a3ed95caeb02 downloaded (its bytes in full), 9ad63333ebc9 waiting
+        {
+            "layers_done": 1,
+            "layers_total": 2,
+            "bytes_done": 2155034,
+            "bytes_total": 2155034,
+            "message": "a3ed95caeb02: Download complete",
+        },
+        # 84 s later, both layers pulled; extraction's bytes never counted
+        {
+            "layers_done": 2,
+            "layers_total": 2,
+            "bytes_done": 2165034,
+            "bytes_total": 2165034,
+            "message": "9ad63333ebc9: Pull complete",
+        },
+    ]
+    assert final["status"] == "completed"
+    assert final["result"]["images"][0]["present"] and final["result"]["images"][0]["match"] == "exact"
