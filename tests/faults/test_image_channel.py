@@ -7,7 +7,9 @@ scripts/registry.sh). Without the registry or the engine this skips saying why; 
 - An operator's pull: the agent claims it, reports progress (the start report), pulls
   through the engine, and the request completes with the check of the pulled image.
 - A check: exact (present with its image id and size; a missing tag absent) and a
-  repository match (every local tag).
+  repository match (every local tag). A bare repository's pull (as :latest), and an old
+  agent's (HETEROFLOW_IMAGE_LEGACY_LATEST) ":latest" answer to a bare check, accepted and
+  stored under the reference asked.
 - A stalled pull (a registry that accepts the connection and never answers): the agent
   reports no progress after the start; the janitor's sweep, run as at 10 minutes and a
   second after the last sign, fails it "stalled"; the agent's late final report is refused
@@ -69,8 +71,16 @@ def test_pull_check_stall_and_pulled_but_not_there_with_a_real_agent_and_registr
     dirs = {"a": tmp_path / "agent-a", "b": tmp_path / "agent-b"}
     agents = {
         "a": start_agent(plane.url, dirs["a"], container_engine=True, **QUICK),
-        # b's pulled images vanish before their check (the agent's test hook)
-        "b": start_agent(plane.url, dirs["b"], container_engine=True, **QUICK, **{TEST_REMOVE_AFTER_PULL: "1"}),
+        # b answers like an old agent (a bare repository as :latest), and its pulled images
+        # vanish before their check (the agent's test hook)
+        "b": start_agent(
+            plane.url,
+            dirs["b"],
+            container_engine=True,
+            **QUICK,
+            HETEROFLOW_IMAGE_LEGACY_LATEST="true",
+            **{TEST_REMOVE_AFTER_PULL: "1"},
+        ),
     }
     stalling = StallingRegistry()
     try:
@@ -142,6 +152,27 @@ def test_pull_check_stall_and_pulled_but_not_there_with_a_real_agent_and_registr
             "size_bytes": None,
             "tags": None,
         }
+
+        # a bare repository's pull: :latest, proven by the repository match with its :latest
+        bare = finished(post(nodes["a"], "pull", {"reference": probe})["id"])
+        latest = engine.images.get(f"{probe}:latest")
+        assert bare["status"] == "completed", bare
+        (item,) = bare["result"]["images"]
+        assert (item["reference"], item["match"], item["present"]) == (probe, "repository", True)
+        assert [t["tag"] for t in item["tags"]] == [f"{probe}:2.0", f"{probe}:latest"]
+        # an old agent answers the bare repository as :latest, exact; stored as asked
+        old = finished(post(nodes["b"], "check", {"references": [probe]})["id"])
+        assert old["status"] == "completed", old
+        assert old["result"]["images"] == [
+            {
+                "reference": probe,
+                "present": True,
+                "match": "exact",
+                "image_id": latest.id,
+                "size_bytes": latest.attrs["Size"],
+                "tags": [],
+            }
+        ]
 
         # a stalled pull: claimed, the start report, then nothing; the janitor judges it
         stalled_ref = f"{stalling.address}/heteroflow/probe:1.0"
