@@ -13,7 +13,7 @@
 #   eval "$(scripts/registry.sh --install start)"   # then HETEROFLOW_TEST_REGISTRY is set
 #
 # DIR defaults to $HETEROFLOW_REGISTRY_DIR or ${TMPDIR:-/tmp}/heteroflow-registry; the port
-# to $HETEROFLOW_REGISTRY_PORT or 5055. --install runs `apt-get install -y docker-registry
+# to $HETEROFLOW_REGISTRY_PORT, else the one DIR's registry last started on, else 5055. --install runs `apt-get install -y docker-registry
 # skopeo podman runc busybox-static` for what is missing, when running as root. Only the export
 # lines go to stdout; progress and errors go to stderr.
 #
@@ -42,12 +42,13 @@ for a in "$@"; do
 done
 cmd="${args[0]:-}"
 DIR="${args[1]:-${HETEROFLOW_REGISTRY_DIR:-${TMPDIR:-/tmp}/heteroflow-registry}}"
-PORT="${HETEROFLOW_REGISTRY_PORT:-5055}"
 case "$cmd" in start|stop|env|status|seed) ;; *)
   echo "usage: $0 [--install] start|stop|env|status|seed [DIR]" >&2; exit 2 ;;
 esac
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
+# the port: $HETEROFLOW_REGISTRY_PORT, else the one this DIR's registry was started on, else 5055
+PORT="${HETEROFLOW_REGISTRY_PORT:-$(cat "$DIR/port" 2>/dev/null || echo 5055)}"
 ADDR="127.0.0.1:$PORT"
 CONFIG="$DIR/config.yml"
 REGISTRIES_CONF="$DIR/registries.conf"
@@ -118,6 +119,7 @@ static_busybox() {
 
 write_config() {
   mkdir -p "$DIR/data"
+  echo "$PORT" >"$DIR/port"
   cat >"$CONFIG" <<EOF
 # Written by scripts/registry.sh: the image channel's test registry.
 version: 0.1
