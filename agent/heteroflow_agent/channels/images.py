@@ -240,6 +240,8 @@ class ImageChannel:
         try:
             if request.get("action") == "pull":
                 return self._pull(request)
+            if request.get("action") != "check":
+                raise ImageError(f"this agent does not know the action {request.get('action')!r}")
             return {
                 "from_status": "processing",
                 "status": "completed",
@@ -275,7 +277,7 @@ class ImageChannel:
                 if tracker.add(event) and self.clock() - last >= self.progress_seconds:
                     self._progress(request["id"], tracker.body())
                     last = self.clock()
-        except ImageError:
+        except (ImageError, _Moved):
             raise
         except Exception as exc:  # the SDK's, the transport's: the engine's own words
             raise ImageError(f"pull of {target} failed: {_explain(exc)}") from None

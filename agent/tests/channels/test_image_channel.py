@@ -526,3 +526,23 @@ def test_progress_from_dockers_events_at_most_every_60_seconds(plane, channel):
     ]
     assert final["status"] == "completed"
     assert final["result"]["images"][0]["present"] and final["result"]["images"][0]["match"] == "exact"
+
+
+def test_a_progress_report_refused_mid_pull_ends_it_without_a_final_report(plane, channel):
+    clock = Clock()
+    one = channel(clock=clock, progress_seconds=0)
+    one._docker = FakeEngine(clock, [1] * len(DOCKER_EVENTS))
+    plane.answer(f"{PATH}/31", (200, row(31, "pull", ["busybox:1.36"], "processing")))  # the start report
+    plane.answer(f"{PATH}/31", (409, {"error": {"code": "conflict", "message": "failed by the janitor"}}))
+    assert one.handle(row(31, "pull", ["busybox:1.36"], "processing")) is None
+    bodies = puts(plane, 31)
+    assert len(bodies) == 2 and all(b["status"] == "processing" for b in bodies)
+
+
+def test_an_unknown_action_fails_saying_so(plane, channel):
+    final = channel().execute({**row(32, "check", ["a/b:1"], "processing"), "action": "prune"})
+    assert final == {
+        "from_status": "processing",
+        "status": "failed",
+        "error": "this agent does not know the action 'prune'",
+    }
