@@ -21,8 +21,11 @@ scripts/registry.sh). Without the registry or the engine this skips saying why; 
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from pathlib import Path
 
+import jsonschema_rs
 import pytest
 import redis
 import requests
@@ -37,11 +40,23 @@ from apps.tenants.services import issue_platform_key
 from heteroflow_agent.main import TEST_REMOVE_AFTER_PULL
 from tests.factories import OperatorFactory
 from tests.faults.cluster import ControlPlane
-from tests.headers import bearer_http
+from tests.headers import AGENT_HTTP, bearer_http
 from tests.live import agent_log, start_agent, stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 QUICK = {"HETEROFLOW_RECONCILE_SECONDS": "5", "HETEROFLOW_REPORT_ATTEMPTS": "2"}
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "agent/heteroflow_agent/protocol/image_channel.schema.json").read_text()
+)
+
+
+def contract(definition: str):
+    """The live server's answers checked against the agent's contract."""
+    schema = {key: value for key, value in SCHEMA.items() if key != "oneOf"}
+    return jsonschema_rs.validator_for({**schema, "$ref": f"#/definitions/{definition}"})
+
+
+REQUEST, AGENT_LIST, WATCHED = contract("request"), contract("agent_list"), contract("watched")
 
 
 @pytest.fixture
@@ -104,6 +119,7 @@ def test_pull_check_stall_and_pulled_but_not_there_with_a_real_agent_and_registr
         def get(request_id: int) -> dict:
             response = http.get(f"{plane.url}/api/v1/image-requests/{request_id}", timeout=10)
             assert response.status_code == 200, response.text
+            REQUEST.validate(response.json())
             return response.json()
 
         def finished(request_id: int, timeout: float = 120) -> dict:
@@ -114,6 +130,21 @@ def test_pull_check_stall_and_pulled_but_not_there_with_a_real_agent_and_registr
             )
 
         probe = f"{registry}/heteroflow/probe"
+
+        # what the agent key reads is the contract's: the watched list and the pending list
+        for node in nodes.values():
+            watched = requests.get(f"{plane.url}/api/v1/nodes/{node}/images/watched", headers=AGENT_HTTP, timeout=10)
+            assert watched.status_code == 200, watched.text
+            WATCHED.validate(watched.json())
+            assert watched.json()["node_id"] == node
+            pending = requests.get(
+                f"{plane.url}/api/v1/agent/image-requests",
+                params={"node_id": node, "status": "pending"},
+                headers=AGENT_HTTP,
+                timeout=10,
+            )
+            assert pending.status_code == 200, pending.text
+            AGENT_LIST.validate(pending.json())
 
         # an operator's pull: progress (the start report), then completed with its check
         pulled = finished(post(nodes["a"], "pull", {"reference": f"{probe}:2.0"})["id"])
