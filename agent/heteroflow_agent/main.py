@@ -109,40 +109,6 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
     return heartbeat, executor
 
 
-def build_image_channel(cfg: agent_config.AgentConfig, runtime) -> ImageChannel | None:
-    """The image channel when tasks run in a container engine (docker runtime), else None.
-    Its own server client: its calls never queue behind the beat's or the executor's."""
-    if runtime is None or runtime.kind != "docker":
-        return None
-    client = ServerClient(
-        cfg.server_url,
-        cfg.api_key,
-        connect_timeout=cfg.connect_timeout,
-        read_timeout=cfg.read_timeout,
-        attempts=cfg.report_attempts,
-        backoff=1.0,
-        backoff_cap=10.0,
-        user_agent=f"heteroflow-agent/{current().version}",
-    )
-    after_pull = None
-    if os.environ.get(TEST_REMOVE_AFTER_PULL) == "1":
-        # a test hook (tests/faults/test_image_channel.py): the pulled image is removed
-        # before its check, to show the server refusing "pulled but not there"
-        def after_pull(reference: str) -> None:
-            logger.warning("%s=1: removing %s before its check (a test hook)", TEST_REMOVE_AFTER_PULL, reference)
-            channel._engine().images.remove(reference, force=True)
-
-    channel = ImageChannel(
-        cfg.node_id,
-        client,
-        progress_seconds=cfg.image_progress_seconds,
-        legacy_latest=cfg.image_legacy_latest,
-        auth_file=cfg.image_auth_file or None,
-        after_pull=after_pull,
-    )
-    return channel
-
-
 def run_executor(
     executor: Executor,
     stop: threading.Event,
@@ -182,6 +148,40 @@ def run_executor(
             if time.monotonic() >= deadline:
                 break
         executor.wake.clear()
+
+
+def build_image_channel(cfg: agent_config.AgentConfig, runtime) -> ImageChannel | None:
+    """The image channel when tasks run in a container engine (docker runtime), else None.
+    Its own server client: its calls never queue behind the beat's or the executor's."""
+    if runtime is None or runtime.kind != "docker":
+        return None
+    client = ServerClient(
+        cfg.server_url,
+        cfg.api_key,
+        connect_timeout=cfg.connect_timeout,
+        read_timeout=cfg.read_timeout,
+        attempts=cfg.report_attempts,
+        backoff=1.0,
+        backoff_cap=10.0,
+        user_agent=f"heteroflow-agent/{current().version}",
+    )
+    after_pull = None
+    if os.environ.get(TEST_REMOVE_AFTER_PULL) == "1":
+        # a test hook (tests/faults/test_image_channel.py): the pulled image is removed
+        # before its check, to show the server refusing "pulled but not there"
+        def after_pull(reference: str) -> None:
+            logger.warning("%s=1: removing %s before its check (a test hook)", TEST_REMOVE_AFTER_PULL, reference)
+            channel._engine().images.remove(reference, force=True)
+
+    channel = ImageChannel(
+        cfg.node_id,
+        client,
+        progress_seconds=cfg.image_progress_seconds,
+        legacy_latest=cfg.image_legacy_latest,
+        auth_file=cfg.image_auth_file or None,
+        after_pull=after_pull,
+    )
+    return channel
 
 
 def run(heartbeat: Heartbeat, stop: threading.Event, clock=time.monotonic) -> int:
@@ -245,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if version.dirty:
         logger.warning("this agent was built from a tree with uncommitted changes (%s)", version.git_commit)
+    channel = build_image_channel(cfg, executor.runtime if executor is not None else None)
+    if channel is not None:
+        logger.info("image channel: polling for image requests every %.0f s", channel.poll_seconds)
+        threading.Thread(target=channel.run, args=(stop,), name="image-channel", daemon=True).start()
     worker = None
     if executor is not None:
         logger.info("runtime: %s", executor.runtime.kind)
@@ -256,10 +260,6 @@ def main(argv: list[str] | None = None) -> int:
             kwargs={"reconcile_seconds": cfg.reconcile_interval},
         )
         worker.start()
-    channel = build_image_channel(cfg, executor.runtime if executor is not None else None)
-    if channel is not None:
-        logger.info("image channel: polling for image requests every %.0f s", channel.poll_seconds)
-        threading.Thread(target=channel.run, args=(stop,), name="image-channel", daemon=True).start()
     try:
         return run(heartbeat, stop)
     finally:
