@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jsonschema_rs
 import pytest
-from agent.tests.channels.support import StallingRegistry
+from agent.tests.channels.support import StallingRegistry, remove_test_images, require_engine, require_registry
 
 from heteroflow_agent.channels.images import PATH, ImageChannel, canonical, parse
 from heteroflow_agent.client import ServerClient
@@ -21,6 +21,30 @@ SCHEMA = json.loads(
     (Path(__file__).resolve().parents[2] / "heteroflow_agent" / "protocol" / "image_channel.schema.json").read_text()
 )
 NODE = "node-img-1"
+
+
+# the real registry and engine (agent/tests/channels/support.py): skipped without them
+# locally, failed without them in CI (HETEROFLOW_REQUIRE_REGISTRY=1)
+
+
+@pytest.fixture(scope="session")
+def image_registry() -> str:
+    return require_registry()
+
+
+@pytest.fixture(scope="session")
+def image_engine(image_registry):
+    client = require_engine()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def clean_engine(image_engine, image_registry):
+    """The engine without any of the registry's test images, before and after the test."""
+    remove_test_images(image_engine, image_registry)
+    yield image_engine
+    remove_test_images(image_engine, image_registry)
 
 
 def validator(definition: str | None = None):
