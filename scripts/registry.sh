@@ -164,7 +164,7 @@ seeded() {
 seed() {
   local bb root applet
   bb="$(static_busybox)" || { log "no statically linked busybox (apt-get install busybox-static)"; return 1; }
-  rm -rf "$BUILD"
+  rm -rf "$BUILD" "$RUNROOT"
   mkdir -p "$BUILD/storage" "$BUILD/tmp" "$RUNROOT"
   root="$BUILD/root"
   mkdir -p "$root/bin" "$root/etc" "$root/tmp" "$root/proc" "$root/sys" "$root/dev"
@@ -192,7 +192,7 @@ seed() {
   # skopeo reads them back: what the registry serves is what the tests will pull
   skopeo inspect --tls-verify=false "docker://$ADDR/heteroflow/probe:2.0" >/dev/null
   build_podman rmi -a -f >/dev/null 2>&1 || true
-  rm -rf "$BUILD"
+  rm -rf "$BUILD" "$RUNROOT"
   log "pushed heteroflow/probe:{1.0,latest,2.0} and heteroflow/other:1.0 to $ADDR"
 }
 
