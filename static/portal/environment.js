@@ -32,12 +32,17 @@
     });
   }
 
-  /* Follow one request every poll_ms until it ends; onUpdate sees every state. */
-  function follow(row, onUpdate) {
+  /* Follow one request every poll_ms until it ends; onUpdate sees every state. With
+     pendingMs, stop following a request still unclaimed after that long (resolve it as
+     it is: the node's agent may predate the image channel and never take it). */
+  function follow(row, onUpdate, pendingMs) {
+    var since = Date.now();
     return new Promise(function (resolve, reject) {
-      function seen(current) {
+      function seen(latest) {
+        current = latest;
         onUpdate(current);
         if (FINISHED[current.status]) resolve(current);
+        else if (pendingMs && current.status === "pending" && Date.now() - since > pendingMs) resolve(current);
         else setTimeout(tick, data.poll_ms);
       }
       function tick() { api("GET", data.request_url + current.id).then(seen, reject); }
@@ -71,8 +76,13 @@
     return null;
   }
 
-  function showCheck(cell, row) {
+  function showCheck(cell, row, final) {
     var summary = cell.querySelector("[data-images-summary]");
+    if (final && row.status === "pending") {
+      cell.setAttribute("data-state", "no-answer");
+      summary.textContent = "no answer from the node's agent (does it have the image channel?)";
+      return;
+    }
     if (!FINISHED[row.status]) {
       cell.setAttribute("data-state", "checking");
       summary.textContent = "checking " + row.references.length + " images… (" + row.status + ")";
@@ -101,7 +111,8 @@
     var references = spec.watched.map(function (w) { return w.reference; });
     if (!references.length) return Promise.resolve(null);
     return api("POST", spec.check_url, { references: references })
-      .then(function (row) { return follow(row, function (r) { showCheck(cell, r); }); })
+      .then(function (row) { return follow(row, function (r) { showCheck(cell, r); }, data.check_wait_ms); })
+      .then(function (row) { showCheck(cell, row, true); return row; })
       .catch(function (error) {
         cell.setAttribute("data-state", error.code === "node_offline" ? "cannot-check" : "failed");
         cell.querySelector("[data-images-summary]").textContent =

@@ -239,3 +239,12 @@ def test_the_watched_list_of_a_page_is_the_same_rule_in_one_query(node, django_a
         grouped = images.watched_by_vendor()
     for each in (node, ascend, bare):
         assert [w.pk for w in images.watched_for(each, grouped)] == [w.pk for w in images.watched_images(each)]
+
+
+def test_an_overlong_error_is_kept_to_its_limit_not_refused(api, node):
+    row = new_pull(node)
+    report(api, row.pk, claim(node.pk))
+    body = {**failed(node.pk), "error": "x" * 10_000}
+    answer = api.put(f"/api/v1/agent/image-requests/{row.pk}", body, format="json", **AGENT)
+    assert answer.status_code == 200 and answer.json()["status"] == "failed"
+    assert len(answer.json()["error"]) == images.ERROR_MAX

@@ -35,7 +35,7 @@ def images_data(html: str) -> dict:
 def test_the_operator_page_offers_the_live_nodes_watched_images_and_asks_nothing(client, world, cluster):
     html = page(signed_in(client, world.operator), "/portal/environment/?tab=all")
     data = images_data(html)
-    assert data["poll_ms"] == 5000
+    assert data["poll_ms"] == 5000 and data["check_wait_ms"] == 120_000
     assert set(data["nodes"]) == {"shared-1", "shared-2", "shared-3", "beta-1"}
     live = data["nodes"]["shared-1"]
     assert live["checkable"] and live["check_url"] == "/api/v1/nodes/shared-1/images/check"

@@ -131,7 +131,11 @@ class AgentImageReportSerializer(AgentPayloadSerializer):
         required=False, help_text="layers_done, layers_total, bytes_done, bytes_total, message"
     )
     result = serializers.JSONField(required=False, help_text="{images: [CHECK_ITEM …]}")
-    error = serializers.CharField(required=False, allow_blank=True, default="", max_length=images.ERROR_MAX)
+    # the schema says 4,000 characters; a longer one is kept to that, not refused (a
+    # refused final report would leave the request processing until the janitor's verdict)
+    error = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=64 * 1024, trim_whitespace=False
+    )
 
     def validate(self, data):
         errors = {}

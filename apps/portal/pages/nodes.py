@@ -34,6 +34,7 @@ MONITOR_RANGES = {"1": "1 h", "6": "6 h", "24": "24 h", "72": "3 d", "168": "7 d
 MONITOR_LIST_LIMIT = 200
 ENVIRONMENT_TABS = {"alive": "Online (checkable)", "offline": "Offline", "all": "All"}
 IMAGE_POLL_MS = 5000  # the environment page follows a check or a pull this often
+IMAGE_CHECK_WAIT_MS = 120_000  # and stops following a check its node's agent has not taken by then
 
 
 def gpus_with_state():
@@ -313,4 +314,5 @@ def environment_images(page) -> dict:
         "nodes": nodes,
         "request_url": reverse("image-request-detail", args=[0]).rstrip("0"),
         "poll_ms": IMAGE_POLL_MS,
+        "check_wait_ms": IMAGE_CHECK_WAIT_MS,
     }

@@ -39,7 +39,7 @@ from tests.portal.browser.support import (  # skips this module without a browse
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db]
 expect = sync_api.expect
-NODE, OFFLINE = "gpu-img-01", "gpu-img-off"
+NODE, OFFLINE, SILENT = "gpu-img-01", "gpu-img-off", "gpu-img-old"
 FOLLOW_MS = 5_000 + WAIT_MS  # the page asks every 5 s; an expectation then waits its own time
 
 
@@ -173,3 +173,22 @@ def test_the_operator_checks_and_deploys_the_watched_images(live, page):
     # the offline node was never asked
     asked = committed(lambda: list(ImageRequest.objects.filter(node_id=OFFLINE)))
     assert asked == []
+
+
+def test_a_check_the_nodes_agent_never_takes_is_given_up(live, page):
+    """An agent from before the image channel never claims: the page stops following
+    the check (here after 2 s instead of 2 minutes) and says so."""
+    beat(live["url"], SILENT, heartbeat(gpus=1, hostname=SILENT))
+
+    def quick(route):
+        answer = route.fetch()
+        route.fulfill(response=answer, body=answer.text().replace('"check_wait_ms": 120000', '"check_wait_ms": 2000'))
+
+    page.route("**/portal/environment/*", quick)
+    try:
+        page.goto("/portal/environment/?tab=alive")
+        cell = page.locator(f'td[data-images="{SILENT}"]')
+        expect(cell).to_have_attribute("data-state", "no-answer", timeout=FOLLOW_MS)
+        expect(cell.locator("[data-images-summary]")).to_contain_text("no answer from the node's agent")
+    finally:
+        page.unroute("**/portal/environment/*")
