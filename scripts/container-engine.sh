@@ -20,6 +20,9 @@
 # runc works; vfs storage and cgroupfs need no kernel or systemd support; events go to a
 # file (no journald). No registry is reachable, so the test image is imported from the
 # host's busybox-static. Containers must use host networking (no bridge here).
+# CONTAINERS_REGISTRIES_CONF, when exported (scripts/registry.sh prints it: its test registry
+# is plain HTTP, so marked insecure there), is inherited by the service and printed with the
+# env; start the registry first, since a running service keeps the file it started with.
 set -euo pipefail
 
 TEST_IMAGE="localhost/heteroflow-test:busybox"
@@ -58,6 +61,7 @@ print_env() {
   echo "export DOCKER_HOST=unix://$SOCK"
   echo "export CONTAINERS_CONF=$CONF"
   echo "export HETEROFLOW_TEST_IMAGE=$TEST_IMAGE"
+  if [ -n "${CONTAINERS_REGISTRIES_CONF:-}" ]; then echo "export CONTAINERS_REGISTRIES_CONF=$CONTAINERS_REGISTRIES_CONF"; fi
 }
 
 podman_cmd() {
@@ -179,6 +183,10 @@ cmd_start() {
   write_conf
   if answers; then
     log "reusing the service on $SOCK"
+    if [ -n "${CONTAINERS_REGISTRIES_CONF:-}" ] && [ -n "$(service_pid)" ] &&
+      ! tr '\0' '\n' <"/proc/$(service_pid)/environ" | grep -qx "CONTAINERS_REGISTRIES_CONF=$CONTAINERS_REGISTRIES_CONF"; then
+      log "warning: the running service was started without CONTAINERS_REGISTRIES_CONF=$CONTAINERS_REGISTRIES_CONF (stop and start it to pull from that registry)"
+    fi
   else
     local old
     old="$(service_pid)"

@@ -41,6 +41,10 @@ ENVIRONMENT = {
     "reconcile_interval": ("HETEROFLOW_RECONCILE_SECONDS",),
     "report_attempts": ("HETEROFLOW_REPORT_ATTEMPTS",),
     "engine_python": ("HETEROFLOW_ENGINE_PYTHON",),
+    # the image channel (channels/images.py)
+    "image_progress_seconds": ("HETEROFLOW_IMAGE_PROGRESS_SECONDS",),
+    "image_legacy_latest": ("HETEROFLOW_IMAGE_LEGACY_LATEST",),
+    "image_auth_file": ("HETEROFLOW_IMAGE_AUTH_FILE",),
 }
 KNOWN_KEYS = set(ENVIRONMENT) | {
     "labels",
@@ -81,6 +85,12 @@ class AgentConfig:
     engine_images: dict = field(default_factory=dict)
     # the interpreter that runs inference engines under the process runtime ("": the agent's own)
     engine_python: str = ""
+    # the image channel: progress reports at most this often; answer a bare repository as
+    # ":latest" the way an old agent does (for compatibility tests); the docker config.json
+    # whose auths it pulls with ("": the docker client's own)
+    image_progress_seconds: float = 60.0
+    image_legacy_latest: bool = False
+    image_auth_file: str = ""
 
     @property
     def scanned_model_dirs(self) -> tuple[str, ...]:
@@ -132,6 +142,11 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     reconcile_interval = _number(raw, "reconcile_interval", 60, int, 5, 3600, problems)
     report_attempts = _number(raw, "report_attempts", 6, int, 1, 20, problems)
     allow_process = _boolean(raw, "allow_process_runtime", False, problems)
+    image_progress = _number(raw, "image_progress_seconds", 60.0, float, 0, 600, problems)
+    image_legacy = _boolean(raw, "image_legacy_latest", False, problems)
+    image_auth_file = str(raw.get("image_auth_file") or "")
+    if image_auth_file and not image_auth_file.startswith("/"):
+        problems.append(f"image_auth_file {image_auth_file!r} must be an absolute path (a docker config.json)")
     log_level = str(raw.get("log_level") or "info").lower()
     if log_level not in ("debug", "info", "warning", "error"):
         problems.append(f"log_level {log_level!r} must be debug, info, warning or error")
@@ -210,6 +225,9 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         engine_priorities={fmt.lower(): [e.lower() for e in engines] for fmt, engines in priorities.items()},
         engine_images={v.lower(): {e.lower(): r for e, r in engines.items()} for v, engines in images.items()},
         engine_python=engine_python,
+        image_progress_seconds=image_progress,
+        image_legacy_latest=image_legacy,
+        image_auth_file=image_auth_file,
     )
 
 

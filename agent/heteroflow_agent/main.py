@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 import time
 
 from heteroflow_agent import config as agent_config
+from heteroflow_agent.channels.images import ImageChannel
 from heteroflow_agent.channels.slices import SliceChannel
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.collect import ContainerEngine
@@ -28,6 +30,8 @@ logger = logging.getLogger("heteroflow_agent")
 
 TASK_POLL_SECONDS = 5.0
 RECONCILE_SECONDS = 60.0
+# the image channel's test hook (never set on a real node): remove a pulled image before its check
+TEST_REMOVE_AFTER_PULL = "HETEROFLOW_TEST_IMAGE_REMOVE_AFTER_PULL"
 
 
 def choose_runtime(cfg: agent_config.AgentConfig, engine: ContainerEngine):
@@ -170,6 +174,40 @@ def run_executor(
         executor.wake.clear()
 
 
+def build_image_channel(cfg: agent_config.AgentConfig, runtime) -> ImageChannel | None:
+    """The image channel when tasks run in a container engine (docker runtime), else None.
+    Its own server client: its calls never queue behind the beat's or the executor's."""
+    if runtime is None or runtime.kind != "docker":
+        return None
+    client = ServerClient(
+        cfg.server_url,
+        cfg.api_key,
+        connect_timeout=cfg.connect_timeout,
+        read_timeout=cfg.read_timeout,
+        attempts=cfg.report_attempts,
+        backoff=1.0,
+        backoff_cap=10.0,
+        user_agent=f"heteroflow-agent/{current().version}",
+    )
+    after_pull = None
+    if os.environ.get(TEST_REMOVE_AFTER_PULL) == "1":
+        # a test hook (tests/faults/test_image_channel.py): the pulled image is removed
+        # before its check, to show the server refusing "pulled but not there"
+        def after_pull(reference: str) -> None:
+            logger.warning("%s=1: removing %s before its check (a test hook)", TEST_REMOVE_AFTER_PULL, reference)
+            channel._engine().images.remove(reference, force=True)
+
+    channel = ImageChannel(
+        cfg.node_id,
+        client,
+        progress_seconds=cfg.image_progress_seconds,
+        legacy_latest=cfg.image_legacy_latest,
+        auth_file=cfg.image_auth_file or None,
+        after_pull=after_pull,
+    )
+    return channel
+
+
 def run(heartbeat: Heartbeat, stop: threading.Event, clock=time.monotonic) -> int:
     """Beat on a fixed schedule. A beat that overran the interval does not make the next
     ones come faster to catch up: missed slots are skipped."""
@@ -231,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if version.dirty:
         logger.warning("this agent was built from a tree with uncommitted changes (%s)", version.git_commit)
+    channel = build_image_channel(cfg, executor.runtime if executor is not None else None)
+    if channel is not None:
+        logger.info("image channel: polling for image requests every %.0f s", channel.poll_seconds)
+        threading.Thread(target=channel.run, args=(stop,), name="image-channel", daemon=True).start()
     worker = None
     if executor is not None:
         logger.info("runtime: %s", executor.runtime.kind)
