@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.e2e]
 NODES = 10
 TASKS = 12
 RUN_SECONDS = 4.0
-DOWN_SECONDS = 10.0
+DOWN_SECONDS = 6.0
 
 
 def status_of(url: str, method: str = "GET", **kwargs) -> int:
