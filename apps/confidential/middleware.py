@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import logging
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+
 from apps.confidential.services import record_audit
 from apps.core import audit
 from apps.tenants.models import Tenant
@@ -40,27 +42,62 @@ HIDDEN_FIELDS = frozenset({"csrfmiddlewaretoken"})
 
 
 class AuditMiddleware:
+    """Sync and async: under ASGI a request that changes nothing passes with no thread
+    hop; a change's record is written off the event loop."""
+
+    sync_capable = True
+    async_capable = True
+
     def __init__(self, get_response):
         self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
 
     def __call__(self, request):
-        if request.method not in UNSAFE or request.path.startswith(NOT_CHANGES):
+        if self.is_async:
+            return self._acall(request)
+        if not may_change(request):
             return self.get_response(request)
-        if request.content_type == "application/json":
-            request.body  # noqa: B018 (read now, so that its fields can be named after the view read it)
         token = audit.begin()
         try:
             response = self.get_response(request)
-            if not audit.was_recorded() and succeeded(request.path, response.status_code):
-                principal = principal_of(request)
-                if principal is not None:
-                    try:
-                        record_request(request, response, principal)
-                    except Exception:  # the change is made; its record must not turn it into a 500
-                        logger.exception("the audit record of %s %s was not written", request.method, request.path)
+            after(request, response)
             return response
         finally:
             audit.end(token)
+
+    async def _acall(self, request):
+        if not may_change(request):
+            return await self.get_response(request)
+        token = audit.begin()
+        try:
+            response = await self.get_response(request)
+            await sync_to_async(after, thread_sensitive=True)(request, response)
+            return response
+        finally:
+            audit.end(token)
+
+
+def may_change(request) -> bool:
+    if request.method not in UNSAFE or request.path.startswith(NOT_CHANGES):
+        return False
+    if request.content_type == "application/json":
+        request.body  # noqa: B018 (read now, so that its fields can be named after the view read it)
+    return True
+
+
+def after(request, response) -> None:
+    """Record the request's change, unless a service recorded it or it changed nothing."""
+    if audit.was_recorded() or not succeeded(request.path, response.status_code):
+        return
+    principal = principal_of(request)
+    if principal is None:
+        return
+    try:
+        record_request(request, response, principal)
+    except Exception:  # the change is made; its record must not turn it into a 500
+        logger.exception("the audit record of %s %s was not written", request.method, request.path)
 
 
 def succeeded(path: str, status: int) -> bool:
