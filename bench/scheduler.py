@@ -101,7 +101,8 @@ def main() -> int:
                     "inference_engine_versions,\n"
                     "                    vllm_available, discovered_models, task_health, live_task_ids, region, zone, "
                     "rack, structure_hash, version,\n"
-                    "                    registered_at, last_heartbeat_at, updated_at, cpu_used, memory_used)\n"
+                    "                    registered_at, last_heartbeat_at, updated_at, cpu_used, memory_used,\n"
+                    "                    agent_label_keys)\n"
                     "                SELECT 'bn-' || lpad(i::text, 5, '0'), 'bn-' || i, 'online', '', 'h', 'linux', "
                     "false, true, true, 'docker', '',\n"
                     "                    '2.4.1', 'abc', 'now', 5, 'nvidia', 'H100', 8, '',\n"
@@ -109,7 +110,7 @@ def main() -> int:
                     '"rdma-speed": "200"}\' ELSE \'{}\' END::jsonb,\n'
                     "                    '{}', '[]', '{}', false, '[]', '[]', '[]', 'r' || (i %% 2), 'z' || (i %% 6), "
                     "'k' || (i %% 40), '', 1,\n"
-                    "                    now(), now(), now(), (i * 37) %% 90, (i * 53) %% 90\n"
+                    "                    now(), now(), now(), (i * 37) %% 90, (i * 53) %% 90, '[]'\n"
                     "                FROM generate_series(1, %s) AS i\n"
                     "                "
                 ),
