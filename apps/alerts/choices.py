@@ -9,6 +9,8 @@ class AlertType(models.TextChoices):
     PREEMPTION_TIMEOUT = "PREEMPTION_TIMEOUT"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     SCHEDULER_STALLED = "SCHEDULER_STALLED"
+    GPU_UNHEALTHY = "GPU_UNHEALTHY"  # a card cordoned on its health readings (apps.nodes.health)
+    GPU_MEMORY_DRIFT = "GPU_MEMORY_DRIFT"  # measured use the ledger does not explain (apps.nodes.drift)
 
 
 class Severity(models.TextChoices):

@@ -58,3 +58,11 @@ def inference_crash_loop(task_id: int) -> str:
 def inference_wake_timed_out(service_id: int, at: datetime) -> str:
     """The key carries the moment: a later wake that times out alerts again."""
     return f"inference-wake-timed-out:{service_id}:{at.timestamp():.3f}"
+
+
+def gpu_unhealthy(node_id: str, index: int) -> str:
+    return f"gpu-unhealthy:{node_id}:{index}"
+
+
+def gpu_memory_drift(node_id: str, index: int) -> str:
+    return f"gpu-memory-drift:{node_id}:{index}"

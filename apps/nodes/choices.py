@@ -31,6 +31,12 @@ class GpuState(models.TextChoices):
     AVAILABLE = "available"
     BUSY = "busy"
     LOST = "lost"
+    CORDONED = "cordoned"  # unhealthy or cordoned by an operator: no new placement
+
+
+class CordonSource(models.TextChoices):
+    HEALTH = "health"  # the server's judgement of the card's health readings
+    OPERATOR = "operator"
 
 
 class LostBasis(models.TextChoices):

@@ -8,6 +8,10 @@ the metrics sample; and the GPU_LOST alerts this beat raises or recovers. A beat
 structure changed (GPU models, specs, labels, agent version…) or a first beat takes the
 slow path in a transaction, which is rare. Nothing here reads another node.
 
+A beat carrying `gpu_health` whose hash differs from the node's `health_hash` takes
+one more step after the beat (apps.nodes.health): the cards' health readings change
+rarely, so a steady beat pays one column compare for them.
+
 Labels merge by key, except those the agent owns: an agent that sends
 `owned_label_keys` may remove a label it set itself, by leaving it out of a later beat
 (`nodes.agent_label_keys` remembers which keys those are). Leaving a key out changes the
@@ -29,7 +33,7 @@ from psycopg.types.json import Jsonb, set_json_dumps
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
-from apps.nodes import liveness
+from apps.nodes import health, liveness
 from apps.nodes.choices import CORDON_LABEL, LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS
 from apps.nodes.normalize import gpu_model
 
@@ -114,6 +118,7 @@ class BeatOutcome:
     slow_path: bool = False
     ip_changed: bool = False
     gpu_changes: list[GpuChange] = field(default_factory=list)
+    health_changed: bool = False
 
 
 # --- statements -----------------------------------------------------------------------
@@ -161,9 +166,9 @@ STRUCTURE_COLUMNS = (
 BEAT = f"""
 WITH node AS (
     UPDATE nodes AS n SET {", ".join(f"{column} = %({column})s" for column in HEARTBEAT_COLUMNS)}
-    FROM (SELECT id, ip AS old_ip FROM nodes WHERE id = %(id)s) AS o
+    FROM (SELECT id, ip AS old_ip, health_hash AS oh FROM nodes WHERE id = %(id)s) AS o
     WHERE n.id = o.id AND n.structure_hash = %(structure_hash)s
-    RETURNING o.old_ip
+    RETURNING o.old_ip, o.oh
 ), readings AS (
     SELECT * FROM jsonb_to_recordset(%(readings)s::jsonb) AS r(i int, u float8, m bigint, t float8, p float8, a text)
 ), judged AS (
@@ -224,7 +229,7 @@ WITH node AS (
     WHERE state = 'ACTIVE' AND key IN (
         SELECT {alert_keys.gpu_lost_sql("%(id)s", "j.index")} FROM judged AS j WHERE j.was_lost AND NOT j.is_lost)
 )
-SELECT EXISTS (SELECT 1 FROM node), (SELECT old_ip FROM node),
+SELECT EXISTS (SELECT 1 FROM node), (SELECT old_ip FROM node), (SELECT oh FROM node),
        (SELECT COALESCE(jsonb_agg(jsonb_build_array(j.index, j.is_lost, j.lost_basis)), '[]'::jsonb)
         FROM judged AS j WHERE j.was_lost <> j.is_lost),
        ARRAY(SELECT t.id FROM tasks AS t WHERE t.node_id = %(id)s AND t.status = 'scheduled'
@@ -399,7 +404,7 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
     outcome = BeatOutcome(node_id=node_id, status=params["status"])
     cur = conn.cursor()
     await cur.execute(BEAT, params)
-    matched, old_ip, changes, outcome.scheduled_task_ids = await cur.fetchone()
+    matched, old_ip, old_health_hash, changes, outcome.scheduled_task_ids = await cur.fetchone()
     if matched:
         outcome.ip_changed = not same_address(old_ip, peer_ip)
     else:
@@ -434,9 +439,14 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
             await cur.execute(GPU_COUNT_UPDATE, {"id": node_id})
             # The structure now matches: the beat itself is the same statement as always.
             await cur.execute(BEAT, params)
-            matched, _, changes, outcome.scheduled_task_ids = await cur.fetchone()
+            matched, _, old_health_hash, changes, outcome.scheduled_task_ids = await cur.fetchone()
             if not matched:
                 raise RuntimeError(f"heartbeat of {node_id}: the node row did not match after the slow path")
+    if "gpu_health" in payload:  # an older agent sends none: its cards' health stays unknown
+        beat_health_hash = health.readings_hash(payload["gpu_health"])
+        if beat_health_hash != old_health_hash:
+            outcome.health_changed = True
+            await health.apply_beat_health(cur, node_id, payload["gpu_health"], beat_health_hash, now)
     outcome.gpu_changes = [GpuChange(index, lost, basis) for index, lost, basis in changes]
     return outcome
 

@@ -7,7 +7,15 @@ from django.db.models import Exists, OuterRef, Q
 
 from apps.core.scoping import ScopedQuerySet
 from apps.nodes import liveness
-from apps.nodes.choices import ExecMode, ImageAction, ImageRequestStatus, LostBasis, NodeStatus, WatchedImageKind
+from apps.nodes.choices import (
+    CordonSource,
+    ExecMode,
+    ImageAction,
+    ImageRequestStatus,
+    LostBasis,
+    NodeStatus,
+    WatchedImageKind,
+)
 from apps.nodes.gpu_state import gpu_state
 
 
@@ -89,6 +97,20 @@ class Node(models.Model):
     region = models.CharField(max_length=64, blank=True, default="")
     zone = models.CharField(max_length=64, blank=True, default="")
     rack = models.CharField(max_length=64, blank=True, default="")
+    # CPU power, estimated (never measured): the agent's CPU model and sockets; the
+    # operator's TDP for the node, else the model table's (apps.nodes.energy)
+    cpu_model = models.CharField(max_length=200, blank=True, default="", db_default="")
+    cpu_sockets = models.PositiveSmallIntegerField(null=True, blank=True)
+    cpu_tdp_w = models.FloatField(null=True, blank=True, help_text="Operator's CPU TDP for this node (all sockets).")
+    cpu_tdp_w_model = models.FloatField(null=True, blank=True, help_text="From the CPU model table (all sockets).")
+    # energy accumulators: long-lived, not bounded by the metrics retention
+    cpu_energy_wh_estimate = models.FloatField(default=0.0, db_default=0.0)
+    cpu_power_w_estimate = models.FloatField(null=True, blank=True)
+    cpu_power_at = models.DateTimeField(null=True, blank=True)
+    # carbon: the node's own factor overrides its region's (EmissionFactor)
+    emission_factor_g_per_kwh = models.FloatField(null=True, blank=True)
+    # the hash of the beat's gpu_health: a beat whose hash differs takes the health step
+    health_hash = models.CharField(max_length=32, blank=True, default="", db_default="")
     # bookkeeping
     structure_hash = models.CharField(max_length=32, blank=True, default="")
     version = models.PositiveIntegerField(default=1, help_text="Optimistic concurrency for operator changes.")
@@ -147,6 +169,22 @@ class Gpu(models.Model):
     present_streak = models.PositiveSmallIntegerField(default=0)
     lost_at = models.DateTimeField(null=True, blank=True)
     lost_basis = models.CharField(max_length=24, choices=LostBasis.choices, blank=True, default="")
+    # health (apps.nodes.health): the latest reading; a cordoned card takes no new placement
+    health = models.JSONField(default=dict, blank=True, db_default={})
+    health_at = models.DateTimeField(null=True, blank=True)
+    cordoned_at = models.DateTimeField(null=True, blank=True)
+    cordon_source = models.CharField(max_length=10, choices=CordonSource.choices, blank=True, default="", db_default="")
+    cordon_reason = models.CharField(max_length=300, blank=True, default="", db_default="")
+    cordon_evidence = models.JSONField(default=dict, blank=True, db_default={})
+    last_bad_at = models.DateTimeField(null=True, blank=True, help_text="The latest bad health evidence.")
+    # measured memory the ledger does not explain (apps.nodes.drift)
+    memory_drift_since = models.DateTimeField(null=True, blank=True)
+    memory_drift_mb = models.BigIntegerField(null=True, blank=True)
+    # energy accumulator (Wh), integrated from measured power by the heartbeat
+    energy_wh = models.FloatField(default=0.0, db_default=0.0)
+    energy_since = models.DateTimeField(null=True, blank=True)
+    power_at = models.DateTimeField(null=True, blank=True, help_text="When power was last measured.")
+    energy_gap_seconds = models.FloatField(default=0.0, db_default=0.0)
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = GpuQuerySet.as_manager()
@@ -166,7 +204,7 @@ class Gpu(models.Model):
         held = getattr(self, "held", None)
         if held is None and self.lost_at is None:
             held = Gpu.objects.with_state().values_list("held", flat=True).get(pk=self.pk)
-        return gpu_state(lost=self.lost_at is not None, held=bool(held))
+        return gpu_state(lost=self.lost_at is not None, held=bool(held), cordoned=self.cordoned_at is not None)
 
 
 class NodeMetric(models.Model):
@@ -241,3 +279,85 @@ class WatchedImage(models.Model):
 
     def __str__(self):
         return f"{self.vendor or '*'}: {self.reference}"
+
+
+class GpuHealthSample(models.Model):
+    """A card's health reading, kept when it differs from the one before (the beat's
+    gpu_health hash), long-lived: the history failure prediction reads. Keyed by node
+    and index (not a foreign key) so the history outlives a deleted node. Null: the
+    vendor's tool does not report it (never 0)."""
+
+    id = models.BigAutoField(primary_key=True)
+    node_id = models.CharField(max_length=128)
+    gpu_index = models.PositiveIntegerField()
+    gpu_uuid = models.CharField(max_length=128, blank=True, default="")
+    vendor = models.CharField(max_length=20, blank=True, default="")
+    model = models.CharField(max_length=200, blank=True, default="")
+    at = models.DateTimeField()
+    ecc_corrected_volatile = models.BigIntegerField(null=True)
+    ecc_uncorrected_volatile = models.BigIntegerField(null=True)
+    ecc_corrected_aggregate = models.BigIntegerField(null=True)
+    ecc_uncorrected_aggregate = models.BigIntegerField(null=True)
+    retired_pages_single_bit = models.BigIntegerField(null=True)
+    retired_pages_double_bit = models.BigIntegerField(null=True)
+    retired_pages_pending = models.BooleanField(null=True)
+    remapped_rows_correctable = models.BigIntegerField(null=True)
+    remapped_rows_uncorrectable = models.BigIntegerField(null=True)
+    remapped_rows_pending = models.BooleanField(null=True)
+    remapped_rows_failure = models.BooleanField(null=True)
+    xid_events = models.JSONField(default=list, blank=True)  # the events new in this sample
+    throttle_reasons = models.JSONField(null=True, blank=True)
+    available = models.JSONField(default=list, blank=True)  # what the agent could read
+    unhealthy = models.BooleanField(default=False)
+    reasons = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        db_table = "gpu_health_samples"
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["node_id", "gpu_index", "at"], name="gpu_health_card_at"),
+            models.Index(fields=["model", "at"], name="gpu_health_model_at"),
+        ]
+
+    def __str__(self):
+        return f"{self.node_id}/{self.gpu_index} at {self.at:%Y-%m-%d %H:%M}"
+
+
+class EmissionFactor(models.Model):
+    """Grid carbon intensity per region (g CO2e per kWh); a node's own factor overrides
+    it. No factor: no absolute carbon figure anywhere."""
+
+    region = models.CharField(max_length=64, unique=True)
+    g_co2e_per_kwh = models.FloatField()
+    source = models.CharField(max_length=200, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "emission_factors"
+        ordering = ["region"]
+
+    def __str__(self):
+        return f"{self.region}: {self.g_co2e_per_kwh:g} g/kWh"
+
+
+class EnergyDaily(models.Model):
+    """Energy per node, card and UTC day, rolled up from the accumulators (gpu_index -1:
+    the node's CPU estimate); long-lived, for trends beyond the metrics window.
+    `meter_wh` is the accumulator's value at the latest rollup, from which the next
+    rollup's delta is taken."""
+
+    CPU_ESTIMATE = -1
+
+    node_id = models.CharField(max_length=128)
+    gpu_index = models.IntegerField()
+    day = models.DateField()
+    wh = models.FloatField(default=0.0)
+    meter_wh = models.FloatField(default=0.0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "energy_daily"
+        ordering = ["node_id", "gpu_index", "day"]
+        constraints = [
+            models.UniqueConstraint(fields=["node_id", "gpu_index", "day"], name="energy_daily_unique"),
+        ]

@@ -12,6 +12,9 @@ class GpuAllocation(models.Model):
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
     memory_mb = models.PositiveBigIntegerField(null=True, blank=True, help_text="null: the whole card")
     created_at = models.DateTimeField(auto_now_add=True)
+    # the card's energy accumulator (gpus.energy_wh) when the task took it: the task's
+    # energy is the accumulator's growth while it holds the card (apps.nodes.energy)
+    energy_wh_at_bind = models.FloatField(null=True, blank=True)
 
     class Meta:
         db_table = "gpu_allocations"

@@ -174,6 +174,12 @@ class Task(models.Model):
         null=True, blank=True, help_text="start of the run not yet counted in gpu_seconds"
     )
     gpu_seconds = models.FloatField(default=0.0)
+    # energy of the cards it held, from their accumulators' growth while held (null: no
+    # power measured on them); carbon where its node had an emission factor, and the
+    # energy used where none was configured (apps.nodes.energy)
+    energy_wh = models.FloatField(null=True, blank=True)
+    carbon_g = models.FloatField(null=True, blank=True)
+    energy_wh_unfactored = models.FloatField(default=0.0, db_default=0.0)
     # running here but absent from its node's live_task_ids since (the stalled-task check)
     missing_since = models.DateTimeField(null=True, blank=True)
     # a member of an array (POST /api/v1/tasks/batch): its index 0…size-1, handed to the
@@ -244,6 +250,9 @@ class UsageRecord(models.Model):
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="usage_records")
     gpus = models.PositiveIntegerField()
     gpu_seconds = models.FloatField()
+    energy_wh = models.FloatField(null=True, blank=True)
+    carbon_g = models.FloatField(null=True, blank=True)
+    energy_wh_unfactored = models.FloatField(default=0.0, db_default=0.0)
     ended_status = models.CharField(max_length=20)
     settled_at = models.DateTimeField()
 
