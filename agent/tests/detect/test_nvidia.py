@@ -220,13 +220,15 @@ def test_in_a_container_only_software_accounting_and_no_mig_query(host):
 
 
 def test_one_or_two_runs_per_beat(host):
-    """The first beat also reads the topology; after that, the query and -q only, plus
-    the MIG instance listing on a node with cards in MIG mode (here it fails at its
-    first call, `mig -lgi`, and is not pursued)."""
+    """The first beat also reads the topology and the cards' health (-q -d ECC,... and
+    the bus ids; every 30 s, not per beat); after that, the query and -q only, plus the
+    MIG instance listing on a node with cards in MIG mode (here it fails at its first
+    call, `mig -lgi`, and is not pursued)."""
     eight_cards(host)
-    detector = host.detector()
+    detector = host.detector(clock=lambda: 0.0)
     detector.detect()
-    assert [c[0] for c in host.calls("nvidia-smi")] == [f"{QUERY}{','.join(QUERY_FIELDS)}", "-q", "mig", "topo"]
+    calls = [c[0] for c in host.calls("nvidia-smi")]
+    assert calls == [f"{QUERY}{','.join(QUERY_FIELDS)}", "-q", "mig", "topo", "-q", f"{QUERY}index,uuid,pci.bus_id"]
     before = len(host.calls("nvidia-smi"))
     for _ in range(3):
         detector.detect()
