@@ -393,3 +393,30 @@ def test_the_health_matrix_lists_only_known_fields_and_only_the_documented_vendo
         assert row.health <= set(hl.FIELDS), vendor
     assert {vendor for vendor, row in MATRIX.items() if row.health} == {"nvidia", "amd", "ascend"}
     assert MATRIX["nvidia"].health == set(hl.FIELDS)
+
+
+# -- the stateful stand-in (agent/tests/fixtures/slicing/nvidia_smi.py) ----------------------
+
+
+def test_the_stateful_stand_in_raises_errors_on_a_running_detector(tmp_path, monkeypatch, validate):
+    from agent.tests.slicing_host import Cards
+
+    from heteroflow_agent.detect import Detector
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    cards = Cards(tmp_path)
+    cards.nvidia(count=2, mig=False)
+    clock = Clock()
+    detector = Detector(str(cards.root), timeout=5.0, nvml=False, is_container=False, clock=clock)
+    before = detector.detect().health
+    assert [(c["index"], c["ecc_uncorrected_volatile"], c["remapped_rows_failure"]) for c in before] == [
+        (0, 0, False),
+        (1, 0, False),
+    ]
+    cards.health(1, ecc_uncorrected_volatile=3, ecc_uncorrected_aggregate=3, throttle_reasons=["hw_slowdown"])
+    clock.now += 30
+    result = detector.detect()
+    sick = result.health[1]
+    assert (sick["ecc_uncorrected_volatile"], sick["ecc_uncorrected_aggregate"]) == (3, 3)
+    assert sick["throttle_reasons"] == ["hw_slowdown"] and result.health[0] == before[0]
+    validate(result.heartbeat_fields())
