@@ -88,10 +88,11 @@ def _total(*values: int | None) -> int | None:
 
 
 def finish(reading: dict, allowed: Iterable[str] | None = None) -> dict:
-    """Drop what was not read (None) or is not allowed, and write `available`."""
+    """Keep only the health fields that were read (not None) and are allowed, in the
+    schema's order, and write `available`; anything else a reader left is dropped."""
     allowed = set(FIELDS if allowed is None else allowed)
-    out = {k: v for k, v in reading.items() if k not in FIELDS or (v is not None and k in allowed)}
-    out["available"] = [name for name in FIELDS if name in out]
+    out = {name: reading[name] for name in FIELDS if reading.get(name) is not None and name in allowed}
+    out["available"] = list(out)
     return out
 
 

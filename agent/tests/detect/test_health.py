@@ -420,3 +420,12 @@ def test_the_stateful_stand_in_raises_errors_on_a_running_detector(tmp_path, mon
     assert (sick["ecc_uncorrected_volatile"], sick["ecc_uncorrected_aggregate"]) == (3, 3)
     assert sick["throttle_reasons"] == ["hw_slowdown"] and result.health[0] == before[0]
     validate(result.heartbeat_fields())
+
+
+def test_finish_keeps_only_allowed_fields_that_were_read():
+    reading = {"ecc_corrected_volatile": 1, "ecc_uncorrected_volatile": None, "_bus": (0, 1, 0), "xid_events": []}
+    assert hl.finish(reading, {"ecc_corrected_volatile"}) == {
+        "ecc_corrected_volatile": 1,
+        "available": ["ecc_corrected_volatile"],
+    }
+    assert hl.finish(reading)["available"] == ["ecc_corrected_volatile", "xid_events"]
