@@ -39,6 +39,7 @@ ENVIRONMENT = {
     "model_scan_dirs": ("HETEROFLOW_MODEL_SCAN_DIRS",),  # comma-separated
     "log_level": ("HETEROFLOW_AGENT_LOG_LEVEL",),
     "reconcile_interval": ("HETEROFLOW_RECONCILE_SECONDS",),
+    "health_interval": ("HETEROFLOW_HEALTH_SECONDS",),
     "report_attempts": ("HETEROFLOW_REPORT_ATTEMPTS",),
     "engine_python": ("HETEROFLOW_ENGINE_PYTHON",),
     # the image channel (channels/images.py)
@@ -78,6 +79,7 @@ class AgentConfig:
     tool_timeout: float = 10.0
     log_level: str = "info"
     reconcile_interval: int = 60
+    health_interval: int = 30  # seconds between card health reads (ECC, Xid...), cached between beats
     report_attempts: int = 6  # a task's final report: 1 s back-off doubling to 10 s between them
     # model format -> engines in the order the router tries them (replaces its default)
     engine_priorities: dict = field(default_factory=dict)
@@ -140,6 +142,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     read_timeout = _number(raw, "read_timeout", 15.0, float, 1, 300, problems)
     tool_timeout = _number(raw, "tool_timeout", 10.0, float, 1, 120, problems)
     reconcile_interval = _number(raw, "reconcile_interval", 60, int, 5, 3600, problems)
+    health_interval = _number(raw, "health_interval", 30, int, 5, 3600, problems)
     report_attempts = _number(raw, "report_attempts", 6, int, 1, 20, problems)
     allow_process = _boolean(raw, "allow_process_runtime", False, problems)
     image_progress = _number(raw, "image_progress_seconds", 60.0, float, 0, 600, problems)
@@ -221,6 +224,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         tool_timeout=tool_timeout,
         log_level=log_level,
         reconcile_interval=reconcile_interval,
+        health_interval=health_interval,
         report_attempts=report_attempts,
         engine_priorities={fmt.lower(): [e.lower() for e in engines] for fmt, engines in priorities.items()},
         engine_images={v.lower(): {e.lower(): r for e, r in engines.items()} for v, engines in images.items()},

@@ -62,7 +62,7 @@ class Heartbeat:
         # when tasks run in containers, whose engines are the local images
         self.process_engines = process_engines
         self.version = version or current()
-        self.facts = collect.host_facts()
+        self.facts = {**collect.host_facts(), **inventory.cpu_facts()}
         self.load = collect.LoadSampler()
         self.beats = 0
         self.engines: tuple[list[str], dict[str, str]] = ([], {})
@@ -124,6 +124,9 @@ class Heartbeat:
         used = [gpu["memory_used_mb"] for gpu in gpus.gpus if "memory_used_mb" in gpu]
         if used:
             body["gpu_memory_used_mb"] = sum(used)
+        health = getattr(gpus, "health", None)
+        if health:  # read every 30 s by the detector; absent: this vendor reports none
+            body["gpu_health"] = health
         if report.live_task_ids is not None:
             body["live_task_ids"] = report.live_task_ids
             body["task_health"] = report.task_health

@@ -1,6 +1,8 @@
 """What the node offers for inference: engine images present locally, and model files
 on disk. Both are probed at start and then every few beats (engines every 20, models
 every 12), since operators usually install the agent first and pull images later.
+Also the node's CPU facts (model and sockets, for the server's CPU power estimate),
+read once at start.
 """
 
 from __future__ import annotations
@@ -31,6 +33,37 @@ def engine_images(vendor: str | None = None, table: dict | None = None) -> dict[
 
 
 ENGINE_IMAGES: dict[str, tuple[str, ...]] = engine_images()
+CPUINFO = "/proc/cpuinfo"
+CPU_MODEL_MAX = 200  # the heartbeat schema's and nodes.cpu_model's bound
+
+
+def cpu_facts(path: str | None = None) -> dict:
+    """{"cpu_model": /proc/cpuinfo's "model name", "cpu_sockets": how many distinct
+    "physical id"s}; a fact the file does not give is absent (ARM's cpuinfo has no model
+    name; a VM's often no physical id), never guessed."""
+    try:
+        text = Path(path or CPUINFO).read_text(errors="replace")
+    except OSError:
+        return {}
+    model = ""
+    sockets = set()
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip().lower(), " ".join(value.split())
+        if key == "model name" and value and not model:
+            model = value
+        elif key == "physical id" and value.isdigit():
+            sockets.add(int(value))
+    facts: dict = {}
+    if model:
+        facts["cpu_model"] = model[:CPU_MODEL_MAX]
+    if sockets:
+        facts["cpu_sockets"] = min(len(sockets), 1024)
+    return facts
+
+
 MAX_MODELS = 512
 MODEL_SUFFIXES = {".safetensors": "safetensors", ".gguf": "gguf", ".bin": "pytorch", ".pt": "pytorch", ".onnx": "onnx"}
 

@@ -63,7 +63,7 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
         read_timeout=cfg.read_timeout,
         user_agent=f"heteroflow-agent/{version.version}",
     )
-    detector = Detector(timeout=cfg.tool_timeout)
+    detector = Detector(timeout=cfg.tool_timeout, health_every=cfg.health_interval)
     engine = ContainerEngine()
     runtime = choose_runtime(cfg, engine)
     executor = None

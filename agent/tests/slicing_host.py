@@ -65,6 +65,14 @@ class Cards:
         ]
         self.update(gpus=gpus)
 
+    def health(self, index: int = 0, **counters) -> None:
+        """Set card `index`'s health as `nvidia-smi -q -d ECC,...` will print it, by the
+        agent's field names (ecc_uncorrected_volatile=2, remapped_rows_failure=True,
+        throttle_reasons=["hw_slowdown"]); unset counters print 0, flags No."""
+        state = self.read()
+        state["gpus"][index].setdefault("health", {}).update(counters)
+        self.write(state)
+
     def mps(self, alive: bool = True, servers=()) -> None:
         self.install("nvidia-cuda-mps-control", "mps_control.py")
         self.update(mps={"alive": alive, "servers": list(servers)})

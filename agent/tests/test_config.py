@@ -153,3 +153,11 @@ def test_the_engine_interpreter_is_the_agents_own_unless_an_executable_python_is
     for bad in ("python3", str(tmp_path / "no-such-python"), str(base)):  # relative, missing, not executable
         with pytest.raises(ConfigError, match="engine_python .* must be the absolute path of an executable Python"):
             load(base, {"HETEROFLOW_ENGINE_PYTHON": bad})
+
+
+def test_the_health_interval_is_read_and_bounded(tmp_path):
+    env = {"HETEROFLOW_SERVER_URL": "http://cp:3333", "HETEROFLOW_AGENT_KEY": "k", "HETEROFLOW_NODE_ID": "n1"}
+    assert load("-", env).health_interval == 30
+    assert load("-", {**env, "HETEROFLOW_HEALTH_SECONDS": "120"}).health_interval == 120
+    with pytest.raises(ConfigError, match="health_interval"):
+        load("-", {**env, "HETEROFLOW_HEALTH_SECONDS": "1"})

@@ -19,6 +19,7 @@ class Detection:
     capabilities: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)
     is_container: bool = False
+    health: list | None = None
 
 
 class Engine:
@@ -87,6 +88,44 @@ def test_the_payload_says_what_was_read_and_leaves_out_what_was_not(tmp_path):
     assert "live_task_ids" not in body  # no executor: unknown, not "no tasks"
     quiet = make("http://unused", tmp_path).payload()
     assert "gpu_temperature" not in quiet and "gpu_memory_used_mb" not in quiet
+
+
+HEALTH = [
+    {
+        "index": 1,
+        "ecc_uncorrected_volatile": 2,
+        "xid_events": [{"code": 79, "at": "2026-12-01T10:00:00Z", "text": "GPU has fallen off the bus"}],
+        "available": ["ecc_uncorrected_volatile", "xid_events"],
+    }
+]
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+physical id\t: 0
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+physical id\t: 1
+"""
+
+
+def test_card_health_and_the_cpu_facts_travel_in_the_beat(tmp_path, monkeypatch):
+    from heteroflow_agent import inventory
+
+    (tmp_path / "cpuinfo").write_text(CPUINFO)
+    monkeypatch.setattr(inventory, "CPUINFO", str(tmp_path / "cpuinfo"))
+    body = make("http://unused", tmp_path, detection=Detection(gpus=CARDS, health=HEALTH)).payload()
+    assert body["gpu_health"] == HEALTH
+    assert (body["cpu_model"], body["cpu_sockets"]) == ("Intel(R) Xeon(R) Platinum 8480+", 2)
+
+
+def test_no_health_and_no_cpu_facts_are_absent_not_empty(tmp_path, monkeypatch):
+    from heteroflow_agent import inventory
+
+    monkeypatch.setattr(inventory, "CPUINFO", str(tmp_path / "missing"))
+    for detection in (Detection(gpus=CARDS), Detection(gpus=CARDS, health=[])):
+        body = make("http://unused", tmp_path, detection=detection).payload()
+        assert "gpu_health" not in body and "cpu_model" not in body and "cpu_sockets" not in body
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,6 @@
-from heteroflow_agent.inventory import engines_from_tags, scan_models
+import pytest
+
+from heteroflow_agent.inventory import cpu_facts, engines_from_tags, scan_models
 
 
 def test_engines_need_the_exact_image_name():
@@ -45,3 +47,41 @@ def test_the_scan_is_bounded(tmp_path):
     for i in range(20):
         (tmp_path / f"m{i}.gguf").write_bytes(b"")
     assert len(scan_models([str(tmp_path)], limit=5)) == 5
+
+
+@pytest.mark.parametrize(
+    "cpuinfo,facts",
+    [
+        # two sockets, hyper-threads repeat the physical ids
+        (
+            "".join(
+                f"processor\t: {i}\nmodel name\t: AMD EPYC 9654 96-Core Processor\nphysical id\t: {i % 2}\n\n"
+                for i in range(8)
+            ),
+            {"cpu_model": "AMD EPYC 9654 96-Core Processor", "cpu_sockets": 2},
+        ),
+        # a VM: no physical id, so the sockets are unknown (absent), not 1
+        (
+            "processor\t: 0\nmodel name\t: QEMU Virtual CPU version 2.5+\n",
+            {"cpu_model": "QEMU Virtual CPU version 2.5+"},
+        ),
+        # ARM: no model name at all
+        ("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c\n", {}),
+        ("garbage without colons\n\x00\x01", {}),
+        ("", {}),
+        ("model name\t:    Intel(R)   Xeon(R)  " + "x" * 300 + "\nphysical id\t: n/a\n", None),
+    ],
+)
+def test_cpu_facts_from_cpuinfo(tmp_path, cpuinfo, facts):
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    found = cpu_facts(str(path))
+    if facts is None:  # squeezed and cut to the schema's 200 characters; a bad physical id is ignored
+        assert found["cpu_model"].startswith("Intel(R) Xeon(R) x") and len(found["cpu_model"]) == 200
+        assert "cpu_sockets" not in found
+    else:
+        assert found == facts
+
+
+def test_cpu_facts_of_an_unreadable_file_are_none(tmp_path):
+    assert cpu_facts(str(tmp_path / "missing")) == {}

@@ -1,6 +1,7 @@
 """The agent and the server agree on the heartbeat: what the real agent builds (its
-real GPU detection over a stand-in nvidia-smi reporting eight A100s) goes through the
-server's real heartbeat route and lands as the node the agent described."""
+real GPU detection over a stand-in nvidia-smi reporting eight A100s, their health from
+`nvidia-smi -q -d ECC,...` and an Xid line in the kernel log) goes through the server's
+real heartbeat route and lands as the node the agent described."""
 
 import json
 import threading
@@ -9,19 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from apps.nodes.models import Node
+from apps.nodes import health
+from apps.nodes.models import GpuHealthSample, Node
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.collect import ContainerEngine
 from heteroflow_agent.config import AgentConfig
 from heteroflow_agent.detect import Detector
+from heteroflow_agent.detect import health as agent_health
 from heteroflow_agent.heartbeat import CACHED_MODELS_LABEL, Heartbeat, TaskReport
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the heartbeat route writes on its own connection
 FIXTURES = Path(__file__).resolve().parents[2] / "agent" / "tests" / "fixtures" / "nvidia"
 STAND_IN = """#!/bin/sh
 case "$*" in
+  *pci.bus_id*) cat "{fixtures}/query_bus_ids_8x_a100.csv" ;;
   *--query-gpu*) cat "{fixtures}/query_8x_a100.csv" ;;
   *topo*) cat "{fixtures}/topo_8x_nvswitch.txt" ;;
+  *ECC*) cat "{fixtures}/q_health_8x_a100.txt" ;;
   *-q*) cat "{fixtures}/q_8x_a100.txt" ;;
   *) exit 64 ;;
 esac
@@ -35,6 +40,10 @@ def eight_a100s(tmp_path):
     tool = tools / "nvidia-smi"
     tool.write_text(STAND_IN.format(fixtures=FIXTURES))
     tool.chmod(0o755)
+    # the kernel log the agent reads Xid events from (under the scratch root, so the
+    # machine's own log, readable or not, cannot change the result)
+    (tmp_path / "root" / "dev").mkdir()
+    (tmp_path / "root" / "dev" / "kmsg").write_text((FIXTURES / "kmsg_xid_8x_a100.txt").read_text())
     return str(tmp_path / "root")
 
 
@@ -72,8 +81,18 @@ def test_what_the_agent_sends_is_what_the_server_records(agents, eight_a100s, tm
     assert [g.index for g in gpus] == list(range(8))
     assert all(g.model.startswith("NVIDIA A100") and g.memory_total_mb for g in gpus)
     assert node.agent_version == "dev" and node.hostname == body["hostname"]
-    # a second, steady beat is accepted too
+    # the cards' health: stored per card as read, absent fields absent (A100 retires no pages)
+    assert [g.health["index"] for g in gpus] == list(range(8))
+    assert gpus[2].health["ecc_uncorrected_aggregate"] == 1 and gpus[2].health["remapped_rows_uncorrectable"] == 1
+    assert gpus[0].health["ecc_corrected_aggregate"] == 12 and "retired_pages_single_bit" not in gpus[0].health
+    assert [e["code"] for e in gpus[5].health["xid_events"]] == [79] and gpus[4].health["xid_events"] == []
+    assert node.health_hash == health.readings_hash(body["gpu_health"])
+    assert body.get("cpu_sockets", 1) >= 1  # the CPU facts pass the schema (stored by the server's own step)
+    # a second, steady beat is accepted too, and takes no health step (same hash)
+    samples = GpuHealthSample.objects.filter(node_id="gpu-07").count()
+    assert samples == 8
     assert agents.send("gpu-07", beat.payload()).status_code == 200
+    assert GpuHealthSample.objects.filter(node_id="gpu-07").count() == samples
 
 
 def test_served_models_and_the_cache_label_are_accepted_and_recorded(agents, eight_a100s, tmp_path):
@@ -125,3 +144,7 @@ def test_served_models_and_the_cache_label_are_accepted_and_recorded(agents, eig
         {"name": "qwen-tiny", "path": "/data/models/qwen-tiny", "served": True, "task_id": 41, "port": port}
     ]
     assert any(m["name"] == "llama-tiny" and m["format"] == "gguf" for m in node.discovered_models)
+
+
+def test_the_agent_names_the_health_fields_as_the_server_stores_them():
+    assert agent_health.COUNTERS == health.COUNTERS and agent_health.FLAGS == health.FLAGS

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from . import health as hl
 from .base import Runner, VendorTool, reading_from
 from .model import Card, Reading
 from .parsing import extract_json, number, to_mib
@@ -102,3 +103,15 @@ class AmdTool(VendorTool):
             if static.ok:
                 self._names = parse_amd_smi_static(static.stdout)
         return reading_from(run([path, *AMD_SMI_METRIC]), lambda text: parse_amd_smi_metric(text, self._names))
+
+    def health(self, path: str, run: Runner, keys: list[str], root: str = "/") -> dict[str, dict] | None:
+        """amd-smi's ECC totals. rocm-smi has no documented machine-readable RAS report
+        (`--showrasinfo --json` prints "No JSON data to report", ROCm issue #4374), so a
+        node on rocm-smi alone reports no health."""
+        if os.path.basename(path) != "amd-smi":
+            return None
+        result = run([path, *hl.AMD_SMI_ECC])
+        cards = hl.parse_amd_ecc(result.stdout) if not (result.timed_out or result.error) else {}
+        if not cards and not result.ok:
+            raise hl.HealthError(result.describe())
+        return {str(index): reading for index, reading in cards.items()}

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-from .base import VendorTool
+from . import health as hl
+from .base import Runner, VendorTool
 from .model import Card
 from .parsing import BUS_ID, number, pipe_cells, to_mib
 
@@ -71,3 +72,23 @@ class AscendTool(VendorTool):
 
     def parse(self, text: str) -> list[Card]:
         return parse_npu_smi(text)
+
+    def health(self, path: str, run: Runner, keys: list[str], root: str = "/") -> dict[str, dict] | None:
+        """`npu-smi info -t ecc -i NPU -c CHIP` per chip (the card key is "npu-chip")."""
+        out: dict[str, dict] = {}
+        failures = []
+        for key in keys:
+            npu, _, chip = key.partition("-")
+            if not (npu.isdigit() and chip.isdigit()):
+                continue
+            result = run([path, "info", "-t", "ecc", "-i", npu, "-c", chip])
+            if result.timed_out:  # a hung tool is not asked about the next chip
+                raise hl.HealthError(result.describe())
+            reading = hl.parse_npu_ecc(result.stdout) if result.ok else None
+            if reading is None:
+                failures.append(result.describe())
+                continue
+            out[key] = reading
+        if not out and failures:
+            raise hl.HealthError(failures[0])
+        return out

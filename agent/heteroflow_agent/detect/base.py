@@ -44,6 +44,12 @@ class VendorTool:
         """The gpu-topology label value, or None when the vendor has none."""
         return None
 
+    def health(self, path: str, run: Runner, keys: list[str], root: str = "/") -> dict[str, dict] | None:
+        """Each card's health reading by card key (`keys`: the cards the detector knows),
+        or None when this vendor's tool documents no health fields. Raises
+        health.HealthError when the tool failed as a whole. Read every 30 s, not per beat."""
+        return None
+
 
 def reading_from(result: ToolResult, parse: Callable[[str], list[Card]]) -> Reading:
     """Judge one run: cards if any could be parsed, else why not.

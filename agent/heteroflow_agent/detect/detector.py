@@ -18,9 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from . import health as hl
 from . import slicing
 from .base import VendorTool
 from .command import DEFAULT_TIMEOUT, ToolResult, run_tool
@@ -59,6 +61,8 @@ class Detector:
         nvml: bool | None = None,
         rescan_every: int = 12,
         detectors: Iterable[type] | None = None,
+        health_every: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.root = root or "/"
         self.timeout = float(timeout)
@@ -77,6 +81,11 @@ class Detector:
         self._topology_tried = 0  # the call number of the last attempt
         self._calls = 0
         self._last_error = ""
+        self._health_every = float(health_every)
+        self._clock = clock
+        self._health: list[dict] | None = None  # the last good reading, sent until the next
+        self._health_at: float | None = None
+        self._health_error = ""
         self._lock = threading.Lock()
 
     # -- the public side -------------------------------------------------------
@@ -199,7 +208,43 @@ class Detector:
             self._topology_tried = self._calls
             self._topology = tool.topology(self._path, self.run)
         result.labels = self._labels()
+        result.health = self._card_health(row)
         return result
+
+    def _card_health(self, row: VendorCapability) -> list[dict] | None:
+        """The cards' health, read every `health_every` seconds and cached between. A read
+        that fails keeps the last good reading (a failing health read never costs the
+        beat); a vendor whose tool documents no health fields sends none."""
+        if not row.health:
+            return None
+        now = self._clock()
+        if self._health_at is not None and now - self._health_at < self._health_every:
+            return self._health
+        self._health_at = now
+        try:
+            by_key = self._tool.health(self._path, self.run, list(self._known), self.root)
+        except Exception as exc:  # HealthError, or a parser bug: log it, keep the last reading
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self._health_error:
+                log.warning("gpu health read failed (the last reading is kept): %s", error)
+            self._health_error = error
+            return self._health
+        if self._health_error:
+            log.info("gpu health read recovered")
+        self._health_error = ""
+        if by_key is None:
+            self._health = None
+            return None
+        readings = []
+        for key, reading in by_key.items():
+            known = self._known.get(key)
+            if known is None:
+                continue
+            card = hl.finish(reading, row.health)
+            if card["available"]:
+                readings.append({"index": known.index, **card})
+        self._health = sorted(readings, key=lambda r: r["index"])
+        return self._health
 
     def _failed(self, result: Detection, error: str) -> Detection:
         """The collection failed as a whole: an error and no cards, never "no cards"."""

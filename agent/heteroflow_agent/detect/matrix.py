@@ -20,7 +20,9 @@ Attribution (the spec's lost-GPU matrix):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .health import COUNTERS, ECC_MODE, FLAGS, THROTTLE_REASONS, XID_EVENTS
 
 FULL = "full"
 PARTIAL = "partial"
@@ -36,11 +38,28 @@ class VendorCapability:
     metrics: frozenset[str]
     attribution: str
     compute_capability: bool = False
+    # the card health fields its tool documents (gpu_health); empty: none, never zeros
+    health: frozenset[str] = field(default_factory=frozenset)
 
 
 def _m(*names: str) -> frozenset[str]:
     return frozenset(names)
 
+
+NVIDIA_HEALTH = frozenset({ECC_MODE, *COUNTERS, *FLAGS, XID_EVENTS, THROTTLE_REASONS})
+# amd-smi metric --ecc: the totals since the driver loaded
+AMD_HEALTH = frozenset({"ecc_corrected_volatile", "ecc_uncorrected_volatile"})
+# npu-smi info -t ecc: single/double bit counts, their aggregate totals, isolated pages
+ASCEND_HEALTH = frozenset(
+    {
+        "ecc_corrected_volatile",
+        "ecc_uncorrected_volatile",
+        "ecc_corrected_aggregate",
+        "ecc_uncorrected_aggregate",
+        "retired_pages_single_bit",
+        "retired_pages_double_bit",
+    }
+)
 
 MATRIX = {
     # Metrics follow the spec's detector table; power is parsed where the tool prints it
@@ -51,12 +70,14 @@ MATRIX = {
     "hygon": VendorCapability("hy-smi", _m(UTIL, MEM, TEMP, POWER), NONE),
     "cambricon": VendorCapability("cnmon", _m(UTIL, MEM, TEMP, POWER), PARTIAL),
     "biren": VendorCapability("brsmi / birensmi", _m(UTIL, MEM), NONE),
-    "ascend": VendorCapability("npu-smi", _m(UTIL, MEM, TEMP), PARTIAL),
+    "ascend": VendorCapability("npu-smi", _m(UTIL, MEM, TEMP), PARTIAL, health=ASCEND_HEALTH),
     "kunlun": VendorCapability("xpu_smi / xpu-smi", _m(UTIL, MEM, TEMP, POWER), PARTIAL),
     "iluvatar": VendorCapability("ixsmi", _m(UTIL, MEM, TEMP, POWER), NONE),
-    "nvidia": VendorCapability("NVML / nvidia-smi", _m(UTIL, MEM, TEMP, POWER), FULL, compute_capability=True),
+    "nvidia": VendorCapability(
+        "NVML / nvidia-smi", _m(UTIL, MEM, TEMP, POWER), FULL, compute_capability=True, health=NVIDIA_HEALTH
+    ),
     "metax": VendorCapability("mx-smi", _m(UTIL, MEM, TEMP, POWER), NONE),
     "enflame": VendorCapability("efsmi", _m(UTIL, MEM, TEMP, POWER), NONE),
-    "amd": VendorCapability("amd-smi / rocm-smi", _m(UTIL, MEM, TEMP, POWER), PARTIAL),
+    "amd": VendorCapability("amd-smi / rocm-smi", _m(UTIL, MEM, TEMP, POWER), PARTIAL, health=AMD_HEALTH),
     "virtual": VendorCapability("built in", _m(), NONE),
 }

@@ -68,6 +68,9 @@ class Detection:
     is_container: bool = False
     tool: str = ""  # what produced the reading: a tool path, "nvml", or "" (virtual)
     failure_attribution: str = "none"  # from the capability matrix: full / partial / none
+    # gpu_health: one reading per card whose health could be read (read every 30 s and
+    # cached between); None: this vendor reports no health, or none was read yet
+    health: list[dict] | None = None
 
     @property
     def collection_failed(self) -> bool:
@@ -84,4 +87,6 @@ class Detection:
         }
         if self.collector_error:
             fields["gpu_collector_error"] = self.collector_error
+        if self.health:
+            fields["gpu_health"] = [dict(h) for h in self.health]
         return fields

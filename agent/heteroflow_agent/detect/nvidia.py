@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Sequence
 
+from . import health as hl
 from .base import Runner, VendorTool, reading_from
 from .mig import ListingError, list_instances
 from .model import Card, Reading
@@ -255,12 +256,72 @@ class _Nvml:
             reading.no_devices = count == 0
         return reading
 
+    def health(self) -> dict[str, dict]:
+        """The same fields as `nvidia-smi -q -d ECC,...`, by UUID, plus each card's bus
+        (under "_bus", for its Xid events). A call the card does not support is absent."""
+        m = self.m
+        out: dict[str, dict] = {}
+        for index in range(m.nvmlDeviceGetCount()):
+            try:
+                handle = m.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(m.nvmlDeviceGetUUID(handle))
+            except Exception:
+                continue
+
+            def get(call, handle=handle):
+                try:
+                    return call(handle)
+                except Exception:
+                    return None
+
+            reading: dict = {}
+            mode = get(m.nvmlDeviceGetEccMode)
+            if mode:
+                reading[hl.ECC_MODE] = "enabled" if mode[0] == m.NVML_FEATURE_ENABLED else "disabled"
+            for name, kind, counter in (
+                ("ecc_corrected_volatile", m.NVML_MEMORY_ERROR_TYPE_CORRECTED, m.NVML_VOLATILE_ECC),
+                ("ecc_uncorrected_volatile", m.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, m.NVML_VOLATILE_ECC),
+                ("ecc_corrected_aggregate", m.NVML_MEMORY_ERROR_TYPE_CORRECTED, m.NVML_AGGREGATE_ECC),
+                ("ecc_uncorrected_aggregate", m.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, m.NVML_AGGREGATE_ECC),
+            ):
+                reading[name] = hl.count(get(lambda h, k=kind, c=counter: m.nvmlDeviceGetTotalEccErrors(h, k, c)))
+            for name, cause in (
+                ("retired_pages_single_bit", m.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+                ("retired_pages_double_bit", m.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+            ):
+                pages = get(lambda h, c=cause: m.nvmlDeviceGetRetiredPages(h, c))
+                reading[name] = len(pages) if pages is not None else None
+            pending = get(m.nvmlDeviceGetRetiredPagesPendingStatus)
+            reading["retired_pages_pending"] = None if pending is None else pending == m.NVML_FEATURE_ENABLED
+            rows = get(m.nvmlDeviceGetRemappedRows)
+            if rows:
+                reading["remapped_rows_correctable"] = hl.count(rows[0])
+                reading["remapped_rows_uncorrectable"] = hl.count(rows[1])
+                reading["remapped_rows_pending"] = bool(rows[2])
+                reading["remapped_rows_failure"] = bool(rows[3])
+            reasons = get(m.nvmlDeviceGetCurrentClocksThrottleReasons)
+            if reasons is not None:
+                reading[hl.THROTTLE_REASONS] = [name for name, bit in _NVML_THROTTLES if int(reasons) & bit]
+            pci = get(m.nvmlDeviceGetPciInfo)
+            reading["_bus"] = hl.bus_key(_text(getattr(pci, "busId", b""))) if pci is not None else None
+            out[uuid] = reading
+        return out
+
     def probe(self, uuid: str) -> Card | str:
         try:
             handle = self.m.nvmlDeviceGetHandleByUUID(uuid)
             return self._card(handle, -1)
         except Exception as exc:
             return f"NVML: {exc}"
+
+
+# nvmlClocksThrottleReason* bits (nvml.h) of the reasons a reading carries
+_NVML_THROTTLES = (
+    ("hw_slowdown", 0x08),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("sw_thermal_slowdown", 0x20),
+)
 
 
 def mig_instances(path: str, run: Runner, reading: Reading) -> dict[str, list[dict]]:
@@ -289,6 +350,8 @@ class NvidiaTool(VendorTool):
         self._want_nvml = nvml
         self._nvml: _Nvml | None = None
         self._fields = QUERY_FIELDS
+        self._sections = hl.NVIDIA_SECTIONS
+        self._kernel: hl.KernelLog | None = None
 
     def locate(self, root: str) -> str | None:
         path = super().locate(root)
@@ -331,6 +394,44 @@ class NvidiaTool(VendorTool):
             if found.uuid == card:
                 return found
         return result.describe() if not result.ok else "nvidia-smi did not report this card"
+
+    def health(self, path: str, run: Runner, keys: list[str], root: str = "/") -> dict[str, dict]:
+        """Each card's reading by UUID, with its Xid events when the kernel log is
+        readable. Raises HealthError when the tool itself failed (the detector keeps the
+        last good reading)."""
+        if self._kernel is None:
+            self._kernel = hl.KernelLog(root, run)
+        readable = self._kernel.read()
+        if self._nvml is not None:
+            by_uuid = self._nvml.health()
+            buses = {uuid: reading.pop("_bus", None) for uuid, reading in by_uuid.items()}
+        elif path == NVML:
+            raise hl.HealthError("NVML is not loaded")
+        else:
+            by_uuid, buses = self._smi_health(path, run)
+        for uuid, reading in by_uuid.items():
+            if readable and buses.get(uuid) is not None:
+                reading[hl.XID_EVENTS] = self._kernel.for_card(buses[uuid])
+        return by_uuid
+
+    def _smi_health(self, path: str, run: Runner) -> tuple[dict[str, dict], dict]:
+        result = run([path, "-q", "-d", ",".join(self._sections)])
+        if not result.ok and "ROW_REMAPPER" in self._sections and not result.timed_out and not result.error:
+            # drivers before row remapping (R460) refuse the display type: ask without it
+            self._sections = tuple(s for s in self._sections if s != "ROW_REMAPPER")
+            result = run([path, "-q", "-d", ",".join(self._sections)])
+        by_bus = {} if result.timed_out or result.error else hl.parse_nvidia_health(result.stdout)
+        if not by_bus and not result.ok:
+            raise hl.HealthError(result.describe())
+        ids = run(query_argv(path, ("index", "uuid", "pci.bus_id")))
+        if ids.timed_out or ids.error:
+            raise hl.HealthError(ids.describe())
+        uuids = hl.parse_bus_ids(ids.stdout)
+        by_uuid, buses = {}, {}
+        for bus, uuid in uuids.items():
+            by_uuid[uuid] = dict(by_bus.get(bus, {}))
+            buses[uuid] = bus
+        return by_uuid, buses
 
     def topology(self, path: str, run: Runner) -> str | None:
         if path == NVML:

@@ -156,6 +156,8 @@ def _check(value, schema: dict, root: dict, where: str) -> None:
     if isinstance(value, str):
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             raise SchemaError(f"{where}: longer than {schema['maxLength']}")
+        if "minLength" in schema and len(value) < schema["minLength"]:
+            raise SchemaError(f"{where}: shorter than {schema['minLength']}")
         if "pattern" in schema and not re.search(schema["pattern"], value):
             raise SchemaError(f"{where}: {value!r} does not match {schema['pattern']}")
     if isinstance(value, list):

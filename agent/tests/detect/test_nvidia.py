@@ -220,13 +220,15 @@ def test_in_a_container_only_software_accounting_and_no_mig_query(host):
 
 
 def test_one_or_two_runs_per_beat(host):
-    """The first beat also reads the topology; after that, the query and -q only, plus
-    the MIG instance listing on a node with cards in MIG mode (here it fails at its
-    first call, `mig -lgi`, and is not pursued)."""
+    """The first beat also reads the topology and the cards' health (-q -d ECC,... and
+    the bus ids; every 30 s, not per beat); after that, the query and -q only, plus the
+    MIG instance listing on a node with cards in MIG mode (here it fails at its first
+    call, `mig -lgi`, and is not pursued)."""
     eight_cards(host)
-    detector = host.detector()
+    detector = host.detector(clock=lambda: 0.0)
     detector.detect()
-    assert [c[0] for c in host.calls("nvidia-smi")] == [f"{QUERY}{','.join(QUERY_FIELDS)}", "-q", "mig", "topo"]
+    calls = [c[0] for c in host.calls("nvidia-smi")]
+    assert calls == [f"{QUERY}{','.join(QUERY_FIELDS)}", "-q", "mig", "topo", "-q", f"{QUERY}index,uuid,pci.bus_id"]
     before = len(host.calls("nvidia-smi"))
     for _ in range(3):
         detector.detect()
@@ -442,3 +444,43 @@ def test_rows_without_any_readable_uuid_are_a_collector_error_not_zero_cards(hos
     result = host.detector().detect()
     assert result.gpus == [] and result.collect_failures == []
     assert result.collector_error == "no card could be identified in the output of nvidia-smi"
+
+
+def test_nvml_reads_the_same_health_fields(host, monkeypatch, validate):
+    """The thin NVML health reads (ECC mode and totals, retired pages, remapped rows,
+    throttle reasons, the PCI bus for Xid events); a call the card refuses is absent."""
+    m = _fake_pynvml(NVML_CARDS)
+    m.NVML_FEATURE_ENABLED = 1
+    m.NVML_MEMORY_ERROR_TYPE_CORRECTED, m.NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 0, 1
+    m.NVML_VOLATILE_ECC, m.NVML_AGGREGATE_ECC = 0, 1
+    m.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+    m.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+    counts = {(0, 0): 5, (1, 0): 2, (0, 1): 40, (1, 1): 2}
+
+    def refused(h, *args):
+        raise _NVMLError("Not Supported")
+
+    m.nvmlDeviceGetEccMode = lambda h: (1, 1)
+    m.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: counts[(kind, counter)] if h["uuid"] != "GPU-nvml-0" else 0
+    m.nvmlDeviceGetRetiredPages = refused  # Hopper retires no pages
+    m.nvmlDeviceGetRetiredPagesPendingStatus = refused
+    m.nvmlDeviceGetRemappedRows = lambda h: (1, 2, 1, 0) if h["uuid"] == "GPU-nvml-1" else (0, 0, 0, 0)
+    m.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: 0x04 | 0x08 | 0x40  # sw power cap, hw, hw thermal
+    m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(
+        busId=f"00000000:{0x18 + int(h['uuid'][-1]):02X}:00.0".encode()
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", m)
+    host.file("dev/kmsg", "4,1,9000000,-;NVRM: Xid (PCI:0000:19:00): 79, pid=1, name=x, GPU has fallen off the bus.\n")
+    result = host.detector(nvml=True).detect()
+    first, second, _third = result.health
+    assert first["ecc_uncorrected_volatile"] == 0 and first["xid_events"] == []
+    assert second["ecc_mode"] == "enabled"
+    assert (second["ecc_corrected_volatile"], second["ecc_uncorrected_volatile"]) == (5, 2)
+    assert (second["ecc_corrected_aggregate"], second["ecc_uncorrected_aggregate"]) == (40, 2)
+    assert (second["remapped_rows_correctable"], second["remapped_rows_uncorrectable"]) == (1, 2)
+    assert (second["remapped_rows_pending"], second["remapped_rows_failure"]) == (True, False)
+    assert second["throttle_reasons"] == ["hw_slowdown", "hw_thermal_slowdown"]
+    assert [e["code"] for e in second["xid_events"]] == [79]
+    assert "retired_pages_single_bit" not in second and "retired_pages_pending" not in second
+    assert host.calls() == []  # no tool ran
+    validate(result.heartbeat_fields())
