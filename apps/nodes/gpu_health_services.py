@@ -71,7 +71,7 @@ def cordon_card(node: Node, index: int, reason: str, principal) -> Gpu:
     return gpu
 
 
-def uncordon_card(node: Node, index: int, principal) -> Gpu:
+def uncordon_card(node: Node, index: int, principal, *, note: str = "") -> Gpu:
     """An operator puts the card back into placement, whoever cordoned it; its
     GPU_UNHEALTHY alert recovers. Refused (409) when the card is not cordoned. The card's
     health history (last_bad_at, the samples) stays: a new bad reading cordons it again."""
@@ -85,7 +85,10 @@ def uncordon_card(node: Node, index: int, principal) -> Gpu:
             setattr(gpu, field, value)
         gpu.save(update_fields=[*CLEARED, "updated_at"])
         recovered = _recover([alert_keys.gpu_unhealthy(node.pk, index)], now)
-        _audit(node, principal, "gpu.uncordon", index, was=was, alert_recovered=bool(recovered))
+        details = {"was": was, "alert_recovered": bool(recovered)}
+        if note:
+            details["note"] = note
+        _audit(node, principal, "gpu.uncordon", index, **details)
     return gpu
 
 
