@@ -5,6 +5,8 @@ retired-pages and Xid sections of `nvidia-smi -q` in NVIDIA's documentation."""
 
 from __future__ import annotations
 
+from apps.nodes.models import GpuHealthSample
+
 NVIDIA_AVAILABLE = [
     "ecc_mode",
     "ecc_corrected_volatile",
@@ -54,3 +56,11 @@ def partial_reading(index: int, fields: dict) -> dict:
 
 def xid(code: int, at: str, text: str = "") -> dict:
     return {"code": code, "at": at, "text": text}
+
+
+def make_health_sample(node_id: str, index: int, at, *, model: str = "H100", vendor: str = "nvidia", **fields):
+    """A row of a card's health history as the heartbeat's step writes it (past the step,
+    so a test can build any history): `fields` are the sample's columns."""
+    return GpuHealthSample.objects.create(
+        node_id=node_id, gpu_index=index, model=model, vendor=vendor, at=at, **{"available": [], **fields}
+    )

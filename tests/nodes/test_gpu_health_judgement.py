@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from apps.alerts import keys as alert_keys
-from apps.alerts.choices import AlertState, AlertType
+from apps.alerts.choices import AlertType
 from apps.alerts.models import Alert
 from apps.nodes.health import judge
 from apps.nodes.models import Gpu, GpuHealthSample, Node
