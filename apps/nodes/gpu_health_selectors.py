@@ -5,12 +5,28 @@ card, a tenant the cards of the nodes visible to it."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Q
-from django.db.models.expressions import RawSQL
+from django.db.models import (
+    BigIntegerField,
+    BooleanField,
+    Case,
+    Count,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Greatest
 from rest_framework.exceptions import NotFound
 
+from apps.core.clock import utcnow
 from apps.nodes.choices import GpuVendor
 from apps.nodes.health import COUNTERS, FLAGS
 from apps.nodes.models import Gpu, GpuHealthSample, Node
@@ -54,21 +70,26 @@ def health_summary_sql(gpu: str, timestamp) -> str:
     )
 
 
-UNCORRECTED_SQL = uncorrected_sql()
-CORRECTED_SQL = corrected_sql()
-# The corrected counts rose at the card's latest change (compared with the sample before
-# it), and that change is recent.
-RISING_SQL = f"""COALESCE(gpus.health_at >= now() - interval '{RISING_DAYS} days' AND (
-    SELECT {_counter("ecc_corrected_aggregate")} > p.ecc_corrected_aggregate
-           OR {_counter("ecc_corrected_volatile")} > p.ecc_corrected_volatile
-    FROM gpu_health_samples AS p
-    WHERE p.node_id = gpus.node_id AND p.gpu_index = gpus.index AND p.at < gpus.health_at
-    ORDER BY p.at DESC, p.id DESC LIMIT 1), false)"""
-PENDING_SQL = " OR ".join(_flag(name) for name in ("retired_pages_pending", "remapped_rows_pending"))
-RISK_SQL = f"""CASE WHEN gpus.cordoned_at IS NOT NULL THEN {RISK_CORDONED}
-    WHEN COALESCE({UNCORRECTED_SQL}, 0) > 0 OR {PENDING_SQL} OR {_flag("remapped_rows_failure")} OR {RISING_SQL}
-        THEN {RISK_EVIDENCE}
-    ELSE {RISK_NONE} END"""
+def _reading(name: str):
+    """A counter of the card's latest reading (gpus.health) as a number, NULL when not
+    read (the schema admits only whole numbers there)."""
+    return Cast(KeyTextTransform(name, "health"), BigIntegerField())
+
+
+def _greatest(*names: str):
+    """PostgreSQL's GREATEST skips NULLs: the larger of the counts read, NULL if none is."""
+    return Greatest(*(_reading(name) for name in names))
+
+
+def _previous(column: str):
+    """The column of the card's sample before its latest change."""
+    return Subquery(
+        GpuHealthSample.objects.filter(
+            node_id=OuterRef("node_id"), gpu_index=OuterRef("index"), at__lt=OuterRef("health_at")
+        )
+        .order_by("-at", "-id")
+        .values(column)[:1]
+    )
 
 
 def scoped_cards(principal):
@@ -76,12 +97,37 @@ def scoped_cards(principal):
     return Gpu.objects.filter(node__in=Node.objects.visible_to(principal))
 
 
-def with_risk(cards):
+def with_risk(cards, now=None):
+    """Each card with its risk tier, its larger uncorrected and corrected counts (NULL: not
+    read) and whether the corrected counts rose at its latest change (compared with the
+    sample before it), if that change is within RISING_DAYS."""
+    now = now or utcnow()
+    cards = cards.annotate(
+        uncorrected=_greatest("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate"),
+        corrected=_greatest("ecc_corrected_volatile", "ecc_corrected_aggregate"),
+        aggregate_now=_reading("ecc_corrected_aggregate"),
+        volatile_now=_reading("ecc_corrected_volatile"),
+        aggregate_before=_previous("ecc_corrected_aggregate"),
+        volatile_before=_previous("ecc_corrected_volatile"),
+    )
+    rising = Q(health_at__gte=now - timedelta(days=RISING_DAYS)) & (
+        Q(aggregate_now__gt=F("aggregate_before")) | Q(volatile_now__gt=F("volatile_before"))
+    )
+    evidence = (
+        Q(uncorrected__gt=0)
+        | Q(health__retired_pages_pending=True)
+        | Q(health__remapped_rows_pending=True)
+        | Q(health__remapped_rows_failure=True)
+        | rising
+    )
     return cards.annotate(
-        risk=RawSQL(RISK_SQL, []),
-        uncorrected=RawSQL(UNCORRECTED_SQL, []),
-        corrected=RawSQL(CORRECTED_SQL, []),
-        rising=RawSQL(RISING_SQL, []),
+        rising=Case(When(rising, then=Value(True)), default=Value(False), output_field=BooleanField()),
+        risk=Case(
+            When(cordoned_at__isnull=False, then=Value(RISK_CORDONED)),
+            When(evidence, then=Value(RISK_EVIDENCE)),
+            default=Value(RISK_NONE),
+            output_field=IntegerField(),
+        ),
     )
 
 
@@ -97,8 +143,8 @@ def cards_by_risk(principal, *, risk: str = "", model: str = ""):
         cards = cards.filter(model=model)
     return cards.order_by(
         "risk",
-        RawSQL(f"COALESCE({UNCORRECTED_SQL}, 0)", []).desc(),
-        RawSQL(f"COALESCE({CORRECTED_SQL}, 0)", []).desc(),
+        F("uncorrected").desc(nulls_last=True),
+        F("corrected").desc(nulls_last=True),
         "node_id",
         "index",
     )
