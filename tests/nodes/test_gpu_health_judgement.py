@@ -9,6 +9,7 @@ import pytest
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertType
 from apps.alerts.models import Alert
+from apps.alerts.notifications.dispatch import dispatch_notifications
 from apps.nodes.health import judge
 from apps.nodes.models import Gpu, GpuHealthSample, Node
 from tests.nodes.health_readings import nvidia_reading, xid
@@ -116,7 +117,10 @@ def test_a_card_with_uncorrected_errors_is_cordoned_with_the_alert_and_its_evide
     [alert] = unhealthy_alerts("hx-1")
     assert (alert.type, alert.severity, alert.scope, alert.state) == (AlertType.GPU_UNHEALTHY, "error", "gpu", "ACTIVE")
     assert alert.gpu_index == 0 and alert.details["reasons"][0]["after"] == 2
-    assert alert.dispatched_raised_at is None  # the outbox takes it, as every alert
+    assert alert.dispatched_raised_at is None
+    assert dispatch_notifications().raised >= 1  # the outbox takes it from the table, as every alert
+    alert.refresh_from_db()
+    assert alert.dispatched_raised_at is not None
     sample = GpuHealthSample.objects.filter(node_id="hx-1", gpu_index=0).order_by("-at", "-id").first()
     assert sample.unhealthy and [r["field"] for r in sample.reasons] == [
         "ecc_uncorrected_volatile",
