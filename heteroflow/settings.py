@@ -390,6 +390,29 @@ HETEROFLOW_NOTIFY_DIGEST_LISTED = env.int("HETEROFLOW_NOTIFY_DIGEST_LISTED", 50,
 # many days are deleted.
 HETEROFLOW_ALERT_RETENTION_DAYS = env.int("HETEROFLOW_ALERT_RETENTION_DAYS", 90, low=1, high=3650)
 HETEROFLOW_DELIVERY_RETENTION_DAYS = env.int("HETEROFLOW_DELIVERY_RETENTION_DAYS", 30, low=1, high=3650)
+# --- card health (docs/gpu-health.md) ---------------------------------------------------
+# The Xid codes that cordon a card when a new one appears in its readings. The defaults,
+# from NVIDIA's Xid catalogue: 48 double-bit ECC error; 62 internal micro-controller
+# halt; 64 ECC page retirement or row-remapping recording failure; 74 NVLink error; 79
+# the GPU has fallen off the bus; 92 high single-bit ECC error rate; 94 contained ECC
+# error; 95 uncontained ECC error; 119 GSP RPC timeout; 120 GSP error.
+HETEROFLOW_GPU_FATAL_XIDS = env.list(
+    "HETEROFLOW_GPU_FATAL_XIDS", ["48", "62", "64", "74", "79", "92", "94", "95", "119", "120"]
+)
+try:
+    HETEROFLOW_GPU_FATAL_XIDS = sorted({int(code) for code in HETEROFLOW_GPU_FATAL_XIDS})
+except ValueError:
+    raise ImproperlyConfigured(
+        f"HETEROFLOW_GPU_FATAL_XIDS must be whole numbers separated by commas, not {HETEROFLOW_GPU_FATAL_XIDS!r}"
+    ) from None
+# A card the health judgement cordoned is uncordoned by itself after this many hours
+# without bad evidence while it kept reporting. 0: only an operator uncordons.
+HETEROFLOW_GPU_HEALTH_CLEAN_HOURS = env.int("HETEROFLOW_GPU_HEALTH_CLEAN_HOURS", 0, low=0, high=24 * 365)
+# Failure prediction shows a model's figure only when at least this many of its cards
+# were seen with corrected ECC errors; fewer: "not enough data", never a percentage.
+HETEROFLOW_GPU_HEALTH_PREDICTION_MIN_CARDS = env.int(
+    "HETEROFLOW_GPU_HEALTH_PREDICTION_MIN_CARDS", 30, low=1, high=1_000_000
+)
 # A running task its live node has not listed as alive for this long is stalled.
 HETEROFLOW_STALLED_TASK_SECONDS = env.int("HETEROFLOW_STALLED_TASK_SECONDS", 60, low=15, high=3_600)
 # A task still queued this long after it was created or last changed (the later of the

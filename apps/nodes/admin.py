@@ -10,9 +10,10 @@ from django.db.models import Count, Q
 from rest_framework.exceptions import APIException
 
 from apps.core.admin_tools import DeleteThroughServiceMixin, refusal
+from apps.core.authentication import principal_for_session
 from apps.core.errors import Conflict
 from apps.inference import services as inference_services
-from apps.nodes import services
+from apps.nodes import gpu_health_services, services
 from apps.nodes.choices import CORDON_LABEL, GpuState
 from apps.nodes.images_protocol import reference_error
 from apps.nodes.models import Gpu, ImageRequest, Node, WatchedImage
@@ -272,13 +273,40 @@ class LostFilter(admin.SimpleListFilter):
         return queryset
 
 
+class CordonFilter(admin.SimpleListFilter):
+    title = "cordon"
+    parameter_name = "cordon"
+
+    def lookups(self, request, model_admin):
+        return [("health", "cordoned: health"), ("operator", "cordoned: operator"), ("no", "not cordoned")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "no":
+            return queryset.filter(cordoned_at__isnull=True)
+        if self.value() in ("health", "operator"):
+            return queryset.filter(cordoned_at__isnull=False, cordon_source=self.value())
+        return queryset
+
+
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
-    list_display = ["node", "index", "model", "vendor", "memory_total_mb", "state_shown", "lost_at", "lost_basis"]
-    list_filter = [LostFilter, "vendor", "lost_basis"]
+    list_display = [
+        "node",
+        "index",
+        "model",
+        "vendor",
+        "memory_total_mb",
+        "state_shown",
+        "health_shown",
+        "cordon_shown",
+        "last_bad_at",
+        "lost_at",
+        "lost_basis",
+    ]
+    list_filter = [LostFilter, CordonFilter, "vendor", "lost_basis"]
     search_fields = ["node__id", "node__name", "model", "uuid"]
     list_select_related = ["node"]
-    actions = ["forget_lost"]
+    actions = ["forget_lost", "cordon", "uncordon"]
     readonly_fields = [field.name for field in Gpu._meta.fields] + ["state_shown"]
 
     def has_add_permission(self, request):
@@ -297,6 +325,29 @@ class GpuAdmin(admin.ModelAdmin):
     def state_shown(self, gpu):
         return gpu_state(gpu)
 
+    @admin.display(description="health")
+    def health_shown(self, gpu):
+        """The latest reading's ECC counts (— when not read, never 0 for unknown)."""
+        if not gpu.health:
+            return "—"
+        health = gpu.health
+
+        def count(*names):
+            values = [health[name] for name in names if isinstance(health.get(name), int)]
+            return str(max(values)) if values else "—"
+
+        shown = f"ECC corrected {count('ecc_corrected_volatile', 'ecc_corrected_aggregate')}, "
+        shown += f"uncorrected {count('ecc_uncorrected_volatile', 'ecc_uncorrected_aggregate')}"
+        if health.get("retired_pages_pending") or health.get("remapped_rows_pending"):
+            shown += ", pending reset"
+        return shown
+
+    @admin.display(description="cordon", ordering="cordoned_at")
+    def cordon_shown(self, gpu):
+        if gpu.cordoned_at is None:
+            return "—"
+        return f"{gpu.cordon_source} since {gpu.cordoned_at:%Y-%m-%d %H:%M}: {gpu.cordon_reason}"
+
     @admin.action(description="Remove lost cards (taken out of the machine)")
     def forget_lost(self, request, queryset):
         for gpu in queryset.select_related("node"):
@@ -306,6 +357,28 @@ class GpuAdmin(admin.ModelAdmin):
                 self.message_user(request, refusal(exc), messages.ERROR)
             else:
                 self.message_user(request, f"Removed GPU {gpu.index} of {gpu.node.name}.", messages.SUCCESS)
+
+    @admin.action(description="Cordon: no new placement on the selected cards (their tasks run on)")
+    def cordon(self, request, queryset):
+        principal = principal_for_session(request, request.user)
+        for gpu in queryset.select_related("node"):
+            try:
+                gpu_health_services.cordon_card(gpu.node, gpu.index, "cordoned in the admin", principal)
+            except APIException as exc:
+                self.message_user(request, refusal(exc), messages.ERROR)
+            else:
+                self.message_user(request, f"Cordoned GPU {gpu.index} of {gpu.node.name}.", messages.SUCCESS)
+
+    @admin.action(description="Uncordon: the selected cards take placements again (recovers GPU_UNHEALTHY)")
+    def uncordon(self, request, queryset):
+        principal = principal_for_session(request, request.user)
+        for gpu in queryset.select_related("node"):
+            try:
+                gpu_health_services.uncordon_card(gpu.node, gpu.index, principal)
+            except APIException as exc:
+                self.message_user(request, refusal(exc), messages.ERROR)
+            else:
+                self.message_user(request, f"Uncordoned GPU {gpu.index} of {gpu.node.name}.", messages.SUCCESS)
 
 
 # --- the image channel (docs/images.md) -------------------------------------------------------

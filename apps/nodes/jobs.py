@@ -1,8 +1,10 @@
-"""Node jobs: the health checker, metrics retention and the image channel's janitor."""
+"""Node jobs: the health checker, metrics retention, the image channel's janitor and the
+clean period of health cordons."""
 
 from __future__ import annotations
 
 from apps.core.guard import periodic_job
+from apps.nodes.gpu_health_services import recover_clean_cards
 from apps.nodes.images import sweep_image_requests
 from apps.nodes.metrics import prune_and_prepare_partitions
 from apps.nodes.services import refresh_node_statuses
@@ -14,3 +16,6 @@ prune_metrics_job = periodic_job("nodes.prune_metrics", every=600)(prune_and_pre
 # the image channel's janitor (apps.nodes.images, docs/images.md): stalled, over budget,
 # pending on an offline node, and the finished requests past their retention
 image_janitor_job = periodic_job("nodes.image_janitor", every=60)(sweep_image_requests)
+# the clean period of health cordons (apps.nodes.gpu_health_services, docs/gpu-health.md):
+# a no-op while HETEROFLOW_GPU_HEALTH_CLEAN_HOURS is 0
+gpu_health_recovery_job = periodic_job("nodes.gpu_health_recovery", every=300)(recover_clean_cards)

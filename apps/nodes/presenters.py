@@ -9,6 +9,7 @@ from __future__ import annotations
 import orjson
 from django.db import connection
 
+from apps.nodes.gpu_health_selectors import health_summary_sql
 from apps.nodes.gpu_state import state_sql
 from apps.tasks.choices import ACTIVE
 
@@ -70,16 +71,26 @@ GPU_COLUMNS = [
     "metrics_available",
     "lost_at",
     "lost_basis",
+    "cordoned_at",
+    "cordon_source",
+    "cordon_reason",
 ]
-GPU_COMPUTED = ["state"]  # apps.nodes.gpu_state's rule, in SQL
+# state: apps.nodes.gpu_state's rule, in SQL; cordoned: cordoned_at is set; health: the
+# card's health summary (apps.nodes.gpu_health_selectors.health_summary_sql)
+GPU_COMPUTED = ["state", "cordoned", "health"]
 
-TIMESTAMP_COLUMNS = {"registered_at", "last_heartbeat_at", "lost_at"}
+TIMESTAMP_COLUMNS = {"registered_at", "last_heartbeat_at", "lost_at", "cordoned_at"}
+
+
+def _timestamp(expression: str) -> str:
+    """A timestamp in the API's one format (UTC, 'Z')."""
+    return f"""to_char({expression} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
 
 
 def _select(alias: str, column: str) -> str:
-    """A column for the JSON; timestamps in the API's one format (UTC, 'Z')."""
+    """A column for the JSON; timestamps in the API's one format."""
     if column in TIMESTAMP_COLUMNS:
-        return f"""to_char({alias}.{column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS {column}"""
+        return f"{_timestamp(f'{alias}.{column}')} AS {column}"
     return f"{alias}.{column}"
 
 
@@ -98,7 +109,8 @@ FROM (
         LEFT JOIN LATERAL (
             SELECT json_agg(row_to_json(x) ORDER BY x.index) AS gpus, count(*) FILTER (WHERE x.state = 'lost') AS lost
             FROM (
-                SELECT {", ".join(_select("gpus", c) for c in GPU_COLUMNS)}, {state_sql("gpus")} AS state
+                SELECT {", ".join(_select("gpus", c) for c in GPU_COLUMNS)}, {state_sql("gpus")} AS state,
+                       gpus.cordoned_at IS NOT NULL AS cordoned, {health_summary_sql("gpus", _timestamp)} AS health
                 FROM gpus WHERE gpus.node_id = n.id
             ) AS x
         ) AS g ON true

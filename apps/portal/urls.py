@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import login, views
-from apps.portal.pages import account, alerts, gateway, inference, models, nodes, server, tasks, training
+from apps.portal.pages import account, alerts, gateway, gpu_health, inference, models, nodes, server, tasks, training
 from apps.portal.pages import slices as slice_pages
 
 app_name = "portal"
@@ -15,6 +15,10 @@ urlpatterns = [
     # nodes
     path("nodes/", nodes.node_list, name="nodes"),
     path("nodes/monitor/", nodes.node_monitor, name="node-monitor"),
+    # card health (before nodes/<id>/: "gpu-health" is not a node)
+    path("nodes/gpu-health/", gpu_health.gpu_health, name="gpu-health"),
+    path("nodes/<str:node_id>/gpus/<int:index>/cordon/", gpu_health.gpu_cordon, name="gpu-cordon"),
+    path("nodes/<str:node_id>/gpus/<int:index>/uncordon/", gpu_health.gpu_uncordon, name="gpu-uncordon"),
     path("nodes/<str:node_id>/", nodes.node_detail, name="node"),
     path("nodes/<str:node_id>/location/", nodes.node_location, name="node-location"),
     path("nodes/<str:node_id>/tenant/", nodes.node_tenant, name="node-tenant"),

@@ -4,16 +4,35 @@ from rest_framework import serializers
 
 from apps.core.pagination import PageQuerySerializer
 from apps.core.serializers import StrictSerializer
-from apps.nodes.choices import ExecMode, GpuState, GpuVendor, NodeStatus
+from apps.nodes.choices import CordonSource, ExecMode, GpuState, GpuVendor, NodeStatus
 from apps.nodes.models import Gpu, Node
 from apps.nodes.presenters import GPU_COLUMNS, GPU_COMPUTED, NODE_COLUMNS, NODE_COMPUTED
 from apps.slices.api.serializers import SliceOnCardSerializer
+
+
+class GpuHealthSummarySerializer(serializers.Serializer):
+    """A card's health in node answers (docs/gpu-health.md); the whole history is
+    GET /api/v1/nodes/{id}/gpus/{index}/health."""
+
+    at = serializers.DateTimeField(help_text="When the card's health reading last changed.")
+    last_bad_at = serializers.DateTimeField(allow_null=True, help_text="The latest bad evidence.")
+    ecc_corrected = serializers.IntegerField(
+        allow_null=True, help_text="The larger of the volatile and aggregate counts; null: not read."
+    )
+    ecc_uncorrected = serializers.IntegerField(allow_null=True, help_text="As ecc_corrected.")
+    pending = serializers.BooleanField(help_text="A page retirement or row remapping waits for a reset.")
+    remapped_rows_failure = serializers.BooleanField()
 
 
 class GpuSerializer(serializers.ModelSerializer):
     """The shape of a GPU in node answers (built by presenters.present)."""
 
     state = serializers.ChoiceField(choices=GpuState.choices, read_only=True)
+    cordoned = serializers.BooleanField(read_only=True, help_text="No new placement on this card.")
+    cordon_source = serializers.ChoiceField(choices=[("", "not cordoned"), *CordonSource.choices], read_only=True)
+    health = GpuHealthSummarySerializer(
+        read_only=True, allow_null=True, help_text="null: the card never reported health."
+    )
 
     class Meta:
         model = Gpu

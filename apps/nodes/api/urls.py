@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.nodes.api import images, install_views, views
+from apps.nodes.api import gpu_health, images, install_views, views
 
 urlpatterns = [
     path("agent/auth-check", views.AgentAuthCheckView.as_view(), name="agent-auth-check"),
@@ -15,6 +15,21 @@ urlpatterns = [
     path("nodes/<str:node_id>", views.NodeDetailView.as_view(), name="node-detail"),
     path("nodes/<str:node_id>/energy", views.NodeEnergyView.as_view(), name="node-energy"),
     path("nodes/<str:node_id>/gpus/<int:index>", views.NodeGpuView.as_view(), name="node-gpu"),
+    # card health (docs/gpu-health.md)
+    path("gpu-health", gpu_health.GpuHealthListView.as_view(), name="gpu-health-list"),
+    path("gpu-health/predictions", gpu_health.GpuHealthPredictionsView.as_view(), name="gpu-health-predictions"),
+    path("gpu-health/capabilities", gpu_health.GpuHealthCapabilitiesView.as_view(), name="gpu-health-capabilities"),
+    path("nodes/<str:node_id>/gpus/<int:index>/health", gpu_health.CardHealthView.as_view(), name="node-gpu-health"),
+    path(
+        "admin/nodes/<str:node_id>/gpus/<int:index>/cordon",
+        gpu_health.CardCordonView.as_view(),
+        name="node-gpu-cordon",
+    ),
+    path(
+        "admin/nodes/<str:node_id>/gpus/<int:index>/uncordon",
+        gpu_health.CardUncordonView.as_view(),
+        name="node-gpu-uncordon",
+    ),
     path("admin/nodes/<str:node_id>/location", views.NodeLocationView.as_view(), name="node-location"),
     path("admin/nodes/<str:node_id>/tenant", views.NodeTenantView.as_view(), name="node-tenant"),
     # out of service and back (docs/nodes.md#out-of-service)
