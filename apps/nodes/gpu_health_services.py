@@ -24,6 +24,7 @@ from apps.confidential.services import record_audit
 from apps.core.audit import actor_name, record_operator_audit
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
+from apps.nodes import liveness
 from apps.nodes.choices import CordonSource
 from apps.nodes.models import Gpu, Node
 
@@ -130,7 +131,7 @@ def recover_clean_cards(now: datetime | None = None) -> CleanRecovery:
                 "now": now,
                 "health": CordonSource.HEALTH.value,
                 "clean_since": now - timedelta(hours=hours),
-                "alive_since": now - timedelta(seconds=settings.HETEROFLOW_NODE_OFFLINE_SECONDS),
+                "alive_since": now - liveness.give_up_after(),
             },
         )
         cards = [(node_id, index) for node_id, index in cursor.fetchall()]

@@ -188,10 +188,38 @@ SAMPLE = (
 HASH = "UPDATE nodes SET health_hash = %(hash)s WHERE id = %(id)s"
 
 
+# The agent dates a kernel-log record as its boot time plus the record's time since boot,
+# to the second, and works the boot time out again when it restarts: the same event may
+# come back a second off. Within this many seconds, same code and text: the same event.
+XID_SAME_EVENT_SECONDS = 2
+
+
+def _xid_moment(event: dict) -> float | None:
+    try:
+        return datetime.fromisoformat(str(event.get("at")).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def new_xid_events(before: dict, now: dict) -> list[dict]:
-    """The Xid events of this reading that the card's previous reading did not have."""
-    seen = {(event.get("code"), event.get("at")) for event in before.get("xid_events", ())}
-    return [event for event in now.get("xid_events", ()) if (event.get("code"), event.get("at")) not in seen]
+    """The Xid events of this reading that the card's previous reading did not have (an
+    event is its code, text and moment; a moment a second or two off is the same event,
+    re-dated by an agent restart)."""
+    seen: dict[tuple, list[float | None]] = {}
+    for event in before.get("xid_events", ()):
+        seen.setdefault((event.get("code"), event.get("text", "")), []).append(_xid_moment(event))
+
+    def known(event: dict) -> bool:
+        moment = _xid_moment(event)
+        for other in seen.get((event.get("code"), event.get("text", "")), ()):
+            if moment is None or other is None:
+                if moment is other:
+                    return True
+            elif abs(moment - other) <= XID_SAME_EVENT_SECONDS:
+                return True
+        return False
+
+    return [event for event in now.get("xid_events", ()) if not known(event)]
 
 
 async def apply_beat_health(cur, node_id: str, readings: list[dict], readings_hash_: str, now: datetime) -> None:

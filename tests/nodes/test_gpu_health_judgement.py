@@ -77,6 +77,17 @@ def test_only_a_new_fatal_xid_is_a_reason():
     assert judge(nvidia_reading(0), nvidia_reading(0, xid_events=[old]), fatal_xids=()) == []
 
 
+def test_an_xid_re_dated_a_second_off_by_an_agent_restart_is_the_same_event():
+    # the agent dates kernel-log records from its own boot-time estimate, to the second
+    old = xid(79, "2026-12-01T10:00:00Z", "GPU has fallen off the bus")
+    re_dated = xid(79, "2026-12-01T10:00:01Z", "GPU has fallen off the bus")
+    assert judge(nvidia_reading(0, xid_events=[old]), nvidia_reading(0, xid_events=[re_dated]), FATAL) == []
+    later = xid(79, "2026-12-01T10:05:00Z", "GPU has fallen off the bus")
+    assert [
+        r["at"] for r in judge(nvidia_reading(0, xid_events=[old]), nvidia_reading(0, xid_events=[later]), FATAL)
+    ] == ["2026-12-01T10:05:00Z"]
+
+
 def test_an_absent_field_is_no_evidence():
     assert judge(None, {"index": 0, "available": []}, FATAL) == []
     assert judge(nvidia_reading(0, ecc_uncorrected_aggregate=3), {"index": 0, "available": []}, FATAL) == []
