@@ -73,6 +73,17 @@ class Cards:
         state["gpus"][index].setdefault("health", {}).update(counters)
         self.write(state)
 
+    def load(self, index: int = 0, *, memory_used_mb: int | None = None, power_w: float | None = None) -> None:
+        """What card `index`'s metrics query will print as its memory in use (MiB) and its
+        power draw (W); left out: as before (0 MiB, 52.10 W)."""
+        state = self.read()
+        card = state["gpus"][index]
+        if memory_used_mb is not None:
+            card["memory_used_mb"] = memory_used_mb
+        if power_w is not None:
+            card["power_w"] = f"{power_w:.2f}"
+        self.write(state)
+
     def mps(self, alive: bool = True, servers=()) -> None:
         self.install("nvidia-cuda-mps-control", "mps_control.py")
         self.update(mps={"alive": alive, "servers": list(servers)})
