@@ -31,7 +31,8 @@ def insert_metrics(node_id, samples):
     with connection.cursor() as cursor:
         for at, cpu, gpus in samples:
             cursor.execute(
-                "INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus) VALUES (%s, %s, %s, %s, %s::jsonb)",
+                "INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus) "
+                "VALUES (%s, %s, %s, %s, %s::jsonb)",
                 [node_id, at, cpu, 50.0, json.dumps(gpus)],
             )
 
