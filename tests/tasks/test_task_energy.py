@@ -13,7 +13,7 @@ from apps.core.clock import utcnow
 from apps.nodes.models import EmissionFactor, Gpu, Node
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import run_cycle
-from apps.tasks.models import Task, UsageRecord
+from apps.tasks.models import UsageRecord
 from apps.tasks.services import agent_report, move_tasks
 from tests.factories import make_node, make_task
 from tests.headers import bearer
