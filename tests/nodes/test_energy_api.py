@@ -328,3 +328,18 @@ def test_bad_node_energy_settings_write_nothing(api, world, body):
     node = Node.objects.get(pk="strict")
     assert (node.emission_factor_g_per_kwh, node.cpu_tdp_w, node.rack) == (50.0, 100.0, "")
     assert not OperatorAuditEvent.objects.filter(target="strict").exists()
+
+
+def test_the_admin_saves_and_deletes_factors_through_the_services(client, world):
+    client.force_login(world.operator)
+    assert client.get("/admin/nodes/emissionfactor/").status_code == 200
+    refused = client.post("/admin/nodes/emissionfactor/add/", {"region": "eu", "g_co2e_per_kwh": "2500", "source": ""})
+    assert refused.status_code == 200 and b"between 0 and 2000" in refused.content
+    assert not EmissionFactor.objects.exists()
+    added = client.post("/admin/nodes/emissionfactor/add/", {"region": "eu", "g_co2e_per_kwh": "45", "source": "x"})
+    assert added.status_code == 302
+    factor = EmissionFactor.objects.get(region="eu")
+    assert OperatorAuditEvent.objects.filter(target="eu", action="emission_factor.set", actor="op").count() == 1
+    assert client.post(f"/admin/nodes/emissionfactor/{factor.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert not EmissionFactor.objects.exists()
+    assert OperatorAuditEvent.objects.filter(target="eu", action="emission_factor.deleted").count() == 1
