@@ -4,19 +4,22 @@ whole node row, which would race with the heartbeats over its columns)."""
 
 from __future__ import annotations
 
+import math
+
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 from rest_framework.exceptions import APIException
 
-from apps.core.admin_tools import DeleteThroughServiceMixin, refusal
+from apps.core.admin_tools import DeleteThroughServiceMixin, operator, refusal
 from apps.core.authentication import principal_for_session
 from apps.core.errors import Conflict
 from apps.inference import services as inference_services
 from apps.nodes import gpu_health_services, services
+from apps.nodes.carbon import MAX_FACTOR_G_PER_KWH
 from apps.nodes.choices import CORDON_LABEL, GpuState
 from apps.nodes.images_protocol import reference_error
-from apps.nodes.models import Gpu, ImageRequest, Node, WatchedImage
+from apps.nodes.models import EmissionFactor, Gpu, ImageRequest, Node, WatchedImage
 
 
 def gpu_state(gpu: Gpu) -> str:
@@ -437,3 +440,42 @@ class ImageRequestAdmin(admin.ModelAdmin):
     def progress_shown(self, row):
         done, total = row.progress.get("layers_done"), row.progress.get("layers_total")
         return f"{done}/{total} layers" if done is not None and total else (row.progress.get("message") or "—")
+
+
+class EmissionFactorForm(forms.ModelForm):
+    """The API's bounds (apps.nodes.api.serializers.EmissionFactorWriteSerializer)."""
+
+    class Meta:
+        model = EmissionFactor
+        fields = ["region", "g_co2e_per_kwh", "source"]
+
+    def clean_g_co2e_per_kwh(self):
+        value = self.cleaned_data["g_co2e_per_kwh"]
+        if not math.isfinite(value) or not 0 <= value <= MAX_FACTOR_G_PER_KWH:
+            raise forms.ValidationError(f"A factor is between 0 and {MAX_FACTOR_G_PER_KWH:g} g CO2e/kWh.")
+        return value
+
+
+@admin.register(EmissionFactor)
+class EmissionFactorAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
+    """Grid carbon intensity per region (docs/energy.md#carbon): a node in the region with
+    no factor of its own is covered by it; with none, no absolute carbon figure is shown.
+    Saved and deleted through apps.nodes.services, recorded in the operators' log."""
+
+    form = EmissionFactorForm
+    list_display = ["region", "g_co2e_per_kwh", "source", "nodes_covered", "updated_at"]
+    search_fields = ["region", "source"]
+
+    @admin.display(description="nodes covered")
+    def nodes_covered(self, factor):
+        return Node.objects.filter(region=factor.region, emission_factor_g_per_kwh__isnull=True).count()
+
+    def save_model(self, request, obj, form, change):
+        if change and "region" in form.changed_data:  # renamed: the old region loses its factor
+            old = EmissionFactor.objects.get(pk=obj.pk)
+            services.delete_emission_factor(old, operator(request))
+        saved, _ = services.put_emission_factor(obj.region, obj.g_co2e_per_kwh, obj.source, operator(request))
+        obj.pk = saved.pk
+
+    def delete_through_service(self, request, factor):
+        services.delete_emission_factor(factor, operator(request))

@@ -17,7 +17,7 @@ from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes import liveness
 from apps.nodes.choices import CORDON_LABEL
-from apps.nodes.models import Gpu, Node
+from apps.nodes.models import EmissionFactor, Gpu, Node
 from apps.tasks.choices import ACTIVE, TaskStatus
 from apps.tasks.models import Task
 from apps.tasks.services import move_tasks, requeue_tasks
@@ -280,3 +280,58 @@ def change_service(node: Node, move: str, principal, *, reason: str = "") -> Ser
         else:
             record_operator_audit(principal, f"node.{move}", node.pk, **details)
     return ServiceChanged(node, state, requeued, stopping)
+
+
+# --- energy settings and emission factors (docs/energy.md) -----------------------------------
+
+ENERGY_FIELDS = ("emission_factor_g_per_kwh", "cpu_tdp_w")
+
+
+def set_node_energy(node: Node, changes: dict, principal) -> Node:
+    """The node's own emission factor and CPU TDP (validated by the API's serializer):
+    omitted fields are unchanged, None clears. A narrow UPDATE (never races a
+    heartbeat's columns), recorded with what it was and what it is."""
+    changes = {field: changes[field] for field in ENERGY_FIELDS if field in changes}
+    if not changes:
+        return node
+    with transaction.atomic():
+        before = Node.objects.select_for_update().filter(pk=node.pk).values(*changes).get()
+        Node.objects.filter(pk=node.pk).update(**changes)
+        details = {"before": before, "after": changes}
+        if node.tenant_id is not None:  # the tenant's log, and the operators'
+            record_audit(node.tenant, principal, "node.energy_settings", node.pk, **details)
+        else:
+            record_operator_audit(principal, "node.energy_settings", node.pk, **details)
+    for field, value in changes.items():
+        setattr(node, field, value)
+    return node
+
+
+def put_emission_factor(region: str, g_co2e_per_kwh: float, source: str, principal) -> tuple[EmissionFactor, bool]:
+    """Set a region's factor (created or replaced), recorded in the operators' log."""
+    with transaction.atomic():
+        before = (
+            EmissionFactor.objects.select_for_update().filter(region=region).values("g_co2e_per_kwh", "source").first()
+        )
+        factor, created = EmissionFactor.objects.update_or_create(
+            region=region, defaults={"g_co2e_per_kwh": g_co2e_per_kwh, "source": source}
+        )
+        record_operator_audit(
+            principal,
+            "emission_factor.set",
+            region,
+            before=before,
+            after={"g_co2e_per_kwh": g_co2e_per_kwh, "source": source},
+        )
+    return factor, created
+
+
+def delete_emission_factor(factor: EmissionFactor, principal) -> None:
+    with transaction.atomic():
+        EmissionFactor.objects.filter(pk=factor.pk).delete()
+        record_operator_audit(
+            principal,
+            "emission_factor.deleted",
+            factor.region,
+            before={"g_co2e_per_kwh": factor.g_co2e_per_kwh, "source": factor.source},
+        )

@@ -2,7 +2,19 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import login, views
-from apps.portal.pages import account, alerts, gateway, gpu_health, inference, models, nodes, server, tasks, training
+from apps.portal.pages import (
+    account,
+    alerts,
+    energy,
+    gateway,
+    gpu_health,
+    inference,
+    models,
+    nodes,
+    server,
+    tasks,
+    training,
+)
 from apps.portal.pages import slices as slice_pages
 
 app_name = "portal"
@@ -54,6 +66,7 @@ urlpatterns = [
     path("endpoint-keys/<int:pk>/rotate/", gateway.endpoint_key_rotate, name="endpoint-key-rotate"),
     path("endpoint-keys/<int:pk>/revoke/", gateway.endpoint_key_revoke, name="endpoint-key-revoke"),
     path("gateway-usage/", gateway.usage, name="gateway-usage"),
+    path("energy/", energy.energy, name="energy"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),

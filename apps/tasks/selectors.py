@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
+from django.db import connection
 from django.db.models import Case, CharField, Count, Exists, F, OuterRef, Prefetch, Q, Subquery, Sum, Value, When
 
+from apps.core.clock import utcnow
 from apps.nodes.models import Gpu
+from apps.scheduler.ledger import TASK_ENERGY
 from apps.slices.choices import SliceState
 from apps.slices.models import Slice
 from apps.tasks.choices import BOUND_NOT_ENDING, ENDING, HOLDING, TERMINAL, GroupPlacement, GroupStatus, TaskStatus
@@ -185,3 +190,131 @@ def task_group_events(group: TaskGroup):
     return (
         TaskEvent.objects.filter(task__group_id=group.pk).annotate(rank=F("task__rank")).order_by("-created_at", "-id")
     )
+
+
+# --- energy of a tenant's tasks (docs/energy.md#tenants) ------------------------------------
+
+
+def live_energy(task_ids) -> dict[int, tuple[float, float | None, float]]:
+    """What the running tasks' cards grew since bind, per task: (Wh × share, carbon g
+    under the nodes' factors now or None, Wh no factor covers). A task none of whose
+    cards measured power is absent. The same sums the release settles
+    (apps.scheduler.ledger.TASK_ENERGY), read without writing."""
+    if not task_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT task_id, wh, carbon_g, unfactored_wh FROM ({TASK_ENERGY}) AS e", {"tasks": list(task_ids)}
+        )
+        return {task_id: (wh, carbon_g, unfactored) for task_id, wh, carbon_g, unfactored in cursor.fetchall()}
+
+
+def _add(total: float | None, more: float | None) -> float | None:
+    """Sums where None is "not measured": None + None stays None, never 0."""
+    if more is None:
+        return total
+    return more if total is None else total + more
+
+
+def tenant_energy(tenant_id: int | None, *, days: int, top: int = 10, now: datetime | None = None) -> dict:
+    """A tenant's tasks' GPU time, energy and carbon over the last `days` (None: every
+    tenant's): the tasks settled in the window (usage_records, summed in SQL) and the
+    tasks holding cards now, with their live growth. Energy is null when none of them
+    measured power, carbon null where no factor covered it (that energy apart, as
+    unfactored); the caller applies the role rule (apps.nodes.carbon) before showing
+    carbon. `top_tasks`: the `top` tasks by energy, settled and running together."""
+    now = now or utcnow()
+    since = now - timedelta(days=days)
+    records = UsageRecord.objects.filter(settled_at__gte=since)
+    running = Task.objects.filter(status__in=HOLDING)
+    if tenant_id is not None:
+        records = records.filter(tenant_id=tenant_id)
+        running = running.filter(tenant_id=tenant_id)
+    settled = records.aggregate(
+        tasks=Count("id"),
+        measured=Count("energy_wh"),
+        gpu_seconds=Sum("gpu_seconds"),
+        energy_wh=Sum("energy_wh"),
+        carbon_g=Sum("carbon_g"),
+        unfactored_wh=Sum("energy_wh_unfactored"),
+    )
+    rows = [
+        {
+            "id": record.task_id,
+            "name": record.task.name,
+            "status": record.ended_status,
+            "running": False,
+            "gpu_seconds": record.gpu_seconds,
+            "energy_wh": record.energy_wh,
+            "carbon_g": record.carbon_g,
+            "unfactored_wh": record.energy_wh_unfactored or 0.0,
+        }
+        for record in records.filter(energy_wh__isnull=False)
+        .select_related("task")
+        .order_by(F("energy_wh").desc(), "task_id")[:top]
+    ]
+    totals = {
+        "gpu_seconds": settled["gpu_seconds"] or 0.0,
+        "energy_wh": settled["energy_wh"],
+        "carbon_g": settled["carbon_g"],
+        "unfactored_wh": settled["unfactored_wh"] or 0.0,
+    }
+    holding = list(
+        running.values_list(
+            "id",
+            "name",
+            "status",
+            "gpu_seconds",
+            "gpu_required",
+            "running_since",
+            "energy_wh",
+            "carbon_g",
+            "energy_wh_unfactored",
+        )
+    )
+    live = live_energy([task[0] for task in holding])
+    # an inference replica's slot that ended and runs again (requeue_replicas) has a
+    # record of its earlier runs, already in the settled sums: only what came since counts
+    counted = {
+        task_id: (gpu_seconds, energy_wh or 0.0, carbon_g or 0.0, unfactored or 0.0)
+        for task_id, gpu_seconds, energy_wh, carbon_g, unfactored in records.filter(
+            task_id__in=[task[0] for task in holding]
+        ).values_list("task_id", "gpu_seconds", "energy_wh", "carbon_g", "energy_wh_unfactored")
+    }
+    measured_running = 0
+    for pk, name, status, gpu_seconds, gpu_required, running_since, energy_wh, carbon_g, unfactored in holding:
+        if running_since is not None:
+            gpu_seconds += gpu_required * max(0.0, (now - running_since).total_seconds())
+        wh, live_carbon, live_unfactored = live.get(pk, (None, None, 0.0))
+        row = {
+            "id": pk,
+            "name": name,
+            "status": status,
+            "running": True,
+            "gpu_seconds": gpu_seconds,
+            "energy_wh": _add(energy_wh, wh),
+            "carbon_g": _add(carbon_g, live_carbon),
+            "unfactored_wh": (unfactored or 0.0) + (live_unfactored or 0.0),
+        }
+        before = counted.get(pk, (0.0, 0.0, 0.0, 0.0))
+        totals["gpu_seconds"] += row["gpu_seconds"] - before[0]
+        if row["energy_wh"] is not None:
+            totals["energy_wh"] = _add(totals["energy_wh"], row["energy_wh"] - before[1])
+        if row["carbon_g"] is not None:
+            totals["carbon_g"] = _add(totals["carbon_g"], row["carbon_g"] - before[2])
+        totals["unfactored_wh"] += row["unfactored_wh"] - before[3]
+        if row["energy_wh"] is not None:
+            measured_running += 1
+            rows.append(row)
+    return {
+        "days": days,
+        "since": since,
+        "tasks_settled": settled["tasks"],
+        "tasks_running": len(holding),
+        "tasks_measured": settled["measured"] + measured_running,
+        "gpu_hours": totals["gpu_seconds"] / 3600.0,
+        "energy_wh": totals["energy_wh"],
+        "carbon_g": totals["carbon_g"],
+        "unfactored_wh": totals["unfactored_wh"],
+        "top_tasks": sorted(rows, key=lambda row: (-row["energy_wh"], row["id"]))[:top],
+    }

@@ -22,7 +22,7 @@ from apps.core.clock import utcnow
 from apps.core.db import insert_rows
 from apps.core.enqueue import enqueue
 from apps.core.errors import Conflict
-from apps.scheduler.ledger import release
+from apps.scheduler.ledger import TASK_ENERGY, release
 from apps.slices.ledger import release_for_tasks as release_slices
 from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupPlacement, GroupStatus, TaskKind, group_status
 from apps.tasks.choices import TaskStatus as S
@@ -64,6 +64,7 @@ def _move_tasks(task_ids, from_statuses, to_status, table, changes) -> list[int]
         won = transition(Task, table, ids, from_statuses, to_status, **changes)
         if won and to_status in OFF_NODE:
             _count_gpu_time(won, now)
+            _count_energy(won)
             release(won)
             release_slices(won, now)
             if to_status in TERMINAL:
@@ -86,18 +87,42 @@ def _count_gpu_time(task_ids, now) -> None:
         )
 
 
+def _count_energy(task_ids) -> None:
+    """What the cards grew while the tasks held them (apps.scheduler.ledger.TASK_ENERGY),
+    added to the tasks' energy, with its carbon under each node's factor now and the
+    energy no factor covered apart (docs/energy.md#tasks). A task none of whose cards
+    measured power keeps its energy null: unknown, not 0. Before release(), which
+    deletes the rows the growth is read from."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE tasks AS t SET energy_wh = COALESCE(t.energy_wh, 0) + e.wh,
+                   carbon_g = CASE WHEN e.carbon_g IS NULL THEN t.carbon_g
+                                   ELSE COALESCE(t.carbon_g, 0) + e.carbon_g END,
+                   energy_wh_unfactored = t.energy_wh_unfactored + e.unfactored_wh
+               FROM ({TASK_ENERGY}) AS e
+               WHERE t.id = e.task_id AND e.wh IS NOT NULL""",
+            {"tasks": list(task_ids)},
+        )
+
+
 def _settle_usage(task_ids, now) -> None:
     """Once per end of a task: the unique task_id makes a second settlement of the same
     end a no-op. An inference replica's slot requeued after it ended (requeue_replicas)
-    ends again with more GPU seconds: its record then carries the new total."""
+    ends again with more GPU seconds: its record then carries the new total. The record
+    carries the task's energy, carbon and unfactored energy as _count_energy left them."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """INSERT INTO usage_records (task_id, tenant_id, gpus, gpu_seconds, ended_status, settled_at)
-               SELECT id, tenant_id, gpu_required, gpu_seconds, status, %s FROM tasks
+            """INSERT INTO usage_records (task_id, tenant_id, gpus, gpu_seconds, energy_wh, carbon_g,
+                                         energy_wh_unfactored, ended_status, settled_at)
+               SELECT id, tenant_id, gpu_required, gpu_seconds, energy_wh, carbon_g, energy_wh_unfactored,
+                      status, %s FROM tasks
                WHERE id = ANY(%s) AND status = ANY(%s)
                ON CONFLICT (task_id) DO UPDATE SET gpu_seconds = EXCLUDED.gpu_seconds,
+                   energy_wh = EXCLUDED.energy_wh, carbon_g = EXCLUDED.carbon_g,
+                   energy_wh_unfactored = EXCLUDED.energy_wh_unfactored,
                    ended_status = EXCLUDED.ended_status, settled_at = EXCLUDED.settled_at
-               WHERE usage_records.gpu_seconds < EXCLUDED.gpu_seconds""",
+               WHERE usage_records.gpu_seconds < EXCLUDED.gpu_seconds
+                  OR COALESCE(usage_records.energy_wh, 0) < COALESCE(EXCLUDED.energy_wh, 0)""",
             [now, list(task_ids), list(TERMINAL)],
         )
 

@@ -2,7 +2,8 @@
 // the first data; with auto-refresh on, every 90 s it reads the same API the page used
 // (GET /api/v1/nodes/metrics/<id>, /api/v1/nodes/<id>/energy, /api/v1/nodes/<id>) with
 // the session, and redraws. A reading no card reports is "not supported"; a range
-// without data is "—", never 0.
+// without data is "—", never 0. The energy section's charts (power per card, measured;
+// the CPU estimate, apart) come from the energy answer's series.
 (function () {
   "use strict";
   var REFRESH_MS = 90 * 1000;
@@ -55,6 +56,48 @@
       history.bucket_seconds + " s each";
   }
 
+  // the energy section (docs/energy.md): power per card (measured) and the CPU estimate,
+  // from the energy answer's series; the estimate is its own chart, labelled as such
+  var CARD_COLORS = ["#2563eb", "#dc2626", "#16a34a", "#7c3aed", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+
+  function drawEnergy(series) {
+    var points = (series && series.points) || [];
+    var xs = points.map(function (p) { return Date.parse(p.at) / 1000; });
+    var cards = document.getElementById("chart-power-cards");
+    if (cards) {
+      if (!data.supported.power_w) {
+        charts.note(cards, "not supported", "unsupported");
+      } else {
+        var indices = [];
+        points.forEach(function (p) {
+          (p.gpus || []).forEach(function (g) { if (indices.indexOf(g.index) < 0) indices.push(g.index); });
+        });
+        indices.sort(function (a, b) { return a - b; });
+        charts.draw(cards, xs, indices.map(function (index, i) {
+          return { label: "GPU " + index, color: CARD_COLORS[i % CARD_COLORS.length], values: points.map(function (p) {
+            var card = (p.gpus || []).filter(function (g) { return g.index === index; })[0];
+            return card ? card.power_w : null;
+          }) };
+        }), {});
+      }
+    }
+    var node = document.getElementById("chart-power-node");
+    if (node) {
+      if (!data.supported.power_w) {
+        charts.note(node, "not supported", "unsupported");
+      } else {
+        charts.draw(node, xs, [{ label: "all cards", color: "#111827",
+          values: points.map(function (p) { return p.gpu_power_w; }) }], {});
+      }
+    }
+    var cpu = document.getElementById("chart-cpu-estimate");
+    if (cpu) {
+      charts.draw(cpu, xs, [{ label: "CPU (estimate)", color: "#6b7280", dash: [6, 3],
+        values: points.map(function (p) { return p.cpu_power_w_estimate; }) }],
+        { empty: "— no estimate in this range (no CPU readings, or no TDP known)" });
+    }
+  }
+
   function show(selector, text) { var el = document.querySelector(selector); if (el) el.textContent = text; }
   function fixed(v, digits, unit) { return v === null || v === undefined ? "—" : v.toFixed(digits) + unit; }
 
@@ -72,6 +115,16 @@
       show('[data-energy="avg"]', fixed(energy.gpu_power_avg_w, 0, " W"));
       show('[data-energy="max"]', fixed(energy.gpu_power_max_w, 0, " W"));
       show('[data-energy="samples"]', String(energy.samples_with_power));
+      show('[data-energy="lifetime"]', fixed(energy.lifetime.gpu_energy_kwh, 3, " kWh"));
+      show('[data-energy="cpu-lifetime"]', fixed(energy.lifetime.cpu_estimate.energy_kwh, 3, " kWh"));
+      if (energy.carbon.basis === "factor") {
+        var g = energy.carbon.lifetime_gpu_g;
+        show('[data-carbon="lifetime"]', g >= 1e6 ? (g / 1e6).toFixed(2) + " t CO₂e" :
+          g >= 1e3 ? (g / 1e3).toFixed(1) + " kg CO₂e" : g.toFixed(0) + " g CO₂e");
+      } else {
+        show('[data-carbon="lifetime"]', "—");
+      }
+      drawEnergy(energy.series);
       var node = answers[2];
       show('[data-live="cpu"]', fixed(node.cpu_used, 0, "%"));
       show('[data-live="host-memory"]', fixed(node.memory_used, 0, "%"));
@@ -79,6 +132,7 @@
   }
 
   draw(data.history);
+  drawEnergy(data.energy_series);
   var timer = null;
   var toggle = document.getElementById("auto-refresh");
   function arm() {

@@ -53,6 +53,7 @@ NOT_TENANT_OWNED = {
     "agent-dist-file": "the agent's install files: public, per architecture",
     "scheduler-plugin": "scheduler plugins are the cluster's, operators only",
     "watched-image-detail": "the watched images are the cluster's (per GPU vendor), operators only",
+    "emission-factor": "the regions' emission factors are the cluster's, operators only",
 }
 
 # route name → a function of (world, objects) giving the URL kwargs of tenant A's object
@@ -76,6 +77,7 @@ OWNED = {
     "node-gpu-cordon": lambda w, o: {"node_id": o["node"].pk, "index": 0},
     "node-gpu-uncordon": lambda w, o: {"node_id": o["node"].pk, "index": 0},
     "node-location": lambda w, o: {"node_id": o["node"].pk},
+    "node-energy-settings": lambda w, o: {"node_id": o["node"].pk},
     "node-tenant": lambda w, o: {"node_id": o["node"].pk},
     "node-drain": lambda w, o: {"node_id": o["node"].pk},
     "node-maintenance": lambda w, o: {"node_id": o["node"].pk},

@@ -213,7 +213,7 @@ def test_the_monitor_renders_history_energy_and_unsupported_metrics(client, worl
     html = page(signed_in(client, world.users["acme-member"]), "/portal/nodes/monitor/?node=shared-2&hours=6")
     assert 'data-range="6" aria-current="true"' in html
     assert '<div class="value none" data-live="temperature">not supported</div>' in html
-    assert 'data-energy="kwh">—' not in html and "W</dd>" in html
+    assert 'data-energy="kwh">—' not in html and 'data-energy="avg">300 W</span>' in html
     data = re.search(r'<script id="monitor-data" type="application/json">(.*?)</script>', html, re.S).group(1)
     import json
 
@@ -224,7 +224,7 @@ def test_the_monitor_renders_history_energy_and_unsupported_metrics(client, worl
         and data["energy_url"] == "/api/v1/nodes/shared-2/energy"
     )
     empty = page(client, "/portal/nodes/monitor/?node=shared-1&hours=168&gpu=2")
-    assert 'data-energy="kwh">—</dd>' in empty and 'data-range="168" aria-current="true"' in empty
+    assert 'data-energy="kwh">—</div>' in empty and 'data-range="168" aria-current="true"' in empty
     assert '<option value="2" selected>' in empty
     # a range the page does not offer falls back to 1 h
     assert 'data-range="1" aria-current="true"' in page(client, "/portal/nodes/monitor/?node=shared-1&hours=5")

@@ -126,3 +126,154 @@ class TenantAssignmentSerializer(StrictSerializer):
 
 class HoursSerializer(StrictSerializer):
     hours = serializers.IntegerField(min_value=1, max_value=168, default=1)
+
+
+# --- energy and carbon (docs/energy.md) -------------------------------------------------------
+
+MAX_TDP_W = 2000.0  # all sockets of one node; more is a typo
+
+
+class NumberField(serializers.FloatField):
+    """A finite number (DRF refuses NaN and infinities), not a boolean."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class EnergyQuerySerializer(HoursSerializer):
+    days = serializers.IntegerField(
+        min_value=1, max_value=366, default=30, help_text="How many UTC days of daily energy (energy_daily)."
+    )
+
+
+class NodeEnergySettingsSerializer(StrictSerializer):
+    """PUT /api/v1/admin/nodes/{id}/energy: omitted = unchanged, null = cleared."""
+
+    emission_factor_g_per_kwh = NumberField(
+        min_value=0,
+        max_value=2000,
+        allow_null=True,
+        required=False,
+        help_text="The node's own factor (g CO2e/kWh), over its region's; null: use the region's.",
+    )
+    cpu_tdp_w = NumberField(
+        min_value=1,
+        max_value=MAX_TDP_W,
+        allow_null=True,
+        required=False,
+        help_text="The node's CPU TDP (W, all sockets) for the CPU estimate; null: the CPU model table's.",
+    )
+
+
+class EmissionFactorWriteSerializer(StrictSerializer):
+    g_co2e_per_kwh = NumberField(min_value=0, max_value=2000, help_text="Grid carbon intensity, g CO2e per kWh.")
+    source = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class EmissionFactorSerializer(serializers.Serializer):
+    region = serializers.CharField()
+    g_co2e_per_kwh = serializers.FloatField()
+    source = serializers.CharField()
+    updated_at = serializers.DateTimeField()
+    nodes = serializers.IntegerField(help_text="Nodes in the region without a factor of their own.")
+
+
+class NodeEnergySettingsAnswerSerializer(serializers.Serializer):
+    node_id = serializers.CharField()
+    emission_factor_g_per_kwh = serializers.FloatField(allow_null=True)
+    cpu_tdp_w = serializers.FloatField(allow_null=True)
+    cpu_tdp_w_model = serializers.FloatField(allow_null=True)
+    region = serializers.CharField()
+    factor_g_per_kwh = serializers.FloatField(allow_null=True, help_text="The factor that covers the node now.")
+    factor_source = serializers.CharField(allow_null=True, help_text="node, region, or null: none.")
+
+
+class CardEnergySerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    energy_kwh = serializers.FloatField(allow_null=True, help_text="Measured, lifetime; null: never measured.")
+    since = serializers.DateTimeField(allow_null=True)
+    gap_seconds = serializers.FloatField(allow_null=True, help_text="Time between readings too far apart to count.")
+    power_w = serializers.FloatField(allow_null=True)
+    power_at = serializers.DateTimeField(allow_null=True)
+    lost = serializers.BooleanField()
+
+
+class CpuEstimateSerializer(serializers.Serializer):
+    estimate = serializers.BooleanField(help_text="Always true: estimated from utilisation and TDP, never measured.")
+    energy_kwh = serializers.FloatField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+    at = serializers.DateTimeField(allow_null=True)
+    tdp_w = serializers.FloatField(allow_null=True)
+    tdp_source = serializers.CharField(allow_null=True, help_text="operator, model, or null: no TDP known.")
+
+
+class LifetimeEnergySerializer(serializers.Serializer):
+    gpu_energy_kwh = serializers.FloatField(allow_null=True)
+    since = serializers.DateTimeField(allow_null=True)
+    gap_seconds = serializers.FloatField(allow_null=True)
+    gpus = CardEnergySerializer(many=True)
+    cpu_estimate = CpuEstimateSerializer()
+
+
+class CardPowerSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    power_w = serializers.FloatField(allow_null=True)
+
+
+class PowerPointSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    gpus = CardPowerSerializer(many=True, help_text="Measured, per card that reported in the bucket.")
+    gpu_power_w = serializers.FloatField(allow_null=True, help_text="Measured, the node's cards together.")
+    cpu_power_w_estimate = serializers.FloatField(allow_null=True, help_text="Estimated.")
+
+
+class PowerSeriesSerializer(serializers.Serializer):
+    bucket_seconds = serializers.IntegerField()
+    cpu_estimate = serializers.BooleanField()
+    points = PowerPointSerializer(many=True)
+
+
+class DailyCardSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    kwh = serializers.FloatField()
+
+
+class DailyEnergySerializer(serializers.Serializer):
+    day = serializers.DateField()
+    gpu_kwh = serializers.FloatField(allow_null=True)
+    cpu_kwh_estimate = serializers.FloatField(allow_null=True)
+    gpus = DailyCardSerializer(many=True)
+
+
+BASIS_HELP = (
+    "factor: figures given; no_factor: no emission factor covers the node (no absolute figure); no_data: "
+    "nothing measured; not_visible: the viewer's role does not see node carbon (docs/energy.md#carbon)."
+)
+
+
+class NodeCarbonSerializer(serializers.Serializer):
+    basis = serializers.CharField(help_text=BASIS_HELP)
+    factor_g_per_kwh = serializers.FloatField(allow_null=True)
+    factor_source = serializers.CharField(allow_null=True)
+    lifetime_gpu_g = serializers.FloatField(allow_null=True)
+    window_gpu_g = serializers.FloatField(allow_null=True)
+    lifetime_cpu_estimate_g = serializers.FloatField(allow_null=True)
+    window_cpu_estimate_g = serializers.FloatField(allow_null=True)
+    configure = serializers.CharField(required=False, help_text="Operators, no factor: how to configure one.")
+
+
+class NodeEnergySerializer(serializers.Serializer):
+    node_id = serializers.CharField()
+    hours = serializers.IntegerField()
+    days = serializers.IntegerField()
+    gpu_energy_kwh = serializers.FloatField(allow_null=True, help_text="The window's, from measured power.")
+    gpu_power_avg_w = serializers.FloatField(allow_null=True)
+    gpu_power_max_w = serializers.FloatField(allow_null=True)
+    samples_with_power = serializers.IntegerField()
+    cpu_energy_kwh_estimate = serializers.FloatField(allow_null=True, help_text="The window's, estimated.")
+    lifetime = LifetimeEnergySerializer()
+    series = PowerSeriesSerializer()
+    daily = DailyEnergySerializer(many=True)
+    carbon = NodeCarbonSerializer()

@@ -31,6 +31,10 @@ urlpatterns = [
         name="node-gpu-uncordon",
     ),
     path("admin/nodes/<str:node_id>/location", views.NodeLocationView.as_view(), name="node-location"),
+    path("admin/nodes/<str:node_id>/energy", views.NodeEnergySettingsView.as_view(), name="node-energy-settings"),
+    # carbon (docs/energy.md#carbon)
+    path("admin/emission-factors", views.EmissionFactorListView.as_view(), name="emission-factor-list"),
+    path("admin/emission-factors/<str:region>", views.EmissionFactorDetailView.as_view(), name="emission-factor"),
     path("admin/nodes/<str:node_id>/tenant", views.NodeTenantView.as_view(), name="node-tenant"),
     # out of service and back (docs/nodes.md#out-of-service)
     path("admin/nodes/<str:node_id>/drain", views.NodeServiceView.as_view(move="drain"), name="node-drain"),

@@ -1,5 +1,6 @@
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -9,11 +10,13 @@ from apps.core.pagination import Pagination
 from apps.core.permissions import IsAgent, IsOperator
 from apps.core.views import ScopedAPIView
 from apps.inference import services as inference_services
-from apps.nodes import metrics, presenters, selectors, services
+from apps.nodes import carbon, metrics, presenters, selectors, services
 from apps.nodes.api import serializers as s
-from apps.nodes.models import Node
+from apps.nodes.models import EmissionFactor, Node
 from apps.slices.selectors import slices_by_card
 from apps.tenants import policy
+
+REGION_MAX = 64  # nodes.region's length
 
 
 class AgentAuthCheckView(APIView):
@@ -260,23 +263,103 @@ class NodeMetricsView(NodeView):
 
 
 class NodeEnergyView(NodeView):
-    @extend_schema(
-        parameters=[s.HoursSerializer],
-        responses=inline_serializer(
-            "NodeEnergy",
-            {
-                "node_id": serializers.CharField(),
-                "hours": serializers.IntegerField(),
-                "gpu_energy_kwh": serializers.FloatField(allow_null=True),
-                "gpu_power_avg_w": serializers.FloatField(allow_null=True),
-                "gpu_power_max_w": serializers.FloatField(allow_null=True),
-                "samples_with_power": serializers.IntegerField(),
-            },
-        ),
-    )
+    """The node's energy (docs/energy.md): the window's (`hours`), the long-lived
+    accumulators, power per card, per node and the CPU estimate, the daily energy
+    (`days`), and carbon under the factor and role rules. Null where nothing was
+    measured, never 0."""
+
+    @extend_schema(parameters=[s.EnergyQuerySerializer], responses=s.NodeEnergySerializer)
     def get(self, request, node_id):
         node = self.get_object()
-        return Response(metrics.energy(node.pk, query(s.HoursSerializer, request)["hours"], node.heartbeat_interval))
+        params = query(s.EnergyQuerySerializer, request)
+        return Response(metrics.node_energy(node, request.auth, hours=params["hours"], days=params["days"]))
+
+
+def energy_settings(node) -> dict:
+    factor = carbon.factor_for(node)
+    return {
+        "node_id": node.pk,
+        "emission_factor_g_per_kwh": node.emission_factor_g_per_kwh,
+        "cpu_tdp_w": node.cpu_tdp_w,
+        "cpu_tdp_w_model": node.cpu_tdp_w_model,
+        "region": node.region,
+        "factor_g_per_kwh": factor.g_per_kwh if factor else None,
+        "factor_source": factor.source if factor else None,
+    }
+
+
+class NodeEnergySettingsView(NodeView):
+    """PUT /api/v1/admin/nodes/{id}/energy: the node's own emission factor and CPU TDP
+    (operators, as the location). Omitted = unchanged, null = cleared; a bad value is a
+    400 and nothing is written."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=s.NodeEnergySettingsAnswerSerializer)
+    def get(self, request, node_id):
+        return Response(energy_settings(self.get_object()))
+
+    @extend_schema(request=s.NodeEnergySettingsSerializer, responses=s.NodeEnergySettingsAnswerSerializer)
+    def put(self, request, node_id):
+        node = self.get_object()
+        serializer = s.NodeEnergySettingsSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        node = services.set_node_energy(node, dict(serializer.validated_data), request.auth)
+        return Response(energy_settings(node))
+
+
+def present_factor(factor: EmissionFactor) -> dict:
+    return {
+        "region": factor.region,
+        "g_co2e_per_kwh": factor.g_co2e_per_kwh,
+        "source": factor.source,
+        "updated_at": factor.updated_at,
+        "nodes": Node.objects.filter(region=factor.region, emission_factor_g_per_kwh__isnull=True).count(),
+    }
+
+
+class EmissionFactorListView(APIView):
+    """The regions' emission factors (operators)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=s.EmissionFactorSerializer(many=True))
+    def get(self, request):
+        return Response([present_factor(factor) for factor in EmissionFactor.objects.order_by("region")])
+
+
+class EmissionFactorDetailView(APIView):
+    """One region's factor: PUT creates or replaces it (201 / 200), DELETE removes it."""
+
+    permission_classes = [IsOperator]
+
+    def factor(self, region: str) -> EmissionFactor:
+        found = EmissionFactor.objects.filter(region=region).first()
+        if found is None:
+            raise NotFound(f"No emission factor for region '{region}'.")
+        return found
+
+    @extend_schema(responses=s.EmissionFactorSerializer)
+    def get(self, request, region):
+        return Response(present_factor(self.factor(region)))
+
+    @extend_schema(
+        request=s.EmissionFactorWriteSerializer,
+        responses={200: s.EmissionFactorSerializer, 201: s.EmissionFactorSerializer},
+    )
+    def put(self, request, region):
+        if not region.strip() or len(region) > REGION_MAX or region != region.strip():
+            raise ValidationError({"region": [f"A region is 1 to {REGION_MAX} characters, no surrounding spaces."]})
+        serializer = s.EmissionFactorWriteSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        factor, created = services.put_emission_factor(region, data["g_co2e_per_kwh"], data["source"], request.auth)
+        return Response(present_factor(factor), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, region):
+        services.delete_emission_factor(self.factor(region), request.auth)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class EnvironmentSummaryView(APIView):

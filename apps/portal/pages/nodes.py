@@ -33,6 +33,7 @@ from apps.tenants.models import Tenant
 SORT_LABELS = {"tasks": "Tasks", "busy": "GPUs busy", "utilization": "Utilisation", "name": "Name"}
 MONITOR_RANGES = {"1": "1 h", "6": "6 h", "24": "24 h", "72": "3 d", "168": "7 d"}
 MONITOR_LIST_LIMIT = 200
+ENERGY_DAYS = 14  # the monitor's daily energy table
 ENVIRONMENT_TABS = {"alive": "Online (checkable)", "offline": "Offline", "all": "All"}
 IMAGE_POLL_MS = 5000  # the environment page follows a check or a pull this often
 IMAGE_CHECK_WAIT_MS = 120_000  # and stops following a check its node's agent has not taken by then
@@ -250,11 +251,12 @@ def node_monitor(request):
         indices = [str(gpu.index) for gpu in gpus]
         gpu = choice(request.GET.get("gpu", ""), indices, "all")
         shown = gpus if gpu == "all" else [g for g in gpus if str(g.index) == gpu]
+        energy = metrics.node_energy(node, principal, hours=int(hours), days=ENERGY_DAYS)
         context |= {
             "gpus": gpus,
             "gpu": gpu,
             "live": live_readings(node, shown),
-            "energy": metrics.energy(node.pk, int(hours), node.heartbeat_interval),
+            "energy": energy,
             "chart_data": {
                 "node_id": node.pk,
                 "hours": int(hours),
@@ -263,6 +265,7 @@ def node_monitor(request):
                 "history": metrics.history(node.pk, int(hours)),
                 "metrics_url": reverse("node-metrics", args=[node.pk]),
                 "energy_url": reverse("node-energy", args=[node.pk]),
+                "energy_series": energy["series"],
                 "node_url": reverse("node-detail", args=[node.pk]),
             },
         }

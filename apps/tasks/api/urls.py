@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.tasks.api import views
+from apps.tasks.api import energy, views
 
 urlpatterns = [
     path("tasks", views.TaskListView.as_view(), name="task-list"),
@@ -12,6 +12,8 @@ urlpatterns = [
     path("tasks/<int:pk>/container-lost", views.ContainerLostView.as_view(), name="task-container-lost"),
     path("tasks/<int:pk>/stop", views.TaskStopView.as_view(), name="task-stop"),
     path("tasks/<int:pk>/cancel", views.TaskStopView.as_view(), name="task-cancel"),
+    # the energy and carbon of a tenant's tasks (docs/energy.md#tenants)
+    path("usage/energy", energy.TenantEnergyView.as_view(), name="usage-energy"),
     path("task-groups", views.TaskGroupListView.as_view(), name="task-group-list"),
     path("task-groups/<int:pk>", views.TaskGroupDetailView.as_view(), name="task-group-detail"),
     path("task-groups/<int:pk>/stop", views.TaskGroupStopView.as_view(), name="task-group-stop"),

@@ -432,6 +432,12 @@ def test_operator_node_monitor_switches_range_with_charts(operator):
     for chart in ("chart-memory", "chart-temperature", "chart-host", "chart-power"):
         assert charts_drawn(page, chart) > 50
     expect(page.locator('[data-energy="kwh"]')).not_to_have_text("—")
+    # the energy section: power per card (8 cards), the node's total, the CPU estimate apart
+    assert charts_drawn(page, "chart-power-cards") > 50
+    expect(page.locator("#chart-power-cards")).to_have_attribute("data-series", "8")
+    assert charts_drawn(page, "chart-power-node") > 50
+    expect(page.locator("#chart-cpu-estimate h3")).to_have_text("CPU power (W, estimate)")
+    expect(page.locator("#chart-cpu-estimate")).to_have_attribute("data-state", re.compile("drawn|empty"))
     page.select_option("#gpu", "3")
     expect(page).to_have_url(re.compile(r"gpu=3"))
     assert charts_drawn(page, "chart-utilization") == six_hours
