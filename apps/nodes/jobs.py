@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from apps.core.guard import periodic_job
+from apps.nodes.energy import roll_up_energy
 from apps.nodes.images import sweep_image_requests
 from apps.nodes.metrics import prune_and_prepare_partitions
 from apps.nodes.services import refresh_node_statuses
@@ -14,3 +15,6 @@ prune_metrics_job = periodic_job("nodes.prune_metrics", every=600)(prune_and_pre
 # the image channel's janitor (apps.nodes.images, docs/images.md): stalled, over budget,
 # pending on an offline node, and the finished requests past their retention
 image_janitor_job = periodic_job("nodes.image_janitor", every=60)(sweep_image_requests)
+# the daily energy rollup (apps.nodes.energy): each accumulator's growth since the last
+# run, added to today's (UTC) energy_daily row
+energy_rollup_job = periodic_job("nodes.energy_rollup", every=300)(roll_up_energy)
