@@ -337,6 +337,9 @@ HETEROFLOW_HEARTBEAT_DB_POOL_SIZE = env.int("HETEROFLOW_HEARTBEAT_DB_POOL_SIZE",
 # the node's public IP is always the TCP source address (uvicorn runs with
 # --no-proxy-headers everywhere we start it, so it does not rewrite the peer itself).
 HETEROFLOW_TRUSTED_PROXIES = env.cidr_list("HETEROFLOW_TRUSTED_PROXIES", [])
+# The CPU power estimate (never measured): TDP × (idle + (1 − idle) × cpu_used / 100),
+# with this share of the TDP drawn by an idle CPU (apps.nodes.energy).
+HETEROFLOW_CPU_IDLE_POWER_FRACTION = env.float("HETEROFLOW_CPU_IDLE_POWER_FRACTION", 0.3, low=0.0, high=1.0)
 HETEROFLOW_TASK_TIMEOUT_SECONDS = env.int("HETEROFLOW_TASK_TIMEOUT_SECONDS", 7_200, low=60, high=31 * 86_400)
 # Submitting: the most tasks one POST /api/v1/tasks/batch creates, and how often creates
 # ask the scheduler for a cycle at most (one cycle now and one at the interval's end,

@@ -24,16 +24,19 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import orjson
+from django.conf import settings
 from django.core.cache import cache
+from psycopg import AsyncRawCursor
 from psycopg.types.json import Jsonb, set_json_dumps
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
-from apps.nodes import health, liveness
+from apps.nodes import energy, health, liveness
 from apps.nodes.choices import CORDON_LABEL, LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS
 from apps.nodes.normalize import gpu_model
 
@@ -79,6 +82,8 @@ def structure_hash(payload: dict) -> str:
     facts = [payload.get(key) for key in STRUCTURAL_KEYS]
     if "owned_label_keys" in payload:  # only then: an older agent's hash stays what it was
         facts.append(sorted(payload["owned_label_keys"]))
+    if "cpu_model" in payload or "cpu_sockets" in payload:  # likewise
+        facts.append([payload.get("cpu_model"), payload.get("cpu_sockets")])
     document = orjson.dumps([facts, gpus], option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(document, digest_size=16).hexdigest()
 
@@ -160,15 +165,33 @@ STRUCTURE_COLUMNS = (
     "discovered_models",
     "gpu_type",
     "gpu_model",
+    "cpu_model",
+    "cpu_sockets",
+    "cpu_tdp_w_model",
     "structure_hash",
 )
 
+# The beat's real interval is the time since the node's previous beat, both server
+# receipt times (`dt`, seconds). Energy is integrated over it only when both ends were
+# measured and it is at most three of the node's beats (`max_span`): a card's power read
+# at the previous beat (power_at = that beat) and now, the node's CPU estimate likewise;
+# otherwise the time since the card's last measured power is a gap (energy_gap_seconds),
+# and nothing is invented for it. A beat from a collector error measures no card.
 BEAT = f"""
 WITH node AS (
-    UPDATE nodes AS n SET {", ".join(f"{column} = %({column})s" for column in HEARTBEAT_COLUMNS)}
-    FROM (SELECT id, ip AS old_ip, health_hash AS oh FROM nodes WHERE id = %(id)s) AS o
+    UPDATE nodes AS n SET {", ".join(f"{column} = %({column})s" for column in HEARTBEAT_COLUMNS)},
+        cpu_power_w_estimate = o.ce,
+        cpu_power_at = CASE WHEN o.ce IS NULL THEN n.cpu_power_at ELSE %(now)s END,
+        cpu_energy_wh_estimate = n.cpu_energy_wh_estimate + COALESCE(CASE
+            WHEN o.cpu_power_at = o.ol AND o.dt > 0 AND o.dt <= %(max_span)s
+            THEN (o.cpu_power_w_estimate + o.ce) * o.dt / 7200 END, 0)
+    FROM (SELECT id, ip AS old_ip, health_hash AS oh, last_heartbeat_at AS ol, cpu_power_at, cpu_power_w_estimate,
+                 extract(epoch FROM %(now)s - last_heartbeat_at)::float8 AS dt,
+                 COALESCE(cpu_tdp_w, cpu_tdp_w_model)
+                     * (%(idle)s + (1 - %(idle)s) * %(cpu_used)s::float8 / 100) AS ce
+          FROM nodes WHERE id = %(id)s) AS o
     WHERE n.id = o.id AND n.structure_hash = %(structure_hash)s
-    RETURNING o.old_ip, o.oh
+    RETURNING o.old_ip, o.oh, o.ol, o.dt
 ), readings AS (
     SELECT * FROM jsonb_to_recordset(%(readings)s::jsonb) AS r(i int, u float8, m bigint, t float8, p float8, a text)
 ), judged AS (
@@ -194,6 +217,11 @@ WITH node AS (
             WHEN s.kind = 'present' AND g.lost_at IS NOT NULL AND g.present_streak + 1 >= {RECOVERED_AFTER_BEATS}
                 THEN ''
             ELSE g.lost_basis END,
+        energy_wh = g.energy_wh + CASE WHEN s.ms AND s.ok THEN (g.power_w + s.p) * s.dt / 7200 ELSE 0 END,
+        energy_gap_seconds = g.energy_gap_seconds
+            + CASE WHEN s.ms AND NOT s.ok THEN COALESCE(GREATEST(s.since, 0), 0) ELSE 0 END,
+        power_at = CASE WHEN s.ms THEN %(now)s ELSE g.power_at END,
+        energy_since = CASE WHEN s.ms THEN COALESCE(g.energy_since, %(now)s) ELSE g.energy_since END,
         updated_at = %(now)s
     FROM (
         SELECT g2.id, g2.lost_at IS NOT NULL AS was_lost,
@@ -201,10 +229,14 @@ WITH node AS (
                     WHEN g2.index = ANY(%(failed)s::int[]) THEN 'failed'
                     WHEN r.i IS NULL THEN 'absent'
                     ELSE 'present' END AS kind,
-               r.u, r.m, r.t, r.p, r.a
-        FROM gpus AS g2
+               r.u, r.m, r.t, r.p, r.a,
+               NOT %(collector_error)s AND r.p IS NOT NULL AS ms,
+               COALESCE(g2.power_at = nd.ol AND g2.power_w IS NOT NULL AND nd.dt > 0 AND nd.dt <= %(max_span)s,
+                        false) AS ok,
+               nd.dt, extract(epoch FROM %(now)s - g2.power_at)::float8 AS since
+        FROM gpus AS g2 CROSS JOIN node AS nd
         LEFT JOIN readings AS r ON r.i = g2.index AND NOT (g2.index = ANY(%(failed)s::int[]))
-        WHERE g2.node_id = %(id)s AND EXISTS (SELECT 1 FROM node)
+        WHERE g2.node_id = %(id)s
     ) AS s
     WHERE g.id = s.id
     RETURNING g.index, s.was_lost, g.lost_at IS NOT NULL AS is_lost, g.lost_basis
@@ -236,12 +268,44 @@ SELECT EXISTS (SELECT 1 FROM node), (SELECT old_ip FROM node), (SELECT oh FROM n
              ORDER BY t.priority DESC, t.created_at, t.id LIMIT 50)
 """
 
-# Collapsed so that psycopg caches its parsing of the query (it skips queries over 4 KB).
-BEAT = " ".join(BEAT.split())
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%|%")
 
+
+def positional(query: str) -> tuple[str, tuple[str, ...]]:
+    """A statement written with named placeholders (`%(name)s`, `%%` for a literal %),
+    as PostgreSQL's own positional one (`$1`…, one number per name) and the names in
+    that order. Run on a raw cursor, such a statement is sent as it is: psycopg parses
+    nothing client-side on any execution, whatever its length."""
+    names: list[str] = []
+
+    def replace(match: re.Match) -> str:
+        if match.group(0) == "%%":
+            return "%"
+        if match.group(1) is None:
+            raise ValueError(f"a bare % at {match.start()} of the statement: write %% or %(name)s")
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return _PLACEHOLDER.sub(replace, query), tuple(names)
+
+
+# Compiled once: the beat runs on a raw cursor (psycopg would parse a named statement of
+# this length again on every execution, 400 times a second), collapsed to one line.
+BEAT_SQL, BEAT_PARAMS = positional(" ".join(BEAT.split()))
+
+
+def beat_values(params: dict) -> list:
+    return [params[name] for name in BEAT_PARAMS]
+
+
+# Not last_heartbeat_at: the beat that follows in the same transaction sets it, and reads
+# the previous one first (the beat's real interval, for the energy accumulators).
 FULL_NODE_UPDATE = (
     "UPDATE nodes SET "
-    + ", ".join(f"{column} = %({column})s" for column in HEARTBEAT_COLUMNS + STRUCTURE_COLUMNS)
+    + ", ".join(
+        f"{column} = %({column})s" for column in HEARTBEAT_COLUMNS + STRUCTURE_COLUMNS if column != "last_heartbeat_at"
+    )
     + ", labels = (labels || %(labels)s) - %(label_removals)s::text[]"
     + ", agent_label_keys = COALESCE(%(agent_label_keys)s, agent_label_keys) WHERE id = %(id)s"
 )
@@ -324,6 +388,9 @@ def beat_params(node_id: str, payload: dict, peer_ip: str | None, now: datetime)
         # absent is "not said" (SQL null), never "none alive": the stalled check skips it
         "live_task_ids": Jsonb(payload["live_task_ids"]) if payload.get("live_task_ids") is not None else None,
         "heartbeat_interval": payload.get("heartbeat_interval", 5),
+        # the longest interval energy is integrated over: three of the node's beats
+        "max_span": 3 * payload.get("heartbeat_interval", 5),
+        "idle": float(settings.HETEROFLOW_CPU_IDLE_POWER_FRACTION),
         "updated_at": now,
         "structure_hash": structure_hash(payload),
         "collector_error": bool(payload.get("gpu_collector_error")),
@@ -364,6 +431,9 @@ def structure_params(payload: dict) -> dict:
         "discovered_models": Jsonb(payload.get("discovered_models", [])),
         "gpu_type": max(set(vendors), key=vendors.count) if vendors else "",
         "gpu_model": models.pop() if len(models) == 1 else ("mixed" if models else ""),
+        "cpu_model": payload.get("cpu_model", ""),
+        "cpu_sockets": payload.get("cpu_sockets"),
+        "cpu_tdp_w_model": energy.cpu_tdp_w_model(payload.get("cpu_model", ""), payload.get("cpu_sockets")),
         "labels": Jsonb(agent_labels(payload)),
         "gpus": orjson.dumps(gpus).decode(),
     }
@@ -403,8 +473,9 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
     params = beat_params(node_id, payload, peer_ip, now)
     outcome = BeatOutcome(node_id=node_id, status=params["status"])
     cur = conn.cursor()
-    await cur.execute(BEAT, params)
-    matched, old_ip, old_health_hash, changes, outcome.scheduled_task_ids = await cur.fetchone()
+    raw = AsyncRawCursor(conn)
+    await raw.execute(BEAT_SQL, beat_values(params))
+    matched, old_ip, old_health_hash, changes, outcome.scheduled_task_ids = await raw.fetchone()
     if matched:
         outcome.ip_changed = not same_address(old_ip, peer_ip)
     else:
@@ -438,8 +509,8 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
             await cur.execute(GPU_UPSERT, {"id": node_id, "now": now, "gpus": structure["gpus"]})
             await cur.execute(GPU_COUNT_UPDATE, {"id": node_id})
             # The structure now matches: the beat itself is the same statement as always.
-            await cur.execute(BEAT, params)
-            matched, _, old_health_hash, changes, outcome.scheduled_task_ids = await cur.fetchone()
+            await raw.execute(BEAT_SQL, beat_values(params))
+            matched, _, old_health_hash, changes, outcome.scheduled_task_ids = await raw.fetchone()
             if not matched:
                 raise RuntimeError(f"heartbeat of {node_id}: the node row did not match after the slow path")
     if "gpu_health" in payload:  # an older agent sends none: its cards' health stays unknown

@@ -1,15 +1,19 @@
-"""Node jobs: the health checker, metrics retention, the image channel's janitor and the
-clean period of health cordons."""
+"""Node jobs: the health checker, metrics retention, the image channel's janitor, the
+clean period of health cordons and the daily energy rollup."""
 
 from __future__ import annotations
 
 from apps.core.guard import periodic_job
+from apps.nodes.energy import roll_up_energy
 from apps.nodes.gpu_health_services import recover_clean_cards
 from apps.nodes.images import sweep_image_requests
 from apps.nodes.metrics import prune_and_prepare_partitions
 from apps.nodes.services import refresh_node_statuses
 
 check_health_job = periodic_job("nodes.check_health", every=5)(refresh_node_statuses)
+# the daily energy rollup (apps.nodes.energy): each accumulator's growth since the last
+# run, added to today's (UTC) energy_daily row
+energy_rollup_job = periodic_job("nodes.energy_rollup", every=300)(roll_up_energy)
 # also requested every 500 heartbeats (apps.nodes.api.heartbeat); the guard keeps it to
 # once per period
 prune_metrics_job = periodic_job("nodes.prune_metrics", every=600)(prune_and_prepare_partitions)

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXPECTED = {
     "core.purge_expired_sessions": (3600.0, False),
     "nodes.check_health": (5.0, False),
+    "nodes.energy_rollup": (300.0, False),
     "nodes.prune_metrics": (600.0, False),
     "nodes.image_janitor": (60.0, False),
     "nodes.gpu_health_recovery": (300.0, False),

@@ -312,11 +312,34 @@ def test_the_answer_lists_the_tasks_scheduled_to_the_node(agents):
         services.delete_tenant(tenant)
 
 
-def test_the_beat_statement_fits_psycopgs_query_cache():
-    # psycopg re-parses queries over 4 KB on every execution; the beat runs 400 times/s.
-    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+def test_the_beat_statement_is_never_parsed_client_side(agents, monkeypatch):
+    """psycopg parses a named statement (%(name)s) on every execution when it is over
+    4 KB or has over 50 parameters (it caches only smaller ones); the beat runs 400
+    times a second. It is compiled to PostgreSQL's positional form once, at import, and
+    sent on a raw cursor: a steady beat parses nothing in the client."""
+    from psycopg import _queries
 
-    assert len(heartbeat.BEAT) <= MAX_CACHED_STATEMENT_LENGTH
+    agents.send("node-raw", payload())
+    parsed = []
+    for name in ("_query2pg", "_query2pg_nocache"):
+        original = getattr(_queries, name)
+        monkeypatch.setattr(_queries, name, lambda *a, _f=original, **k: parsed.append(a[0]) or _f(*a, **k))
+    assert agents.send("node-raw", payload(cpu_used=50.0)).status_code == 200
+    assert parsed == []
+    assert Node.objects.get(pk="node-raw").cpu_used == 50.0
+
+
+def test_the_positional_beat_names_each_parameter_once_and_keeps_literal_percents():
+    sql, names = heartbeat.BEAT_SQL, heartbeat.BEAT_PARAMS
+    assert len(names) == len(set(names)) and "%(" not in sql
+    assert f"${len(names)}" in sql and f"${len(names) + 1}" not in sql
+    assert "format('GPU %s of node %s is lost (%s).'" in sql
+    assert heartbeat.positional("a = %(x)s AND b = %(y)s OR c = %(x)s LIKE 'z%%'") == (
+        "a = $1 AND b = $2 OR c = $1 LIKE 'z%'",
+        ("x", "y"),
+    )
+    with pytest.raises(ValueError):
+        heartbeat.positional("a LIKE 'z%'")
 
 
 def test_a_farewell_beat_takes_the_node_offline_until_it_beats_again(agents):
