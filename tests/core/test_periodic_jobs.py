@@ -23,6 +23,7 @@ EXPECTED = {
     "nodes.check_health": (5.0, False),
     "nodes.prune_metrics": (600.0, False),
     "nodes.image_janitor": (60.0, False),
+    "nodes.memory_drift": (10.0, False),
     "scheduler.tick": (5.0, False),
     "scheduler.preemption_watchdog": (30.0, False),
     "alerts.sweep": (30.0, False),
