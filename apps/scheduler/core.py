@@ -88,6 +88,15 @@ class GpuSnap:
             return seen
         return total
 
+    def share_rooms_mb(self, reserve_mb: int) -> tuple[int, int]:
+        """share_room_mb with the reading and without it, in one pass over the holders."""
+        if self.mig:
+            return self.share_room_mb(reserve_mb), self.share_room_mb(reserve_mb, measured=False)
+        ledger = self.ledger_free_mb()
+        seen = self.measured_free_mb()
+        room = ledger if seen is None or seen >= ledger else seen
+        return room - reserve_mb, ledger - reserve_mb
+
     def share_room_mb(self, reserve_mb: int, measured: bool = True) -> int:
         """The most memory one more share could have on this card: on a MIG card the
         largest profile that still fits (no reserve: the instance is a partition), less
@@ -462,8 +471,7 @@ class FleetView:
                 partial = self._partial[position] = []
                 for gpu in self.nodes[position].gpus:
                     if gpu.placeable and not (gpu.holders and gpu.whole_taken) and card_under_load(gpu, settings):
-                        reserve = reserve_mb(gpu, settings)
-                        partial.append((gpu, gpu.share_room_mb(reserve), gpu.share_room_mb(reserve, measured=False)))
+                        partial.append((gpu, *gpu.share_rooms_mb(reserve_mb(gpu, settings))))
             may_share = self.may_share
             column = 1 if measured else 2
             # the most free memory among the cards this tenant may share; a card that

@@ -57,6 +57,19 @@ def test_share_free_is_the_smaller_of_ledger_and_measured_after_the_reserve():
     assert quiet.memory_free_mb(8192) == 70 * GB - 8192  # the ledger is the smaller
 
 
+@pytest.mark.parametrize(
+    "gpu",
+    [
+        card(used=30 * GB, holders=[(9, 1, 10 * GB)]),
+        card(used=5 * GB, holders=[(9, 1, 10 * GB)]),
+        card(used=None),
+        card(used=100 * GB),
+    ],
+)
+def test_both_rooms_in_one_pass_agree_with_each_alone(gpu):
+    assert gpu.share_rooms_mb(8192) == (gpu.share_room_mb(8192), gpu.share_room_mb(8192, measured=False))
+
+
 # --- the case: 30 GB measured but unknown on an 80 GB card ---------------------
 
 
