@@ -92,9 +92,15 @@ class GpuSnap:
         """share_room_mb with the reading and without it, in one pass over the holders."""
         if self.mig:
             return self.share_room_mb(reserve_mb), self.share_room_mb(reserve_mb, measured=False)
-        ledger = self.ledger_free_mb()
-        seen = self.measured_free_mb()
-        room = ledger if seen is None or seen >= ledger else seen
+        total = self.memory_total_mb or 0
+        holders = self.holders
+        ledger = total - sum(memory or 0 for _, _, memory in holders) if holders else total
+        used = self.memory_used_mb
+        room = ledger
+        if used is not None and total:
+            seen = (total - used if used < total else 0) - self.placed_mb
+            if seen < ledger:
+                room = seen
         return room - reserve_mb, ledger - reserve_mb
 
     def share_room_mb(self, reserve_mb: int, measured: bool = True) -> int:
@@ -351,7 +357,8 @@ def nodes_to_score(total: int) -> int:
 
 
 def free_whole_cards(node: NodeSnap) -> int:
-    return sum(1 for gpu in node.gpus if gpu.placeable and not gpu.holders)
+    # GpuSnap.placeable spelled out: this runs for every node a decision changes
+    return sum(1 for gpu in node.gpus if not (gpu.lost or gpu.cordoned or gpu.holders))
 
 
 _UNKNOWN = object()
@@ -382,10 +389,14 @@ class FleetView:
         self.free = [0] * count
         self.base_score = [0.0] * count
         self._open: list[list[GpuSnap] | None] = [None] * count
-        # cards with room, and how much: (card, room on min(ledger, measured), room on the ledger alone)
-        self._partial: list[list[tuple[GpuSnap, int, int]] | None] = [None] * count
-        # whether the node has a cordoned card (present): only there is `cordoned` ever the reason
-        self.cordoned = [any(gpu.cordoned and not gpu.lost for gpu in node.gpus) for node in self.nodes]
+        # cards with room, and how much (on min(ledger-free, measured-free)); and whether a
+        # reading is what bounds one of them (else the ledger alone gives the same rooms)
+        self._partial: list[list[tuple[GpuSnap, int]] | None] = [None] * count
+        self._binds = [False] * count
+        self._ledger_partial: list[list[tuple[GpuSnap, int]] | None] = [None] * count
+        # whether the node has a cordoned card (present), on first asking: only there is
+        # `cordoned` ever the reason
+        self._cordoned: list[bool | None] = [None] * count
         self._room: list[dict[tuple, int]] = [{} for _ in self.nodes]
         self._topology: list = [_UNKNOWN if nvlink.TOPOLOGY_LABEL in node.labels else None for node in self.nodes]
         # cards held for a waiting task group this cycle, by position (hold_for_group)
@@ -428,7 +439,15 @@ class FleetView:
             self.base_score[position] = score
         self._open[position] = None
         self._partial[position] = None
+        self._ledger_partial[position] = None
+        self._binds[position] = False
         self._room[position] = {}
+
+    def has_cordoned(self, position: int) -> bool:
+        found = self._cordoned[position]
+        if found is None:
+            found = self._cordoned[position] = any(gpu.cordoned and not gpu.lost for gpu in self.nodes[position].gpus)
+        return found
 
     def open_cards(self, position: int, vendor: str) -> list[GpuSnap]:
         """The node's free whole cards of this vendor ("" any) below the load thresholds."""
@@ -438,7 +457,7 @@ class FleetView:
             cards = self._open[position] = [
                 gpu
                 for gpu in self.nodes[position].gpus
-                if gpu.placeable and not gpu.holders and card_under_load(gpu, settings)
+                if not (gpu.lost or gpu.cordoned or gpu.holders) and card_under_load(gpu, settings)
             ]
         if not vendor or vendor == self.vendor[position]:
             return cards
@@ -469,16 +488,28 @@ class FleetView:
             if partial is None:
                 settings = self.settings
                 partial = self._partial[position] = []
+                ledger_rooms = []
                 for gpu in self.nodes[position].gpus:
-                    if gpu.placeable and not (gpu.holders and gpu.whole_taken) and card_under_load(gpu, settings):
-                        partial.append((gpu, *gpu.share_rooms_mb(reserve_mb(gpu, settings))))
+                    if (
+                        not (gpu.lost or gpu.cordoned)  # placeable
+                        and not (gpu.holders and gpu.whole_taken)
+                        and card_under_load(gpu, settings)
+                    ):
+                        free, ledger = gpu.share_rooms_mb(reserve_mb(gpu, settings))
+                        partial.append((gpu, free))
+                        ledger_rooms.append((gpu, ledger))
+                        if free != ledger:
+                            self._binds[position] = True
+                self._ledger_partial[position] = ledger_rooms
+            if not measured:
+                if not self._binds[position]:
+                    return self.room_mb(position, vendor, tenant_id)
+                partial = self._ledger_partial[position]
             may_share = self.may_share
-            column = 1 if measured else 2
             # the most free memory among the cards this tenant may share; a card that
             # cannot beat the best so far is not asked about its holders
             best = None
-            for entry in partial:
-                gpu, free = entry[0], entry[column]
+            for gpu, free in partial:
                 if (
                     (best is None or free > best)
                     and vendor_matches(gpu, vendor)
@@ -496,7 +527,7 @@ class FleetView:
         admit the task but what the cards' readings say is in use does not, else
         `capacity`."""
         need, vendor, memory = ask.need, ask.vendor, ask.task.gpu_memory_mb
-        if self.cordoned[position]:
+        if self.has_cordoned(position):
             settings = self.settings
             cordoned = sum(
                 1
@@ -520,7 +551,7 @@ class FleetView:
         would, `memory_in_use` when the ledger would admit it but the reading does not,
         else `capacity`."""
         vendor, memory, tenant = ask.vendor, ask.task.gpu_memory_mb, ask.task.tenant_id
-        if self.cordoned[position]:
+        if self.has_cordoned(position):
             settings = self.settings
             for gpu in self.nodes[position].gpus:
                 if (
@@ -535,6 +566,8 @@ class FleetView:
                     return "cordoned"
         if self.room_mb(position, vendor, None) >= memory:
             return "tenant_sharing"
+        if not self._binds[position]:  # no reading bounds a card here: the ledger says the same
+            return "capacity"
         if self.room_mb(position, vendor, tenant, measured=False) >= memory:
             return "memory_in_use"
         if self.room_mb(position, vendor, None, measured=False) >= memory:
@@ -635,20 +668,20 @@ def gpu_capacity(ask: Ask, fleet: FleetView) -> Check | None:
     need, vendor, memory = ask.need, ask.vendor, ask.task.gpu_memory_mb
     if ask.whole:
         free, open_cards, whole_cards = fleet.free, fleet.open_cards, fleet.whole_cards
-        cordoned, shortfall = fleet.cordoned, fleet.whole_shortfall
+        cordoned, shortfall = fleet.has_cordoned, fleet.whole_shortfall
         if not memory:
 
             def whole(position: int) -> str | None:
                 if free[position] >= need and len(open_cards(position, vendor)) >= need:
                     return None
-                return shortfall(position, ask) if cordoned[position] else "capacity"
+                return shortfall(position, ask) if cordoned(position) else "capacity"
 
             return whole
 
         def bounded(position: int) -> str | None:
             if free[position] >= need and len(whole_cards(position, vendor, memory)) >= need:
                 return None
-            return shortfall(position, ask) if cordoned[position] or free[position] >= need else "capacity"
+            return shortfall(position, ask) if free[position] >= need or cordoned(position) else "capacity"
 
         return bounded
     if not need:

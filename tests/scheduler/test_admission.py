@@ -241,5 +241,5 @@ def test_fleet_view_knows_which_nodes_have_cordoned_cards():
         SETTINGS,
         SAME_TENANT_ONLY,
     )
-    assert view.cordoned == [True, False, False]
+    assert [view.has_cordoned(position) for position in range(3)] == [True, False, False]
     assert view.free == [0, 8, 0]
