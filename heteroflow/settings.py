@@ -377,6 +377,11 @@ if HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS >= HETEROFLOW_NODE_STATUS_OFFLINE_SECO
         f"HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS ({HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS}) must be less than "
         f"HETEROFLOW_NODE_STATUS_OFFLINE_SECONDS ({HETEROFLOW_NODE_STATUS_OFFLINE_SECONDS})"
     )
+# Memory drift (apps.nodes.drift, every 10 s): a card whose measured memory use exceeds
+# what the GPU ledger explains by more than this many MB, for this many of its node's
+# heartbeat intervals, raises GPU_MEMORY_DRIFT.
+HETEROFLOW_GPU_MEMORY_DRIFT_MB = env.int("HETEROFLOW_GPU_MEMORY_DRIFT_MB", 2048, low=0, high=1_048_576)
+HETEROFLOW_GPU_MEMORY_DRIFT_BEATS = env.int("HETEROFLOW_GPU_MEMORY_DRIFT_BEATS", 3, low=1, high=1000)
 # --- failure handling (docs/failures.md) -----------------------------------------------
 # A node silent this long is given up by the failure policy: NODE_OFFLINE, tasks
 # requeued, nothing more placed on it (whatever its status still shows).

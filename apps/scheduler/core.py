@@ -45,22 +45,91 @@ class GpuSnap:
     model: str = ""  # the card's name as its agent reports it (the MIG table is found by it)
     carved_g: int = 0
     carved_memory: int = 0
+    # health (apps.nodes.health, or an operator): a cordoned card takes no new placement
+    cordoned: bool = False
+    # memory this cycle's decisions put on the card as shares: not in the reading yet
+    placed_mb: int = 0
+
+    @property
+    def placeable(self) -> bool:
+        """Whether the card may take a new placement at all: present and not cordoned.
+        Every place that decides a new placement asks this (never `lost` alone)."""
+        return not self.lost and not self.cordoned
 
     @property
     def whole_taken(self) -> bool:
         return any(memory is None for _, _, memory in self.holders)
 
-    def memory_free_mb(self, reserve_mb: int) -> int:
-        total = self.memory_total_mb or 0
-        return total - reserve_mb - sum(memory or 0 for _, _, memory in self.holders)
+    def ledger_free_mb(self) -> int:
+        """The memory no holder of the ledger has (before any reserve)."""
+        return (self.memory_total_mb or 0) - sum(memory or 0 for _, _, memory in self.holders)
 
-    def share_room_mb(self, reserve_mb: int) -> int:
+    def measured_free_mb(self) -> int | None:
+        """The card's total less its latest reading (a reading above the total: 0 free),
+        less what this cycle placed on it since; None without a reading (ledger only)."""
+        total, used = self.memory_total_mb, self.memory_used_mb
+        if used is None or not total:
+            return None
+        return min(max(total - used, 0), total) - self.placed_mb
+
+    def memory_free_mb(self, reserve_mb: int, measured: bool = True) -> int:
+        """A share's free memory: min(ledger-free, measured-free) after the reserve
+        (`measured` False: the ledger's alone)."""
+        free = self.ledger_free_mb()
+        if measured and (seen := self.measured_free_mb()) is not None and seen < free:
+            free = seen
+        return free - reserve_mb
+
+    def whole_memory_mb(self, measured: bool = True) -> int:
+        """The memory a whole-card task would find on this (free) card: its total, or
+        less when the reading says some is in use (no reserve: the card is the task's)."""
+        total = self.memory_total_mb or 0
+        if measured and (seen := self.measured_free_mb()) is not None and seen < total:
+            return seen
+        return total
+
+    def share_rooms_mb(self, reserve_mb: int) -> tuple[int, int]:
+        """share_room_mb with the reading and without it, in one pass over the holders."""
+        if self.mig:
+            return self.share_room_mb(reserve_mb), self.share_room_mb(reserve_mb, measured=False)
+        total = self.memory_total_mb or 0
+        holders = self.holders
+        ledger = total - sum(memory or 0 for _, _, memory in holders) if holders else total
+        used = self.memory_used_mb
+        room = ledger
+        if used is not None and total:
+            seen = (total - used if used < total else 0) - self.placed_mb
+            if seen < ledger:
+                room = seen
+        return room - reserve_mb, ledger - reserve_mb
+
+    def share_room_mb(self, reserve_mb: int, measured: bool = True) -> int:
         """The most memory one more share could have on this card: on a MIG card the
-        largest profile that still fits (no reserve: the instance is a partition), else
+        largest profile that still fits (no reserve: the instance is a partition), less
+        any measured use the carved instances do not explain (a process can only use a
+        MIG card's memory inside an instance, so use beyond the carved instances' memory
+        is something the slices do not know about, and it takes un-carved memory); else
         the free memory after the reserve."""
         if self.mig:
-            return planning.largest_fit_mb(self.mig_model, self.carved_g, self.carved_memory)
-        return self.memory_free_mb(reserve_mb)
+            room = planning.largest_fit_mb(self.mig_model, self.carved_g, self.carved_memory)
+            if measured and room and self.memory_used_mb is not None and self.memory_total_mb:
+                total, model = self.memory_total_mb, self.mig_model
+                carved_mb = self.carved_memory * total // model.memory_slices
+                excess = self.memory_used_mb - carved_mb
+                if excess > 0 and total - carved_mb - excess < room:
+                    # the largest profile that still fits in what the excess leaves
+                    left = total - carved_mb - excess
+                    room = max(
+                        (
+                            p.memory_mb
+                            for p in model.profiles
+                            if p.memory_mb <= left
+                            and planning.profile_fits(model, p, self.carved_g, self.carved_memory)
+                        ),
+                        default=0,
+                    )
+            return room
+        return self.memory_free_mb(reserve_mb, measured)
 
     def shared_with(self, tenant_id: int, may_share) -> bool:
         """Whether every tenant on the card may share it with `tenant_id` (fail-closed:
@@ -84,6 +153,8 @@ class NodeSnap:
     ports_free: int | None = None  # host ports left for inference services; None: not limited
 
     def usable_gpus(self) -> list[GpuSnap]:
+        """The cards present (for the node's utilisation; what may take a new placement
+        is GpuSnap.placeable)."""
         return [gpu for gpu in self.gpus if not gpu.lost]
 
     def gpu_fraction_used(self) -> float | None:
@@ -193,8 +264,9 @@ def shareable_cards(node: NodeSnap, task: TaskReq, settings: PluginSettings, may
     vendor = task.gpu_type.lower()
     return [
         gpu
-        for gpu in node.usable_gpus()
-        if vendor_matches(gpu, vendor)
+        for gpu in node.gpus
+        if gpu.placeable
+        and vendor_matches(gpu, vendor)
         and card_under_load(gpu, settings)
         and not gpu.whole_taken
         and gpu.share_room_mb(reserve_mb(gpu, settings)) >= task.gpu_memory_mb
@@ -285,7 +357,8 @@ def nodes_to_score(total: int) -> int:
 
 
 def free_whole_cards(node: NodeSnap) -> int:
-    return sum(1 for gpu in node.gpus if not gpu.lost and not gpu.holders)
+    # GpuSnap.placeable spelled out: this runs for every node a decision changes
+    return sum(1 for gpu in node.gpus if not (gpu.lost or gpu.cordoned or gpu.holders))
 
 
 _UNKNOWN = object()
@@ -316,7 +389,14 @@ class FleetView:
         self.free = [0] * count
         self.base_score = [0.0] * count
         self._open: list[list[GpuSnap] | None] = [None] * count
-        self._partial: list[list[tuple[GpuSnap, int]] | None] = [None] * count  # cards with room, and how much
+        # cards with room, and how much (on min(ledger-free, measured-free)); and whether a
+        # reading is what bounds one of them (else the ledger alone gives the same rooms)
+        self._partial: list[list[tuple[GpuSnap, int]] | None] = [None] * count
+        self._binds = [False] * count
+        self._ledger_partial: list[list[tuple[GpuSnap, int]] | None] = [None] * count
+        # whether the node has a cordoned card (present), on first asking: only there is
+        # `cordoned` ever the reason
+        self._cordoned: list[bool | None] = [None] * count
         self._room: list[dict[tuple, int]] = [{} for _ in self.nodes]
         self._topology: list = [_UNKNOWN if nvlink.TOPOLOGY_LABEL in node.labels else None for node in self.nodes]
         # cards held for a waiting task group this cycle, by position (hold_for_group)
@@ -359,7 +439,15 @@ class FleetView:
             self.base_score[position] = score
         self._open[position] = None
         self._partial[position] = None
+        self._ledger_partial[position] = None
+        self._binds[position] = False
         self._room[position] = {}
+
+    def has_cordoned(self, position: int) -> bool:
+        found = self._cordoned[position]
+        if found is None:
+            found = self._cordoned[position] = any(gpu.cordoned and not gpu.lost for gpu in self.nodes[position].gpus)
+        return found
 
     def open_cards(self, position: int, vendor: str) -> list[GpuSnap]:
         """The node's free whole cards of this vendor ("" any) below the load thresholds."""
@@ -369,7 +457,7 @@ class FleetView:
             cards = self._open[position] = [
                 gpu
                 for gpu in self.nodes[position].gpus
-                if not gpu.lost and not gpu.holders and card_under_load(gpu, settings)
+                if not (gpu.lost or gpu.cordoned or gpu.holders) and card_under_load(gpu, settings)
             ]
         if not vendor or vendor == self.vendor[position]:
             return cards
@@ -377,30 +465,46 @@ class FleetView:
             return []
         return [gpu for gpu in cards if gpu.vendor.lower() == vendor]
 
-    def whole_cards(self, position: int, vendor: str, memory_mb: int | None) -> list[GpuSnap]:
+    def whole_cards(self, position: int, vendor: str, memory_mb: int | None, measured: bool = True) -> list[GpuSnap]:
         """The open cards a whole-card task could get: of its vendor, with at least its
-        gpu_memory_mb each (admission)."""
+        gpu_memory_mb each (admission: min(the card's total, what its reading leaves);
+        `measured` False: the total alone)."""
         cards = self.open_cards(position, vendor)
         if memory_mb:
-            cards = [gpu for gpu in cards if (gpu.memory_total_mb or 0) >= memory_mb]
+            cards = [gpu for gpu in cards if gpu.whole_memory_mb(measured) >= memory_mb]
         return cards
 
-    def room_mb(self, position: int, vendor: str, tenant_id: int | None) -> int:
+    def room_mb(self, position: int, vendor: str, tenant_id: int | None, measured: bool = True) -> int:
         """The most memory one card of this vendor could still give a memory-only task
-        of this tenant (None: whoever holds the cards). Cached per node, so a task's
-        feasibility check is a lookup; its cards are picked only on the winning node."""
+        of this tenant (None: whoever holds the cards), on min(ledger-free,
+        measured-free) (`measured` False: on the ledger alone, for the explanation).
+        Cached per node, so a task's feasibility check is a lookup; its cards are picked
+        only on the winning node."""
         cache = self._room[position]
-        key = (vendor, tenant_id)
+        key = (vendor, tenant_id, measured)
         room = cache.get(key)
         if room is None:
             partial = self._partial[position]
             if partial is None:
                 settings = self.settings
-                partial = self._partial[position] = [
-                    (gpu, gpu.share_room_mb(reserve_mb(gpu, settings)))
-                    for gpu in self.nodes[position].gpus
-                    if not gpu.lost and not (gpu.holders and gpu.whole_taken) and card_under_load(gpu, settings)
-                ]
+                partial = self._partial[position] = []
+                ledger_rooms = []
+                for gpu in self.nodes[position].gpus:
+                    if (
+                        not (gpu.lost or gpu.cordoned)  # placeable
+                        and not (gpu.holders and gpu.whole_taken)
+                        and card_under_load(gpu, settings)
+                    ):
+                        free, ledger = gpu.share_rooms_mb(reserve_mb(gpu, settings))
+                        partial.append((gpu, free))
+                        ledger_rooms.append((gpu, ledger))
+                        if free != ledger:
+                            self._binds[position] = True
+                self._ledger_partial[position] = ledger_rooms
+            if not measured:
+                if not self._binds[position]:
+                    return self.room_mb(position, vendor, tenant_id)
+                partial = self._ledger_partial[position]
             may_share = self.may_share
             # the most free memory among the cards this tenant may share; a card that
             # cannot beat the best so far is not asked about its holders
@@ -414,6 +518,61 @@ class FleetView:
                     best = free
             room = cache[key] = 0 if best is None else best
         return room
+
+    # --- why a node falls short (only asked of a node that does) -------------------------
+
+    def whole_shortfall(self, position: int, ask: Ask) -> str:
+        """Why the node lacks the whole cards the task needs: `cordoned` when its
+        cordoned cards would have been enough, `memory_in_use` when the ledger would
+        admit the task but what the cards' readings say is in use does not, else
+        `capacity`."""
+        need, vendor, memory = ask.need, ask.vendor, ask.task.gpu_memory_mb
+        if self.has_cordoned(position):
+            settings = self.settings
+            cordoned = sum(
+                1
+                for gpu in self.nodes[position].gpus
+                if gpu.cordoned
+                and not gpu.lost
+                and not gpu.holders
+                and vendor_matches(gpu, vendor)
+                and card_under_load(gpu, settings)
+                and (not memory or gpu.whole_memory_mb() >= memory)
+            )
+            if cordoned and len(self.whole_cards(position, vendor, memory)) + cordoned >= need:
+                return "cordoned"
+        if memory and len(self.whole_cards(position, vendor, memory, measured=False)) >= need:
+            return "memory_in_use"
+        return "capacity"
+
+    def share_shortfall(self, position: int, ask: Ask) -> str:
+        """Why no card of the node has room for the share: `cordoned` when a cordoned
+        card would have had it, `tenant_sharing` when only cards the tenant may not share
+        would, `memory_in_use` when the ledger would admit it but the reading does not,
+        else `capacity`."""
+        vendor, memory, tenant = ask.vendor, ask.task.gpu_memory_mb, ask.task.tenant_id
+        if self.has_cordoned(position):
+            settings = self.settings
+            for gpu in self.nodes[position].gpus:
+                if (
+                    gpu.cordoned
+                    and not gpu.lost
+                    and not gpu.whole_taken
+                    and vendor_matches(gpu, vendor)
+                    and card_under_load(gpu, settings)
+                    and gpu.share_room_mb(reserve_mb(gpu, settings)) >= memory
+                    and gpu.shared_with(tenant, self.may_share)
+                ):
+                    return "cordoned"
+        if self.room_mb(position, vendor, None) >= memory:
+            return "tenant_sharing"
+        if not self._binds[position]:  # no reading bounds a card here: the ledger says the same
+            return "capacity"
+        if self.room_mb(position, vendor, tenant, measured=False) >= memory:
+            return "memory_in_use"
+        if self.room_mb(position, vendor, None, measured=False) >= memory:
+            return "tenant_sharing"
+        return "capacity"
 
     def topology(self, position: int) -> nvlink.Topology | None:
         topology = self._topology[position]
@@ -509,21 +668,31 @@ def gpu_capacity(ask: Ask, fleet: FleetView) -> Check | None:
     need, vendor, memory = ask.need, ask.vendor, ask.task.gpu_memory_mb
     if ask.whole:
         free, open_cards, whole_cards = fleet.free, fleet.open_cards, fleet.whole_cards
+        cordoned, shortfall = fleet.has_cordoned, fleet.whole_shortfall
         if not memory:
-            return lambda position: (
-                "capacity" if free[position] < need or len(open_cards(position, vendor)) < need else None
-            )
-        return lambda position: (
-            "capacity" if free[position] < need or len(whole_cards(position, vendor, memory)) < need else None
-        )
+
+            def whole(position: int) -> str | None:
+                if free[position] >= need and len(open_cards(position, vendor)) >= need:
+                    return None
+                return shortfall(position, ask) if cordoned(position) else "capacity"
+
+            return whole
+
+        def bounded(position: int) -> str | None:
+            if free[position] >= need and len(whole_cards(position, vendor, memory)) >= need:
+                return None
+            return shortfall(position, ask) if free[position] >= need or cordoned(position) else "capacity"
+
+        return bounded
     if not need:
         return None
-    room, tenant = fleet.room_mb, ask.task.tenant_id
+    room = fleet.room_mb
+    tenant = ask.task.tenant_id
 
     def check(position: int) -> str | None:
         if room(position, vendor, tenant) >= memory:
             return None
-        return "tenant_sharing" if room(position, vendor, None) >= memory else "capacity"
+        return fleet.share_shortfall(position, ask)
 
     return check
 
@@ -545,7 +714,7 @@ def reserved_cards(ask: Ask, fleet: FleetView) -> Check | None:
         have = len(fleet.whole_cards(position, vendor, memory))
         if have >= need:
             return None
-        back = sum(1 for gpu in cards if vendor_matches(gpu, vendor) and (gpu.memory_total_mb or 0) >= (memory or 0))
+        back = sum(1 for gpu in cards if vendor_matches(gpu, vendor) and gpu.whole_memory_mb() >= (memory or 0))
         return "reserved" if have + back >= need else None
 
     return check
@@ -627,7 +796,18 @@ class Chain:
 REASON_ORDER = {
     reason: rank
     for rank, reason in enumerate(
-        ("unavailable", "tenant", "load", "capacity", "tenant_sharing", "rdma", "nvlink", "ports")
+        (
+            "unavailable",
+            "tenant",
+            "load",
+            "capacity",
+            "tenant_sharing",
+            "rdma",
+            "nvlink",
+            "ports",
+            "cordoned",
+            "memory_in_use",
+        )
     )
 }
 
@@ -803,8 +983,10 @@ def take(ask: Ask, fleet: FleetView, best: Candidate) -> Decision:
     if task.kind == "inference" and node.ports_free is not None:
         node.ports_free -= 1
     for gpu in chosen:
-        if memory is not None and gpu.mig:
-            memory = carve_mig(gpu, memory)
+        if memory is not None:
+            if gpu.mig:
+                memory = carve_mig(gpu, memory)
+            gpu.placed_mb += memory  # the reading does not show it yet
         gpu.holders.append((task.id, task.tenant_id, memory))
     if chosen:
         fleet.changed(best.position)
@@ -826,6 +1008,52 @@ def _failure_code(removed: dict, total: int) -> str:
     if removed.get("tenant_sharing") and not removed.get("capacity"):
         return "NoTenantEligibleGPU"
     return "InsufficientResources"
+
+
+def memory_detail(
+    task: TaskReq, nodes: Sequence[NodeSnap], settings: PluginSettings, may_share, limit: int = 50
+) -> list[dict]:
+    """For the explanation only (never the cycle): the cards where what the readings say
+    is in use is what keeps a memory-bounded task off (the ledger would admit it), each
+    with both numbers: the ledger's free memory and the measured free memory (before the
+    reserve), the reserve (a share's; 0 for a whole card, which is the task's alone) and
+    what the task needs. On the nodes that pass availability, tenant and load; at most
+    `limit` cards."""
+    memory = task.gpu_memory_mb
+    if not memory:
+        return []
+    ask = Ask.of(task, settings)
+    fleet = FleetView(nodes, settings, may_share, scores=False)
+    gate = Chain.of(ask, fleet).gate
+    found: list[dict] = []
+    for position, node in enumerate(fleet.nodes):
+        if gate[position] is not None:
+            continue
+        if ask.whole:
+            for gpu in fleet.open_cards(position, ask.vendor):
+                if gpu.whole_memory_mb(measured=False) >= memory > gpu.whole_memory_mb():
+                    found.append(_card_detail(node, gpu, gpu.memory_total_mb or 0, 0, memory))
+        else:
+            for gpu in shareable_cards(node, replace(task, gpu_memory_mb=0), settings, may_share):
+                reserve = 0 if gpu.mig else reserve_mb(gpu, settings)
+                if gpu.share_room_mb(reserve, measured=False) >= memory > gpu.share_room_mb(reserve):
+                    ledger = gpu.share_room_mb(0, measured=False) if gpu.mig else gpu.ledger_free_mb()
+                    found.append(_card_detail(node, gpu, ledger, reserve, memory))
+        if len(found) >= limit:
+            break
+    return found[:limit]
+
+
+def _card_detail(node: NodeSnap, gpu: GpuSnap, ledger_free: int, reserve: int, needed: int) -> dict:
+    measured = gpu.measured_free_mb()
+    return {
+        "node_id": node.id,
+        "gpu_index": gpu.index,
+        "ledger_free_mb": ledger_free,
+        "measured_free_mb": measured,
+        "reserve_mb": reserve,
+        "needed_mb": needed,
+    }
 
 
 def fits(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> bool:
@@ -1131,7 +1359,7 @@ def group_reach(group: GroupReq, fleet: FleetView, *, count_loaded: bool = True)
     for position, node in enumerate(fleet.nodes):
         if gate[position] is not None or (not count_loaded and ask.rdma_required and rdma_state(node) is False):
             continue
-        workers = sum(1 for gpu in node.gpus if not gpu.lost and vendor_matches(gpu, vendor)) // per_worker
+        workers = sum(1 for gpu in node.gpus if gpu.placeable and vendor_matches(gpu, vendor)) // per_worker
         if workers:
             reach.append((position, workers))
     return reach
@@ -1218,7 +1446,7 @@ def hold_again(fleet: FleetView, held: Sequence[Held]) -> None:
                 continue
             wanted = set(indices)
             free = [
-                gpu for gpu in fleet.nodes[position].gpus if gpu.index in wanted and not gpu.lost and not gpu.holders
+                gpu for gpu in fleet.nodes[position].gpus if gpu.index in wanted and gpu.placeable and not gpu.holders
             ]
             _hold(fleet, position, free, holder)
 
@@ -1268,16 +1496,21 @@ def may_preempt(task: TaskReq, occupant: Occupant, stage: str) -> bool:
 
 def _without(node: NodeSnap, gone: set[int]) -> NodeSnap:
     """The node as it would be once the tasks `gone` gave their cards back (a copy; the
-    cards none of them holds are shared with the node, never changed)."""
-    return replace(
-        node,
-        gpus=[
-            replace(gpu, holders=[holder for holder in gpu.holders if holder[0] not in gone])
-            if any(holder[0] in gone for holder in gpu.holders)
-            else gpu
-            for gpu in node.gpus
-        ],
-    )
+    cards none of them holds are shared with the node, never changed). A card's reading
+    loses what the ledger says they held there (a whole card: all of it), so measured
+    use a victim explains does not stand in the way of its preemptor."""
+    return replace(node, gpus=[_card_without(gpu, gone) for gpu in node.gpus])
+
+
+def _card_without(gpu: GpuSnap, gone: set[int]) -> GpuSnap:
+    leaving = [holder for holder in gpu.holders if holder[0] in gone]
+    if not leaving:
+        return gpu
+    used = gpu.memory_used_mb
+    if used is not None:
+        whole = any(memory is None for _, _, memory in leaving)
+        used = 0 if whole else max(used - sum(memory for _, _, memory in leaving), 0)
+    return replace(gpu, holders=[holder for holder in gpu.holders if holder[0] not in gone], memory_used_mb=used)
 
 
 def occupants_by_node(occupants: Sequence[Occupant]) -> dict[str, list[Occupant]]:

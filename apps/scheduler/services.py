@@ -49,6 +49,7 @@ from apps.scheduler.core import (
     PluginSettings,
     PreemptionPlan,
     TaskReq,
+    memory_detail,
     occupants_by_node,
     place_queue,
     plan_preemption,
@@ -254,7 +255,7 @@ NODES_SQL = f"""
 """
 GPUS_SQL = f"""
     SELECT g.node_id, g.index, g.vendor, g.memory_total_mb, g.memory_used_mb, g.utilization, g.temperature,
-           g.lost_at IS NOT NULL, g.model,
+           g.lost_at IS NOT NULL, g.cordoned_at IS NOT NULL, g.model,
            NOT n.is_container AND lower(g.vendor) = 'nvidia'
                AND n.gpu_capabilities -> (g.index::text) -> 'mig_capable' = 'true'::jsonb
     FROM gpus g JOIN nodes n ON n.id = g.node_id
@@ -290,8 +291,8 @@ def read_gpu_rows(cursor, statuses, heard_since) -> GpuRows:
     cursor.execute(GPUS_SQL, [statuses, heard_since])
     by_node: dict[str, list[GpuSnap]] = defaultdict(list)
     in_mig = []
-    for node_id, index, vendor, total, used, utilization, temperature, lost, model, mig in cursor.fetchall():
-        card = GpuSnap(index, vendor, total, lost, used, utilization, temperature, [], model=model)
+    for node_id, index, vendor, total, used, utilization, temperature, lost, cordoned, model, mig in cursor.fetchall():
+        card = GpuSnap(index, vendor, total, lost, used, utilization, temperature, [], model=model, cordoned=cordoned)
         if mig:
             card.mig, card.mig_model = True, mig_model(model, total)
             in_mig.append(card)
@@ -344,6 +345,7 @@ def load_nodes(reuse_seconds: float = 0.0) -> list[NodeSnap]:
             for card in node.gpus:
                 if card.holders:
                     card.holders = []  # a reused row's holders are last cycle's: the ledger below is the truth
+                    card.placed_mb = 0  # and so is what last cycle placed on it
         cursor.execute(PORTS_USED, [list(HOLDING)])
         for node_id, used in cursor.fetchall():
             if node_id in nodes:
@@ -649,16 +651,44 @@ def standing_reservations(priority: int, exclude: int | None = None) -> list[Hel
 def dry_run(request: TaskReq | GroupReq) -> Decision | Failure | GroupDecision | GroupFailure:
     """Where a task or a task group would go now, or why not: against a fresh snapshot
     and behind the reservations standing for its priority or higher, binding nothing."""
+    return explain_now(request)[0]
+
+
+def explain_now(request: TaskReq | GroupReq) -> tuple[Decision | Failure | GroupDecision | GroupFailure, list[dict]]:
+    """dry_run, and for a task kept off by what the cards' readings say is in use
+    (`memory_in_use` among its reasons) the cards where that is so, with the ledger's
+    and the measured free memory, the reserve and what it needs (core.memory_detail, on
+    the same snapshot; computed here, for the explanation, never in the cycle)."""
     exclude = request.id if isinstance(request, GroupReq) else None
+    nodes, settings, may_share = load_nodes(), plugin_settings(), sharing_rule()
     placement = place_queue(
-        [request],
-        load_nodes(),
-        plugin_settings(),
-        sharing_rule(),
-        held=standing_reservations(request.priority, exclude=exclude),
+        [request], nodes, settings, may_share, held=standing_reservations(request.priority, exclude=exclude)
     )
     outcomes = [*placement.decisions, *placement.failures, *placement.groups, *placement.group_failures]
-    return outcomes[0]
+    outcome = outcomes[0]
+    cards: list[dict] = []
+    if isinstance(outcome, Failure) and "memory_in_use" in outcome.removed:
+        # the placement took nothing (it failed): the snapshot is as it was read
+        cards = memory_detail(request, nodes, settings, may_share)
+    return outcome, cards
+
+
+def pending_request(task: Task) -> TaskReq | None:
+    """A single task as placement would see it, while it waits in the queue (pending,
+    not a gang member); None otherwise."""
+    if task.status != S.PENDING or (task.group_id is not None and task.group.placement != GroupPlacement.REPLICAS):
+        return None
+    return TaskReq(
+        id=task.pk,
+        tenant_id=task.tenant_id,
+        gpu_required=task.gpu_required,
+        gpu_memory_mb=task.gpu_memory_mb,
+        gpu_type=task.gpu_type,
+        priority=task.priority,
+        labels=task.labels or {},
+        kind=task.kind,
+        replica_of=task.group_id,
+    )
 
 
 def waiting_group(group: TaskGroup) -> GroupReq | None:
@@ -785,9 +815,10 @@ def bind_all(
             .values_list("pk", flat=True)
         )
         # the cards as they are now (the snapshot's GPU rows may be a few seconds old):
-        # present, not lost, and under the card thresholds (a missing reading is no load)
+        # present, not lost, not cordoned, and under the card thresholds (a missing
+        # reading is no load)
         usable = set(
-            Gpu.objects.filter(node_id__in=alive, lost_at__isnull=True)
+            Gpu.objects.filter(node_id__in=alive, lost_at__isnull=True, cordoned_at__isnull=True)
             .exclude(
                 Q(utilization__gte=settings.gpu_utilization_max) | Q(temperature__gte=settings.gpu_temperature_max)
             )

@@ -92,6 +92,7 @@ OWNED = {
     "task-group-stop": lambda w, o: {"pk": o["group"].pk},
     "task-group-events": lambda w, o: {"pk": o["group"].pk},
     "task-group-explain": lambda w, o: {"pk": o["group"].pk},
+    "task-explain": lambda w, o: {"pk": o["task"].pk},
     "model-detail": lambda w, o: {"pk": o["model"].pk},
     "inference-service-detail": lambda w, o: {"id": o["service"].pk},
     "inference-service-scale": lambda w, o: {"id": o["service"].pk},

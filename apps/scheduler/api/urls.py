@@ -9,4 +9,6 @@ urlpatterns = [
     path("scheduler/dry-run/group", views.GroupDryRunView.as_view(), name="scheduler-group-dry-run"),
     # beside the task-group API (apps/tasks/api), the scheduler's account of one group
     path("task-groups/<int:pk>/explain", views.GroupExplainView.as_view(), name="task-group-explain"),
+    # beside the task API: why one task waits, with the cards' memory numbers
+    path("tasks/<int:pk>/explain", views.TaskExplainView.as_view(), name="task-explain"),
 ]

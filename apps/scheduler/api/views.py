@@ -10,7 +10,7 @@ from apps.core.views import ScopedAPIView
 from apps.scheduler import services
 from apps.scheduler.core import Decision, GroupDecision, GroupFailure, GroupReq, TaskReq
 from apps.tasks.choices import GroupKind, GroupStrategy
-from apps.tasks.models import TaskGroup
+from apps.tasks.models import Task, TaskGroup
 from apps.tenants import policy
 
 
@@ -76,12 +76,40 @@ class DryRunSerializer(StrictSerializer):
     )
 
 
+class CardMemory(serializers.Serializer):
+    node_id = serializers.CharField()
+    gpu_index = serializers.IntegerField()
+    ledger_free_mb = serializers.IntegerField(help_text="what no holder of the ledger has, before the reserve")
+    measured_free_mb = serializers.IntegerField(help_text="the card's total less its latest reading")
+    reserve_mb = serializers.IntegerField(help_text="a share's reserve; 0 for a whole card")
+    needed_mb = serializers.IntegerField()
+
+
 class DryRunAnswer(serializers.Serializer):
     placed = serializers.BooleanField()
     node_id = serializers.CharField(allow_null=True)
     gpu_indices = serializers.ListField(child=serializers.IntegerField())
     score = serializers.FloatField(allow_null=True)
-    reason = serializers.DictField(allow_null=True)
+    reason = serializers.DictField(
+        allow_null=True,
+        help_text="as a task's schedule_reason; with `memory_in_use` among its reasons, `cards`: where the "
+        "cards' readings, not the ledger, keep the task off (CardMemory each)",
+    )
+
+
+def task_answer(outcome, cards: list[dict]) -> dict:
+    if isinstance(outcome, Decision):
+        return {
+            "placed": True,
+            "node_id": outcome.node_id,
+            "gpu_indices": outcome.gpu_indices,
+            "score": outcome.score,
+            "reason": None,
+        }
+    reason = outcome.as_reason()
+    if cards:
+        reason["cards"] = cards
+    return {"placed": False, "node_id": None, "gpu_indices": [], "score": None, "reason": reason}
 
 
 class DryRunView(APIView):
@@ -95,19 +123,34 @@ class DryRunView(APIView):
         tenant = policy.acting_tenant(
             request.auth, data.pop("tenant", None), required="Required: the slug of the tenant the task would run for."
         )
-        outcome = services.dry_run(TaskReq(id=0, tenant_id=tenant.pk, **data))
-        if isinstance(outcome, Decision):
-            return Response(
-                {
-                    "placed": True,
-                    "node_id": outcome.node_id,
-                    "gpu_indices": outcome.gpu_indices,
-                    "score": outcome.score,
-                    "reason": None,
-                }
-            )
+        return Response(task_answer(*services.explain_now(TaskReq(id=0, tenant_id=tenant.pk, **data))))
+
+
+class TaskExplainAnswer(serializers.Serializer):
+    task_id = serializers.IntegerField()
+    status = serializers.CharField()
+    schedule_reason = serializers.DictField(help_text="why the last cycle did not place it ({} once bound)")
+    now = DryRunAnswer(allow_null=True, help_text="a dry run of the task now, while it waits; null otherwise")
+
+
+class TaskExplainView(ScopedAPIView):
+    """Why a task waits: the last cycle's reason, and where it would go now (a dry run
+    of the task itself, binding nothing), with the per-card memory numbers when what the
+    cards' readings say is in use is what keeps it off."""
+
+    queryset = Task.objects.select_related("group")
+
+    @extend_schema(responses=TaskExplainAnswer)
+    def get(self, request, pk):
+        task = self.get_object()
+        waiting = services.pending_request(task)
         return Response(
-            {"placed": False, "node_id": None, "gpu_indices": [], "score": None, "reason": outcome.as_reason()}
+            {
+                "task_id": task.pk,
+                "status": task.status,
+                "schedule_reason": task.schedule_reason,
+                "now": task_answer(*services.explain_now(waiting)) if waiting is not None else None,
+            }
         )
 
 
