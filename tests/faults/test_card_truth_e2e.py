@@ -6,9 +6,10 @@ nvidia-smi (two 80 GB A100s), the whole control plane (web, Celery worker and be
 2. Health: uncorrected ECC errors appear on card 1 under the running agent (its next
    health read, every 5 s here): the server cordons card 1 alone with GPU_UNHEALTHY and
    the evidence; a two-card task waits (`cordoned`), a one-card task runs on card 0.
-3. Measured-free admission and drift: 30 GB in use on card 0 by something the platform
-   did not place: a 60 GB share waits (`memory_in_use`, with both figures), the drift
-   alert is raised; the memory is freed: the alert recovers and the share runs."""
+   An operator uncordons it.
+3. Measured-free admission and drift: 30 GB in use on each card by something the
+   platform did not place: a 60 GB share waits (`memory_in_use`), the drift alerts are
+   raised; card 0's memory is freed: its alert recovers and the share runs there."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from django.conf import settings
 from agent.tests.slicing_host import Cards
 from apps.alerts import keys as alert_keys
 from apps.alerts.models import Alert
-from apps.nodes import metrics
+from apps.nodes import gpu_health_services, metrics
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.services import set_plugin_options
 from apps.tasks.models import Task
@@ -115,16 +116,26 @@ def test_a_failing_card_is_cordoned_memory_in_use_is_respected_and_energy_is_cou
         assert Task.objects.get(pk=both.pk).status == "pending"
         Task.objects.filter(pk=both.pk).update(status="cancelled")
 
-        # 3. 30 GB in use on card 0 that the platform did not place
+        # an operator puts card 1 back (its alert recovers); the same reading again does
+        # not cordon it a second time
+        gpu_health_services.uncordon_card(node, 1, None)
+        assert not active(alert_keys.gpu_unhealthy(node.pk, 1))
+
+        # 3. 30 GB in use on each card that the platform did not place
         cards.load(0, memory_used_mb=30720)
-        wait_until(lambda: Gpu.objects.get(node=node, index=0).memory_used_mb == 30720, 30, f"the reading\n{logs()}")
+        cards.load(1, memory_used_mb=30720)
+        wait_until(
+            lambda: set(Gpu.objects.filter(node=node).values_list("memory_used_mb", flat=True)) == {30720},
+            30,
+            f"the readings\n{logs()}",
+        )
         share = Task.objects.create(
             tenant=tenant,
             name="share-60g",
             gpu_required=0,
             gpu_memory_mb=61440,
             gpu_type="nvidia",
-            command=[sys.executable, "-c", "0"],
+            command=[sys.executable, "-c", SHOW_CARDS],
         )
         wait_until(lambda: active(alert_keys.gpu_memory_drift(node.pk, 0)), 60, f"the drift alert on card 0\n{logs()}")
         wait_until(
@@ -133,14 +144,17 @@ def test_a_failing_card_is_cordoned_memory_in_use_is_respected_and_energy_is_cou
             f"the share waiting for measured memory ({Task.objects.get(pk=share.pk).schedule_reason})",
         )
         assert Task.objects.get(pk=share.pk).status == "pending"
+        assert Gpu.objects.get(node=node, index=1).cordoned_at is None
 
         cards.load(0, memory_used_mb=0)
         wait_until(
             lambda: Task.objects.get(pk=share.pk).status == "completed",
             90,
-            f"the share ran once the memory was freed ({Task.objects.get(pk=share.pk).status})\n{logs()}",
+            f"the share ran once card 0's memory was freed ({Task.objects.get(pk=share.pk).status})\n{logs()}",
         )
-        wait_until(lambda: not active(alert_keys.gpu_memory_drift(node.pk, 0)), 60, "the drift alert recovered")
+        assert "CUDA_VISIBLE_DEVICES=0\n" in Task.objects.get(pk=share.pk).log_tail + "\n"
+        wait_until(lambda: not active(alert_keys.gpu_memory_drift(node.pk, 0)), 60, "card 0's drift alert recovered")
+        assert active(alert_keys.gpu_memory_drift(node.pk, 1))
     finally:
         stop_process(agent)
         plane.stop()
