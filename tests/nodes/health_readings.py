@@ -5,24 +5,11 @@ retired-pages and Xid sections of `nvidia-smi -q` in NVIDIA's documentation."""
 
 from __future__ import annotations
 
+from apps.nodes.health import COUNTERS, FLAGS
 from apps.nodes.models import GpuHealthSample
 
-NVIDIA_AVAILABLE = [
-    "ecc_mode",
-    "ecc_corrected_volatile",
-    "ecc_uncorrected_volatile",
-    "ecc_corrected_aggregate",
-    "ecc_uncorrected_aggregate",
-    "retired_pages_single_bit",
-    "retired_pages_double_bit",
-    "retired_pages_pending",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "remapped_rows_pending",
-    "remapped_rows_failure",
-    "xid_events",
-    "throttle_reasons",
-]
+# everything nvidia-smi reports, in the order the agent writes `available`
+NVIDIA_AVAILABLE = ["ecc_mode", *COUNTERS, *FLAGS, "xid_events", "throttle_reasons"]
 
 
 def nvidia_reading(index: int, **changes) -> dict:

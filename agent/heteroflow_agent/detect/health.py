@@ -46,6 +46,7 @@ COUNTERS = (
     "remapped_rows_uncorrectable",
 )
 FLAGS = ("retired_pages_pending", "remapped_rows_pending", "remapped_rows_failure")
+ECC_COUNTERS = COUNTERS[:4]  # corrected/uncorrected, volatile/aggregate
 ECC_MODE, XID_EVENTS, THROTTLE_REASONS = "ecc_mode", "xid_events", "throttle_reasons"
 # In the order `available` is written in (the schema's health_field enum).
 FIELDS = (ECC_MODE, *COUNTERS, *FLAGS, XID_EVENTS, THROTTLE_REASONS)

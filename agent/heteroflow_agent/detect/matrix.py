@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .health import COUNTERS, ECC_MODE, FLAGS, THROTTLE_REASONS, XID_EVENTS
+from .health import COUNTERS, ECC_COUNTERS, ECC_MODE, FLAGS, THROTTLE_REASONS, XID_EVENTS
 
 FULL = "full"
 PARTIAL = "partial"
@@ -50,16 +50,7 @@ NVIDIA_HEALTH = frozenset({ECC_MODE, *COUNTERS, *FLAGS, XID_EVENTS, THROTTLE_REA
 # amd-smi metric --ecc: the totals since the driver loaded
 AMD_HEALTH = frozenset({"ecc_corrected_volatile", "ecc_uncorrected_volatile"})
 # npu-smi info -t ecc: single/double bit counts, their aggregate totals, isolated pages
-ASCEND_HEALTH = frozenset(
-    {
-        "ecc_corrected_volatile",
-        "ecc_uncorrected_volatile",
-        "ecc_corrected_aggregate",
-        "ecc_uncorrected_aggregate",
-        "retired_pages_single_bit",
-        "retired_pages_double_bit",
-    }
-)
+ASCEND_HEALTH = frozenset({*ECC_COUNTERS, "retired_pages_single_bit", "retired_pages_double_bit"})
 
 MATRIX = {
     # Metrics follow the spec's detector table; power is parsed where the tool prints it
