@@ -10,10 +10,12 @@ from rest_framework.test import APIClient
 
 from apps.tenants import services
 from apps.tenants.choices import Role
+from tests import flush
 from tests.factories import OperatorFactory, UserFactory
 from tests.nodes.agents import Agents
 
 PASSWORD = "pw-for-tests-only"
+flush.install()
 
 
 @dataclass
