@@ -351,37 +351,40 @@ class GpuAdmin(admin.ModelAdmin):
             return "—"
         return f"{gpu.cordon_source} since {gpu.cordoned_at:%Y-%m-%d %H:%M}: {gpu.cordon_reason}"
 
-    @admin.action(description="Remove lost cards (taken out of the machine)")
-    def forget_lost(self, request, queryset):
+    def _each_card(self, request, queryset, act, done: str) -> None:
+        """`act(gpu)` on each selected card through its service; a refusal is reported
+        for that card and the others go on. `done` names what was done ("Removed")."""
         for gpu in queryset.select_related("node"):
             try:
-                services.forget_lost_gpu(gpu.node, gpu.index)
+                act(gpu)
             except APIException as exc:
                 self.message_user(request, refusal(exc), messages.ERROR)
             else:
-                self.message_user(request, f"Removed GPU {gpu.index} of {gpu.node.name}.", messages.SUCCESS)
+                self.message_user(request, f"{done} GPU {gpu.index} of {gpu.node.name}.", messages.SUCCESS)
+
+    @admin.action(description="Remove lost cards (taken out of the machine)")
+    def forget_lost(self, request, queryset):
+        self._each_card(request, queryset, lambda gpu: services.forget_lost_gpu(gpu.node, gpu.index), "Removed")
 
     @admin.action(description="Cordon: no new placement on the selected cards (their tasks run on)")
     def cordon(self, request, queryset):
         principal = principal_for_session(request, request.user)
-        for gpu in queryset.select_related("node"):
-            try:
-                gpu_health_services.cordon_card(gpu.node, gpu.index, "cordoned in the admin", principal)
-            except APIException as exc:
-                self.message_user(request, refusal(exc), messages.ERROR)
-            else:
-                self.message_user(request, f"Cordoned GPU {gpu.index} of {gpu.node.name}.", messages.SUCCESS)
+        self._each_card(
+            request,
+            queryset,
+            lambda gpu: gpu_health_services.cordon_card(gpu.node, gpu.index, "cordoned in the admin", principal),
+            "Cordoned",
+        )
 
     @admin.action(description="Uncordon: the selected cards take placements again (recovers GPU_UNHEALTHY)")
     def uncordon(self, request, queryset):
         principal = principal_for_session(request, request.user)
-        for gpu in queryset.select_related("node"):
-            try:
-                gpu_health_services.uncordon_card(gpu.node, gpu.index, principal)
-            except APIException as exc:
-                self.message_user(request, refusal(exc), messages.ERROR)
-            else:
-                self.message_user(request, f"Uncordoned GPU {gpu.index} of {gpu.node.name}.", messages.SUCCESS)
+        self._each_card(
+            request,
+            queryset,
+            lambda gpu: gpu_health_services.uncordon_card(gpu.node, gpu.index, principal),
+            "Uncordoned",
+        )
 
 
 # --- the image channel (docs/images.md) -------------------------------------------------------
