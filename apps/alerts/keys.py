@@ -8,8 +8,8 @@ kebab-case. The spellings are kept as they are: a renamed key would not find the
 raised under the old one, so a condition still active at the upgrade would be raised a
 second time (two active alerts for one lost card) and the old one never recovered.
 
-The heartbeat raises and recovers GPU_LOST inside its own statement: gpu_lost_sql builds
-the same key there.
+The heartbeat raises and recovers GPU_LOST and GPU_MEMORY_DRIFT inside its own
+statement: gpu_lost_sql and gpu_memory_drift_sql build the same keys there.
 """
 
 from __future__ import annotations
@@ -64,5 +64,13 @@ def gpu_unhealthy(node_id: str, index: int) -> str:
     return f"gpu-unhealthy:{node_id}:{index}"
 
 
+GPU_MEMORY_DRIFT_PREFIX = "gpu-memory-drift:"
+
+
 def gpu_memory_drift(node_id: str, index: int) -> str:
-    return f"gpu-memory-drift:{node_id}:{index}"
+    return f"{GPU_MEMORY_DRIFT_PREFIX}{node_id}:{index}"
+
+
+def gpu_memory_drift_sql(node_id_param: str, index_expr: str) -> str:
+    """gpu_memory_drift in SQL, for the heartbeat's statement."""
+    return f"'{GPU_MEMORY_DRIFT_PREFIX}' || {node_id_param} || ':' || {index_expr}"

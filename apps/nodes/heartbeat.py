@@ -3,10 +3,15 @@
 A steady-state beat is ONE statement, whatever the cluster size, so one round trip to
 PostgreSQL and atomic without an explicit transaction. Its data-modifying CTEs: the
 narrow UPDATE of the node's heartbeat columns (guarded by the structure hash); only if
-that matched, the readings of all the node's GPU rows with the lost-card judgement;
-the metrics sample; and the GPU_LOST alerts this beat raises or recovers. A beat whose
+that matched, the readings of all the node's GPU rows with the lost-card and
+memory-drift judgements (apps.nodes.drift); the metrics sample; and the GPU_LOST and
+GPU_MEMORY_DRIFT alerts this beat raises or recovers. A beat whose
 structure changed (GPU models, specs, labels, agent version…) or a first beat takes the
 slow path in a transaction, which is rare. Nothing here reads another node.
+
+Locks: a beat takes its node's row, then its cards' rows (the UPDATE walks them by the
+(node_id, index) key), and nothing of another node. Every other writer of node and card
+rows keeps to that order or skips the rows a beat holds (docs/architecture.md#lock-order).
 
 A beat carrying `gpu_health` whose hash differs from the node's `health_hash` takes
 one more step after the beat (apps.nodes.health): the cards' health readings change
@@ -36,7 +41,7 @@ from psycopg.types.json import Jsonb, set_json_dumps
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
-from apps.nodes import energy, health, liveness
+from apps.nodes import drift, energy, health, liveness
 from apps.nodes.choices import CORDON_LABEL, LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS
 from apps.nodes.normalize import gpu_model
 
@@ -191,7 +196,7 @@ WITH node AS (
                      * (%(idle)s + (1 - %(idle)s) * %(cpu_used)s::float8 / 100) AS ce
           FROM nodes WHERE id = %(id)s) AS o
     WHERE n.id = o.id AND n.structure_hash = %(structure_hash)s
-    RETURNING o.old_ip, o.oh, o.ol, o.dt
+    RETURNING o.old_ip, o.oh, o.ol, o.dt, n.name AS node_name
 ), readings AS (
     SELECT * FROM jsonb_to_recordset(%(readings)s::jsonb) AS r(i int, u float8, m bigint, t float8, p float8, a text)
 ), judged AS (
@@ -222,6 +227,7 @@ WITH node AS (
             + CASE WHEN s.ms AND NOT s.ok THEN COALESCE(GREATEST(s.since, 0), 0) ELSE 0 END,
         power_at = CASE WHEN s.ms THEN %(now)s ELSE g.power_at END,
         energy_since = CASE WHEN s.ms THEN COALESCE(g.energy_since, %(now)s) ELSE g.energy_since END,
+        {drift.DRIFT_SET},
         updated_at = %(now)s
     FROM (
         SELECT g2.id, g2.lost_at IS NOT NULL AS was_lost,
@@ -233,13 +239,16 @@ WITH node AS (
                NOT %(collector_error)s AND r.p IS NOT NULL AS ms,
                COALESCE(g2.power_at = nd.ol AND g2.power_w IS NOT NULL AND nd.dt > 0 AND nd.dt <= %(max_span)s,
                         false) AS ok,
-               nd.dt, extract(epoch FROM %(now)s - g2.power_at)::float8 AS since
+               nd.dt, extract(epoch FROM %(now)s - g2.power_at)::float8 AS since,
+               {drift.DRIFT_COLUMNS}
         FROM gpus AS g2 CROSS JOIN node AS nd
         LEFT JOIN readings AS r ON r.i = g2.index AND NOT (g2.index = ANY(%(failed)s::int[]))
+        {drift.LEDGER_JOIN}
         WHERE g2.node_id = %(id)s
     ) AS s
     WHERE g.id = s.id
-    RETURNING g.index, s.was_lost, g.lost_at IS NOT NULL AS is_lost, g.lost_basis
+    RETURNING g.index, s.was_lost, g.lost_at IS NOT NULL AS is_lost, g.lost_basis,
+              s.drift, s.drift_was, s.explained, g.memory_drift_since, g.memory_used_mb
 ), metric AS (
     INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus)
     SELECT %(id)s, %(now)s, %(cpu_used)s, %(memory_used)s,
@@ -260,7 +269,7 @@ WITH node AS (
     UPDATE alerts SET state = 'RECOVERED', ended_at = %(now)s, updated_at = %(now)s
     WHERE state = 'ACTIVE' AND key IN (
         SELECT {alert_keys.gpu_lost_sql("%(id)s", "j.index")} FROM judged AS j WHERE j.was_lost AND NOT j.is_lost)
-)
+), {drift.DRIFT_ALERTS}
 SELECT EXISTS (SELECT 1 FROM node), (SELECT old_ip FROM node), (SELECT oh FROM node),
        (SELECT COALESCE(jsonb_agg(jsonb_build_array(j.index, j.is_lost, j.lost_basis)), '[]'::jsonb)
         FROM judged AS j WHERE j.was_lost <> j.is_lost),
@@ -396,7 +405,7 @@ def beat_params(node_id: str, payload: dict, peer_ip: str | None, now: datetime)
         "collector_error": bool(payload.get("gpu_collector_error")),
         "failed": [failure["index"] for failure in payload.get("gpu_collect_failures", ())],
         "readings": orjson.dumps(readings).decode(),
-    }
+    } | drift.drift_params(payload.get("heartbeat_interval", 5))
 
 
 def structure_params(payload: dict) -> dict:

@@ -1,10 +1,10 @@
 """Node jobs: the health checker, metrics retention, the image channel's janitor, the
-clean period of health cordons, the memory drift check and the daily energy rollup."""
+clean period of health cordons and the daily energy rollup. (Memory drift is judged in
+the heartbeat itself: apps.nodes.drift.)"""
 
 from __future__ import annotations
 
 from apps.core.guard import periodic_job
-from apps.nodes.drift import check_memory_drift
 from apps.nodes.energy import roll_up_energy
 from apps.nodes.gpu_health_services import recover_clean_cards
 from apps.nodes.images import sweep_image_requests
@@ -24,5 +24,3 @@ image_janitor_job = periodic_job("nodes.image_janitor", every=60)(sweep_image_re
 # the clean period of health cordons (apps.nodes.gpu_health_services, docs/gpu-health.md):
 # a no-op while HETEROFLOW_GPU_HEALTH_CLEAN_HOURS is 0
 gpu_health_recovery_job = periodic_job("nodes.gpu_health_recovery", every=300)(recover_clean_cards)
-# measured card memory the ledger does not explain (apps.nodes.drift): GPU_MEMORY_DRIFT
-memory_drift_job = periodic_job("nodes.memory_drift", every=10)(check_memory_drift)

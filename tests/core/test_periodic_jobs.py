@@ -25,7 +25,6 @@ EXPECTED = {
     "nodes.prune_metrics": (600.0, False),
     "nodes.image_janitor": (60.0, False),
     "nodes.gpu_health_recovery": (300.0, False),
-    "nodes.memory_drift": (10.0, False),
     "scheduler.tick": (5.0, False),
     "scheduler.preemption_watchdog": (30.0, False),
     "alerts.sweep": (30.0, False),

@@ -1,29 +1,44 @@
-"""Memory drift (apps.nodes.drift): measured use the ledger does not explain, marked on
-the card, alerted after the beats, recovered when it ends (controlled clock)."""
+"""Memory drift (apps.nodes.drift), judged in the heartbeat's own statement: measured use
+the ledger does not explain, marked on the card, alerted after the beats, recovered when
+it ends. Beats go through the real route (`agents`) on a controlled clock."""
 
 from datetime import timedelta
 
 import pytest
+import time_machine
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.models import Alert
 from apps.core.clock import utcnow
-from apps.core.guard import Outcome
-from apps.nodes.drift import check_memory_drift
 from apps.nodes.models import Gpu
 from apps.scheduler.models import GpuAllocation
-from tests.factories import make_node, make_task, make_task_holding
+from apps.tasks.models import Task
+from apps.tenants import services as tenant_services
+from tests.factories import make_task
+from tests.nodes.payloads import gpu_stat, heartbeat
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)
 
 GB = 1024
+TOTAL = 80 * GB
 
 
-def reading(node_id, used, index=0):
-    Gpu.objects.filter(node_id=node_id, index=index).update(memory_used_mb=used)
+def beat(agents, at, *used, node_id="n1", interval=5, **overrides):
+    """One beat at `at` with each card's memory use (None: the card reads no memory)."""
+    cards = []
+    for index, mb in enumerate(used):
+        card = gpu_stat(index, memory_total_mb=TOTAL, memory_used_mb=mb)
+        if mb is None:
+            del card["memory_used_mb"]
+            card["metrics_available"] = ["utilization", "temperature", "power_w"]
+        cards.append(card)
+    with time_machine.travel(at, tick=False):
+        payload = heartbeat(gpus=max(len(used), 1), gpu_stats=cards, heartbeat_interval=interval) | overrides
+        response = agents.send(node_id, payload)
+    assert response.status_code == 200, response.content
 
 
-def card(node_id, index=0):
+def card(node_id="n1", index=0):
     return Gpu.objects.get(node_id=node_id, index=index)
 
 
@@ -32,84 +47,105 @@ def alerts(node_id="n1", index=0, state=None):
     return found.filter(state=state) if state else found
 
 
-def test_unknown_use_is_marked_then_alerted_after_the_beats_then_recovered():
-    now = utcnow()
-    make_node("n1", gpus=1, heartbeat_interval=5, last_heartbeat_at=now)
-    reading("n1", 30 * GB)  # an empty ledger: all of it is unexplained
-    report = check_memory_drift(now=now)
-    assert report.marked == [("n1", 0)] and report.raised == []
-    gpu = card("n1")
+def test_unknown_use_is_marked_then_alerted_after_the_beats_then_recovered(agents):
+    now = utcnow().replace(microsecond=0)
+    beat(agents, now, 30 * GB)  # an empty ledger: all of it is unexplained
+    gpu = card()
     assert (gpu.memory_drift_since, gpu.memory_drift_mb) == (now, 30 * GB)
-    assert check_memory_drift(now=now + timedelta(seconds=14)).raised == []  # under 3 × 5 s
-    assert card("n1").memory_drift_since == now  # the first sighting is kept
-    assert check_memory_drift(now=now + timedelta(seconds=15)).raised == [("n1", 0)]
+    assert not alerts().exists()
+    beat(agents, now + timedelta(seconds=10), 30 * GB + 5)
+    assert not alerts().exists()  # under 3 × 5 s
+    gpu = card()
+    assert (gpu.memory_drift_since, gpu.memory_drift_mb) == (now, 30 * GB + 5)  # the first sighting is kept
+    beat(agents, now + timedelta(seconds=15), 30 * GB)
     alert = alerts(state="ACTIVE").get()
     assert (alert.type, alert.severity, alert.scope, alert.gpu_index) == ("GPU_MEMORY_DRIFT", "warning", "gpu", 0)
-    assert "GPU 0 of node n1" in alert.message and "30720 MB" in alert.message
+    assert alert.message == (
+        "GPU 0 of node agent-n1 (n1) uses 30720 MB more memory than the platform placed on it "
+        "(30720 MB measured, 0 MB explained by the ledger; threshold 2048 MB)."
+    )
     assert alert.details == {"measured_mb": 30720, "explained_mb": 0, "drift_mb": 30720, "threshold_mb": 2048}
-    assert check_memory_drift(now=now + timedelta(seconds=20)).raised == []  # raised once
-    assert alerts().count() == 1
-    reading("n1", 1 * GB)  # the unknown process went away
-    assert check_memory_drift(now=now + timedelta(seconds=30)).recovered == [("n1", 0)]
+    beat(agents, now + timedelta(seconds=20), 30 * GB)
+    assert alerts().count() == 1  # raised once
+    beat(agents, now + timedelta(seconds=25), 1 * GB)  # the unknown process went away
     assert alerts(state="RECOVERED").count() == 1 and not alerts(state="ACTIVE").exists()
-    gpu = card("n1")
+    gpu = card()
     assert (gpu.memory_drift_since, gpu.memory_drift_mb) == (None, None)
 
 
-def test_what_the_ledger_holds_explains_the_use(world):
-    acme = world.tenants["acme"]
+@pytest.fixture
+def acme():
+    tenant = tenant_services.create_tenant(name="Drift", slug="drift")
+    yield tenant
+    Task.objects.filter(tenant=tenant).delete()
+    tenant_services.delete_tenant(tenant)
+
+
+def test_what_the_ledger_holds_explains_the_use(agents, acme):
     now = utcnow()
-    node = make_node("n1", gpus=2, last_heartbeat_at=now)
+    beat(agents, now, 1 * GB, 1 * GB)
+    node = card().node
     share = make_task(acme, status="running", node=node)
     GpuAllocation.objects.create(task=share, node=node, gpu_index=0, tenant=acme, memory_mb=20 * GB)
-    reading("n1", 20 * GB + 2048)  # 2,048 MB beyond the share: at the threshold, not above
-    make_task_holding(node, acme, "running", card=1)  # a whole-card holder explains all
-    reading("n1", 79 * GB, index=1)
-    assert check_memory_drift(now=now).marked == []
-    reading("n1", 20 * GB + 2049)
-    assert check_memory_drift(now=now).marked == [("n1", 0)]
-    assert card("n1").memory_drift_mb == 2049
+    whole = make_task(acme, status="running", node=node)  # a whole-card holder explains all
+    GpuAllocation.objects.create(task=whole, node=node, gpu_index=1, tenant=acme, memory_mb=None)
+    beat(agents, now + timedelta(seconds=5), 20 * GB + 2048, 79 * GB)  # at the threshold, not above
+    assert card(index=0).memory_drift_since is None and card(index=1).memory_drift_since is None
+    beat(agents, now + timedelta(seconds=10), 20 * GB + 2049, 79 * GB)
+    assert card(index=0).memory_drift_mb == 2049 and card(index=1).memory_drift_since is None
 
 
-def test_the_beats_are_the_nodes_own_interval():
+def test_the_beats_are_the_nodes_own_interval(agents):
     now = utcnow()
-    node = make_node("n1", gpus=1, heartbeat_interval=30, last_heartbeat_at=now)
-    reading("n1", 30 * GB)
-    check_memory_drift(now=now)
-    for seconds, raised in ((30, []), (60, []), (90, [("n1", 0)])):
-        later = now + timedelta(seconds=seconds)
-        node.__class__.objects.filter(pk=node.pk).update(last_heartbeat_at=later)  # it keeps beating
-        assert check_memory_drift(now=later).raised == raised
+    for seconds, raised in ((0, False), (30, False), (60, False), (90, True)):
+        beat(agents, now + timedelta(seconds=seconds), 30 * GB, interval=30)
+        assert alerts(state="ACTIVE").exists() is raised, seconds
 
 
-def test_a_stale_reading_of_a_node_given_up_and_a_lost_card_are_not_judged():
+def test_a_lost_card_is_not_judged(agents):
     now = utcnow()
-    make_node("gone", gpus=1, last_heartbeat_at=now - timedelta(minutes=5), status="offline")
-    reading("gone", 30 * GB)
-    make_node("n1", gpus=1, last_heartbeat_at=now)
-    reading("n1", 30 * GB)
+    beat(agents, now, 1 * GB)
     Gpu.objects.filter(node_id="n1").update(lost_at=now)
-    assert check_memory_drift(now=now).marked == []
-    assert card("gone").memory_drift_since is None and card("n1").memory_drift_since is None
+    beat(agents, now + timedelta(seconds=5), 30 * GB)
+    assert card().memory_drift_since is None
+    # a drift marked before the card was lost stays as it was while it is lost
+    Gpu.objects.filter(node_id="n1").update(lost_at=None)
+    beat(agents, now + timedelta(seconds=10), 30 * GB)
+    Gpu.objects.filter(node_id="n1").update(lost_at=now)
+    beat(agents, now + timedelta(seconds=15), 1 * GB)
+    assert card().memory_drift_mb == 30 * GB
 
 
-def test_a_card_that_stops_reporting_memory_ends_its_drift():
+def test_a_card_that_stops_reporting_memory_ends_its_drift(agents):
     now = utcnow()
-    make_node("n1", gpus=1, last_heartbeat_at=now)
-    reading("n1", 30 * GB)
-    check_memory_drift(now=now)
-    check_memory_drift(now=now + timedelta(seconds=15))
-    reading("n1", None)
-    assert check_memory_drift(now=now + timedelta(seconds=20)).recovered == [("n1", 0)]
-    assert card("n1").memory_drift_since is None and alerts(state="RECOVERED").exists()
+    beat(agents, now, 30 * GB)
+    beat(agents, now + timedelta(seconds=15), 30 * GB)
+    assert alerts(state="ACTIVE").exists()
+    beat(agents, now + timedelta(seconds=20), None)
+    assert card().memory_drift_since is None and alerts(state="RECOVERED").exists()
 
 
-def test_the_drift_check_runs_as_a_guarded_periodic_job(settings):
-    from apps.nodes.jobs import memory_drift_job
+def test_a_beat_whose_collector_failed_judges_nothing(agents):
+    now = utcnow()
+    beat(agents, now, 30 * GB)
+    beat(agents, now + timedelta(seconds=15), 30 * GB)
+    beat(agents, now + timedelta(seconds=20), gpu_stats=[], gpu_collector_error="nvidia-smi timed out")
+    assert card().memory_drift_mb == 30 * GB and alerts(state="ACTIVE").exists()
+    beat(agents, now + timedelta(seconds=25), 1 * GB)  # read again: the drift ended
+    assert card().memory_drift_since is None and alerts(state="RECOVERED").exists()
 
+
+def test_the_threshold_is_the_setting(agents, settings):
     settings.HETEROFLOW_GPU_MEMORY_DRIFT_MB = 100
-    make_node("n1", gpus=1, last_heartbeat_at=utcnow())
-    reading("n1", 500)
-    assert memory_drift_job() == Outcome.RAN
-    assert card("n1").memory_drift_mb == 500
-    assert memory_drift_job() == Outcome.EARLY
+    beat(agents, utcnow(), 500)
+    assert card().memory_drift_mb == 500
+
+
+def test_two_nodes_drift_apart(agents):
+    """One beat judges its own node's cards only."""
+    now = utcnow()
+    beat(agents, now, 30 * GB, node_id="n1")
+    beat(agents, now, 1 * GB, node_id="n2")
+    assert card("n1").memory_drift_mb == 30 * GB and card("n2").memory_drift_since is None
+    beat(agents, now + timedelta(seconds=15), 1 * GB, node_id="n2")
+    assert card("n1").memory_drift_mb == 30 * GB  # n2's beats leave n1's marks alone
