@@ -26,13 +26,14 @@ from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes import liveness
 from apps.nodes.choices import CordonSource
+from apps.nodes.lock_order import lock_card
 from apps.nodes.models import Gpu, Node
 
 CLEARED = {"cordoned_at": None, "cordon_source": "", "cordon_reason": "", "cordon_evidence": {}}
 
 
 def _locked_card(node: Node, index: int) -> Gpu:
-    gpu = Gpu.objects.select_for_update().filter(node=node, index=index).first()
+    gpu = lock_card(node.pk, index)
     if gpu is None:
         raise NotFound(f"Node '{node.pk}' has no GPU {index}.")
     return gpu
@@ -99,18 +100,23 @@ class CleanRecovery:
     alerts_recovered: int
 
 
+# Cards across the fleet: taken in the beat's order (node id, index), skipping a card a
+# beat holds now; it is judged again on the next run (docs/architecture.md#lock-order).
 RECOVER_CLEAN = """
+    WITH due AS (
+        SELECT g.id FROM gpus AS g JOIN nodes AS n ON n.id = g.node_id
+        WHERE g.cordoned_at IS NOT NULL AND g.cordon_source = %(health)s
+          AND g.last_bad_at < %(clean_since)s
+          -- kept reporting: present, with a health reading, on a node beating now, and the
+          -- latest reading not itself a failure state
+          AND g.lost_at IS NULL AND g.health_at IS NOT NULL AND g.health <> '{}'::jsonb
+          AND COALESCE((g.health ->> 'remapped_rows_failure')::boolean, false) = false
+          AND n.last_heartbeat_at >= %(alive_since)s
+        ORDER BY g.node_id, g.index FOR NO KEY UPDATE OF g SKIP LOCKED
+    )
     UPDATE gpus AS g SET cordoned_at = NULL, cordon_source = '', cordon_reason = '', cordon_evidence = '{}'::jsonb,
                          updated_at = %(now)s
-    FROM nodes AS n
-    WHERE n.id = g.node_id
-      AND g.cordoned_at IS NOT NULL AND g.cordon_source = %(health)s
-      AND g.last_bad_at < %(clean_since)s
-      -- kept reporting: present, with a health reading, on a node beating now, and the
-      -- latest reading not itself a failure state
-      AND g.lost_at IS NULL AND g.health_at IS NOT NULL AND g.health <> '{}'::jsonb
-      AND COALESCE((g.health ->> 'remapped_rows_failure')::boolean, false) = false
-      AND n.last_heartbeat_at >= %(alive_since)s
+    FROM due WHERE g.id = due.id
     RETURNING g.node_id, g.index
 """
 

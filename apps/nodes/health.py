@@ -159,7 +159,13 @@ def merged_evidence(stored: dict | None, reasons: list[dict], now: datetime) -> 
 
 # --- the beat's health step ---------------------------------------------------------------
 
-CARDS = "SELECT index, uuid, vendor, model, health, cordon_evidence FROM gpus WHERE node_id = %(id)s FOR UPDATE"
+# The lock order of every writer of node and card rows (docs/architecture.md#lock-order):
+# the node's row first, then its cards by index.
+NODE = "SELECT 1 FROM nodes WHERE id = %(id)s FOR NO KEY UPDATE"
+CARDS = (
+    "SELECT index, uuid, vendor, model, health, cordon_evidence FROM gpus WHERE node_id = %(id)s "
+    "ORDER BY index FOR UPDATE"
+)
 # A card already cordoned (by an earlier judgement or an operator) keeps its cordon: its
 # time, source and reason; the evidence and last_bad_at follow the latest bad reading.
 CORDON = f"""
@@ -230,6 +236,7 @@ async def apply_beat_health(cur, node_id: str, readings: list[dict], readings_ha
     by_index = {reading["index"]: reading for reading in readings if isinstance(reading.get("index"), int)}
     fatal_xids = settings.HETEROFLOW_GPU_FATAL_XIDS
     async with cur.connection.transaction():
+        await cur.execute(NODE, {"id": node_id})
         await cur.execute(CARDS, {"id": node_id})
         for index, uuid, vendor, model, stored, evidence in await cur.fetchall():
             reading = by_index.get(index)

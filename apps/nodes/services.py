@@ -16,7 +16,8 @@ from apps.core.audit import record_operator_audit
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes import liveness
-from apps.nodes.choices import CORDON_LABEL
+from apps.nodes.choices import CORDON_LABEL, NodeStatus
+from apps.nodes.lock_order import lock_card
 from apps.nodes.models import EmissionFactor, Gpu, Node
 from apps.tasks.choices import ACTIVE, TaskStatus
 from apps.tasks.models import Task
@@ -24,12 +25,18 @@ from apps.tasks.services import move_tasks, requeue_tasks
 
 logger = logging.getLogger(__name__)
 
-# liveness.status_at, set-wise: one statement for the whole fleet, touching only the rows
-# whose status changes.
+# liveness.status_at, set-wise, for the nodes silence may have moved: a beat writes its
+# node's status itself (online, degraded, or offline after a farewell), so what is left to
+# the checker is the silent nodes not yet offline, and those never heard from. They are
+# found by the last-heartbeat index (work follows the silent nodes, not the fleet), taken
+# in id order, skipping a row a beat holds: that node is not silent, and its beat writes
+# its status (docs/architecture.md#lock-order).
 REFRESH_STATUSES = f"""
     WITH computed AS (
         SELECT id, {liveness.STATUS_SQL} AS status
         FROM nodes
+        WHERE status <> '{NodeStatus.OFFLINE}' AND (last_heartbeat_at IS NULL OR last_heartbeat_at <= %(suspect)s)
+        ORDER BY id FOR NO KEY UPDATE SKIP LOCKED
     )
     UPDATE nodes AS n SET status = c.status FROM computed c
     WHERE n.id = c.id AND n.status <> c.status
@@ -38,8 +45,9 @@ REFRESH_STATUSES = f"""
 
 
 def refresh_node_statuses(now: datetime | None = None) -> dict[str, list[str]]:
-    """The health checker: writes only the status column. Returns the changed node ids
-    by new status, so per-change work is linear in changes, not in nodes."""
+    """The health checker: moves the silent nodes on (suspect, then offline), writing
+    only the status column. Returns the changed node ids by new status, so per-change
+    work is linear in changes, not in nodes."""
     now = now or utcnow()
     with connection.cursor() as cursor:
         cursor.execute(REFRESH_STATUSES, liveness.status_params(now))
@@ -85,7 +93,7 @@ def forget_lost_gpu(node: Node, index: int) -> None:
     """Remove a card that was taken out of the machine. Only a lost card can be removed:
     one the agent still reports would come back on the next beat."""
     with transaction.atomic():
-        gpu = Gpu.objects.select_for_update().filter(node=node, index=index).first()
+        gpu = lock_card(node.pk, index)
         if gpu is None:
             raise NotFound(f"Node '{node.pk}' has no GPU {index}.")
         if gpu.lost_at is None:

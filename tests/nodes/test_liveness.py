@@ -45,7 +45,8 @@ def seed_grid(now):
                 executable=executable,
                 last_heartbeat_at=last,
                 signed_off_at=None if farewell is None else last + farewell,
-                status="online",
+                # what its last beat wrote: silence is the checker's to judge
+                status=liveness.status_at(last, executable, last, None if farewell is None else last + farewell),
             )
         )
     for executable, signed_off_at in product((True, False), (None, now - timedelta(minutes=1))):

@@ -38,7 +38,7 @@ def test_status_at_the_thresholds(silent_seconds, executable, expected):
         name="n",
         last_heartbeat_at=now - timedelta(seconds=silent_seconds),
         executable=executable,
-        status="online",
+        status="online" if executable else "degraded",  # what its last beat wrote
     )
     refresh_node_statuses(now=now)
     node.refresh_from_db()
