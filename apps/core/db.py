@@ -4,8 +4,10 @@ always talk to the same database, with the same options."""
 
 from __future__ import annotations
 
+import select
 from functools import cache
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 
 # Keys of Django's OPTIONS that are not libpq connection parameters.
@@ -24,6 +26,23 @@ def libpq_params(alias: str = "default", **overrides) -> dict:
     )
     params.update(overrides)
     return {key: value for key, value in params.items() if value is not None}
+
+
+async def check_idle_connection(conn) -> None:
+    """A pool's `check` for the hot paths' async pools (heartbeat, gateway) that costs no
+    round trip: an idle connection has nothing to read, so a socket that is readable
+    holds the server's farewell (a terminated backend's FATAL, a restart's EOF), and the
+    connection is dead. Raising makes the pool drop it and hand out another, so a
+    connection the database ended fails no request. (psycopg_pool's own check_connection
+    sends a query each time: one more round trip on every beat.)"""
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("the connection is closed")
+    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    if readable:
+        # closed here: libpq has not read the farewell yet, so the pool would take the
+        # connection back as healthy
+        await conn.close()
+        raise psycopg.OperationalError("the server ended this idle connection")
 
 
 # --- rows in and out of models without building an ORM query per call -----------------------

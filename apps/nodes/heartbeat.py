@@ -27,7 +27,6 @@ labels, so removal happens on the slow path only. The cordon label is the operat
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import logging
 import re
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ from datetime import datetime
 
 import orjson
 from django.conf import settings
-from django.core.cache import cache
 from psycopg import AsyncRawCursor
 from psycopg.types.json import Jsonb, set_json_dumps
 
@@ -102,16 +100,6 @@ def reading(stat: dict, name: str):
     return stat.get(name)
 
 
-def same_address(stored, peer: str | None) -> bool:
-    """psycopg returns inet columns as ipaddress objects; compare as addresses."""
-    if stored is None or peer is None:
-        return stored is None and peer is None
-    try:
-        return ipaddress.ip_address(str(stored)) == ipaddress.ip_address(peer)
-    except ValueError:
-        return False
-
-
 @dataclass
 class GpuChange:
     index: int
@@ -126,7 +114,6 @@ class BeatOutcome:
     registered: bool = False
     scheduled_task_ids: list[int] = field(default_factory=list)
     slow_path: bool = False
-    ip_changed: bool = False
     gpu_changes: list[GpuChange] = field(default_factory=list)
     health_changed: bool = False
 
@@ -190,13 +177,13 @@ WITH node AS (
         cpu_energy_wh_estimate = n.cpu_energy_wh_estimate + COALESCE(CASE
             WHEN o.cpu_power_at = o.ol AND o.dt > 0 AND o.dt <= %(max_span)s
             THEN (o.cpu_power_w_estimate + o.ce) * o.dt / 7200 END, 0)
-    FROM (SELECT id, ip AS old_ip, health_hash AS oh, last_heartbeat_at AS ol, cpu_power_at, cpu_power_w_estimate,
+    FROM (SELECT id, health_hash AS oh, last_heartbeat_at AS ol, cpu_power_at, cpu_power_w_estimate,
                  extract(epoch FROM %(now)s - last_heartbeat_at)::float8 AS dt,
                  COALESCE(cpu_tdp_w, cpu_tdp_w_model)
                      * (%(idle)s + (1 - %(idle)s) * %(cpu_used)s::float8 / 100) AS ce
           FROM nodes WHERE id = %(id)s) AS o
     WHERE n.id = o.id AND n.structure_hash = %(structure_hash)s
-    RETURNING o.old_ip, o.oh, o.ol, o.dt, n.name AS node_name
+    RETURNING o.oh, o.ol, o.dt, n.name AS node_name
 ), readings AS (
     SELECT * FROM jsonb_to_recordset(%(readings)s::jsonb) AS r(i int, u float8, m bigint, t float8, p float8, a text)
 ), judged AS (
@@ -270,7 +257,7 @@ WITH node AS (
     WHERE state = 'ACTIVE' AND key IN (
         SELECT {alert_keys.gpu_lost_sql("%(id)s", "j.index")} FROM judged AS j WHERE j.was_lost AND NOT j.is_lost)
 ), {drift.DRIFT_ALERTS}
-SELECT EXISTS (SELECT 1 FROM node), (SELECT old_ip FROM node), (SELECT oh FROM node),
+SELECT EXISTS (SELECT 1 FROM node), (SELECT oh FROM node),
        (SELECT COALESCE(jsonb_agg(jsonb_build_array(j.index, j.is_lost, j.lost_basis)), '[]'::jsonb)
         FROM judged AS j WHERE j.was_lost <> j.is_lost),
        ARRAY(SELECT t.id FROM tasks AS t WHERE t.node_id = %(id)s AND t.status = 'scheduled'
@@ -353,7 +340,7 @@ GPU_UPSERT = """
         memory_total_mb = EXCLUDED.memory_total_mb, compute_capability = EXCLUDED.compute_capability
 """
 
-NODE_FOR_UPDATE = "SELECT ip, agent_label_keys FROM nodes WHERE id = %(id)s FOR UPDATE"
+NODE_FOR_UPDATE = "SELECT agent_label_keys FROM nodes WHERE id = %(id)s FOR UPDATE"
 GPU_COUNT_UPDATE = "UPDATE nodes SET gpu_count = (SELECT count(*) FROM gpus WHERE node_id = %(id)s) WHERE id = %(id)s"
 
 
@@ -484,15 +471,13 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
     cur = conn.cursor()
     raw = AsyncRawCursor(conn)
     await raw.execute(BEAT_SQL, beat_values(params))
-    matched, old_ip, old_health_hash, changes, outcome.scheduled_task_ids = await raw.fetchone()
-    if matched:
-        outcome.ip_changed = not same_address(old_ip, peer_ip)
-    else:
+    matched, old_health_hash, changes, outcome.scheduled_task_ids = await raw.fetchone()
+    if not matched:
         outcome.slow_path = True
         async with conn.transaction():
             await cur.execute(NODE_FOR_UPDATE, {"id": node_id})
             existing = await cur.fetchone()
-            structure = structure_params(payload) | label_ownership(payload, existing[1] if existing else ())
+            structure = structure_params(payload) | label_ownership(payload, existing[0] if existing else ())
             if existing is None:
                 await cur.execute(
                     NODE_INSERT,
@@ -513,13 +498,12 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
                 if not outcome.registered:  # a concurrent first beat won the insert
                     await cur.execute(FULL_NODE_UPDATE, params | structure)
             else:
-                outcome.ip_changed = not same_address(existing[0], peer_ip)
                 await cur.execute(FULL_NODE_UPDATE, params | structure)
             await cur.execute(GPU_UPSERT, {"id": node_id, "now": now, "gpus": structure["gpus"]})
             await cur.execute(GPU_COUNT_UPDATE, {"id": node_id})
             # The structure now matches: the beat itself is the same statement as always.
             await raw.execute(BEAT_SQL, beat_values(params))
-            matched, _, old_health_hash, changes, outcome.scheduled_task_ids = await raw.fetchone()
+            matched, old_health_hash, changes, outcome.scheduled_task_ids = await raw.fetchone()
             if not matched:
                 raise RuntimeError(f"heartbeat of {node_id}: the node row did not match after the slow path")
     if "gpu_health" in payload:  # an older agent sends none: its cards' health stays unknown
@@ -529,15 +513,3 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
             await health.apply_beat_health(cur, node_id, payload["gpu_health"], beat_health_hash, now)
     outcome.gpu_changes = [GpuChange(index, lost, basis) for index, lost, basis in changes]
     return outcome
-
-
-NODE_ADDRESS_CACHE_KEY = "node-address:{node_id}"
-
-
-def forget_node_address(node_id: str) -> None:
-    """A node's public IP changed: whatever caches its address (the gateway's backend
-    table) must look it up again."""
-    try:
-        cache.delete(NODE_ADDRESS_CACHE_KEY.format(node_id=node_id))
-    except Exception:  # Redis holds nothing that cannot be lost
-        logger.warning("could not invalidate the cached address of node %s", node_id)

@@ -8,16 +8,16 @@ from apps.core.guard import periodic_job
 from apps.nodes.energy import roll_up_energy
 from apps.nodes.gpu_health_services import recover_clean_cards
 from apps.nodes.images import sweep_image_requests
-from apps.nodes.metrics import prune_and_prepare_partitions
+from apps.nodes.metrics import PRUNE_EVERY_SECONDS, prune_and_prepare_partitions
 from apps.nodes.services import refresh_node_statuses
 
 check_health_job = periodic_job("nodes.check_health", every=5)(refresh_node_statuses)
 # the daily energy rollup (apps.nodes.energy): each accumulator's growth since the last
 # run, added to today's (UTC) energy_daily row
 energy_rollup_job = periodic_job("nodes.energy_rollup", every=300)(roll_up_energy)
-# also requested every 500 heartbeats (apps.nodes.api.heartbeat); the guard keeps it to
-# once per period
-prune_metrics_job = periodic_job("nodes.prune_metrics", every=600)(prune_and_prepare_partitions)
+# also requested by each web process once per period (apps.nodes.api.heartbeat); the
+# guard keeps it to one run per period
+prune_metrics_job = periodic_job("nodes.prune_metrics", every=PRUNE_EVERY_SECONDS)(prune_and_prepare_partitions)
 # the image channel's janitor (apps.nodes.images, docs/images.md): stalled, over budget,
 # pending on an offline node, and the finished requests past their retention
 image_janitor_job = periodic_job("nodes.image_janitor", every=60)(sweep_image_requests)

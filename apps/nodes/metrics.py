@@ -16,6 +16,8 @@ from apps.nodes.models import EnergyDaily
 
 PARTITION_PREFIX = "node_metrics_p"
 DAYS_AHEAD = 3
+# the retention job's period (apps.nodes.jobs), also how often a web process asks for it
+PRUNE_EVERY_SECONDS = 600
 MAX_POINTS = 400
 
 

@@ -1,7 +1,7 @@
 """Heartbeat ingestion through the real ASGI route and a real PostgreSQL. The data is
 committed (the route has its own connection pool), hence transactional tests."""
 
-import time
+import asyncio
 from datetime import timedelta
 
 import psycopg
@@ -72,24 +72,6 @@ def test_forwarded_header_counts_only_behind_a_trusted_proxy(settings):
         assert Node.objects.get(pk="node-c").ip == "192.0.2.1"
     finally:
         agents.close()
-
-
-def test_an_ip_change_invalidates_the_cached_backend_address(agents):
-    from django.core.cache import cache
-
-    from apps.nodes.heartbeat import NODE_ADDRESS_CACHE_KEY
-
-    agents.send("node-d", payload(), peer="198.51.100.20")
-    key = NODE_ADDRESS_CACHE_KEY.format(node_id="node-d")
-    cache.set(key, "198.51.100.20:8000")
-    agents.send("node-d", payload(), peer="198.51.100.20")
-    assert cache.get(key) == "198.51.100.20:8000"
-    agents.send("node-d", payload(), peer="198.51.100.21")
-    # the invalidation runs off the event loop, right after the answer
-    deadline = time.monotonic() + 5
-    while cache.get(key) is not None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert cache.get(key) is None
 
 
 class StatementCounter:
@@ -438,3 +420,39 @@ def test_slice_capabilities_are_accepted_and_kept_and_malformed_ones_refused(age
     response = agents.send("node-s", payload(gpus=2, gpu_capabilities=newer))
     assert response.status_code == 200, response.text
     assert Node.objects.get(pk="node-s").gpu_capabilities == {"0": {"mig_capable": True, "mig_instances": [{"gi": 1}]}}
+
+
+def test_a_connection_the_database_ended_fails_no_beat(agents):
+    """The route's pooled connections are checked when taken: after the database ends
+    them (a restart, pg_terminate_backend), the next beat still lands."""
+    from django.db import connection
+
+    assert agents.send("node-t", payload()).status_code == 200
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] >= 1  # the route's pooled connection
+    for _ in range(3):
+        assert agents.send("node-t", payload()).status_code == 200
+
+
+def test_the_retention_job_is_asked_for_once_per_period_not_per_beats(agents, monkeypatch):
+    from apps.nodes.api import heartbeat as route
+    from apps.nodes.metrics import PRUNE_EVERY_SECONDS
+
+    asked = []
+    monkeypatch.setattr(route, "enqueue", asked.append)
+    clock = [1000.0]
+    agents.app.clock = lambda: clock[0]
+    agents.app._prune_asked_at = clock[0]
+    for _ in range(600):  # more beats than the old every-500 trigger, inside one period
+        assert agents.send("node-p", payload()).status_code == 200
+    assert asked == []
+    clock[0] += PRUNE_EVERY_SECONDS
+    assert agents.send("node-p", payload()).status_code == 200
+    agents.loop.run_until_complete(asyncio.sleep(0.1))  # the request runs off the event loop
+    assert asked == ["nodes.prune_metrics"]
+    assert agents.send("node-p", payload()).status_code == 200
+    assert asked == ["nodes.prune_metrics"]

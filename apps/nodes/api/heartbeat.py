@@ -13,6 +13,7 @@ import hmac
 import ipaddress
 import logging
 import re
+import time
 
 import orjson
 from django.conf import settings
@@ -20,17 +21,17 @@ from psycopg_pool import AsyncConnectionPool
 
 from apps.core.asgi import header, host_is_allowed, is_secure
 from apps.core.clock import utcnow
-from apps.core.db import libpq_params
+from apps.core.db import check_idle_connection, libpq_params
 from apps.core.enqueue import enqueue
 from apps.core.errors import error_body
 from apps.monitoring.metrics import record_heartbeat, record_ignored_agent_fields
 from apps.nodes import heartbeat
+from apps.nodes.metrics import PRUNE_EVERY_SECONDS
 from apps.nodes.protocol import read_heartbeat
 
 logger = logging.getLogger(__name__)
 PATH = re.compile(r"^/api/v1/nodes/(?P<node_id>[^/]+)/heartbeat/?$")
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-PRUNE_EVERY_BEATS = 500
 LOGGED_SKEWS_MAX = 1_024  # (agent version, field) pairs logged once each, at most this many
 
 
@@ -67,7 +68,8 @@ class HeartbeatApp:
         self.fallback = fallback
         self._pool: AsyncConnectionPool | None = None
         self._pool_loop = None
-        self._beats = 0
+        self.clock = time.monotonic
+        self._prune_asked_at = self.clock()  # beat asks at start-up; this process, a period later
         self._logged_skews: set[tuple[str, str]] = set()
         self._trusted = [ipaddress.ip_network(net, strict=False) for net in settings.HETEROFLOW_TRUSTED_PROXIES]
 
@@ -88,6 +90,9 @@ class HeartbeatApp:
                 max_size=settings.HETEROFLOW_HEARTBEAT_DB_POOL_SIZE,
                 open=False,
                 timeout=5.0,
+                # a connection the database ended (a restart, a terminated backend) is
+                # found and replaced when taken, never handed to a beat to fail on
+                check=check_idle_connection,
             )
             await self._pool.open()
             self._pool_loop = loop
@@ -164,7 +169,7 @@ class HeartbeatApp:
             # Never guess: a beat that could not be applied writes nothing and says so.
             logger.exception("heartbeat of %s not applied", node_id)
             raise HttpError(503, "unavailable", "The heartbeat could not be recorded; retry.") from None
-        self.after_beat(outcome)
+        self.after_beat()
         return 200, {
             "node_id": node_id,
             "status": outcome.status,
@@ -209,15 +214,15 @@ class HeartbeatApp:
                 ", ".join(new),
             )
 
-    def after_beat(self, outcome) -> None:
-        """Follow-ups that talk to Redis run in a thread, off the event loop: a slow or
+    def after_beat(self) -> None:
+        """Ask for the metrics retention job once per its period from this process (beat
+        drives it too; the guard keeps it to one run per period whoever asks). The
+        request talks to Redis, so it runs in a thread, off the event loop: a slow or
         absent Redis must never hold heartbeats up."""
-        loop = asyncio.get_running_loop()
-        if outcome.ip_changed:
-            loop.run_in_executor(None, heartbeat.forget_node_address, outcome.node_id)
-        self._beats += 1
-        if self._beats % PRUNE_EVERY_BEATS == 0:
-            loop.run_in_executor(None, enqueue, "nodes.prune_metrics")
+        now = self.clock()
+        if now - self._prune_asked_at >= PRUNE_EVERY_SECONDS:
+            self._prune_asked_at = now
+            asyncio.get_running_loop().run_in_executor(None, enqueue, "nodes.prune_metrics")
 
 
 def orjson_or_400(body: bytes):
