@@ -41,6 +41,7 @@ ENVIRONMENT = {
     "reconcile_interval": ("HETEROFLOW_RECONCILE_SECONDS",),
     "health_interval": ("HETEROFLOW_HEALTH_SECONDS",),
     "report_attempts": ("HETEROFLOW_REPORT_ATTEMPTS",),
+    "report_deadline_seconds": ("HETEROFLOW_REPORT_DEADLINE_SECONDS",),
     "engine_python": ("HETEROFLOW_ENGINE_PYTHON",),
     # the image channel (channels/images.py)
     "image_progress_seconds": ("HETEROFLOW_IMAGE_PROGRESS_SECONDS",),
@@ -81,6 +82,7 @@ class AgentConfig:
     reconcile_interval: int = 60
     health_interval: int = 30  # seconds between card health reads (ECC, Xid...), cached between beats
     report_attempts: int = 6  # a task's final report: 1 s back-off doubling to 10 s between them
+    report_deadline_seconds: float = 60.0  # ...and all of its attempts and waits within this
     # model format -> engines in the order the router tries them (replaces its default)
     engine_priorities: dict = field(default_factory=dict)
     # vendor -> engine -> image repository, over the router's table ("" removes one)
@@ -144,6 +146,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     reconcile_interval = _number(raw, "reconcile_interval", 60, int, 5, 3600, problems)
     health_interval = _number(raw, "health_interval", 30, int, 5, 3600, problems)
     report_attempts = _number(raw, "report_attempts", 6, int, 1, 20, problems)
+    report_deadline = _number(raw, "report_deadline_seconds", 60.0, float, 1, 600, problems)
     allow_process = _boolean(raw, "allow_process_runtime", False, problems)
     image_progress = _number(raw, "image_progress_seconds", 60.0, float, 0, 600, problems)
     image_legacy = _boolean(raw, "image_legacy_latest", False, problems)
@@ -226,6 +229,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         reconcile_interval=reconcile_interval,
         health_interval=health_interval,
         report_attempts=report_attempts,
+        report_deadline_seconds=report_deadline,
         engine_priorities={fmt.lower(): [e.lower() for e in engines] for fmt, engines in priorities.items()},
         engine_images={v.lower(): {e.lower(): r for e, r in engines.items()} for v, engines in images.items()},
         engine_python=engine_python,

@@ -239,13 +239,14 @@ class Executor:
     ):
         self.node_id, self.client, self.runtime = node_id, client, runtime
         self.vendor = vendor
-        # reports: 6 attempts, 1 s doubling to 10 s (about a minute in all)
+        # reports: 6 attempts, 1 s doubling to 10 s, all within 60 s (then kept for the reconciler)
         self.report_client = report_client or ServerClient(
             client.base_url,
             client.session.headers["X-API-Key"],
             attempts=6,
             backoff=1.0,
             backoff_cap=10.0,
+            deadline=60.0,
         )
         self.pool = ThreadPoolExecutor(max_workers=workers or worker_count(), thread_name_prefix="task")
         self.volume_allow, self.volume_deny = volume_allow, volume_deny

@@ -76,6 +76,7 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
             attempts=cfg.report_attempts,
             backoff=1.0,
             backoff_cap=10.0,
+            deadline=cfg.report_deadline_seconds,  # then the outcome is kept for the reconciler
             user_agent=f"heteroflow-agent/{version.version}",
         )
         executor = Executor(

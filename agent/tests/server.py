@@ -1,5 +1,7 @@
 """A scripted control plane on a real socket: each request takes the next scripted answer
-(status, body, headers) for its path, and every request is recorded."""
+(status, body, headers) for its path, and every request is recorded. While `stalled` is
+set, a request is read and recorded but never answered: the connection stays open until
+the client gives up or the server closes (a control plane that hangs)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ class ScriptedServer:
         self.script: dict[str, list[tuple[int, dict, dict]]] = {}
         self.default: tuple[int, dict, dict] = (404, {"error": {"code": "not_found"}}, {})
         self.requests: list[dict] = []
+        self.stalled = threading.Event()
+        self.closing = threading.Event()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -28,6 +32,9 @@ class ScriptedServer:
                         "json": json.loads(body) if body else None,
                     }
                 )
+                if owner.stalled.is_set():
+                    owner.closing.wait()  # no answer, and no scripted answer used up
+                    return
                 queue = owner.script.get(path)
                 status, payload, headers = queue.pop(0) if queue else owner.default
                 data = json.dumps(payload).encode()
@@ -53,5 +60,6 @@ class ScriptedServer:
         self.script.setdefault(path, []).extend((a + ({},))[:3] if len(a) == 2 else a for a in answers)
 
     def close(self):
+        self.closing.set()
         self.httpd.shutdown()
         self.httpd.server_close()
