@@ -843,11 +843,17 @@ def say_jobs(periods: dict[str, float], before: dict, after: dict, elapsed: floa
         f"  periodic jobs        runs in this run, mean / max run time (JobRun), period; "
         f"* mean over {JOB_MEAN_SHARE:.0%} of the period"
     )
-    idle = []
-    for key in sorted(set(after) | {name for name in periods if periods[name] <= elapsed}):
+    # a per-host job's key is `name@host` (apps.core.guard.per_host_key)
+    ran = {key.split("@", 1)[0] for key in after}
+    idle = [
+        f"{name} (every {period:g} s)"
+        for name, period in sorted(periods.items())
+        if period <= elapsed and name not in ran
+    ]
+    for key in sorted(after):
         period = periods.get(key.split("@", 1)[0])
         runs0, total0, _ = before.get(key, (0, 0.0, 0.0))
-        runs1, total1, longest = after.get(key, (0, 0.0, 0.0))
+        runs1, total1, longest = after[key]
         runs = runs1 - runs0
         if not runs:
             if period is not None and period <= elapsed:
@@ -855,14 +861,11 @@ def say_jobs(periods: dict[str, float], before: dict, after: dict, elapsed: floa
             continue
         mean = (total1 - total0) / runs
         flag = "*" if period and mean > JOB_MEAN_SHARE * period else " "
-        due = f"~{elapsed / period:.0f} due" if period else "period unknown"
-        say(
-            f"   {flag} {key:<34} {runs:>4} runs ({due}), mean {mean * 1000:8.1f} ms, max {longest * 1000:8.1f} ms, "
-            f"every {period:g} s"
-        )
+        due = f"~{elapsed / period:.0f} due), every {period:g} s" if period else "period unknown)"
+        say(f"   {flag} {key:<40} {runs:>4} runs, mean {mean * 1000:8.1f} ms, max {longest * 1000:8.1f} ms ({due}")
     if idle:
         say(f"    due but not run: {', '.join(idle)}")
-    longer = sorted(name for name, period in periods.items() if period > elapsed and name not in after)
+    longer = sorted(name for name, period in periods.items() if period > elapsed and name not in ran)
     if longer:
         say(f"    not due in {elapsed:.0f} s (longer periods): {len(longer)} jobs")
 
