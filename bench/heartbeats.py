@@ -509,15 +509,24 @@ def log_lines_since(scratch: Path, offsets: dict[str, int]) -> dict[str, list[st
     return lines
 
 
+# a traceback's last line: the exception raised (`psycopg.errors.DeadlockDetected: …`)
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Timeout|Detected)\b")
+
+
 def say_log_marks(lines: dict[str, list[str]], indent: str = "  ") -> None:
+    """Per log: the lines with each mark, the commonest exceptions raised, the first ERROR."""
     for name, text in lines.items():
         counts = ", ".join(f"{sum(mark in line for line in text)} {mark!r}" for mark in LOG_MARKS)
         say(f"{indent}{name + ' log':<20} {counts}")
-        firsts = list(
-            dict.fromkeys(line.strip()[:160] for line in text if "ERROR" in line or "deadlock detected" in line)
-        )
-        for line in firsts[:3]:
-            say(f"{indent}    e.g. {line}")
+        raised: dict[str, int] = {}
+        for line in text:
+            if EXCEPTION_LINE.match(line):
+                raised[line.strip()[:140]] = raised.get(line.strip()[:140], 0) + 1
+        for line, count in sorted(raised.items(), key=lambda item: -item[1])[:3]:
+            say(f"{indent}    {count}× {line}")
+        first = next((line.strip()[:160] for line in text if "ERROR" in line), None)
+        if first:
+            say(f"{indent}    first ERROR: {first}")
 
 
 def load_average() -> str:
@@ -1023,11 +1032,11 @@ def main() -> int:
         if not args.list_only:
             watch = Watch(database_url, scratch, server_log, log_lock_waits, periods)
             run_heartbeats(args, port, secret, watch, env)
+            say("\n== process logs, whole run (registration included) ==")
+            say_log_marks(log_lines_since(scratch, dict.fromkeys(log_sizes(scratch), 0)))
             if jobs:
                 stop(jobs)
                 jobs = []
-            say("\n== process logs, whole run (registration included) ==")
-            say_log_marks(log_lines_since(scratch, dict.fromkeys(log_sizes(scratch), 0)))
         if not args.skip_list:
             key = subprocess.run(
                 [
