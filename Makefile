@@ -47,6 +47,12 @@ clean-data:
 	@echo "This deletes the embedded database, Redis data and logs in $${HETEROFLOW_DATA_DIR:-.heteroflow}."
 	@read -p "Type 'yes' to continue: " answer && [ "$$answer" = yes ] && rm -rf "$${HETEROFLOW_DATA_DIR:-.heteroflow}"
 
+# Heartbeat ingestion with a Celery worker and beat running every periodic job; steady
+# and busy readings; prints rate, latency, deadlocks, lock waits, each job's run times
+# and the processes' error lines (docs/nodes.md#benchmarks). For example:
+#   make bench BENCH_ARGS="--nodes 1000 --duration 30 --mode closed --connections 48 --skip-list"
+#   make bench BENCH_ARGS="--nodes 10000 --mode closed --skip-list"      # the 10,000-node fleet
+#   make bench BENCH_ARGS="--mode closed --generator wrk"                 # wrk sends (apt-get install wrk)
 bench: $(DEPS_STAMP)
 	$(BIN)/python bench/heartbeats.py $(BENCH_ARGS)
 

@@ -75,19 +75,26 @@ def _run_guarded(key, every, work, *, now, respect_period) -> GuardResult:
             return GuardResult(Outcome.EARLY)
         run.last_started_at = now
         run.runs += 1
+        started = time.monotonic()
         try:
             with transaction.atomic():
                 value = work()
         except Exception as exc:
             logger.exception("periodic job %s failed", key)
             run.last_outcome, run.last_error = Outcome.FAILED, f"{type(exc).__name__}: {exc}"
-            run.last_finished_at = utcnow()
-            run.save()
+            _finish(run, time.monotonic() - started)
             return GuardResult(Outcome.FAILED)
         run.last_outcome, run.last_error = Outcome.RAN, ""
-        run.last_finished_at = utcnow()
-        run.save()
+        _finish(run, time.monotonic() - started)
         return GuardResult(Outcome.RAN, value)
+
+
+def _finish(run: JobRun, seconds: float) -> None:
+    """The run's end and how long its work took (the row is ours: the job's lock is held)."""
+    run.last_finished_at = utcnow()
+    run.total_seconds += seconds
+    run.max_seconds = max(run.max_seconds, seconds)
+    run.save()
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ class JobRun(models.Model):
     last_outcome = models.CharField(max_length=20, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
     runs = models.PositiveBigIntegerField(default=0)
+    # How long the job's work took, summed and at most, over the runs that ran it (RAN or
+    # FAILED): the mean against the period says whether a job keeps up (make bench).
+    total_seconds = models.FloatField(default=0.0, db_default=0.0)
+    max_seconds = models.FloatField(default=0.0, db_default=0.0)
 
     class Meta:
         db_table = "job_runs"

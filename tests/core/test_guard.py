@@ -2,11 +2,13 @@
 PostgreSQL connection, so the advisory lock and the last-run row are exercised for real."""
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
+from apps.core import locks
 from apps.core.clock import utcnow
 from apps.core.guard import Outcome, run_guarded, run_periodic
 from apps.core.models import JobRun
@@ -105,6 +107,52 @@ def test_a_failing_job_rolls_back_its_writes_but_records_the_failure():
     assert not JobRun.objects.filter(key="written-by-the-failing-job").exists()
     run = JobRun.objects.get(key="test.fail")
     assert run.last_outcome == "failed" and "boom" in run.last_error and run.last_finished_at
+
+
+def test_each_run_that_ran_adds_its_work_duration_and_an_early_tick_adds_none():
+    spans = []  # (start, end) of each run's work, as the work itself saw them
+
+    def timed(fail=False):
+        def work():
+            start = time.monotonic()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_class")
+            spans.append((start, time.monotonic()))
+            if fail:
+                raise RuntimeError("boom")
+
+        return work
+
+    start = utcnow()
+    outside = time.monotonic()
+    assert run_guarded("test.timed", PERIOD, timed(), now=start).outcome == Outcome.RAN
+    assert run_guarded("test.timed", PERIOD, timed(), now=start + timedelta(seconds=1)).outcome == Outcome.EARLY
+    failed = run_guarded("test.timed", PERIOD, timed(fail=True), now=start + timedelta(seconds=10))
+    assert failed.outcome == Outcome.FAILED
+    outside = time.monotonic() - outside
+
+    run = JobRun.objects.get(key="test.timed")
+    worked = [end - begin for begin, end in spans]
+    assert len(worked) == 2 and run.runs == 2
+    # each recorded duration covers its work and no more than the calls around it took
+    assert sum(worked) <= run.total_seconds <= outside
+    assert max(worked) <= run.max_seconds <= run.total_seconds
+
+
+def test_a_busy_runner_records_no_duration():
+    with transaction.atomic():
+        assert locks.try_xact_lock("job:test.held")
+        JobRun.objects.create(key="test.held", runs=3, total_seconds=1.5, max_seconds=0.75)
+        # a second runner in its own connection finds the job's lock taken
+        results = {}
+        thread = threading.Thread(
+            target=in_own_connection(lambda: results.update(r=run_guarded("test.held", PERIOD, lambda: 1)))
+        )
+        thread.start()
+        thread.join(10)
+    assert results["r"].outcome == Outcome.BUSY
+    run = JobRun.objects.get(key="test.held")
+    assert (run.runs, run.total_seconds, run.max_seconds) == (3, 1.5, 0.75)
 
 
 def test_declared_jobs_use_their_beat_period():
