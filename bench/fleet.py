@@ -16,7 +16,10 @@ k) and stand for a load balancer: a node whose instance stops answering moves to
 With `--run-tasks SECONDS` the nodes also work like agents on the real task channel: the
 tasks a beat's answer lists are claimed (scheduled → running), "run" for SECONDS and
 reported completed, each report retried (on any instance) until one answers; the figures
-then include the claims, the reports and the most tasks a node ever ran at once.
+then include the claims, the reports and the most tasks a node ever ran at once. With
+`--busy` every beat's readings move (memory, power, utilisation, now and then a card's
+health counters), as a busy fleet's do (bench/busy.py); without it they are the same every
+beat.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.busy import BusyFleet  # noqa: E402
 from bench.heartbeats import Connection, beat_request  # noqa: E402
 from tests.nodes.payloads import heartbeat  # noqa: E402
 
@@ -58,6 +62,13 @@ def payloads(args) -> list[bytes]:
 async def run(args) -> dict:
     ports = [int(url.rsplit(":", 1)[1].rstrip("/")) for url in args.url]
     requests = payloads(args)
+    busy = (
+        BusyFleet(
+            args.prefix, args.nodes, gpus=args.gpus, seed=args.seed, heartbeat_interval=max(5, round(args.interval))
+        )
+        if args.busy
+        else None
+    )
     rng = random.Random(args.seed)
     pools: list[asyncio.Queue[Connection]] = []
     for port in ports:
@@ -90,7 +101,8 @@ async def run(args) -> dict:
         conn = await pool.get()
         body = b""
         try:
-            status, body = await conn.request(requests[n])
+            raw = requests[n] if busy is None else beat_request(busy.node_id(n), args.secret, busy.body(n))
+            status, body = await conn.request(raw)
         except (OSError, asyncio.IncompleteReadError):
             status, conn = -1, Connection(ports[at])
         finally:
@@ -196,6 +208,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--run-tasks", type=float, default=0, help="claim the tasks sent and complete them after S s")
     parser.add_argument("--ready-file", help="written once the server has taken a beat from every node")
+    parser.add_argument(
+        "--busy", action="store_true", help="readings that move every beat, as a busy fleet's do (bench/busy.py)"
+    )
     args = parser.parse_args()
     if not 0 <= args.jitter < 1:
         parser.error("--jitter must be in [0, 1)")

@@ -31,7 +31,8 @@ class Fleet:
     """`nodes` simulated nodes with `prefix`-NNNNN ids, beating until stopped: to one
     control plane, or spread over several (`url` a list; a node whose instance stops
     answering moves to the next). `run_tasks` seconds: they also claim the tasks sent to
-    them and report them completed after that long (bench/fleet.py)."""
+    them and report them completed after that long (bench/fleet.py). `busy`: readings that
+    move every beat (bench/busy.py)."""
 
     def __init__(
         self,
@@ -44,6 +45,8 @@ class Fleet:
         jitter: float = 0.2,
         duration: float = 0,
         run_tasks: float = 0,
+        busy: bool = False,
+        connections: int = 32,
     ):
         urls = [url] if isinstance(url, str) else list(url)
         self.log_path = log_dir / f"fleet-{prefix}.log"
@@ -71,6 +74,9 @@ class Fleet:
                     str(duration),
                     "--ready-file",
                     str(self.ready),
+                    "--connections",
+                    str(connections),
+                    *(["--busy"] if busy else []),
                 ],
                 cwd=REPO,
                 env=os.environ,

@@ -12,11 +12,7 @@ completes once and the ticks resume, with no process restarted by hand.
 
 from __future__ import annotations
 
-import secrets
-import subprocess
-import sys
 import time
-from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -26,7 +22,7 @@ from django.conf import settings
 
 from tests.faults.cluster import ControlPlane, Fleet
 from tests.headers import bearer_http
-from tests.live import REPO, server_env, wait_until
+from tests.live import wait_until
 from tests.nodes.payloads import heartbeat
 
 pytestmark = [pytest.mark.e2e]
@@ -42,26 +38,6 @@ def status_of(url: str, method: str = "GET", **kwargs) -> int:
         return requests.request(method, url, timeout=10, **kwargs).status_code
     except requests.RequestException:
         return -1
-
-
-@pytest.fixture
-def own_postgres(tmp_path):
-    """A PostgreSQL server of this test's own, with the control plane's database migrated
-    and an operator key bootstrapped: (server, database URL, the key)."""
-    pgserver = pytest.importorskip("pgserver", reason="pgserver (requirements/base.txt) is not installed")
-    server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
-    server.psql("CREATE DATABASE heteroflow;")
-    socket_dir = server.get_postmaster_info().socket_dir
-    url = f"postgresql://postgres@{quote(str(socket_dir), safe='')}/heteroflow"  # as make up names it
-    key = "sk-admin-" + secrets.token_hex(24)
-    env = server_env(DATABASE_URL=url, HETEROFLOW_ADMIN_API_KEY=key, HETEROFLOW_ADMIN_PASSWORD="pw-" + key[-12:])
-    for command in (["migrate_schemas", "--noinput", "-v", "0"], ["bootstrap"]):
-        done = subprocess.run(
-            [sys.executable, "manage.py", *command], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-    yield server, socket_dir, url, key
-    server.cleanup()
 
 
 def pg_ctl(server, *args: str) -> None:
