@@ -66,3 +66,6 @@ def gpu_unhealthy(node_id: str, index: int) -> str:
 
 def gpu_memory_drift(node_id: str, index: int) -> str:
     return f"gpu-memory-drift:{node_id}:{index}"
+
+
+GATEWAY_REDIS_AWAY = "gateway-redis-away"  # one for the cluster: whichever gateway process sees Redis back recovers it
