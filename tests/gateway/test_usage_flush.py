@@ -59,10 +59,12 @@ def test_usage_is_written_within_the_flush_period_with_no_request_after_it(gatew
     wait_until(lambda: totals(row)["requests"] == 2, 15, "the usage written by the periodic flush")
 
 
-def test_a_connection_the_database_ended_fails_no_request(gateway, upstreams, tenancy):
+def test_a_connection_the_database_ended_fails_no_request(gateway, upstreams, tenancy, settings):
+    settings.HETEROFLOW_GATEWAY_FLUSH_SECONDS = 600  # no flush meets the dead connection first
     tenancy.service("qwen", [upstreams["a"]])
     _, key = tenancy.key()
     assert post(gateway.url, key).status_code == 200  # the route's pool holds a connection now
+    gateway.call(gateway.app.meter.flush())
     gateway.app.catalog.clear()  # the next request reads the key and the routes again
     with connection.cursor() as cursor:
         cursor.execute(
