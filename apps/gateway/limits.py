@@ -1,7 +1,7 @@
 """Limits, connection counts and the gateway's signals in Redis: one script call admits a
 request (and picks its backend), one releases it. Atomic (Lua), so the limits hold across
-gateway processes; nothing here cannot be lost (a lost Redis means no limits for a
-while, never wrong data in PostgreSQL).
+gateway processes; nothing here cannot be lost (a lost Redis means each process holds
+its own share of the limits for a while, `LocalLimits`, never wrong data in PostgreSQL).
 
 Keys (`m` is the unix minute):
 - `hf:gw:rpm:k:{key}:{m}`, `hf:gw:rpm:t:{tenant}:{m}`: requests this minute (fixed window);
@@ -10,6 +10,8 @@ Keys (`m` is the unix minute):
   (member: request id, score: start in ms), so a request whose process died stops
   counting after HETEROFLOW_GATEWAY_CONCURRENCY_TTL_SECONDS;
 - `hf:gw:conns:{address}`: the same for a backend (least_connections reads it);
+- `hf:gw:processes`: the live gateway processes (member: a process, score: its last beat
+  in ms), the divisor of the limits while Redis is away;
 - the Gateway signals of the inference services (read by the autoscaler):
   `hf:svc:{service}:inflight` (requests in flight) and `hf:svc:{service}:tokens:{m}`
   (completion tokens that minute, TTL 600 s).

@@ -5,9 +5,10 @@ POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models (and
 A hot path like the heartbeat: no Django middleware, no ORM. The endpoint key, the
 tenant's routes and the replicas come from the catalog (plain SQL on an async pool,
 cached, dropped on change); limits, connection counts and the services' signals are one
-Redis script call to admit a request and one to release it; the body goes to the backend
-unchanged on a pooled async HTTP client (aiohttp: about ten times httpx's rate here,
-see docs/gateway.md), and the answer comes back unchanged: a
+Redis script call to admit a request and one to release it (while Redis is away, this
+process's share of the limits: HETEROFLOW_GATEWAY_LIMITS_WITHOUT_REDIS, docs/gateway.md);
+the body goes to the backend unchanged on a pooled async HTTP client (aiohttp: about ten
+times httpx's rate here, see docs/gateway.md), and the answer comes back unchanged: a
 stream chunk by chunk as the backend sends it (with back-pressure: the next chunk is
 read once the client took the last), anything else whole. Only `model`, `stream`,
 `user`, `prompt_cache_key` and `messages` are read from the body, and `usage` from the
