@@ -34,7 +34,9 @@ PYTEST_NO_TESTS = 5
 def web_command(host: str, port: int, *extra: str) -> list[str]:
     """How the web process is started, by `make up`, the benchmarks and the tests alike:
     uvicorn serving the ASGI application (the heartbeat's raw route in front of Django),
-    without lifespan events or trust in proxy headers; `extra`: more uvicorn options."""
+    with lifespan events (the gateway, the outermost app, answers them: at shutdown it
+    writes the usage it gathered) and without trust in proxy headers; `extra`: more
+    uvicorn options."""
     return [
         PYTHON,
         "-m",
@@ -45,7 +47,7 @@ def web_command(host: str, port: int, *extra: str) -> list[str]:
         "--port",
         str(port),
         "--lifespan",
-        "off",
+        "on",
         "--no-proxy-headers",
         *extra,
     ]

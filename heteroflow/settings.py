@@ -327,8 +327,14 @@ HETEROFLOW_GATEWAY_CONCURRENCY_TTL_SECONDS = env.int(
 # Where an operator-declared external backend may point: host names, `.domain` for a
 # domain and its sub-domains, networks (CIDR) for literal addresses. Empty: none allowed.
 HETEROFLOW_GATEWAY_EXTERNAL_ALLOWED = env.list("HETEROFLOW_GATEWAY_EXTERNAL_ALLOWED", [])
-# last_request_at, last_used_at and usage rows are written at most this often per process.
-HETEROFLOW_GATEWAY_FLUSH_SECONDS = env.float("HETEROFLOW_GATEWAY_FLUSH_SECONDS", 10.0, low=0.1, high=600.0)
+# last_request_at, last_used_at and usage rows are written this often per process (and at
+# shutdown): what a SIGKILL loses is at most this long's worth.
+HETEROFLOW_GATEWAY_FLUSH_SECONDS = env.float("HETEROFLOW_GATEWAY_FLUSH_SECONDS", 2.0, low=0.1, high=600.0)
+# While Redis is away: `local` (each process enforces its share of every limit, the limit
+# divided by the gateway processes it last counted), `closed` (503) or `open` (no limits).
+HETEROFLOW_GATEWAY_LIMITS_WITHOUT_REDIS = env.choice(
+    "HETEROFLOW_GATEWAY_LIMITS_WITHOUT_REDIS", "local", ("local", "closed", "open")
+)
 
 # --- nodes ----------------------------------------------------------------------------
 HETEROFLOW_HEARTBEAT_MAX_BYTES = env.int("HETEROFLOW_HEARTBEAT_MAX_BYTES", 262_144, low=4_096, high=8_388_608)

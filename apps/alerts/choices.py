@@ -11,6 +11,7 @@ class AlertType(models.TextChoices):
     SCHEDULER_STALLED = "SCHEDULER_STALLED"
     GPU_UNHEALTHY = "GPU_UNHEALTHY"  # a card cordoned on its health readings (apps.nodes.health)
     GPU_MEMORY_DRIFT = "GPU_MEMORY_DRIFT"  # measured use the ledger does not explain (apps.nodes.drift)
+    GATEWAY_REDIS_AWAY = "GATEWAY_REDIS_AWAY"  # the gateway holds its limits per process, refuses, or has none
 
 
 class Severity(models.TextChoices):

@@ -74,3 +74,6 @@ def gpu_memory_drift(node_id: str, index: int) -> str:
 def gpu_memory_drift_sql(node_id_param: str, index_expr: str) -> str:
     """gpu_memory_drift in SQL, for the heartbeat's statement."""
     return f"'{GPU_MEMORY_DRIFT_PREFIX}' || {node_id_param} || ':' || {index_expr}"
+
+
+GATEWAY_REDIS_AWAY = "gateway-redis-away"  # one for the cluster: whichever gateway process sees Redis back recovers it

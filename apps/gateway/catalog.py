@@ -29,13 +29,14 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 from redis import asyncio as aioredis
 
-from apps.core.db import libpq_params
+from apps.core.db import check_idle_connection, libpq_params
 from apps.gateway.external import normal_base
 
 logger = logging.getLogger(__name__)
 
 VERSION_KEY = "hf:gw:catalog:version"
 REDIS_TIMEOUT = 2.0  # seconds a Redis call on the request path may take
+APPLICATION_NAME = "heteroflow-gateway"  # the pool's connections in pg_stat_activity
 _generation = 0  # bumped in this process by every committed change
 
 
@@ -199,6 +200,7 @@ class Catalog:
         self._version: bytes | None = None
         self._version_checked = 0.0
         self._lock = asyncio.Lock()
+        self.redis_away = False  # set by the gateway while Redis does not answer
 
     # --- connections -------------------------------------------------------------------
 
@@ -206,11 +208,15 @@ class Catalog:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._pool = AsyncConnectionPool(
-                kwargs=libpq_params(autocommit=True),
+                kwargs=libpq_params(autocommit=True, application_name=APPLICATION_NAME),
                 min_size=1,
                 max_size=settings.HETEROFLOW_GATEWAY_DB_POOL_SIZE,
                 open=False,
                 timeout=5.0,
+                # a connection the server ended (a restart, pg_terminate_backend, an idle
+                # timeout) is found out before it is lent, not by the request that gets
+                # it, without a round trip (as the heartbeat's pool)
+                check=check_idle_connection,
             )
             await self._pool.open()
             # No socket_timeout: redis-py wraps every read in asyncio.wait_for for it (a task
@@ -260,6 +266,8 @@ class Catalog:
         if now - self._version_checked < settings.HETEROFLOW_GATEWAY_CACHE_CHECK_SECONDS:
             return
         self._version_checked = now
+        if self.redis_away:
+            return  # the caches live their TTL until Redis is back
         try:
             async with asyncio.timeout(REDIS_TIMEOUT):
                 version = await (await self.redis()).get(VERSION_KEY)

@@ -1,7 +1,7 @@
 """Limits, connection counts and the gateway's signals in Redis: one script call admits a
 request (and picks its backend), one releases it. Atomic (Lua), so the limits hold across
-gateway processes; nothing here cannot be lost (a lost Redis means no limits for a
-while, never wrong data in PostgreSQL).
+gateway processes; nothing here cannot be lost (a lost Redis means each process holds
+its own share of the limits for a while, `LocalLimits`, never wrong data in PostgreSQL).
 
 Keys (`m` is the unix minute):
 - `hf:gw:rpm:k:{key}:{m}`, `hf:gw:rpm:t:{tenant}:{m}`: requests this minute (fixed window);
@@ -10,6 +10,8 @@ Keys (`m` is the unix minute):
   (member: request id, score: start in ms), so a request whose process died stops
   counting after HETEROFLOW_GATEWAY_CONCURRENCY_TTL_SECONDS;
 - `hf:gw:conns:{address}`: the same for a backend (least_connections reads it);
+- `hf:gw:processes`: the live gateway processes (member: a process, score: its last beat
+  in ms), the divisor of the limits while Redis is away;
 - the Gateway signals of the inference services (read by the autoscaler):
   `hf:svc:{service}:inflight` (requests in flight) and `hf:svc:{service}:tokens:{m}`
   (completion tokens that minute, TTL 600 s).
@@ -302,3 +304,100 @@ class Limits:
         await self.batcher.call(
             RELEASE, keys, [request_id, int(total_tokens), int(completion_tokens), TOKENS_SIGNAL_TTL]
         )
+
+
+# --- while Redis is away ------------------------------------------------------------------
+# Every process says it is alive in one sorted set (member: the process, score: its last
+# beat in ms) while Redis is up; the count of the members younger than PROCESS_STALE is
+# what the process divides each limit by once Redis is away.
+
+PROCESSES_KEY = "hf:gw:processes"
+PROCESS_BEAT_SECONDS = 5.0
+PROCESS_STALE_SECONDS = 15.0
+
+
+async def count_processes(client, process_id: str, now_s: float) -> int:
+    """Say this process is alive and count the live gateway processes (itself included)."""
+    now_ms = int(now_s * 1000)
+    stale_ms = int(PROCESS_STALE_SECONDS * 1000)
+    pipe = client.pipeline(transaction=True)
+    pipe.zadd(PROCESSES_KEY, {process_id: now_ms})
+    pipe.zremrangebyscore(PROCESSES_KEY, "-inf", now_ms - stale_ms)
+    pipe.zcard(PROCESSES_KEY)
+    pipe.pexpire(PROCESSES_KEY, 2 * stale_ms)
+    return max(1, int((await pipe.execute())[2]))
+
+
+class LocalLimits:
+    """This process's own counts, kept on every admission whether Redis admitted it or not:
+    requests and tokens this minute and requests in flight, per key ("k", id) and per
+    tenant ("t", id). While Redis is away, `admit` holds each limit at this process's
+    share, `limit // divisor` (at least 1), where the divisor is the count of gateway
+    processes last seen; what the process admitted earlier in the minute through Redis
+    counts, so a minute that Redis leaves halfway is not a fresh one."""
+
+    __slots__ = ("requests", "tokens", "in_flight", "divisor")
+
+    def __init__(self):
+        self.requests: dict[tuple[str, int], list[int]] = {}  # [minute, count]
+        self.tokens: dict[tuple[str, int], list[int]] = {}
+        self.in_flight: dict[tuple[str, int], int] = {}
+        self.divisor = 1
+
+    def share(self, limit: int) -> int:
+        return max(1, limit // self.divisor)
+
+    @staticmethod
+    def _this_minute(counts: dict, subject, unix_minute: int) -> int:
+        entry = counts.get(subject)
+        return entry[1] if entry is not None and entry[0] == unix_minute else 0
+
+    @staticmethod
+    def _add(counts: dict, subject, unix_minute: int, amount: int) -> None:
+        entry = counts.get(subject)
+        if entry is None or entry[0] != unix_minute:
+            counts[subject] = [unix_minute, amount]
+        else:
+            entry[1] += amount
+
+    def admit(self, key, now_s: float) -> Admission:
+        """Without Redis: the first limit this process's share of is reached refuses."""
+        unix_minute = minute(now_s)
+        subjects = (("k", key.id), ("t", key.tenant_id))
+        checks = (
+            ("requests", self.requests, (key.rpm_limit, key.tenant_rpm_limit)),
+            ("tokens", self.tokens, (key.tpm_limit, key.tenant_tpm_limit)),
+        )
+        for kind, counts, limits in checks:
+            for subject, limit in zip(subjects, limits, strict=True):
+                if limit and self._this_minute(counts, subject, unix_minute) >= self.share(limit):
+                    return Admission(False, kind, "key" if subject[0] == "k" else "tenant")
+        for subject, limit in zip(subjects, (key.concurrency_limit, key.tenant_concurrency_limit), strict=True):
+            if limit and self.in_flight.get(subject, 0) >= self.share(limit):
+                return Admission(False, "concurrency", "key" if subject[0] == "k" else "tenant")
+        self.started(key, now_s)
+        return Admission(True)
+
+    def started(self, key, now_s: float) -> None:
+        unix_minute = minute(now_s)
+        for subject in (("k", key.id), ("t", key.tenant_id)):
+            self._add(self.requests, subject, unix_minute, 1)
+            self.in_flight[subject] = self.in_flight.get(subject, 0) + 1
+
+    def ended(self, key, now_s: float, total_tokens: int) -> None:
+        unix_minute = minute(now_s)
+        for subject in (("k", key.id), ("t", key.tenant_id)):
+            left = self.in_flight.get(subject, 0) - 1
+            if left > 0:
+                self.in_flight[subject] = left
+            else:
+                self.in_flight.pop(subject, None)
+            if total_tokens > 0:
+                self._add(self.tokens, subject, unix_minute, total_tokens)
+
+    def clean(self, now_s: float) -> None:
+        """Drop the counts of minutes past (what a long-running process would keep forever)."""
+        unix_minute = minute(now_s)
+        for counts in (self.requests, self.tokens):
+            for subject in [s for s, (m, _) in counts.items() if m != unix_minute]:
+                del counts[subject]

@@ -12,6 +12,9 @@ from django.conf import settings
 from django.db import transaction
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
+from apps.alerts import keys as alert_keys
+from apps.alerts.choices import AlertScope, AlertType, Severity
+from apps.alerts.services import raise_alert, recover_alert
 from apps.confidential.services import record_audit
 from apps.core.clock import utcnow
 from apps.gateway import catalog, external, keys
@@ -225,3 +228,30 @@ def remove_external_backend(principal, backend: ExternalBackend) -> None:
         backend.delete()
         record_audit(backend.tenant, principal, "external_backend.removed", backend.model)
         catalog.changed()
+
+
+# --- Redis away under the gateway ----------------------------------------------------------
+
+WITHOUT_REDIS = {
+    "local": "each gateway process holds its share of every key's and tenant's limit",
+    "closed": "the gateway answers 503 to every request that needs a limit checked",
+    "open": "the gateway admits every request with no limit at all",
+}
+
+
+def redis_away(mode: str) -> bool:
+    """GATEWAY_REDIS_AWAY (one for the cluster): the shared limits cannot be read. Returns
+    whether a new alert was raised."""
+    return raise_alert(
+        type=AlertType.GATEWAY_REDIS_AWAY,
+        severity=Severity.CRITICAL if mode == "open" else Severity.ERROR,
+        scope=AlertScope.CLUSTER,
+        key=alert_keys.GATEWAY_REDIS_AWAY,
+        details={"mode": mode},
+        message=f"The gateway cannot reach Redis: {WITHOUT_REDIS[mode]} until it is back.",
+    )
+
+
+def redis_back() -> bool:
+    """Redis answers a gateway process again: the shared limits hold once more."""
+    return recover_alert(alert_keys.GATEWAY_REDIS_AWAY)

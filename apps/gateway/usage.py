@@ -1,8 +1,8 @@
 """Metering off the request path: the tokens of an answer (its `usage`), and the batched
 writes of what requests leave behind: a key's last use, a service's last request (the
 sleep policy reads it) and the usage buckets (per key, model, service and minute). Each
-process gathers them in memory and writes them at most every
-HETEROFLOW_GATEWAY_FLUSH_SECONDS, in three statements, on a task of its own."""
+process gathers them in memory and writes them every HETEROFLOW_GATEWAY_FLUSH_SECONDS
+(2 s: what a SIGKILL loses) and at shutdown, in three statements, on a task of its own."""
 
 from __future__ import annotations
 
@@ -116,6 +116,9 @@ class Meter:
             prompt=outcome.prompt_tokens,
             completion=outcome.completion_tokens,
         )
+
+    def pending(self) -> bool:
+        return bool(self.buckets or self.last_used or self.last_request)
 
     def maybe_flush(self) -> None:
         if time.monotonic() - self._flushed < settings.HETEROFLOW_GATEWAY_FLUSH_SECONDS:

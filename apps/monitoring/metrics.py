@@ -159,6 +159,22 @@ def record_gateway_tokens(prompt: int, completion: int) -> None:
         _GW_COMPLETION.inc(completion)
 
 
+GATEWAY_WITHOUT_REDIS = Counter(
+    "heteroflow_gateway_requests_without_redis",
+    "Requests to the gateway while Redis was away, by HETEROFLOW_GATEWAY_LIMITS_WITHOUT_REDIS mode (local, "
+    "closed, open) and outcome (admitted, refused): admitted by this process's share of the limits, or with "
+    "no limit at all.",
+    ["mode", "outcome"],
+)
+_GW_WITHOUT_REDIS = {
+    (m, o): GATEWAY_WITHOUT_REDIS.labels(m, o) for m in ("local", "closed", "open") for o in ("admitted", "refused")
+}
+
+
+def record_gateway_without_redis(mode: str, admitted: bool) -> None:
+    _GW_WITHOUT_REDIS[(mode, "admitted" if admitted else "refused")].inc()
+
+
 # --- periodic jobs and Celery -------------------------------------------------------------
 
 TASK_CREATES = Counter(

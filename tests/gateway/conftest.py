@@ -15,6 +15,7 @@ from django.core.asgi import get_asgi_application
 from apps.core.principals import Principal, PrincipalKind
 from apps.gateway import services as gateway_services
 from apps.gateway.api.route import GatewayApp
+from apps.gateway.models import UsageBucket
 from apps.inference.models import InferenceService, Model
 from apps.tasks.models import Task, TaskGroup
 from apps.tenants import services
@@ -120,6 +121,9 @@ class Tenancy:
         TaskGroup.objects.filter(tenant=self.tenant).delete()
         Model.objects.filter(tenant=self.tenant).delete()
         self.node.delete()
+        # Usage rows first: deleting two keys that share a minute's bucket would set both
+        # rows' key to NULL, one bucket twice (gateway_usage_bucket_unique)
+        UsageBucket.objects.filter(tenant=self.tenant).delete()
         services.delete_tenant(self.tenant)
 
 

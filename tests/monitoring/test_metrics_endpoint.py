@@ -170,6 +170,7 @@ def test_metric_names_follow_prometheus_conventions(client):
                 "endpoint",  # the gateway's: chat, completions, embeddings, models
                 "backend",  # the gateway's backends, from the database (never a request's)
                 "kind",  # the gateway's tokens: prompt, completion
+                "mode",  # the gateway's limits while Redis is away: local, closed, open
             }, (family.name, sample.labels)
 
 

@@ -5,9 +5,10 @@ POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models (and
 A hot path like the heartbeat: no Django middleware, no ORM. The endpoint key, the
 tenant's routes and the replicas come from the catalog (plain SQL on an async pool,
 cached, dropped on change); limits, connection counts and the services' signals are one
-Redis script call to admit a request and one to release it; the body goes to the backend
-unchanged on a pooled async HTTP client (aiohttp: about ten times httpx's rate here,
-see docs/gateway.md), and the answer comes back unchanged: a
+Redis script call to admit a request and one to release it (while Redis is away, this
+process's share of the limits: HETEROFLOW_GATEWAY_LIMITS_WITHOUT_REDIS, docs/gateway.md);
+the body goes to the backend unchanged on a pooled async HTTP client (aiohttp: about ten
+times httpx's rate here, see docs/gateway.md), and the answer comes back unchanged: a
 stream chunk by chunk as the backend sends it (with back-pressure: the next chunk is
 read once the client took the last), anything else whole. Only `model`, `stream`,
 `user`, `prompt_cache_key` and `messages` are read from the body, and `usage` from the
@@ -38,16 +39,26 @@ import aiohttp
 import orjson
 import psycopg
 from django.conf import settings
+from django.db import connection
 from redis.exceptions import RedisError
 
 from apps.core.asgi import header, host_is_allowed, is_secure
 from apps.core.enqueue import enqueue
 from apps.gateway import keys, routing
+from apps.gateway import services as gateway_services
 from apps.gateway.catalog import REDIS_TIMEOUT, Catalog, KeyInfo, Service
 from apps.gateway.choices import Balancer
-from apps.gateway.limits import Admission, Limits, retry_after
+from apps.gateway.limits import (
+    PROCESS_BEAT_SECONDS,
+    PROCESSES_KEY,
+    Admission,
+    Limits,
+    LocalLimits,
+    count_processes,
+    retry_after,
+)
 from apps.gateway.usage import Meter, usage_of_body, usage_of_stream
-from apps.monitoring.metrics import record_gateway_request, record_gateway_tokens
+from apps.monitoring.metrics import record_gateway_request, record_gateway_tokens, record_gateway_without_redis
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +69,8 @@ WAKE_EVERY_SECONDS = 5.0
 PROBE_EVERY_SECONDS = 10.0  # the gateway's own probe of the replicas it routes to
 PROBE_TIMEOUT_SECONDS = 2.0
 PROBE_PATHS = ("/health", "/v1/models")  # the engines' health endpoint, else the models list
-CLEAN_EVERY_SECONDS = (
-    300.0  # stale cache entries dropped  # a process asks for a sleeping service's wake at most this often
-)
+CLEAN_EVERY_SECONDS = 300.0  # stale cache entries dropped
+REDIS_AWAY_RETRY_SECONDS = 1.0  # how often a process asks whether Redis is back
 TENANT_KEY_PREFIXES = ("sk-tenant-", "sk-admin-")
 FORWARDED_REQUEST_HEADERS = (b"content-type", b"accept")
 DROPPED_RESPONSE_HEADERS = frozenset(
@@ -114,8 +124,18 @@ class GatewayApp:
         self._turns = count()
         self._woken: dict[int, float] = {}
         self._prober: asyncio.Task | None = None
+        self._keeper: asyncio.Task | None = None
+        self._flusher: asyncio.Task | None = None
         self.balancer = settings.HETEROFLOW_GATEWAY_BALANCER
         self.stickiness = settings.HETEROFLOW_GATEWAY_STICKINESS
+        self.process_id = uuid.uuid4().hex  # this process among the live gateway processes
+        self.local = LocalLimits()
+        self.without_redis = settings.HETEROFLOW_GATEWAY_LIMITS_WITHOUT_REDIS
+        if self.without_redis == "open":
+            logger.warning(
+                "HETEROFLOW_GATEWAY_LIMITS_WITHOUT_REDIS=open: while Redis is away the gateway admits every "
+                "request with no rate, token or concurrency limit"
+            )
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -123,7 +143,27 @@ class GatewayApp:
             if path in POST_PATHS or path == MODELS_PATH or path.startswith(MODELS_PATH + "/"):
                 await self.handle(scope, receive, send)
                 return
+        elif scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+            return
         await self.fallback(scope, receive, send)
+
+    async def lifespan(self, receive, send) -> None:
+        """The ASGI lifespan (the apps behind this one, Django's included, take none): the
+        background tasks start with the process; at shutdown, after the last request
+        ended (uvicorn waits for them on SIGTERM), the usage gathered is written."""
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.start_background()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                try:
+                    await self.close()
+                except Exception:
+                    logger.exception("the gateway did not close cleanly")
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
     # --- clients -----------------------------------------------------------------------
 
@@ -161,9 +201,80 @@ class GatewayApp:
 
     # --- the backends' health -------------------------------------------------------------
 
-    def start_prober(self) -> None:
-        if self._prober is None or self._prober.done() or self._prober.get_loop() is not asyncio.get_running_loop():
-            self._prober = asyncio.get_running_loop().create_task(self.probe_forever())
+    def start_background(self) -> None:
+        """The probe of the replicas, the count of the gateway processes (and the watch
+        on Redis) and the usage flush, each a task on this loop."""
+        loop = asyncio.get_running_loop()
+
+        def started(task, body):
+            if task is None or task.done() or task.get_loop() is not loop:
+                return loop.create_task(body())
+            return task
+
+        self._prober = started(self._prober, self.probe_forever)
+        self._keeper = started(self._keeper, self.keep_forever)
+        self._flusher = started(self._flusher, self.flush_forever)
+
+    async def flush_forever(self) -> None:
+        """Usage is written at least every HETEROFLOW_GATEWAY_FLUSH_SECONDS, requests or
+        not: a process killed loses at most that long's worth."""
+        while True:
+            await asyncio.sleep(settings.HETEROFLOW_GATEWAY_FLUSH_SECONDS)
+            if self.meter.pending():
+                await self.meter.flush()
+
+    # --- Redis away ----------------------------------------------------------------------
+
+    async def keep_forever(self) -> None:
+        """Every PROCESS_BEAT_SECONDS: say this process is alive and count the gateway
+        processes (the divisor of the limits while Redis is away). Once Redis does not
+        answer (here or on a request), ask every second whether it is back."""
+        while True:
+            try:
+                async with asyncio.timeout(REDIS_TIMEOUT):
+                    divisor = await count_processes(await self.catalog.redis(), self.process_id, time.time())
+            except Exception:
+                self.redis_lost()
+            else:
+                self.local.divisor = divisor
+                self.redis_returned()
+            self.local.clean(time.time())
+            await asyncio.sleep(REDIS_AWAY_RETRY_SECONDS if self.catalog.redis_away else PROCESS_BEAT_SECONDS)
+
+    def redis_lost(self) -> None:
+        if self.catalog.redis_away:
+            return
+        self.catalog.redis_away = True
+        logger.error(
+            "Redis is away: the gateway's limits are now %s (HETEROFLOW_GATEWAY_LIMITS_WITHOUT_REDIS), "
+            "%s gateway process(es) last counted",
+            self.without_redis,
+            self.local.divisor,
+        )
+        asyncio.get_running_loop().run_in_executor(None, in_thread, gateway_services.redis_away, self.without_redis)
+
+    def redis_returned(self) -> None:
+        if not self.catalog.redis_away:
+            return
+        self.catalog.redis_away = False
+        logger.warning("Redis is back: the gateway's limits are shared again")
+        asyncio.get_running_loop().run_in_executor(None, in_thread, gateway_services.redis_back)
+
+    def admit_without_redis(self, key: KeyInfo, now: float) -> Admission:
+        if self.without_redis == "closed":
+            record_gateway_without_redis("closed", admitted=False)
+            raise unavailable(
+                "The gateway cannot check this key's limits right now; retry shortly.",
+                retry=5,
+                code="limits_unavailable",
+            )
+        if self.without_redis == "open":
+            self.local.started(key, now)
+            admission = Admission(True)
+        else:
+            admission = self.local.admit(key, now)
+        record_gateway_without_redis(self.without_redis, admission.admitted)
+        return admission
 
     async def probe_forever(self) -> None:
         cleaned = time.monotonic()
@@ -204,10 +315,17 @@ class GatewayApp:
         return False
 
     async def close(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-            self._prober = None
+        for task in (self._prober, self._keeper, self._flusher):
+            if task is not None:
+                task.cancel()
+        self._prober = self._keeper = self._flusher = None
         await self.meter.flush()
+        if self.catalog._redis is not None and not self.catalog.redis_away:
+            try:  # no longer one of the live processes
+                async with asyncio.timeout(REDIS_TIMEOUT):
+                    await self.catalog._redis.zrem(PROCESSES_KEY, self.process_id)
+            except Exception:
+                logger.info("could not leave the gateway processes' count; it forgets this one in 15 s")
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -276,7 +394,7 @@ class GatewayApp:
             )
         await self.catalog.fresh()
         if self._prober is None:
-            self.start_prober()
+            self.start_background()
         key = await self.authenticate(scope)
         if wanted == "GET":
             await self.models(send, key, path)
@@ -415,13 +533,19 @@ class GatewayApp:
         candidates, _level = self.choose(scope, data, service)
         request_id = uuid.uuid4().hex
         now = time.time()
-        try:
-            async with asyncio.timeout(REDIS_TIMEOUT):
-                admission = await limits.admit(key, service.id, request_id, candidates, now, next(self._turns))
-        except (RedisError, OSError, TimeoutError):
-            # Redis holds nothing that cannot be lost: without it, no limits for a while
-            logger.warning("Redis unavailable: request admitted without limits", exc_info=True)
-            admission = Admission(True)
+        shared = not self.catalog.redis_away
+        if shared:
+            try:
+                async with asyncio.timeout(REDIS_TIMEOUT):
+                    admission = await limits.admit(key, service.id, request_id, candidates, now, next(self._turns))
+            except (RedisError, OSError, TimeoutError):
+                self.redis_lost()
+                shared = False
+            else:
+                if admission.admitted:
+                    self.local.started(key, now)
+        if not shared:
+            admission = self.admit_without_redis(key, now)
         if not admission.admitted:
             self.meter.refused(key, data.get("model"), service.id)
             whose = "this API key" if admission.whose == "key" else "this tenant"
@@ -440,6 +564,7 @@ class GatewayApp:
         backend = candidates[admission.picked if admission.picked is not None else 0]
         self.meter.requested(service.id)
         outcome = Outcome()
+        outcome.shared = shared
         task = asyncio.current_task()
 
         async def watch():
@@ -469,19 +594,22 @@ class GatewayApp:
             await asyncio.shield(self.finish(limits, key, service, request_id, outcome, data))
 
     async def finish(self, limits: Limits, key, service, request_id, outcome, data) -> None:
-        try:
-            async with asyncio.timeout(REDIS_TIMEOUT):
-                await limits.release(
-                    key,
-                    service.id,
-                    request_id,
-                    outcome.backend,
-                    time.time(),
-                    total_tokens=outcome.prompt_tokens + outcome.completion_tokens,
-                    completion_tokens=outcome.completion_tokens,
-                )
-        except Exception:
-            logger.warning("could not release the counts of request %s", request_id, exc_info=True)
+        total_tokens = outcome.prompt_tokens + outcome.completion_tokens
+        self.local.ended(key, time.time(), total_tokens)
+        if outcome.shared:  # admitted through Redis: its counts there go back
+            try:
+                async with asyncio.timeout(REDIS_TIMEOUT):
+                    await limits.release(
+                        key,
+                        service.id,
+                        request_id,
+                        outcome.backend,
+                        time.time(),
+                        total_tokens=total_tokens,
+                        completion_tokens=outcome.completion_tokens,
+                    )
+            except Exception:
+                logger.warning("could not release the counts of request %s", request_id, exc_info=True)
         self.meter.done(key, data.get("model"), service.id, outcome)
         record_gateway_tokens(outcome.prompt_tokens, outcome.completion_tokens)
 
@@ -513,8 +641,13 @@ class GatewayApp:
                         "server_error",
                         "backend_unreachable",
                     ) from None
-                async with asyncio.timeout(REDIS_TIMEOUT):
-                    picked = await limits.repick(request_id, backend, others, time.time())
+                picked = None
+                if outcome.shared:
+                    try:
+                        async with asyncio.timeout(REDIS_TIMEOUT):
+                            picked = await limits.repick(request_id, backend, others, time.time())
+                    except (RedisError, OSError, TimeoutError):
+                        self.redis_lost()
                 backend = others[picked or 0]
                 outcome.backend = backend
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -617,6 +750,7 @@ class Outcome:
 
     __slots__ = (
         "backend",
+        "shared",
         "status",
         "error",
         "disconnected",
@@ -628,6 +762,7 @@ class Outcome:
 
     def __init__(self):
         self.backend: str | None = None
+        self.shared = True  # admitted through Redis (else by this process alone)
         self.status = 0
         self.error = False
         self.disconnected = False
@@ -635,6 +770,18 @@ class Outcome:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.chunks = 0
+
+
+def in_thread(write, *args) -> None:
+    """A write through the ORM, off the loop (on the executor's thread), whose connection
+    is closed after it: these are rare, and a thread's idle connection would outlive a
+    database restart."""
+    try:
+        write(*args)
+    except Exception:
+        logger.warning("%s failed", write.__name__, exc_info=True)
+    finally:
+        connection.close()
 
 
 def ask_for_wake(service_id: int) -> None:
