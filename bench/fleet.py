@@ -76,11 +76,12 @@ async def run(args) -> dict:
         for _ in range(args.connections):
             pool.put_nowait(Connection(port))
         pools.append(pool)
-    stats = {"nodes": args.nodes, "beats": 0, "failures": {}, "max_gap_seconds": 0.0, "moved": 0}
+    stats = {"nodes": args.nodes, "beats": 0, "skipped": 0, "failures": {}, "max_gap_seconds": 0.0, "moved": 0}
     if args.run_tasks:
         stats |= {"claimed": 0, "claims_lost": 0, "completed": 0, "reports_retried": 0, "most_at_once": 0}
     home = [n % len(ports) for n in range(args.nodes)]  # the instance each node talks to
     last_sent = [None] * args.nodes
+    in_flight = [False] * args.nodes
     heard: set[int] = set()  # nodes whose beat the server has taken
     taken: list[set[int]] = [set() for _ in range(args.nodes)]  # tasks each node has claimed or tried
     running = [0] * args.nodes
@@ -92,6 +93,16 @@ async def run(args) -> dict:
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
     async def send(n: int):
+        if in_flight[n]:  # an agent beats again only once its last beat was answered
+            stats["skipped"] += 1
+            return
+        in_flight[n] = True
+        try:
+            await beat(n)
+        finally:
+            in_flight[n] = False
+
+    async def beat(n: int):
         now = loop.time()
         if last_sent[n] is not None:
             stats["max_gap_seconds"] = max(stats["max_gap_seconds"], now - last_sent[n])

@@ -68,7 +68,8 @@ def run_guarded(
 def _run_guarded(key, every, work, *, now, respect_period) -> GuardResult:
     now = now or utcnow()
     with transaction.atomic():
-        if not locks.try_xact_lock(f"job:{key}"):
+        # named for the transaction: whose locks a beat waits on shows in pg_stat_activity
+        if not locks.try_xact_lock_named(f"job:{key}", f"job:{key}"):
             return GuardResult(Outcome.BUSY)
         run, _ = JobRun.objects.get_or_create(key=key)
         if respect_period and run.last_started_at and now - run.last_started_at < every * EARLY_FRACTION:

@@ -23,6 +23,18 @@ def try_xact_lock(key: str) -> bool:
         return bool(cursor.fetchone()[0])
 
 
+def try_xact_lock_named(key: str, application_name: str) -> bool:
+    """`try_xact_lock`, and the session's application_name for the transaction when the
+    lock is taken (one round trip): pg_stat_activity, lock waits and the server log then
+    say whose transaction holds what (`job:nodes.check_health`)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT CASE WHEN pg_try_advisory_xact_lock(%s) THEN set_config('application_name', %s, true) END",
+            [lock_id(key), application_name[:63]],
+        )
+        return cursor.fetchone()[0] is not None
+
+
 def xact_lock(key: str) -> None:
     """Wait for the lock; it is released when the current transaction ends."""
     with connection.cursor() as cursor:
