@@ -650,7 +650,9 @@ def main() -> int:
     if args.duration < 1:
         parser.error("--duration is in whole minutes, at least 1")
 
-    # SIGTERM stops the soak as Ctrl-C does: through the `finally` below.
+    # Ctrl-C and SIGTERM stop the soak through the `finally` below (SIGINT's handler set
+    # again: a shell starting the soak in the background would have it ignored).
+    signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
     scratch = Path(tempfile.mkdtemp(prefix="hf-soak-"))
     (scratch / "static").mkdir()
