@@ -244,13 +244,16 @@ class Window:
     direct_latencies: list = field(default_factory=list)
     lag: list = field(default_factory=list)  # how late the generator sent what was due
     fivexx: dict = field(default_factory=lambda: {"heartbeat": 0, "task API": 0, "gateway": 0})
-    other: dict = field(default_factory=dict)  # (kind, status) → count: 4xx, time-outs, resets
+    other: dict = field(default_factory=dict)  # "kind status" → count: 4xx, time-outs, resets
+    fivexx_codes: dict = field(default_factory=dict)  # "kind status" → count
 
     def answered(self, kind: str, status: int, ok: tuple[int, ...]) -> bool:
         if status in ok:
             return True
         if status >= 500:
             self.fivexx[kind] += 1
+            key = f"{kind} {status}"
+            self.fivexx_codes[key] = self.fivexx_codes.get(key, 0) + 1
         else:
             key = f"{kind} {status if status > 0 else 'no answer'}"
             self.other[key] = self.other.get(key, 0) + 1
@@ -280,7 +283,7 @@ class Load:
         self.fleet = BusyFleet("soak", args.nodes, seed=args.seed)
         self.submitted: list[int] = []
         self.claims: dict[int, list[str]] = {}  # task → the nodes whose claim the server took
-        self.reports: dict[int, int] = {}  # task → completion reports the server took
+        self.reports: dict[int, list[str]] = {}  # task → the nodes whose report the server took
         self.taken: list[set[int]] = [set() for _ in range(args.nodes + 1)]
         self.work: set[asyncio.Task] = set()
         self.sent = {"beats": 0, "gateway": 0, "direct": 0, "submits": 0}
@@ -314,9 +317,31 @@ class Load:
         ).encode() + body
 
     # heartbeats, and the agents' side of the task channel
+    async def register(self, gateway_node_beat: bytes) -> float:
+        """Every node's first beat (the slow path that registers it), before the clock
+        starts, as a fleet that has been up a while would have done; its seconds."""
+        loop = asyncio.get_running_loop()
+        pool = self.pool(self.web_port, self.args.connections)
+        started = loop.time()
+
+        async def first(raw: bytes):
+            for _ in range(5):  # bounded: a node refused five times is left to its schedule
+                status, _ = await self.request(pool, self.web_port, raw)
+                if status == 200:
+                    return
+
+        nodes = range(self.args.nodes)
+        beats = [beat_request(self.fleet.node_id(n), self.agent_secret, self.fleet.body(n)) for n in nodes]
+        await asyncio.gather(first(gateway_node_beat), *(first(raw) for raw in beats))
+        return loop.time() - started
+
     async def beats(self, gateway_node_beat: bytes):
         args, loop = self.args, asyncio.get_running_loop()
         pool = self.pool(self.web_port, args.connections)
+        # the gateway's node beats on a connection of its own: under a backlog of fleet
+        # beats in the client, its own would wait, the node be judged offline and the
+        # gateway's route go with it, a failure of the generator, not of the server
+        own = self.pool(self.web_port, 1)
         nodes = args.nodes + 1  # the last is the node the gateway's replica runs on
         t0 = loop.time()
         for k in range(10**9):  # bounded: `done` ends it long before
@@ -332,10 +357,10 @@ class Load:
                 break
             self.tally.current.lag.append(loop.time() - at)
             if n == args.nodes:
-                raw = gateway_node_beat
+                self.spawn(self.beat(own, n, gateway_node_beat, at))
             else:
                 raw = beat_request(self.fleet.node_id(n), self.agent_secret, self.fleet.body(n))
-            self.spawn(self.beat(pool, n, raw, at))
+                self.spawn(self.beat(pool, n, raw, at))
 
     def spawn(self, coroutine):
         job = asyncio.ensure_future(coroutine)
@@ -378,7 +403,7 @@ class Load:
         for _ in range(REPORT_TRIES):
             status = await self.put(pool, task_id, report)
             if self.tally.current.answered("task API", status, (200,)):
-                self.reports[task_id] = self.reports.get(task_id, 0) + 1
+                self.reports.setdefault(task_id, []).append(node_id)
                 self.tally.current.completed += 1
                 return
             if 400 <= status < 500:
@@ -559,6 +584,8 @@ def rss_flatness(samples: list[dict[str, int]]) -> tuple[int, dict[str, float]]:
 async def soak(args, load: Load, monitor: Monitor, gateway_node_beat: bytes, processes: Processes) -> float:
     loop = asyncio.get_running_loop()
     load.task_pool = load.pool(load.web_port, 16)
+    registered = await load.register(gateway_node_beat)
+    say(f"registered {args.nodes + 1} nodes in {registered:.1f} s (their first beats, before the clock starts)")
     say(HEADER)
     started = loop.time()
     generators = [
@@ -754,6 +781,12 @@ def report(args, load: Load, monitor: Monitor, database_url: str, drained: float
         f"lag p99 {ms([v for w in loaded for v in w.lag]):.0f} ms (how late it sent what was due)"
     )
     say(f"  5xx          heartbeats {fivexx['heartbeat']}, task API {fivexx['task API']}, gateway {fivexx['gateway']}")
+    codes: dict[str, int] = {}
+    for window in windows:
+        for key, n in window.fivexx_codes.items():
+            codes[key] = codes.get(key, 0) + n
+    if codes:
+        say(f"  5xx by status {codes}")
     if other:
         say(f"  other non-2xx {other}")
     say(f"  deadlocks    {monitor.deadlocks_total}")
@@ -764,17 +797,22 @@ def report(args, load: Load, monitor: Monitor, database_url: str, drained: float
     never_ended = count - sum(n for status, n in outcome["statuses"].items() if status in TERMINAL)
     settled_twice = sum(1 for n in outcome["settled"].values() if n > 1)
     unsettled = count - len(outcome["settled"])
-    claimed_twice = sum(1 for nodes in load.claims.values() if len(nodes) > 1)
+    # two nodes whose claim of one task was taken: the task ran twice. One node's claim
+    # or report answered twice is its own retry after no answer, taken again (idempotent).
+    claimed_twice = sum(1 for nodes in load.claims.values() if len(set(nodes)) > 1)
+    retried = sum(1 for nodes in load.claims.values() if len(nodes) > len(set(nodes)))
     not_claimed = sum(1 for task in load.submitted if task not in load.claims)
-    reported_twice = sum(1 for n in load.reports.values() if n > 1)
+    reported_twice = sum(1 for nodes in load.reports.values() if len(set(nodes)) > 1)
     extra = outcome["in_tenant"] - count
     once = count > 0 and not (
-        never_ended or settled_twice or unsettled or claimed_twice or outcome["requeued"] or extra
+        never_ended or settled_twice or unsettled or claimed_twice or reported_twice or outcome["requeued"] or extra
     )
     say(
         f"  tasks ended  {count - never_ended} of {count} in a terminal status {outcome['statuses']}; "
-        f"settled once {count - unsettled - settled_twice}, twice {settled_twice}; claimed twice {claimed_twice}, "
-        f"never {not_claimed}; reported twice {reported_twice}; requeued {outcome['requeued']}; "
+        f"settled once {count - unsettled - settled_twice}, twice {settled_twice}; "
+        f"claimed by two nodes {claimed_twice}, "
+        f"never {not_claimed}; a node's claim taken again on its retry {retried}; "
+        f"reported by two nodes {reported_twice}; requeued {outcome['requeued']}; "
         f"created but not answered {extra}"
     )
 
