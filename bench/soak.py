@@ -797,12 +797,12 @@ def report(args, load: Load, monitor: Monitor, database_url: str, drained: float
     never_ended = count - sum(n for status, n in outcome["statuses"].items() if status in TERMINAL)
     settled_twice = sum(1 for n in outcome["settled"].values() if n > 1)
     unsettled = count - len(outcome["settled"])
-    # two nodes whose claim of one task was taken: the task ran twice. One node's claim
-    # or report answered twice is its own retry after no answer, taken again (idempotent).
-    claimed_twice = sum(1 for nodes in load.claims.values() if len(set(nodes)) > 1)
-    retried = sum(1 for nodes in load.claims.values() if len(nodes) > len(set(nodes)))
+    # a claim is a CAS from scheduled (a repeat answers 409): a task whose claim was taken
+    # twice went back to scheduled in between and ran twice, on one node or two
+    claimed_twice = sum(1 for nodes in load.claims.values() if len(nodes) > 1)
+    on_two_nodes = sum(1 for nodes in load.claims.values() if len(set(nodes)) > 1)
     not_claimed = sum(1 for task in load.submitted if task not in load.claims)
-    reported_twice = sum(1 for nodes in load.reports.values() if len(set(nodes)) > 1)
+    reported_twice = sum(1 for nodes in load.reports.values() if len(nodes) > 1)
     extra = outcome["in_tenant"] - count
     once = count > 0 and not (
         never_ended or settled_twice or unsettled or claimed_twice or reported_twice or outcome["requeued"] or extra
@@ -810,9 +810,8 @@ def report(args, load: Load, monitor: Monitor, database_url: str, drained: float
     say(
         f"  tasks ended  {count - never_ended} of {count} in a terminal status {outcome['statuses']}; "
         f"settled once {count - unsettled - settled_twice}, twice {settled_twice}; "
-        f"claimed by two nodes {claimed_twice}, "
-        f"never {not_claimed}; a node's claim taken again on its retry {retried}; "
-        f"reported by two nodes {reported_twice}; requeued {outcome['requeued']}; "
+        f"claimed twice {claimed_twice} (on two nodes {on_two_nodes}), never {not_claimed}; "
+        f"reported twice {reported_twice}; requeued {outcome['requeued']}; "
         f"created but not answered {extra}"
     )
 
