@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 # (each explained in docs/security.md#bandit); any new finding fails it.
 SECURITY_PATHS := apps heteroflow agent/heteroflow_agent celery_worker.py manage.py
 
-.PHONY: up test lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway
+.PHONY: up test lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway soak
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -70,3 +70,9 @@ bench-submit: $(DEPS_STAMP)
 
 bench-gateway: $(DEPS_STAMP)
 	$(BIN)/python bench/gateway.py $(BENCH_ARGS)
+
+# The soak (docs/deployment.md#soak): the whole control plane under heartbeats, tasks and
+# gateway traffic for DURATION minutes; SOAK_ARGS for more options (--nodes 200 …).
+DURATION ?= 30
+soak: $(DEPS_STAMP)
+	$(BIN)/python bench/soak.py --duration $(DURATION) $(SOAK_ARGS)
