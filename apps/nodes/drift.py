@@ -48,12 +48,12 @@ LEDGER_JOIN = """
 
 # Per card (`g2`: the row before the beat, `r`: the beat's reading, `l`: the ledger):
 # the drift, NULL when not judged (a lost card, a beat whose collector failed: no
-# reading of any card); the mark before the beat; what the ledger explains.
+# reading of any card); what the ledger explains.
 DRIFT_COLUMNS = """
     CASE WHEN g2.lost_at IS NOT NULL OR %(collector_error)s THEN NULL
          WHEN COALESCE(l.whole, false) OR r.m IS NULL THEN 0
          ELSE r.m - COALESCE(l.explained, 0) END AS drift,
-    g2.memory_drift_since AS drift_was, COALESCE(l.explained, 0) AS explained
+    COALESCE(l.explained, 0) AS explained
 """
 
 # The marks, in the beat's UPDATE of the cards (`s`: the columns above).
@@ -64,11 +64,12 @@ DRIFT_SET = """
                            WHEN s.drift > %(drift_mb)s::bigint THEN s.drift END
 """
 
-# The alerts, from the beat's judged cards (`judged`: the UPDATE's RETURNING; `node`: the
-# node's row). Raised while a drift has lasted the beats (raising an active alert again
-# does nothing); recovered when the mark was cleared.
+# The alert, from the beat's judged cards (`judged`: the UPDATE's RETURNING; `node`: the
+# node's row): raised while a drift has lasted the beats (raising an active alert again
+# does nothing). Its recovery is the beat's, with GPU_LOST's (`DRIFT_OVER_KEYS`: the cards
+# judged without a drift).
 _KEY = alert_keys.gpu_memory_drift_sql("%(id)s", "j.index")
-DRIFT_ALERTS = f"""
+DRIFT_RAISED = f"""
 drift_raised AS (
     INSERT INTO alerts (type, severity, scope, state, key, node_id, gpu_index, message, details, created_at, updated_at)
     SELECT '{AlertType.GPU_MEMORY_DRIFT}', '{Severity.WARNING}', '{AlertScope.GPU}', 'ACTIVE', {_KEY}, %(id)s, j.index,
@@ -83,11 +84,8 @@ drift_raised AS (
     FROM judged AS j CROSS JOIN node AS nd
     WHERE j.drift > %(drift_mb)s::bigint AND %(now)s - j.memory_drift_since >= %(drift_span)s
     ON CONFLICT (key) WHERE state = 'ACTIVE' DO NOTHING
-), drift_recovered AS (
-    UPDATE alerts SET state = 'RECOVERED', ended_at = %(now)s, updated_at = %(now)s
-    WHERE state = 'ACTIVE' AND key IN (
-        SELECT {_KEY} FROM judged AS j WHERE j.drift_was IS NOT NULL AND j.memory_drift_since IS NULL)
 )"""
+DRIFT_OVER_KEYS = f"SELECT {_KEY} FROM judged AS j WHERE j.drift IS NOT NULL AND j.memory_drift_since IS NULL"
 
 
 def drift_params(heartbeat_interval: float) -> dict:

@@ -235,7 +235,7 @@ WITH node AS (
     ) AS s
     WHERE g.id = s.id
     RETURNING g.index, s.was_lost, g.lost_at IS NOT NULL AS is_lost, g.lost_basis,
-              s.drift, s.drift_was, s.explained, g.memory_drift_since, g.memory_used_mb
+              s.drift, s.explained, g.memory_drift_since, g.memory_used_mb
 ), metric AS (
     INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus)
     SELECT %(id)s, %(now)s, %(cpu_used)s, %(memory_used)s,
@@ -252,17 +252,28 @@ WITH node AS (
            jsonb_build_object('basis', j.lost_basis), %(now)s, %(now)s
     FROM judged AS j WHERE j.is_lost AND NOT j.was_lost
     ON CONFLICT (key) WHERE state = 'ACTIVE' DO NOTHING
-), recovered AS (
+), {drift.DRIFT_RAISED}, recovered AS (
     UPDATE alerts SET state = 'RECOVERED', ended_at = %(now)s, updated_at = %(now)s
-    WHERE state = 'ACTIVE' AND key IN (
-        SELECT {alert_keys.gpu_lost_sql("%(id)s", "j.index")} FROM judged AS j WHERE j.was_lost AND NOT j.is_lost)
-), {drift.DRIFT_ALERTS}
+    WHERE id IN (
+        SELECT a.id FROM alerts AS a
+        WHERE a.state = 'ACTIVE' AND a.key IN (
+            SELECT {alert_keys.gpu_lost_sql("%(id)s", "j.index")} FROM judged AS j WHERE NOT j.is_lost
+            UNION ALL {drift.DRIFT_OVER_KEYS})
+        ORDER BY a.id FOR UPDATE SKIP LOCKED)
+)
 SELECT EXISTS (SELECT 1 FROM node), (SELECT oh FROM node),
        (SELECT COALESCE(jsonb_agg(jsonb_build_array(j.index, j.is_lost, j.lost_basis)), '[]'::jsonb)
         FROM judged AS j WHERE j.was_lost <> j.is_lost),
        ARRAY(SELECT t.id FROM tasks AS t WHERE t.node_id = %(id)s AND t.status = 'scheduled'
              ORDER BY t.priority DESC, t.created_at, t.id LIMIT 50)
 """
+
+# `recovered`: the alerts of this node's cards whose condition is over (GPU_LOST of a card
+# that is not lost, GPU_MEMORY_DRIFT of a card judged without a drift). Asked on every
+# beat, not only at the change (a probe of the active-key index per card), so an alert row
+# the notification dispatcher holds now is skipped and recovered by a later beat: a beat
+# never waits on the outbox (docs/architecture.md#lock-order). (No SQL comments in BEAT:
+# it is sent collapsed onto one line.)
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%|%")
 

@@ -149,3 +149,28 @@ def test_two_nodes_drift_apart(agents):
     assert card("n1").memory_drift_mb == 30 * GB and card("n2").memory_drift_since is None
     beat(agents, now + timedelta(seconds=15), 1 * GB, node_id="n2")
     assert card("n1").memory_drift_mb == 30 * GB  # n2's beats leave n1's marks alone
+
+
+def test_an_alert_the_dispatcher_holds_is_recovered_by_a_later_beat_never_waited_for(agents):
+    """The outbox's dispatcher holds the alert rows it claims until it commits: a beat
+    skips such a row (it never waits on the outbox) and a later beat recovers it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import psycopg
+
+    from apps.core.db import libpq_params
+
+    now = utcnow()
+    beat(agents, now, 30 * GB)
+    beat(agents, now + timedelta(seconds=15), 30 * GB)
+    alert = alerts(state="ACTIVE").get()
+    with psycopg.connect(**libpq_params()) as dispatcher, ThreadPoolExecutor(1) as thread:
+        dispatcher.execute("SELECT id FROM alerts WHERE id = %s FOR UPDATE", [alert.pk])
+        ending = thread.submit(beat, agents, now + timedelta(seconds=20), 1 * GB)  # the drift ends
+        try:
+            ending.result(timeout=10)  # a beat that waited for the row would still be waiting
+        finally:
+            dispatcher.rollback()
+    assert card().memory_drift_since is None and alerts(state="ACTIVE").exists()
+    beat(agents, now + timedelta(seconds=25), 1 * GB)
+    assert alerts(state="RECOVERED").get().pk == alert.pk
