@@ -129,8 +129,8 @@ def fan_out(event: str, alert_ids: list[int], now, budget: StormBudget | None = 
     if budget is None:  # a call on its own is a run of its own
         budget = StormBudget(now)
         return fan_out(event, alert_ids, now, budget) + budget.send_digests(event)
-    if not alert_ids:
-        return []
+    if not alert_ids or not NotificationChannel.objects.filter(enabled=True).exists():
+        return []  # nobody listens: the alerts are claimed (dispatched) and nothing is built
     alerts = list(Alert.objects.filter(pk__in=alert_ids).select_related("tenant").order_by("pk"))
     tenant_ids = {alert.tenant_id for alert in alerts if alert.tenant_id}
     channels = list(
