@@ -770,6 +770,13 @@ def run_scenario(args, port: int, secret: str, watch: Watch, readings: str, beat
         # the first beat in a new shape (health counters…) may take the slow path: unmeasured
         seconds, errors = asyncio.run(send_each_once(port, beats, args.connections))
         say(f"  one unmeasured {readings} beat per node first: {seconds:.1f} s, {sum(errors.values())} not 200")
+    if args.warmup > 0:
+        # what a fleet does once (the first drift marks and alerts a beat raises after
+        # HETEROFLOW_GPU_MEMORY_DRIFT_BEATS beats, a health reading's first samples) is
+        # not the steady state the figures are about: run it off the clock
+        warm = asyncio.run(closed_loop(port, beats, args.warmup, args.connections))
+        failed = sum(warm.errors.values())
+        say(f"  unmeasured warm-up: {args.warmup:g} s closed loop, {warm.done} beats, {failed} not 200")
     say(f"  load average before: {load_average()}")
     if watch.periods is not None:
         forget_longest_runs(database_url)
@@ -969,6 +976,9 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--mode", choices=("schedule", "closed"), default="schedule")
     parser.add_argument("--readings", choices=("steady", "busy", "both"), default="both")
+    parser.add_argument(
+        "--warmup", type=float, default=20.0, help="seconds of unmeasured closed-loop beats before each measured run"
+    )
     parser.add_argument(
         "--generator", choices=("python", "wrk"), default="python", help="closed mode: who sends the beats"
     )
