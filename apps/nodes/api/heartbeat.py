@@ -16,6 +16,7 @@ import re
 import time
 
 import orjson
+import psycopg
 from django.conf import settings
 from psycopg_pool import AsyncConnectionPool
 
@@ -162,9 +163,7 @@ class HeartbeatApp:
             self.note_ignored(payload.get("agent_version", ""), ignored)
         now = utcnow()
         try:
-            pool = await self.pool()
-            async with pool.connection() as conn:
-                outcome = await heartbeat.ingest(conn, node_id, payload, client_address(scope, self._trusted), now)
+            outcome = await self.ingest(node_id, payload, client_address(scope, self._trusted), now)
         except Exception:
             # Never guess: a beat that could not be applied writes nothing and says so.
             logger.exception("heartbeat of %s not applied", node_id)
@@ -179,6 +178,22 @@ class HeartbeatApp:
             "scheduled_tasks": outcome.scheduled_task_ids,
             "server_time": now.isoformat().replace("+00:00", "Z"),
         }
+
+    async def ingest(self, node_id: str, payload: dict, peer: str | None, now) -> heartbeat.BeatOutcome:
+        """The beat on a pooled connection. A connection the database ended (a restart, a
+        terminated backend) is found when taken (the pool's check) or, when its farewell
+        had not arrived yet, by the beat's first statement failing on it: then nothing of
+        the beat was committed, and it runs once more on another connection."""
+        pool = await self.pool()
+        for attempt in (1, 2):
+            async with pool.connection() as conn:
+                try:
+                    return await heartbeat.ingest(conn, node_id, payload, peer, now)
+                except psycopg.OperationalError:
+                    if attempt == 2 or not conn.broken:
+                        raise
+                    logger.info("heartbeat of %s: its connection was gone; once more on another", node_id)
+        raise AssertionError("unreachable")
 
     async def authenticate(self, scope) -> None:
         offered = header(scope, b"x-api-key")
