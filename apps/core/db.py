@@ -4,11 +4,14 @@ always talk to the same database, with the same options."""
 
 from __future__ import annotations
 
+import logging
 import select
 from functools import cache
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
+
+logger = logging.getLogger(__name__)
 
 # Keys of Django's OPTIONS that are not libpq connection parameters.
 DJANGO_ONLY_OPTIONS = frozenset({"pool", "server_side_binding", "isolation_level", "assume_role"})
@@ -43,6 +46,24 @@ async def check_idle_connection(conn) -> None:
         # connection back as healthy
         await conn.close()
         raise psycopg.OperationalError("the server ended this idle connection")
+
+
+async def on_live_connection(pool, work):
+    """`await work(conn)` on a connection of `pool` (one of the hot paths' async pools),
+    once more on another connection when the first was ended by the server before its
+    farewell arrived (pg_terminate_backend returns before the backend has said goodbye,
+    so the pool's check can still pass): the statement then failed on a broken
+    connection, where the server ran none of it. For work that is one statement or one
+    transaction, which the server then did not commit; any other failure is raised."""
+    for attempt in (1, 2):
+        async with pool.connection() as conn:
+            try:
+                return await work(conn)
+            except psycopg.OperationalError:
+                if attempt == 2 or not conn.broken:
+                    raise
+                logger.info("a pooled connection was gone; the work runs once more on another")
+    raise AssertionError("unreachable")
 
 
 # --- rows in and out of models without building an ORM query per call -----------------------

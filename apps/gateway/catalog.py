@@ -29,7 +29,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 from redis import asyncio as aioredis
 
-from apps.core.db import check_idle_connection, libpq_params
+from apps.core.db import check_idle_connection, libpq_params, on_live_connection
 from apps.gateway.external import normal_base
 
 logger = logging.getLogger(__name__)
@@ -240,10 +240,14 @@ class Catalog:
         self._loop = None
 
     async def fetch(self, sql: str, params) -> list[tuple]:
+        """A read; on a connection the database ended just now it is read again on another."""
         await self._ensure()
-        async with self._pool.connection() as conn:
+
+        async def read(conn):
             cursor = await conn.execute(sql, params, prepare=True)
             return await cursor.fetchall()
+
+        return await on_live_connection(self._pool, read)
 
     async def execute(self, sql: str, params) -> None:
         await self._ensure()

@@ -65,9 +65,12 @@ DRIFT_SET = """
 """
 
 # The alert, from the beat's judged cards (`judged`: the UPDATE's RETURNING; `node`: the
-# node's row): raised while a drift has lasted the beats (raising an active alert again
-# does nothing). Its recovery is the beat's, with GPU_LOST's (`DRIFT_OVER_KEYS`: the cards
-# judged without a drift).
+# node's row): raised once a drift has lasted the beats. An alert already active is seen
+# by a plain read of the active-key index and not inserted again: an INSERT … ON CONFLICT
+# that meets the key would wait for any transaction that has just updated that alert row
+# (the notification dispatcher's claim), and a beat never waits on the outbox
+# (docs/architecture.md#lock-order). Its recovery is the beat's, with GPU_LOST's
+# (`DRIFT_OVER_KEYS`: the cards judged without a drift).
 _KEY = alert_keys.gpu_memory_drift_sql("%(id)s", "j.index")
 DRIFT_RAISED = f"""
 drift_raised AS (
@@ -83,6 +86,7 @@ drift_raised AS (
            %(now)s, %(now)s
     FROM judged AS j CROSS JOIN node AS nd
     WHERE j.drift > %(drift_mb)s::bigint AND %(now)s - j.memory_drift_since >= %(drift_span)s
+      AND NOT EXISTS (SELECT 1 FROM alerts WHERE state = 'ACTIVE' AND key = {_KEY})
     ON CONFLICT (key) WHERE state = 'ACTIVE' DO NOTHING
 )"""
 DRIFT_OVER_KEYS = f"SELECT {_KEY} FROM judged AS j WHERE j.drift IS NOT NULL AND j.memory_drift_since IS NULL"

@@ -16,13 +16,12 @@ import re
 import time
 
 import orjson
-import psycopg
 from django.conf import settings
 from psycopg_pool import AsyncConnectionPool
 
 from apps.core.asgi import header, host_is_allowed, is_secure
 from apps.core.clock import utcnow
-from apps.core.db import check_idle_connection, libpq_params
+from apps.core.db import check_idle_connection, libpq_params, on_live_connection
 from apps.core.enqueue import enqueue
 from apps.core.errors import error_body
 from apps.monitoring.metrics import record_heartbeat, record_ignored_agent_fields
@@ -184,16 +183,9 @@ class HeartbeatApp:
         terminated backend) is found when taken (the pool's check) or, when its farewell
         had not arrived yet, by the beat's first statement failing on it: then nothing of
         the beat was committed, and it runs once more on another connection."""
-        pool = await self.pool()
-        for attempt in (1, 2):
-            async with pool.connection() as conn:
-                try:
-                    return await heartbeat.ingest(conn, node_id, payload, peer, now)
-                except psycopg.OperationalError:
-                    if attempt == 2 or not conn.broken:
-                        raise
-                    logger.info("heartbeat of %s: its connection was gone; once more on another", node_id)
-        raise AssertionError("unreachable")
+        return await on_live_connection(
+            await self.pool(), lambda conn: heartbeat.ingest(conn, node_id, payload, peer, now)
+        )
 
     async def authenticate(self, scope) -> None:
         offered = header(scope, b"x-api-key")
