@@ -9,13 +9,17 @@ DEPS_STAMP := $(VENV)/.deps-installed
 # (each explained in docs/security.md#bandit); any new finding fails it.
 SECURITY_PATHS := apps heteroflow agent/heteroflow_agent celery_worker.py manage.py
 
-.PHONY: up test lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway soak
+.PHONY: up test test-fast lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway soak
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
 
 test: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher test -- $(PYTEST_ARGS)
+
+# The edit-test loop: everything but the end-to-end (-m e2e) and browser (-m browser) tests.
+test-fast: $(DEPS_STAMP)
+	$(BIN)/python -m heteroflow.launcher test -- -m "not e2e and not browser" $(PYTEST_ARGS)
 
 lint: $(DEPS_STAMP)
 	$(BIN)/ruff check .

@@ -29,6 +29,11 @@ PYTHON = sys.executable
 STOP_GRACE_SECONDS = 15
 WEB_READY_TIMEOUT = 60
 PYTEST_NO_TESTS = 5
+# `make test` runs the suite on this many pytest-xdist workers (HETEROFLOW_TEST_WORKERS):
+# the end-to-end tests mostly wait on processes and periods, so more workers than cores
+# overlap them; each worker has data stores of its own (tests/workers.py).
+DEFAULT_TEST_WORKERS = 4
+XDIST_OPTIONS = ("-n", "--numprocesses", "--dist")
 
 
 def web_command(host: str, port: int, *extra: str) -> list[str]:
@@ -273,6 +278,27 @@ def up(args) -> int:
         say("stopped")
 
 
+def chose_workers(pytest_args: list[str]) -> bool:
+    """Whether the caller's pytest arguments say how to distribute (-n 3, -n3, --dist=…,
+    -p no:xdist)."""
+    for arg in pytest_args:
+        if arg in XDIST_OPTIONS or arg.startswith(tuple(option + "=" for option in XDIST_OPTIONS)):
+            return True
+        if (arg.startswith("-n") and arg[2:].isdigit()) or arg in ("no:xdist", "-pno:xdist"):
+            return True
+    return False
+
+
+def with_workers(pytest_args: list[str], environ) -> list[str]:
+    """The suite's arguments with its workers (`-n N --dist loadgroup`: a module's tests on
+    one worker, tests/workers.py), unless the caller chose, or HETEROFLOW_TEST_WORKERS is
+    0 or 1 (one process, as plain pytest)."""
+    workers = Env(environ).int("HETEROFLOW_TEST_WORKERS", DEFAULT_TEST_WORKERS, low=0, high=64)
+    if workers <= 1 or chose_workers(pytest_args):
+        return pytest_args
+    return ["-n", str(workers), "--dist", "loadgroup", *pytest_args]
+
+
 def run_tests(args) -> int:
     data_dir = data_dir_from(os.environ) / "test"
     data_dir.mkdir(exist_ok=True)
@@ -281,7 +307,8 @@ def run_tests(args) -> int:
         say(", ".join(stores.embedded) + f" embedded for the tests in {data_dir}")
     env = base_env(stores, data_dir) | {"HETEROFLOW_ENV": "test"}
     try:
-        result = subprocess.run([PYTHON, "-m", "pytest", *args.pytest_args], cwd=REPO, env=env)
+        pytest_args = with_workers(args.pytest_args, os.environ)
+        result = subprocess.run([PYTHON, "-m", "pytest", *pytest_args], cwd=REPO, env=env)
     finally:
         stores.stop()
     if result.returncode == PYTEST_NO_TESTS:

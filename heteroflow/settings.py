@@ -162,9 +162,10 @@ if not REDIS_URL:
 
 
 def _celery_url(redis_url: str) -> str:
-    # redis-py spells a Unix socket unix://PATH; kombu spells it redis+socket://PATH.
+    # redis-py spells a Unix socket unix://PATH?db=N; kombu spells it
+    # redis+socket://PATH?virtual_host=N.
     if redis_url.startswith("unix://"):
-        return "redis+socket://" + redis_url.removeprefix("unix://")
+        return "redis+socket://" + redis_url.removeprefix("unix://").replace("?db=", "?virtual_host=")
     return redis_url
 
 

@@ -32,3 +32,37 @@ def test_no_test_module_imports_another_test_module_or_a_conftest():
         if module.split(".")[0] in ("tests", "agent") and is_test_module(module)
     )
     assert offending == []
+
+
+def uses_world(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.FunctionDef)
+        and node.name.startswith("test")
+        and "world" in {a.arg for a in node.args.args}
+        for node in ast.walk(tree)
+    )
+
+
+def has_transactional_test(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.keyword)
+        and node.arg == "transaction"
+        and isinstance(node.value, ast.Constant)
+        and node.value.value is True
+        for node in ast.walk(tree)
+    )
+
+
+def test_no_module_mixes_the_shared_world_with_transactional_tests():
+    """`world` (tests/conftest.py) holds one transaction open for its whole module, and a
+    module's tests run back to back (pytest-django puts its transactional tests after the
+    others, and a worker runs a module at once): a transactional test there would find the
+    world's uncommitted rows locked, and the beat or the process it drives would wait on
+    them until the test times out."""
+    offending = sorted(
+        str(path.relative_to(REPO))
+        for suite in SUITES
+        for path in suite.rglob("test_*.py")
+        if (tree := ast.parse(path.read_text(), str(path))) and uses_world(tree) and has_transactional_test(tree)
+    )
+    assert offending == []

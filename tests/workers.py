@@ -10,15 +10,39 @@ pytest-django reads the settings, and every process a test starts inherits what 
 - the data folder: `<HETEROFLOW_DATA_DIR>/gwN`, for what tests write there (the agent
   installer's files, metrics folders).
 Without xdist (PYTEST_XDIST_WORKER unset) nothing changes.
+
+It also decides which tests share a worker (`--dist loadgroup`): a test module's tests
+stay together, as with `--dist loadfile` (module fixtures are built once: the two-tenant
+world, a module's control plane), and the modules that drive the one container engine
+run one after another on one worker (`CONTAINER_ENGINE_MODULES`): an agent's reconcile
+removes the managed containers it does not know, and task ids (container names) repeat
+between the workers' databases.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import pytest
 
 REDIS_DATABASES = 16  # a Redis server's default `databases`
+CONTAINER_ENGINE_GROUP = "container-engine"
+CONTAINER_ENGINE_MODULES = (
+    "agent/tests/runtime/",
+    "agent/tests/channels/test_image_channel.py",
+    "tests/faults/test_image_channel.py",
+    "tests/tasks/test_agent_executor_e2e.py",
+)
+
+
+def worker_group(nodeid: str) -> str:
+    """The xdist group of a test: the container engine's, else its module's."""
+    module = nodeid.split("::", 1)[0]
+    if module.startswith(CONTAINER_ENGINE_MODULES):
+        return CONTAINER_ENGINE_GROUP
+    return module
 
 
 def worker_number(worker: str) -> int:
@@ -29,8 +53,14 @@ def worker_number(worker: str) -> int:
 
 
 def worker_redis_url(url: str, number: int) -> str:
-    """The Redis URL of worker `number`: the base URL's database moved by the number."""
+    """The Redis URL of worker `number`: the base URL's database moved by the number (a TCP
+    URL names it in its path, a socket URL, the embedded Redis's, in `?db=`)."""
     parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = dict(parse_qsl(parts.query))
+        base = int(query.get("db", "0"))
+        query["db"] = str((base + number) % REDIS_DATABASES)
+        return f"unix://{parts.path}?{urlencode(query)}"  # urlunsplit would drop the empty host's //
     path = parts.path.strip("/")
     base = int(path) if path.isdigit() else 0
     return urlunsplit(parts._replace(path=f"/{(base + number) % REDIS_DATABASES}"))
@@ -50,3 +80,10 @@ def isolate(environ) -> None:
 
 
 isolate(os.environ)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(worker_group(item.nodeid)))

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -13,11 +16,16 @@ from tests.live import REPO, server_env
 
 
 @pytest.fixture
-def own_postgres(tmp_path):
+def own_postgres():
     """A PostgreSQL server of this test's own, with the control plane's database migrated
-    and an operator key bootstrapped: (server, database URL, the key)."""
+    and an operator key bootstrapped: (server, database URL, the key).
+
+    Its data folder is not under tmp_path: run as root, pgserver runs the server as a user
+    of its own and opens the folders above the data for it, and every pytest session that
+    starts (another suite's, a worker's) closes /tmp/pytest-of-root to its owner again."""
     pgserver = pytest.importorskip("pgserver", reason="pgserver (requirements/base.txt) is not installed")
-    server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
+    folder = Path(tempfile.mkdtemp(prefix="heteroflow-pg-"))
+    server = pgserver.get_server(folder / "pg", cleanup_mode="stop")
     server.psql("CREATE DATABASE heteroflow;")
     socket_dir = server.get_postmaster_info().socket_dir
     url = f"postgresql://postgres@{quote(str(socket_dir), safe='')}/heteroflow"  # as make up names it
@@ -30,3 +38,4 @@ def own_postgres(tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
     yield server, socket_dir, url, key
     server.cleanup()
+    shutil.rmtree(folder, ignore_errors=True)

@@ -62,9 +62,15 @@ def configure_lock_logging(url: str) -> None:
         conn.execute("ALTER SYSTEM SET log_lock_waits = on")
         conn.execute("ALTER SYSTEM SET deadlock_timeout = '200ms'")
         conn.execute("SELECT pg_reload_conf()")
-        # a new session reads the reloaded configuration
-    with psycopg.connect(url) as conn:
-        assert conn.execute("SHOW deadlock_timeout").fetchone() == ("200ms",)
+    # pg_reload_conf() only signals the postmaster: a session started before it has read
+    # the file again still has the old values
+    deadline = time.monotonic() + 30
+    while True:
+        with psycopg.connect(url) as conn:
+            if conn.execute("SHOW deadlock_timeout").fetchone() == ("200ms",):
+                return
+        assert time.monotonic() < deadline, "the server did not take deadlock_timeout = 200ms"
+        time.sleep(0.1)
 
 
 def deadlocks(url: str) -> int:

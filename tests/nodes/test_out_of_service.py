@@ -1,6 +1,7 @@
 """Operators take a node out of service: drain (no new task, the ones on it finish) or
 maintenance (no new task, its tasks move elsewhere), and return it. The scheduler keeps
-off a node carrying the cordon label, and the agents' beats leave that label alone."""
+off a node carrying the cordon label (and the agents' beats leave that label alone:
+test_out_of_service_beats.py)."""
 
 import pytest
 
@@ -65,16 +66,3 @@ def test_maintenance_moves_the_tasks_elsewhere(world):
     assert Task.objects.get(pk=waiting.pk).node_id == "n2"
     assert agent_report(running, from_status="preempting", to_status="pending")  # the agent's confirmation
     assert run_cycle().bound == [running.pk] and Task.objects.get(pk=running.pk).node_id == "n2"
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_heartbeat_leaves_the_cordon_in_place(agents):
-    from tests.nodes.payloads import heartbeat
-
-    assert agents.send("n9", heartbeat(gpus=1)).status_code == 200
-    drain_node(Node.objects.get(pk="n9"))
-    changed = heartbeat(gpus=1, labels={"heteroflow.network_zone": "vpc-2"})  # a structural change: the slow path
-    assert agents.send("n9", changed).status_code == 200
-    assert agents.send("n9", changed).status_code == 200  # and a steady beat
-    labels = Node.objects.get(pk="n9").labels
-    assert labels[CORDON_LABEL] == "drain" and labels["heteroflow.network_zone"] == "vpc-2"
