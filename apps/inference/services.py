@@ -1,13 +1,11 @@
-"""Every change to the model registry, the node deletion with its two pre-checks (active
-tasks, then the models registered on the node), and every change to an inference service:
+"""Every change to the model registry, the pre-check of a node's deletion that this app
+registers (the models registered on the node), and every change to an inference service:
 its creation under quota, its replica count (scale_service), its state (move_service, by
 the pure state machine of apps.inference.sleep) and the record of each decision. Replica
 tasks move only through apps.tasks.services (create_tasks, stop_tasks, requeue_replicas),
 so the one CAS path (move_tasks) applies to them as to any task."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 from django.http import Http404
@@ -22,7 +20,6 @@ from apps.inference import autoscale, rebuild, sleep, windows
 from apps.inference.choices import ServiceStatus
 from apps.inference.models import InferenceService, Model, ServiceDecision
 from apps.inference.selectors import registered_on
-from apps.nodes import services as node_services
 from apps.nodes.models import Node
 from apps.tasks.choices import TERMINAL, GroupKind, GroupPlacement, TaskKind, TaskStatus
 from apps.tasks.models import Task, TaskGroup
@@ -115,15 +112,7 @@ def delete_model(principal, model: Model) -> None:
     Model.objects.filter(pk=model.pk).delete()
 
 
-# --- deleting a node ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NodeDeleted:
-    node_id: str
-    deleted_models: list[str]  # registered on this node only: deleted with it
-    unregistered_models: list[str]  # registered elsewhere too: they stay, without this node
-    other_tenants_models: int  # of those, how many the caller may not see (counted, not named)
+# --- the node deletion's pre-check of the models registered on it ---------------------
 
 
 def named(models: list[Model], principal) -> tuple[list[str], int]:
@@ -136,34 +125,33 @@ def named(models: list[Model], principal) -> tuple[list[str], int]:
     return [f"{model.tenant.slug}/{model.name}" for model in shown], len(models) - len(shown)
 
 
-def delete_node(node: Node, *, force: bool = False, principal=None) -> NodeDeleted:
-    """Delete a node after two pre-checks, in one transaction with the deletion:
-    1. active tasks on it: 409, and force does not apply (apps.nodes.services);
-    2. models registered on it: 409 naming them, unless `force`; with force, a model
-       registered on this node only is deleted, one registered elsewhere too loses this
-       node, and the answer says which.
-    `principal` decides which models are named (another tenant's are only counted); None
-    names all (the operators' admin)."""
-    with transaction.atomic():
-        locked = Node.objects.select_for_update().get(pk=node.pk)
-        node_services.check_no_active_tasks(locked)
-        models = registered_on(locked)
-        if models and not force:
-            shown, hidden = named(models, principal)
-            listed = ", ".join(shown[:50]) + (f" and {hidden} of other tenants" if hidden else "")
-            raise Conflict(
-                f"Node '{node.pk}' has models registered on it: {listed}. "
-                "Delete with force to remove those registrations (a model registered on this node only is deleted).",
-                "node_has_models",
-            )
-        only_here = [model for model in models if model.nodes.count() == 1]
-        elsewhere = [model for model in models if model not in only_here]
-        Model.objects.filter(pk__in=[model.pk for model in only_here]).delete()
-        locked.registered_models.clear()  # the registrations of the models that stay
-        node_services.delete_node(locked)
+def clear_models_on(node: Node, *, force: bool, principal) -> dict:
+    """The pre-check of a node's deletion this app registers with apps.nodes.services
+    (apps.inference.apps), run under the node's lock after the active tasks' check: the
+    models registered on the node are a 409 naming them, unless `force`; with force, a
+    model registered on this node only is deleted, one registered elsewhere too loses this
+    node, and the answer says which. `principal` decides which models are named (another
+    tenant's are only counted); None names all (the operators' admin)."""
+    models = registered_on(node)
+    if models and not force:
+        shown, hidden = named(models, principal)
+        listed = ", ".join(shown[:50]) + (f" and {hidden} of other tenants" if hidden else "")
+        raise Conflict(
+            f"Node '{node.pk}' has models registered on it: {listed}. "
+            "Delete with force to remove those registrations (a model registered on this node only is deleted).",
+            "node_has_models",
+        )
+    only_here = [model for model in models if model.nodes.count() == 1]
+    elsewhere = [model for model in models if model not in only_here]
+    Model.objects.filter(pk__in=[model.pk for model in only_here]).delete()
+    node.registered_models.clear()  # the registrations of the models that stay
     deleted, hidden_deleted = named(only_here, principal)
     unregistered, hidden_unregistered = named(elsewhere, principal)
-    return NodeDeleted(node.pk, deleted, unregistered, hidden_deleted + hidden_unregistered)
+    return {
+        "deleted_models": deleted,  # registered on this node only: deleted with it
+        "unregistered_models": unregistered,  # registered elsewhere too: they stay, without this node
+        "other_tenants_models": hidden_deleted + hidden_unregistered,  # of those, the caller's unseen ones
+    }
 
 
 # --- inference services ---------------------------------------------------------------------
