@@ -1,9 +1,10 @@
-"""Every change to the model registry, the pre-check of a node's deletion that this app
-registers (the models registered on the node), and every change to an inference service:
-its creation under quota, its replica count (scale_service), its state (move_service, by
-the pure state machine of apps.inference.sleep) and the record of each decision. Replica
-tasks move only through apps.tasks.services (create_tasks, stop_tasks, requeue_replicas),
-so the one CAS path (move_tasks) applies to them as to any task."""
+"""Every change to the model registry (its deletion: apps.inference.model_deletion), the
+pre-check of a node's deletion that this app registers (the models registered on the
+node), and every change to an inference service: its creation under quota, its replica
+count (scale_service), its state (move_service, by the pure state machine of
+apps.inference.sleep) and the record of each decision. Replica tasks move only through
+apps.tasks.services (create_tasks, stop_tasks, requeue_replicas), so the one CAS path
+(move_tasks) applies to them as to any task."""
 
 from __future__ import annotations
 
@@ -105,11 +106,6 @@ def update_model(principal, model: Model, changes: dict) -> Model:
     except IntegrityError:  # a node deleted between the check and the write
         raise node_gone() from None
     return locked
-
-
-def delete_model(principal, model: Model) -> None:
-    policy.check_may_manage_models(principal, model.tenant)
-    Model.objects.filter(pk=model.pk).delete()
 
 
 # --- the node deletion's pre-check of the models registered on it ---------------------
