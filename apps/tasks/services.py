@@ -616,6 +616,8 @@ def requeue_task(task: Task, *, why: str = "requeued by an operator") -> Task:
 # takes the others with it (the stop intent). Whether a requeued group can be placed at all is the
 # failure policy's to say (apps.alerts.failures.sweep_requeued_groups, the single tasks'
 # capacity verdict).
+# Which of these follows is group_loss_verdict's, from the loss's facts alone; each
+# verdict has one applier (GROUP_LOSS_APPLIERS).
 
 GROUP_LOSS_TARGETS = (S.PENDING, S.FAILED)
 # moves of a member followed for its group: the losses, and a member's stop confirmed
