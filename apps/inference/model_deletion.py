@@ -1,5 +1,5 @@
-"""Deleting a model that services may name: the pre-check the API's DELETE, the portal's
-delete and the admin share.
+"""Deleting a model that services may name: the one delete_model, which the API's DELETE,
+the portal's delete and the admin call.
 
 A service holds its model (the foreign key is PROTECT): a model that a service not yet
 stopped uses is refused with 409 `model_in_use`, naming those services, and nothing is
@@ -15,7 +15,6 @@ from django.db import transaction
 from django.db.models.deletion import ProtectedError, RestrictedError
 
 from apps.core.errors import Conflict
-from apps.inference import services
 from apps.inference.choices import ServiceStatus
 from apps.inference.models import InferenceService, Model
 from apps.tenants import policy
@@ -45,7 +44,8 @@ def in_use(model: Model, using: list[InferenceService]) -> Conflict:
 
 def delete_model(principal, model: Model) -> list[int]:
     """Delete `model` after the pre-check (above); the ids of the stopped services whose
-    records went with it. Raises PermissionDenied (viewers) and Conflict (in use)."""
+    records went with it. Raises PermissionDenied (viewers; the policy is asked here, once)
+    and Conflict (in use)."""
     policy.check_may_manage_models(principal, model.tenant)
     with transaction.atomic():
         locked = Model.objects.select_for_update().filter(pk=model.pk).first()
@@ -59,7 +59,7 @@ def delete_model(principal, model: Model) -> list[int]:
         )
         InferenceService.objects.filter(pk__in=stopped).delete()
         try:
-            services.delete_model(principal, locked)
+            Model.objects.filter(pk=locked.pk).delete()
         except (ProtectedError, RestrictedError):  # cannot happen under the lock; never a 500 if it does
             raise in_use(locked, services_using(locked)) from None
     return stopped

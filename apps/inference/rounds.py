@@ -9,7 +9,7 @@ through apps.inference.services (every task move by CAS there).
   service's slots: died replicas requeued (after the crash-loop back-off), those of a dead
   node taken back to the queue, missing ranks created, the crash-loop alert raised (and
   recovered once the slot is healthy);
-- `autoscale_round` (30 s): the gateway's signals (Redis, apps.inference.signals) and the
+- `autoscale_round` (30 s): the gateway's signals (Redis, apps.inference.load_readings) and the
   replicas' GPU utilisation from their nodes' heartbeats make a sample, kept with the
   last ones; autoscale.decide on them, applied with scale_service; and the sleep checks
   (sleep.decide_idle, decide_wake_timeout);
@@ -33,7 +33,7 @@ from apps.alerts.models import Alert
 from apps.alerts.services import recover_alert
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
-from apps.inference import autoscale, rebuild, services, signals, sleep, windows
+from apps.inference import autoscale, load_readings, rebuild, services, sleep, windows
 from apps.inference.choices import ServiceStatus
 from apps.inference.models import InferenceService, ServiceDecision
 from apps.inference.selectors import replica_rows
@@ -313,13 +313,13 @@ def autoscale_round(now: datetime | None = None) -> AutoscaleResult:
         return result
     ids = [service.pk for service in found]
     rows = replica_rows(ids)
-    readings = signals.read(ids, now)
+    readings = load_readings.read(ids, now)
     healthy_ids = {row["task_id"] for service_rows in rows.values() for row in service_rows if row["healthy"]}
     utilisation = gpu_utilisation(healthy_ids, now)
     last = last_decisions(ids, "autoscaler")
     awake = []
     for service in found:
-        reading = readings.get(service.pk, signals.Reading())
+        reading = readings.get(service.pk, load_readings.Reading())
         move = _sleep_verdict(service, reading, now) if service.state in SLEEP_CHECKED else None
         if move is not None and _isolated(service, result, _sleep, service, *move, result):
             continue  # it went to sleep, or back to sleep
@@ -328,14 +328,14 @@ def autoscale_round(now: datetime | None = None) -> AutoscaleResult:
     samples = {}
     for service in awake:
         cards = [utilisation[row["task_id"]] for row in rows[service.pk] if row["task_id"] in utilisation]
-        reading = readings.get(service.pk, signals.Reading())
+        reading = readings.get(service.pk, load_readings.Reading())
         samples[service.pk] = autoscale.Sample(
             at=now,
             in_flight=reading.in_flight,
             tokens_per_s=reading.tokens_per_s,
             gpu_utilisation=sum(cards) / len(cards) if cards else None,
         )
-    series = signals.remember_all(samples, now)
+    series = load_readings.remember_all(samples, now)
     for service in awake:
         decision = _decision(service, rows[service.pk], series.get(service.pk, [samples[service.pk]]), now)
         if decision is None:
@@ -410,7 +410,7 @@ def _record_hold(service, reason: str, details: dict, last: dict, result: Autosc
     result.recorded.append(service.pk)
 
 
-def _sleep_verdict(service, reading: signals.Reading, now: datetime) -> tuple[sleep.Event, str] | None:
+def _sleep_verdict(service, reading: load_readings.Reading, now: datetime) -> tuple[sleep.Event, str] | None:
     """Sleep for an idle running service; back to sleep for a waking one whose wake has
     timed out; None: neither."""
     policy = services.sleep_policy(service)

@@ -1,13 +1,13 @@
-"""Every change to the model registry, the node deletion with its two pre-checks (active
-tasks, then the models registered on the node), and every change to an inference service:
-its creation under quota, its replica count (scale_service), its state (move_service, by
-the pure state machine of apps.inference.sleep) and the record of each decision. Replica
-tasks move only through apps.tasks.services (create_tasks, stop_tasks, requeue_replicas),
-so the one CAS path (move_tasks) applies to them as to any task."""
+"""Every change to the model registry (its deletion: apps.inference.model_deletion), the
+pre-check of a node's deletion that this app registers (the models registered on the
+node), and every change to an inference service: its creation under quota, its replica
+count (scale_service), its state (move_service, by the pure state machine of
+apps.inference.sleep), a user's scale, stop and wake (each asking the policy once, for
+the API and the portal alike) and the record of each decision. Replica tasks move only
+through apps.tasks.services (create_tasks, stop_tasks, requeue_replicas), so the one CAS
+path (move_tasks) applies to them as to any task."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 from django.http import Http404
@@ -22,7 +22,6 @@ from apps.inference import autoscale, rebuild, sleep, windows
 from apps.inference.choices import ServiceStatus
 from apps.inference.models import InferenceService, Model, ServiceDecision
 from apps.inference.selectors import registered_on
-from apps.nodes import services as node_services
 from apps.nodes.models import Node
 from apps.tasks.choices import TERMINAL, GroupKind, GroupPlacement, TaskKind, TaskStatus
 from apps.tasks.models import Task, TaskGroup
@@ -110,20 +109,7 @@ def update_model(principal, model: Model, changes: dict) -> Model:
     return locked
 
 
-def delete_model(principal, model: Model) -> None:
-    policy.check_may_manage_models(principal, model.tenant)
-    Model.objects.filter(pk=model.pk).delete()
-
-
-# --- deleting a node ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NodeDeleted:
-    node_id: str
-    deleted_models: list[str]  # registered on this node only: deleted with it
-    unregistered_models: list[str]  # registered elsewhere too: they stay, without this node
-    other_tenants_models: int  # of those, how many the caller may not see (counted, not named)
+# --- the node deletion's pre-check of the models registered on it ---------------------
 
 
 def named(models: list[Model], principal) -> tuple[list[str], int]:
@@ -136,34 +122,33 @@ def named(models: list[Model], principal) -> tuple[list[str], int]:
     return [f"{model.tenant.slug}/{model.name}" for model in shown], len(models) - len(shown)
 
 
-def delete_node(node: Node, *, force: bool = False, principal=None) -> NodeDeleted:
-    """Delete a node after two pre-checks, in one transaction with the deletion:
-    1. active tasks on it: 409, and force does not apply (apps.nodes.services);
-    2. models registered on it: 409 naming them, unless `force`; with force, a model
-       registered on this node only is deleted, one registered elsewhere too loses this
-       node, and the answer says which.
-    `principal` decides which models are named (another tenant's are only counted); None
-    names all (the operators' admin)."""
-    with transaction.atomic():
-        locked = Node.objects.select_for_update().get(pk=node.pk)
-        node_services.check_no_active_tasks(locked)
-        models = registered_on(locked)
-        if models and not force:
-            shown, hidden = named(models, principal)
-            listed = ", ".join(shown[:50]) + (f" and {hidden} of other tenants" if hidden else "")
-            raise Conflict(
-                f"Node '{node.pk}' has models registered on it: {listed}. "
-                "Delete with force to remove those registrations (a model registered on this node only is deleted).",
-                "node_has_models",
-            )
-        only_here = [model for model in models if model.nodes.count() == 1]
-        elsewhere = [model for model in models if model not in only_here]
-        Model.objects.filter(pk__in=[model.pk for model in only_here]).delete()
-        locked.registered_models.clear()  # the registrations of the models that stay
-        node_services.delete_node(locked)
+def clear_models_on(node: Node, *, force: bool, principal) -> dict:
+    """The pre-check of a node's deletion this app registers with apps.nodes.services
+    (apps.inference.apps), run under the node's lock after the active tasks' check: the
+    models registered on the node are a 409 naming them, unless `force`; with force, a
+    model registered on this node only is deleted, one registered elsewhere too loses this
+    node, and the answer says which. `principal` decides which models are named (another
+    tenant's are only counted); None names all (the operators' admin)."""
+    models = registered_on(node)
+    if models and not force:
+        shown, hidden = named(models, principal)
+        listed = ", ".join(shown[:50]) + (f" and {hidden} of other tenants" if hidden else "")
+        raise Conflict(
+            f"Node '{node.pk}' has models registered on it: {listed}. "
+            "Delete with force to remove those registrations (a model registered on this node only is deleted).",
+            "node_has_models",
+        )
+    only_here = [model for model in models if model.nodes.count() == 1]
+    elsewhere = [model for model in models if model not in only_here]
+    Model.objects.filter(pk__in=[model.pk for model in only_here]).delete()
+    node.registered_models.clear()  # the registrations of the models that stay
     deleted, hidden_deleted = named(only_here, principal)
     unregistered, hidden_unregistered = named(elsewhere, principal)
-    return NodeDeleted(node.pk, deleted, unregistered, hidden_deleted + hidden_unregistered)
+    return {
+        "deleted_models": deleted,  # registered on this node only: deleted with it
+        "unregistered_models": unregistered,  # registered elsewhere too: they stay, without this node
+        "other_tenants_models": hidden_deleted + hidden_unregistered,  # of those, the caller's unseen ones
+    }
 
 
 # --- inference services ---------------------------------------------------------------------
@@ -504,19 +489,79 @@ def _alert_wake_timed_out(service: InferenceService, reason: str) -> None:
     )
 
 
-def _check_may_change(principal, service: InferenceService) -> None:
-    """Another tenant's service does not exist for the caller (404); a viewer only looks (403)."""
+# --- a user's scale, stop and wake: the API's views and the portal's buttons alike --------
+
+# A sleeping service takes a scale (only its count changes; the wake starts that many); a
+# paused one, or one whose window holds its count, would have it overwritten by the
+# window's restore, so the user is told instead.
+NOT_SCALED = {
+    ServiceStatus.STOPPING: "it is stopping",
+    ServiceStatus.STOPPED: "it is stopped",
+    ServiceStatus.PAUSED: "its scheduling window has paused it",
+}
+
+
+def may_manage(principal, service: InferenceService) -> bool:
+    """Scale, stop and wake: as stopping a task (viewers only look). For showing the
+    buttons; the actions ask the policy themselves."""
+    return policy.may_stop_task(principal, service.group)
+
+
+def _check_may_manage(principal, service: InferenceService) -> None:
+    """What each user action asks, once: another tenant's service does not exist for the
+    caller (404); a viewer only looks (403)."""
     tenant = service.group.tenant
     if not principal.is_operator and not (principal.is_tenant and principal.tenant.pk == tenant.pk):
         raise Http404("No such inference service.")
-    policy.check_may_create_tasks(principal, tenant)
+    policy.check_may_stop_task(principal, service.group)
+
+
+def _who(principal) -> str:
+    return principal.user.username if principal.user is not None else "an API key"
+
+
+def scale_by_user(principal, service: InferenceService, replicas: int) -> bool:
+    """A user's scale to `replicas`, between the service's bounds; True when the count
+    changed, False when it already was that. Raises Http404, PermissionDenied,
+    ValidationError (out of bounds) and Conflict (a state that takes no scale, or a count
+    changed meanwhile)."""
+    _check_may_manage(principal, service)
+    if not service.min_replicas <= replicas <= service.max_replicas:
+        raise ValidationError(
+            {
+                "replicas": [
+                    f"Between min_replicas ({service.min_replicas}) and max_replicas ({service.max_replicas}); "
+                    "stop it, or let it sleep, to go to zero."
+                ]
+            }
+        )
+    why = NOT_SCALED.get(service.state) or (
+        "a scheduling window holds its replica count" if service.window_action else None
+    )
+    if why:
+        raise Conflict(f"Service {service.pk} cannot be scaled now: {why}.", "invalid_state")
+    if replicas == service.replicas:
+        return False
+    by = _who(principal)
+    won = scale_service(
+        service,
+        replicas,
+        source="user",
+        reason=f"scaled by {by} from {service.replicas} to {replicas}",
+        details={"by": by},
+    )
+    if not won:
+        raise Conflict(
+            f"Service {service.pk}'s replica count changed meanwhile; read it again and retry.", "status_changed"
+        )
+    return True
 
 
 def stop_service(principal, service: InferenceService) -> InferenceService:
-    """The API's stop: every replica stopped (queued ones cancelled), the service
+    """A user's stop: every replica stopped (queued ones cancelled), the service
     stopping until they have ended (then stopped, by the rebuild job). Asking again
     while it stops is not an error; a stopped service is a Conflict."""
-    _check_may_change(principal, service)
+    _check_may_manage(principal, service)
     for _ in range(3):  # a job may move the state between the read and the CAS
         if move_service(service, sleep.Event.STOP, source="user", reason="stopped by a user"):
             break
@@ -528,7 +573,7 @@ def stop_service(principal, service: InferenceService) -> InferenceService:
 def wake(service: InferenceService, *, source: str, reason: str) -> bool:
     """Wake a sleeping service (its replicas started again, the service waking until one
     is healthy); a service that is awake or waking already is left as it is (True). The
-    gateway's path (the job inference.wake_service) and the API's."""
+    gateway's path (the job inference.wake_service) and the user's."""
     for _ in range(3):
         if move_service(service, sleep.Event.WAKE, source=source, reason=reason):
             return True
@@ -537,9 +582,9 @@ def wake(service: InferenceService, *, source: str, reason: str) -> bool:
 
 
 def wake_service(principal, service: InferenceService) -> InferenceService:
-    """The API's wake: from sleeping to waking; a no-op when already awake or waking; a
+    """A user's wake: from sleeping to waking; a no-op when already awake or waking; a
     Conflict for a paused (its window holds it) or stopped service."""
-    _check_may_change(principal, service)
+    _check_may_manage(principal, service)
     wake(service, source="user", reason="woken by a user")
     service.refresh_from_db()
     return service

@@ -14,7 +14,6 @@ from rest_framework.exceptions import APIException
 from apps.core.admin_tools import DeleteThroughServiceMixin, operator, refusal
 from apps.core.authentication import principal_for_session
 from apps.core.errors import Conflict
-from apps.inference import services as inference_services
 from apps.nodes import gpu_health_services, services
 from apps.nodes.carbon import MAX_FACTOR_G_PER_KWH
 from apps.nodes.choices import CORDON_LABEL, GpuState
@@ -226,7 +225,7 @@ class NodeAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
                 )
 
     def delete_through_service(self, request, obj):
-        inference_services.delete_node(obj)
+        services.delete_node(obj)
 
     @admin.action(description="Drain: no new tasks, the running ones finish")
     def drain(self, request, queryset):
@@ -256,7 +255,7 @@ class NodeAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
     def delete_through_services(self, request, queryset):
         for node in queryset:
             try:
-                inference_services.delete_node(node)
+                services.delete_node(node)
             except Conflict as exc:
                 self.message_user(request, str(exc.detail), messages.ERROR)
             else:

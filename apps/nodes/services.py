@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -73,20 +74,46 @@ def check_no_active_tasks(node: Node) -> None:
         )
 
 
-def delete_node(node: Node) -> str:
+# The other pre-checks of a node's deletion, each registered by the app whose rows stand
+# on nodes (apps.inference: the models registered on it, from its AppConfig.ready), so
+# that this layer never imports the ones above it. A check is called as
+# check(node, force=..., principal=...) under the node's lock, in the deletion's
+# transaction, after the active tasks' check: it refuses by raising (a Conflict; nothing
+# is written), or, with force where it allows one, clears what it guards, and returns
+# what the deletion's answer says of it (a dict merged into NodeDeleted.cleared).
+DELETION_CHECKS: list[Callable[..., dict]] = []
+
+
+def register_deletion_check(check: Callable[..., dict]) -> None:
+    """Add a pre-check of every node's deletion (once, however often it is registered)."""
+    if check not in DELETION_CHECKS:
+        DELETION_CHECKS.append(check)
+
+
+@dataclass(frozen=True)
+class NodeDeleted:
+    node_id: str
+    cleared: dict  # what the pre-checks cleared with force (apps.inference: the models), for the answer
+
+
+def delete_node(node: Node, *, force: bool = False, principal=None) -> NodeDeleted:
     """Delete the node, its cards and metrics; its finished tasks keep their history
-    without it. Refused while it has active tasks. The second pre-check, the models
-    registered on the node, belongs to the registry above this layer:
-    apps.inference.services.delete_node runs both and then this, in one transaction, and
-    is what the API, the portal and the admin call."""
+    without it. In one transaction holding the node's row: refused while it has active
+    tasks (force does not apply), then the registered pre-checks (DELETION_CHECKS), each
+    of which refuses or, with `force`, clears what it guards; a refusal writes nothing.
+    `principal` decides what the answer names (None: everything, the operators' admin).
+    What the API, the portal and the admin call."""
     with transaction.atomic():
         locked = Node.objects.select_for_update().get(pk=node.pk)
         check_no_active_tasks(locked)
+        cleared: dict = {}
+        for check in DELETION_CHECKS:
+            cleared.update(check(locked, force=force, principal=principal))
         Task.objects.filter(node=locked).update(node=None)  # history keeps the task, not the node
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM node_metrics WHERE node_id = %s", [locked.pk])
         locked.delete()
-    return node.pk
+    return NodeDeleted(node.pk, cleared)
 
 
 def forget_lost_gpu(node: Node, index: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextvars import ContextVar
+from enum import StrEnum
 from typing import NamedTuple
 
 from django.conf import settings
@@ -36,15 +36,17 @@ logger = logging.getLogger(__name__)
 OFF_NODE = frozenset(TERMINAL) | {S.PENDING}
 
 
-def move_tasks(task_ids, from_statuses, to_status, **changes) -> list[int]:
+def move_tasks(task_ids, from_statuses, to_status, *, following: frozenset[int] = frozenset(), **changes) -> list[int]:
     """Move tasks by CAS and apply what follows, in one transaction: a run's GPU time is
     counted when it ends (to the queue or for good), the cards and host port are given
-    back, usage is settled once when the task ends, and a failure raises TASK_FAILED.
-    Returns the ids that won; a loser changes nothing."""
-    return _move_tasks(task_ids, from_statuses, to_status, TRANSITIONS, changes)
+    back, usage is settled once when the task ends, a failure raises TASK_FAILED, and a
+    group member's loss is followed for its group (follow_group_losses; not for the
+    groups in `following`, whose loss the caller is following). Returns the ids that won;
+    a loser changes nothing."""
+    return _move_tasks(task_ids, from_statuses, to_status, TRANSITIONS, changes, following)
 
 
-def _move_tasks(task_ids, from_statuses, to_status, table, changes) -> list[int]:
+def _move_tasks(task_ids, from_statuses, to_status, table, changes, following=frozenset()) -> list[int]:
     """move_tasks under the allowed-transition `table` (TRANSITIONS, or REPLICA_TRANSITIONS
     for requeue_replicas alone)."""
     ids = [task_ids] if isinstance(task_ids, int) else list(task_ids)
@@ -72,7 +74,7 @@ def _move_tasks(task_ids, from_statuses, to_status, table, changes) -> list[int]
             if to_status == S.FAILED:
                 _alert_failures(won)
         if won and members:
-            follow_group_losses([member for member in members if member.pk in set(won)], to_status)
+            follow_group_losses([member for member in members if member.pk in set(won)], to_status, following=following)
     return won
 
 
@@ -266,14 +268,15 @@ CANCEL_FROM = (S.PENDING, S.SCHEDULED, S.PAUSED)
 STOP_FROM = (S.STARTING, S.RUNNING, S.SLEEPING)
 
 
-def stop_tasks(task_ids) -> list[int]:
+def stop_tasks(task_ids, *, following: frozenset[int] = frozenset()) -> list[int]:
     """The stop intent for several tasks at once (a group's members): the queued ones
-    cancelled, the ones with a container moved to stopping. The ids that moved."""
+    cancelled, the ones with a container moved to stopping. The ids that moved.
+    `following`: as move_tasks'."""
     task_ids = list(task_ids)
     with transaction.atomic():
-        cancelled = set(move_tasks(task_ids, CANCEL_FROM, S.CANCELLED))
+        cancelled = set(move_tasks(task_ids, CANCEL_FROM, S.CANCELLED, following=following))
         rest = [pk for pk in task_ids if pk not in cancelled]
-        return sorted(cancelled) + move_tasks(rest, STOP_FROM, S.STOPPING)
+        return sorted(cancelled) + move_tasks(rest, STOP_FROM, S.STOPPING, following=following)
 
 
 def stop_task(task: Task) -> Task:
@@ -563,14 +566,16 @@ REQUEUE_AT_ONCE = (S.SCHEDULED,)
 REQUEUE_AFTER_STOP = (S.STARTING, S.RUNNING)
 
 
-def requeue_tasks(task_ids, *, why: str) -> dict[str, list[int]]:
+def requeue_tasks(task_ids, *, why: str, following: frozenset[int] = frozenset()) -> dict[str, list[int]]:
     """Send tasks back to the queue (see above). Returns the ids moved to pending and
-    those asked to stop first (preempting); each gets a "requeued" event saying why."""
+    those asked to stop first (preempting); each gets a "requeued" event saying why.
+    `following`: as move_tasks'."""
     ids = list(task_ids)
     with transaction.atomic():
         nodes = dict(Task.objects.filter(pk__in=ids).values_list("pk", "node_id"))
-        queued = move_tasks(ids, REQUEUE_AT_ONCE, S.PENDING, node=None, host_port=None)
-        stopping = move_tasks([pk for pk in ids if pk not in set(queued)], REQUEUE_AFTER_STOP, S.PREEMPTING)
+        queued = move_tasks(ids, REQUEUE_AT_ONCE, S.PENDING, following=following, node=None, host_port=None)
+        rest = [pk for pk in ids if pk not in set(queued)]
+        stopping = move_tasks(rest, REQUEUE_AFTER_STOP, S.PREEMPTING, following=following)
         for pk in sorted([*queued, *stopping]):
             then = "back in the queue" if pk in queued else "its agent stops it, then it goes back to the queue"
             record_event(Task(pk=pk), kind="requeued", message=f"{why}: {then}", node_id=nodes.get(pk))
@@ -611,6 +616,8 @@ def requeue_task(task: Task, *, why: str = "requeued by an operator") -> Task:
 # takes the others with it (the stop intent). Whether a requeued group can be placed at all is the
 # failure policy's to say (apps.alerts.failures.sweep_requeued_groups, the single tasks'
 # capacity verdict).
+# Which of these follows is group_loss_verdict's, from the loss's facts alone; each
+# verdict has one applier (GROUP_LOSS_APPLIERS).
 
 GROUP_LOSS_TARGETS = (S.PENDING, S.FAILED)
 # moves of a member followed for its group: the losses, and a member's stop confirmed
@@ -645,94 +652,174 @@ def lock_groups_of(task_ids) -> list[LeavingMember]:
     return members
 
 
-# the groups whose losses are being followed in this context: the moves that following
-# makes of the other members come back through move_tasks and are left alone
-_FOLLOWING: ContextVar[frozenset] = ContextVar("following_group_losses", default=frozenset())
+class GroupLoss(StrEnum):
+    """What follows for a group from members moved to pending, failed or stopped
+    (group_loss_verdict; each has its applier in GROUP_LOSS_APPLIERS)."""
+
+    STOP = "stop"  # a member's stop confirmed: the others get the stop intent
+    JOIN_FAILURE = "join_failure"  # a member back from a stop to a group that failed: what is left fails
+    CANCEL = "cancel"  # lost while the group was being stopped: cancelled, never placed again
+    FAIL_AFTER_COMPLETION = "fail_after_completion"  # another rank completed: a group runs again only whole
+    FAIL_LAST_ATTEMPT = "fail_last_attempt"  # HETEROFLOW_GROUP_MAX_ATTEMPTS reached
+    FAIL = "fail"  # a member failed for good
+    NOTHING = "nothing"  # its attempt was ended already: this member is one of the requeue
+    REQUEUE = "requeue"  # the attempt ended now: the group goes back to the queue whole
 
 
-class _following:
-    def __init__(self, group_id: int):
-        self.group_id = group_id
-
-    def __enter__(self):
-        self.token = _FOLLOWING.set(_FOLLOWING.get() | {self.group_id})
-
-    def __exit__(self, *exc):
-        _FOLLOWING.reset(self.token)
+class GroupLossFacts(NamedTuple):
+    to_status: str  # where the members moved: pending, failed or stopped
+    statuses: frozenset[str]  # every member's status, the moved ones' included
+    ended_now: bool  # this loss ended the group's attempt (it won the compare-and-set on the group row)
+    last_attempt: bool  # the group's attempts have reached HETEROFLOW_GROUP_MAX_ATTEMPTS
 
 
-def follow_group_losses(moved: list[LeavingMember], to_status: str) -> None:
-    """What follows from members moved to pending or failed (see above), group by group."""
+def group_loss_verdict(facts: GroupLossFacts) -> GroupLoss:
+    """What follows from a loss (see above), from the facts alone."""
+    if facts.to_status == S.STOPPED:
+        return GroupLoss.STOP
+    if facts.to_status != S.FAILED and S.FAILED in facts.statuses:
+        return GroupLoss.JOIN_FAILURE
+    if facts.to_status != S.FAILED and facts.statuses & STOPPED_ON_PURPOSE:
+        return GroupLoss.CANCEL
+    if S.COMPLETED in facts.statuses:
+        return GroupLoss.FAIL_AFTER_COMPLETION
+    if facts.last_attempt and (facts.to_status == S.FAILED or facts.ended_now):
+        return GroupLoss.FAIL_LAST_ATTEMPT
+    if facts.to_status == S.FAILED:
+        return GroupLoss.FAIL
+    return GroupLoss.REQUEUE if facts.ended_now else GroupLoss.NOTHING
+
+
+def follow_group_losses(moved: list[LeavingMember], to_status: str, *, following: frozenset[int] = frozenset()) -> None:
+    """What follows from members moved to pending, failed or stopped (see above), group by
+    group. `following`: the groups whose loss the caller is following already; the moves
+    that following makes of their members come back here and are left alone."""
     by_group: dict[int, list[LeavingMember]] = {}
     for member in moved:
         by_group.setdefault(member.group_id, []).append(member)
     for group_id, lost in sorted(by_group.items()):
-        if group_id in _FOLLOWING.get():
+        if group_id in following:
             continue
-        with _following(group_id):
-            _follow_group_loss(TaskGroup.objects.get(pk=group_id), lost, to_status)
+        group = TaskGroup.objects.get(pk=group_id)
+        facts = _group_loss_facts(group, to_status)
+        GROUP_LOSS_APPLIERS[group_loss_verdict(facts)](_Loss(group, lost, to_status, following | {group_id}))
 
 
-def _follow_group_loss(group: TaskGroup, lost: list[LeavingMember], to_status: str) -> None:
-    statuses = set(Task.objects.filter(group=group).values_list("status", flat=True))
+def _group_loss_facts(group: TaskGroup, to_status: str) -> GroupLossFacts:
+    """The facts of a loss, under the group's lock: its members' statuses, and whether
+    this loss ends its attempt (the compare-and-set ended_attempt = attempts, once)."""
+    statuses = frozenset(Task.objects.filter(group=group).values_list("status", flat=True))
     ended_now = bool(
         TaskGroup.objects.filter(pk=group.pk, ended_attempt__lt=F("attempts")).update(
             ended_attempt=F("attempts"), updated_at=utcnow()
         )
     )
-    who = ", ".join(f"rank {m.rank}" + (f" on node {m.node_id}" if m.node_id else "") for m in lost)
-    attempt = f"attempt {group.attempts}: " if group.attempts else ""
-    cause = f"{attempt}{who} {'failed' if to_status == S.FAILED else 'was lost'}"
+    return GroupLossFacts(to_status, statuses, ended_now, group.attempts >= settings.HETEROFLOW_GROUP_MAX_ATTEMPTS)
+
+
+class _Loss(NamedTuple):
+    """A loss as its applier gets it."""
+
+    group: TaskGroup
+    lost: list[LeavingMember]
+    to_status: str
+    following: frozenset[int]  # this group's included: its members' moves are not followed again
+
+    @property
+    def who(self) -> str:
+        return ", ".join(f"rank {m.rank}" + (f" on node {m.node_id}" if m.node_id else "") for m in self.lost)
+
+    @property
+    def cause(self) -> str:
+        attempt = f"attempt {self.group.attempts}: " if self.group.attempts else ""
+        return f"{attempt}{self.who} {'failed' if self.to_status == S.FAILED else 'was lost'}"
+
+
+def _stop_the_group(loss: _Loss) -> None:
+    # one member stopped (its own stop, an eviction): the others cannot go on without it
+    live = Task.objects.filter(group=loss.group).exclude(status__in=(*TERMINAL, S.PENDING)).values_list("pk", flat=True)
+    stopped = stop_tasks(list(live), following=loss.following)
+    _group_events(loss.group, stopped, "group_stopped", f"{loss.who} was stopped: the group stops with it")
+
+
+def _join_the_failure(loss: _Loss) -> None:
+    fail_group(loss.group, "the group has failed")
+
+
+def _cancel_the_lost(loss: _Loss) -> None:
+    cancelled = move_tasks([m.pk for m in loss.lost], [S.PENDING], S.CANCELLED, following=loss.following)
+    _group_events(loss.group, cancelled, "group_stopped", f"{loss.cause} while the group was being stopped: cancelled")
+
+
+def _fail_after_completion(loss: _Loss) -> None:
+    _fail_with_the_lost(loss, " after another rank had completed; a group runs again only whole")
+
+
+def _fail_last_attempt(loss: _Loss) -> None:
     limit = settings.HETEROFLOW_GROUP_MAX_ATTEMPTS
-    last = group.attempts >= limit
-    if to_status == S.STOPPED:
-        # one member stopped (its own stop, an eviction): the others cannot go on without it
-        live = Task.objects.filter(group=group).exclude(status__in=(*TERMINAL, S.PENDING)).values_list("pk", flat=True)
-        stopped = stop_tasks(list(live))
-        _group_events(group, stopped, "group_stopped", f"{who} was stopped: the group stops with it")
-    elif to_status != S.FAILED and S.FAILED in statuses:
-        fail_group(group, "the group has failed")  # a member back from a stop, to a group that failed
-    elif to_status != S.FAILED and statuses & STOPPED_ON_PURPOSE:
-        # stopped on purpose: what comes back to the queue is cancelled, never placed again
-        cancelled = move_tasks([m.pk for m in lost], [S.PENDING], S.CANCELLED)
-        _group_events(group, cancelled, "group_stopped", f"{cause} while the group was being stopped: cancelled")
-    elif to_status == S.FAILED or S.COMPLETED in statuses or (ended_now and last):
-        if S.COMPLETED in statuses:
-            cause += " after another rank had completed; a group runs again only whole"
-        elif last:
-            cause += f", the last attempt allowed (HETEROFLOW_GROUP_MAX_ATTEMPTS = {limit})"
-        fail_group(group, cause, lost=[m.pk for m in lost])
-    elif not ended_now:
-        return  # its attempt was ended already: this member is one of the requeue
-    else:
-        why = f"task group {group.name}: {cause}, the attempt ended"
-        others = Task.objects.filter(group=group, status__in=(*REQUEUE_AT_ONCE, *REQUEUE_AFTER_STOP))
-        requeue_tasks(list(others.values_list("pk", flat=True)), why=why)
-        members = list(Task.objects.filter(group=group).values_list("pk", flat=True))
-        _group_events(
-            group,
-            members,
-            "group_requeued",
-            f"{cause}: the attempt ended and the group is requeued whole "
-            f"(attempt {group.attempts + 1} of at most {limit} once it is placed)",
-        )
+    _fail_with_the_lost(loss, f", the last attempt allowed (HETEROFLOW_GROUP_MAX_ATTEMPTS = {limit})")
+
+
+def _fail(loss: _Loss) -> None:
+    _fail_with_the_lost(loss, "")
+
+
+def _fail_with_the_lost(loss: _Loss, why: str) -> None:
+    fail_group(loss.group, loss.cause + why, lost=[m.pk for m in loss.lost])
+
+
+def _nothing(loss: _Loss) -> None:
+    pass
+
+
+def _requeue_the_group(loss: _Loss) -> None:
+    group, cause, limit = loss.group, loss.cause, settings.HETEROFLOW_GROUP_MAX_ATTEMPTS
+    others = Task.objects.filter(group=group, status__in=(*REQUEUE_AT_ONCE, *REQUEUE_AFTER_STOP))
+    requeue_tasks(
+        list(others.values_list("pk", flat=True)),
+        why=f"task group {group.name}: {cause}, the attempt ended",
+        following=loss.following,
+    )
+    members = list(Task.objects.filter(group=group).values_list("pk", flat=True))
+    _group_events(
+        group,
+        members,
+        "group_requeued",
+        f"{cause}: the attempt ended and the group is requeued whole "
+        f"(attempt {group.attempts + 1} of at most {limit} once it is placed)",
+    )
+
+
+GROUP_LOSS_APPLIERS = {
+    GroupLoss.STOP: _stop_the_group,
+    GroupLoss.JOIN_FAILURE: _join_the_failure,
+    GroupLoss.CANCEL: _cancel_the_lost,
+    GroupLoss.FAIL_AFTER_COMPLETION: _fail_after_completion,
+    GroupLoss.FAIL_LAST_ATTEMPT: _fail_last_attempt,
+    GroupLoss.FAIL: _fail,
+    GroupLoss.NOTHING: _nothing,
+    GroupLoss.REQUEUE: _requeue_the_group,
+}
 
 
 def fail_group(group: TaskGroup, reason: str, *, lost=()) -> list[int]:
     """End a group whole as failed: its pending members fail with `reason`, the others
     get the stop intent (stop_tasks); each of them and the `lost` members (already moved)
-    gets a group_failed event saying why. Returns the members moved."""
-    with transaction.atomic(), _following(group.pk):
+    gets a group_failed event saying why. Returns the members moved. These moves of its
+    members are not followed as losses of the group (it is ending whole)."""
+    following = frozenset({group.pk})
+    with transaction.atomic():
         message = f"task group {group.name} failed: {reason}"
         members = Task.objects.filter(group=group)
         failed = move_tasks(
             list(members.filter(status=S.PENDING).values_list("pk", flat=True)),
             [S.PENDING],
             S.FAILED,
+            following=following,
             error_message=message,
         )
         live = members.exclude(status__in=(*TERMINAL, S.PENDING)).values_list("pk", flat=True)
-        stopped = stop_tasks(list(live))
+        stopped = stop_tasks(list(live), following=following)
         moved = sorted([*failed, *stopped])
         _group_events(group, sorted({*moved, *lost}), "group_failed", message)
     return moved

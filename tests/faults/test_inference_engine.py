@@ -30,7 +30,7 @@ from django.conf import settings
 
 from apps.core.principals import Principal, PrincipalKind
 from apps.gateway.services import create_key
-from apps.inference import signals
+from apps.inference import load_readings
 from apps.inference.models import InferenceService, Model, ServiceDecision
 from apps.inference.selectors import replicas_of
 from apps.nodes.models import Node
@@ -215,7 +215,7 @@ def test_a_service_of_two_llama_cpp_replicas_is_rebuilt_sleeps_and_wakes(tmp_pat
         )
         assert answer.status_code == 201, answer.text
         service = InferenceService.objects.get(pk=answer.json()["id"])
-        connection.delete(signals.inflight_key(service.pk))  # no gateway reading yet: it stays awake
+        connection.delete(load_readings.inflight_key(service.pk))  # no gateway reading yet: it stays awake
 
         def state() -> str:
             service.refresh_from_db()
@@ -288,7 +288,7 @@ def test_a_service_of_two_llama_cpp_replicas_is_rebuilt_sleeps_and_wakes(tmp_pat
 
         def idle_then_asleep():
             # again each round: the gateway writes its last request time in batches, 10 s late
-            connection.set(signals.inflight_key(service.pk), 0)
+            connection.set(load_readings.inflight_key(service.pk), 0)
             InferenceService.objects.filter(pk=service.pk).exclude(state="sleeping").update(
                 state_changed_at=long_ago, last_request_at=long_ago
             )

@@ -14,7 +14,7 @@ import time_machine
 from apps.alerts import keys as alert_keys
 from apps.alerts.models import Alert
 from apps.core.clock import utcnow
-from apps.inference import jobs, rounds, services, signals
+from apps.inference import jobs, load_readings, rounds, services
 from apps.inference.models import InferenceService, ServiceDecision
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def clean_signals():
     def wipe():
-        with signals.client() as redis:
+        with load_readings.client() as redis:
             keys = list(redis.scan_iter("hf:svc:*"))
             if keys:
                 redis.delete(*keys)
@@ -256,11 +256,11 @@ def test_one_service_failing_its_round_does_not_stop_the_others(world, monkeypat
 
 def signal(service, *, inflight=None, tokens=None, at=None):
     at = at or utcnow()
-    with signals.client() as redis:
+    with load_readings.client() as redis:
         if inflight is not None:
-            redis.set(signals.inflight_key(service.pk), inflight)
+            redis.set(load_readings.inflight_key(service.pk), inflight)
         if tokens is not None:
-            redis.set(signals.tokens_key(service.pk, int(at.timestamp()) // 60 - 1), tokens)
+            redis.set(load_readings.tokens_key(service.pk, int(at.timestamp()) // 60 - 1), tokens)
 
 
 def scalable(world, **autoscaling):

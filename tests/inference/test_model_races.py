@@ -9,6 +9,7 @@ from apps.core.errors import Conflict
 from apps.core.principals import Principal, PrincipalKind
 from apps.inference import services
 from apps.inference.models import Model
+from apps.nodes import services as node_services
 from apps.nodes.models import Node
 from apps.tenants import services as tenant_services
 from tests.concurrency import together
@@ -62,7 +63,7 @@ def test_a_node_deleted_while_a_model_is_pinned_on_it_never_keeps_a_dangling_reg
     def work(i):
         try:
             if i == 0:
-                services.delete_node(node)
+                node_services.delete_node(node)
                 return "deleted"
             services.register_model(OPERATOR, body(tenant, nodes=["race-1"]))
             return "registered"

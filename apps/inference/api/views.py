@@ -5,7 +5,6 @@ from rest_framework.response import Response
 from apps.core.clock import utcnow
 from apps.core.views import ScopedAPIView
 from apps.inference import model_deletion, selectors, services
-from apps.inference.api import actions
 from apps.inference.api import serializers as s
 from apps.inference.models import InferenceService, Model, ServiceDecision
 
@@ -142,10 +141,9 @@ class ServiceScaleView(ServiceView):
     @extend_schema(request=s.ServiceScaleSerializer, responses=s.ServiceDetailSerializer)
     def post(self, request, id):
         service = self.get_object()
-        actions.check_may_manage(request.auth, service)
         serializer = s.ServiceScaleSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        actions.scale(request.auth, service, serializer.validated_data["replicas"])
+        services.scale_by_user(request.auth, service, serializer.validated_data["replicas"])
         return service_answer(service)
 
 
@@ -156,7 +154,7 @@ class ServiceStopView(ServiceView):
     @extend_schema(request=None, responses=s.ServiceDetailSerializer)
     def post(self, request, id):
         service = self.get_object()
-        actions.stop(request.auth, service)
+        services.stop_service(request.auth, service)
         return service_answer(service)
 
 
@@ -167,7 +165,7 @@ class ServiceWakeView(ServiceView):
     @extend_schema(request=None, responses=s.ServiceDetailSerializer)
     def post(self, request, id):
         service = self.get_object()
-        actions.wake(request.auth, service)
+        services.wake_service(request.auth, service)
         return service_answer(service)
 
 

@@ -9,7 +9,6 @@ from apps.core.clock import utcnow
 from apps.core.pagination import Pagination
 from apps.core.permissions import IsAgent, IsOperator
 from apps.core.views import ScopedAPIView
-from apps.inference import services as inference_services
 from apps.nodes import carbon, metrics, presenters, selectors, services
 from apps.nodes.api import serializers as s
 from apps.nodes.models import EmissionFactor, Node
@@ -139,15 +138,8 @@ class NodeDetailView(NodeView):
         node = self.get_object()
         policy.check_may_delete_node(request.auth, node)
         force = request.query_params.get("force", "false").lower() in ("1", "true", "yes")
-        deleted = inference_services.delete_node(node, force=force, principal=request.auth)
-        return Response(
-            {
-                "deleted": deleted.node_id,
-                "deleted_models": deleted.deleted_models,
-                "unregistered_models": deleted.unregistered_models,
-                "other_tenants_models": deleted.other_tenants_models,
-            }
-        )
+        deleted = services.delete_node(node, force=force, principal=request.auth)
+        return Response({"deleted": deleted.node_id, **deleted.cleared})
 
 
 class NodeGpuView(NodeView):

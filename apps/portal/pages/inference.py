@@ -3,7 +3,7 @@ API's shape and validated by the API's own ServiceCreateSerializer, then deploye
 apps.inference.services like POST /api/v1/inference-services: the same rules and the same
 messages. The detail shows the replicas (node, port, health, address), the window and
 whether it holds, and the decisions with their reasons; scale, stop and wake go through
-apps.inference.api.actions, as the API's."""
+apps.inference.services (scale_by_user, stop_service, wake_service), as the API's."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404, visible
 from apps.inference import selectors, services
-from apps.inference.api import actions
 from apps.inference.api.serializers import ServiceCreateSerializer, window_status
 from apps.inference.choices import Engine, ServiceStatus
 from apps.inference.models import InferenceService, Model, ServiceDecision
@@ -195,7 +194,7 @@ def service_detail(request, pk):
     service = get_visible_or_404(SERVICES, principal, pk=pk)
     replicas = replicas_shown(service)
     decisions = paginate(request, ServiceDecision.objects.filter(service=service).order_by("-created_at", "-id"), 25)
-    manage = actions.may_manage(principal, service)
+    manage = services.may_manage(principal, service)
     holds = bool(service.window_action)
     return render(
         request,
@@ -213,7 +212,7 @@ def service_detail(request, pk):
                 f"{r.get('start')}–{r.get('end')}" for r in (service.window or {}).get("ranges", [])
             ),
             "window_status": window_status(service, utcnow()),
-            "may_scale": manage and service.state not in actions.NOT_SCALED and not holds,
+            "may_scale": manage and service.state not in services.NOT_SCALED and not holds,
             "may_stop": manage and service.state not in (ServiceStatus.STOPPING, ServiceStatus.STOPPED),
             "may_wake": manage and service.state == ServiceStatus.SLEEPING,
             "manage": manage,
@@ -244,7 +243,6 @@ def acted(request, service, act, done: str):
 def service_scale(request, pk):
     principal = request.principal
     service = get_visible_or_404(SERVICES, principal, pk=pk)
-    actions.check_may_manage(principal, service)
     wanted = request.POST.get("replicas", "").strip()
     if not wanted.isdigit():
         messages.error(request, "Replicas: a whole number.")
@@ -252,7 +250,7 @@ def service_scale(request, pk):
     return acted(
         request,
         service,
-        lambda: actions.scale(principal, service, int(wanted)),
+        lambda: services.scale_by_user(principal, service, int(wanted)),
         "Service #{service.pk} asks for {service.replicas} replicas.",
     )
 
@@ -262,9 +260,8 @@ def service_scale(request, pk):
 def service_stop(request, pk):
     principal = request.principal
     service = get_visible_or_404(SERVICES, principal, pk=pk)
-    actions.check_may_manage(principal, service)
     return acted(
-        request, service, lambda: actions.stop(principal, service), "Service #{service.pk} is {service.state}."
+        request, service, lambda: services.stop_service(principal, service), "Service #{service.pk} is {service.state}."
     )
 
 
@@ -273,7 +270,6 @@ def service_stop(request, pk):
 def service_wake(request, pk):
     principal = request.principal
     service = get_visible_or_404(SERVICES, principal, pk=pk)
-    actions.check_may_manage(principal, service)
     return acted(
-        request, service, lambda: actions.wake(principal, service), "Service #{service.pk} is {service.state}."
+        request, service, lambda: services.wake_service(principal, service), "Service #{service.pk} is {service.state}."
     )

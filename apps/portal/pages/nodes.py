@@ -14,7 +14,6 @@ from rest_framework.exceptions import ValidationError
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404
-from apps.inference import services as inference_services
 from apps.nodes import metrics, selectors, services
 from apps.nodes.api.serializers import LocationSerializer, TenantAssignmentSerializer
 from apps.nodes.choices import ALIVE, IMAGE_CHECK_MAX_REFERENCES
@@ -180,15 +179,15 @@ def node_delete(request, node_id):
     node = get_visible_or_404(Node, request.principal, pk=node_id)
     policy.check_may_delete_node(principal, node)
     try:
-        deleted = inference_services.delete_node(node, force=request.POST.get("force") == "true", principal=principal)
+        deleted = services.delete_node(node, force=request.POST.get("force") == "true", principal=principal)
     except Conflict as exc:
         messages.error(request, str(exc.detail))  # the 409 reason, word for word
         return redirect(back_to(node.pk))
-    removed = ""
-    if deleted.deleted_models:
-        removed += f" Models deleted with it: {', '.join(deleted.deleted_models)}."
-    if deleted.unregistered_models:
-        removed += f" Models no longer registered on it: {', '.join(deleted.unregistered_models)}."
+    removed, models = "", deleted.cleared  # what the pre-checks cleared: the models registered on it
+    if models.get("deleted_models"):
+        removed += f" Models deleted with it: {', '.join(models['deleted_models'])}."
+    if models.get("unregistered_models"):
+        removed += f" Models no longer registered on it: {', '.join(models['unregistered_models'])}."
     messages.success(request, f"Deleted node '{deleted.node_id}'.{removed}")
     return redirect("portal:nodes")
 

@@ -1,5 +1,5 @@
-"""The gateway's signals for the AutoScaler and the sleep check, read from Redis, and the
-AutoScaler's short memory of its samples.
+"""The gateway's load readings for the AutoScaler and the sleep check (its signal keys,
+read from Redis), and the AutoScaler's short memory of its samples.
 
 The gateway writes (SERVICES.md, "Gateway signals"; apps/gateway spells the same keys):
 - `hf:svc:{service_id}:inflight`: requests in flight, queued ones included;
