@@ -1,5 +1,5 @@
 """Each pytest-xdist worker gets data stores of its own (`make test` runs the suite on
-several workers, docs/deployment.md#tests).
+several workers, README.md#tests).
 
 Loaded as a plugin (`-p tests.workers` in pytest.ini), so this module runs before
 pytest-django reads the settings, and every process a test starts inherits what it sets:
