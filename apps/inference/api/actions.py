@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rest_framework.exceptions import ValidationError
 
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
 from apps.inference import services
 from apps.inference.choices import ServiceStatus
@@ -53,7 +54,7 @@ def scale(principal, service: InferenceService, replicas: int) -> bool:
         "a scheduling window holds its replica count" if service.window_action else None
     )
     if why:
-        raise Conflict(f"Service {service.pk} cannot be scaled now: {why}.", "invalid_state")
+        raise Conflict(f"Service {service.pk} cannot be scaled now: {why}.", CoreErrorCode.INVALID_STATE)
     if replicas == service.replicas:
         return False
     by = who(principal)
@@ -66,7 +67,8 @@ def scale(principal, service: InferenceService, replicas: int) -> bool:
     )
     if not won:
         raise Conflict(
-            f"Service {service.pk}'s replica count changed meanwhile; read it again and retry.", "status_changed"
+            f"Service {service.pk}'s replica count changed meanwhile; read it again and retry.",
+            CoreErrorCode.STATUS_CHANGED,
         )
     return True
 
