@@ -15,6 +15,7 @@ from apps.alerts.choices import (
     Severity,
 )
 from apps.confidential.models import ChannelCredentials
+from apps.core.models import TenantOwned
 from apps.core.scoping import ScopedQuerySet
 
 
@@ -29,7 +30,7 @@ class AlertQuerySet(ScopedQuerySet):
         return alerts
 
 
-class Alert(models.Model):
+class Alert(TenantOwned):
     """Raised by services (apps.alerts.services.raise_alert) and by the heartbeat's own
     statement (GPU_LOST); at most one ACTIVE alert per key, so raising is idempotent."""
 
@@ -96,7 +97,7 @@ class NotificationChannelQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 
 
-class NotificationChannel(models.Model):
+class NotificationChannel(TenantOwned):
     """Where alerts are sent. A tenant's channel receives the alerts its tenant may see
     (Alert.objects.visible_to); an operators' channel (tenant NULL) receives every alert.
     A webhook's URL and signing secret are credentials, never in this table: a tenant's

@@ -8,6 +8,7 @@ import orjson
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import error_body
 
 
@@ -89,7 +90,7 @@ class BodyLimit:
 
 
 async def too_large(send, limit: int) -> None:
-    body = orjson.dumps(error_body("payload_too_large", f"The body may be at most {limit} bytes."))
+    body = orjson.dumps(error_body(CoreErrorCode.PAYLOAD_TOO_LARGE, f"The body may be at most {limit} bytes."))
     await send(
         {
             "type": "http.response.start",

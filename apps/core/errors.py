@@ -6,15 +6,15 @@ from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.views import exception_handler as drf_exception_handler
 
-UNKNOWN_FIELD_CODE = "unknown_field"
+from apps.core.error_codes import CoreErrorCode
 
 
 class Conflict(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The request conflicts with the current state."
-    default_code = "conflict"
+    default_code = CoreErrorCode.CONFLICT
 
-    def __init__(self, message: str, code: str = "conflict"):
+    def __init__(self, message: str, code: str = CoreErrorCode.CONFLICT):
         super().__init__(message, code)
 
 
@@ -35,13 +35,13 @@ def _flatten(detail) -> list[str] | dict:
 def _validation_body(exc: exceptions.ValidationError) -> dict:
     detail = exc.detail
     if not isinstance(detail, dict):
-        return error_body("invalid", " ".join(_flatten(detail)) or "Invalid input.")
+        return error_body(CoreErrorCode.INVALID, " ".join(_flatten(detail)) or "Invalid input.")
     fields = _flatten(detail)
     non_field = fields.pop("non_field_errors", None)
     unknown = sorted(
         name
         for name, errors in detail.items()
-        if isinstance(errors, list) and any(getattr(e, "code", None) == UNKNOWN_FIELD_CODE for e in errors)
+        if isinstance(errors, list) and any(getattr(e, "code", None) == CoreErrorCode.UNKNOWN_FIELD for e in errors)
     )
     if unknown:
         message = "Unknown field(s): " + ", ".join(unknown) + "."
@@ -49,7 +49,7 @@ def _validation_body(exc: exceptions.ValidationError) -> dict:
         message = " ".join(non_field)
     else:
         message = "Invalid input: " + ", ".join(sorted(fields)) + "."
-    return error_body("invalid", message, fields)
+    return error_body(CoreErrorCode.INVALID, message, fields)
 
 
 def exception_handler(exc, context):
@@ -59,14 +59,14 @@ def exception_handler(exc, context):
     if isinstance(exc, exceptions.ValidationError):
         response.data = _validation_body(exc)
         return response
-    code = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"
+    code = exc.get_codes() if isinstance(exc, exceptions.APIException) else CoreErrorCode.ERROR
     if not isinstance(code, str):
-        code = "error"
+        code = CoreErrorCode.ERROR
     message = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
     # Http404 (get_visible_or_404) as well: the same words whether the row is absent or
     # outside the caller's scope, never the model's name
     if isinstance(exc, (exceptions.NotFound, Http404)) or getattr(exc, "status_code", None) == 404:
-        code, message = "not_found", "Not found."
+        code, message = CoreErrorCode.NOT_FOUND, "Not found."
     response.data = error_body(code, str(message))
     return response
 
@@ -77,7 +77,7 @@ def _is_api_path(path: str) -> bool:
 
 def not_found(request, exception=None):
     if _is_api_path(request.path):
-        return JsonResponse(error_body("not_found", "Not found."), status=404)
+        return JsonResponse(error_body(CoreErrorCode.NOT_FOUND, "Not found."), status=404)
     from django.views.defaults import page_not_found
 
     return page_not_found(request, exception)
@@ -85,7 +85,7 @@ def not_found(request, exception=None):
 
 def server_error(request):
     if _is_api_path(request.path):
-        return JsonResponse(error_body("server_error", "Internal server error."), status=500)
+        return JsonResponse(error_body(CoreErrorCode.SERVER_ERROR, "Internal server error."), status=500)
     from django.views.defaults import server_error as html_server_error
 
     return html_server_error(request)

@@ -1,5 +1,21 @@
 from django.db import models
 
+from apps.core.scoping import ScopedQuerySet
+
+
+class TenantOwned(models.Model):
+    """A row of a shared table that belongs to a tenant (its `tenant` foreign key). Its
+    default manager is scoped, so `Model.objects.visible_to(principal)` is there for every
+    such table (docs/architecture.md, Tenancy; NetBox narrows its querysets in one base
+    model the same way). A model whose scope needs more than its tenant's key declares
+    its own ScopedQuerySet subclass as `objects`. The fields stay on each model: only the
+    manager is shared, and a manager without use_in_migrations changes no migration."""
+
+    objects = ScopedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
 
 class JobRun(models.Model):
     """The last run of one periodic job, shared by every beat, worker and instance."""

@@ -2,7 +2,7 @@ import logging
 
 from rest_framework import serializers
 
-from apps.core.errors import UNKNOWN_FIELD_CODE
+from apps.core.error_codes import CoreErrorCode
 from apps.monitoring.metrics import record_ignored_agent_fields
 
 logger = logging.getLogger(__name__)
@@ -16,7 +16,7 @@ class StrictSerializer(serializers.Serializer):
         if isinstance(data, dict):
             writable = {name for name, field in self.fields.items() if not field.read_only}
             unknown = {
-                name: [serializers.ErrorDetail("Unknown field.", code=UNKNOWN_FIELD_CODE)]
+                name: [serializers.ErrorDetail("Unknown field.", code=CoreErrorCode.UNKNOWN_FIELD)]
                 for name in data
                 if name not in writable
             }

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from apps.core.models import TenantOwned
 from apps.core.scoping import ScopedQuerySet
 
 
@@ -13,7 +14,7 @@ class EndpointKeyQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 
 
-class EndpointKey(models.Model):
+class EndpointKey(TenantOwned):
     """A key for the OpenAI-compatible endpoints of one tenant (`sk-hf-…`). Only a SHA-256
     of it is stored (256-bit random, so a fast hash is safe and one indexed lookup finds
     it); it is shown once, at creation and at each rotation. A rotation gives the key a
@@ -58,7 +59,7 @@ class EndpointKey(models.Model):
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
 
 
-class TenantLimits(models.Model):
+class TenantLimits(TenantOwned):
     """A tenant's gateway limits over all its keys (set by operators); no row or an empty
     field: no limit."""
 
@@ -106,7 +107,7 @@ class ExternalBackendQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 
 
-class ExternalBackend(models.Model):
+class ExternalBackend(TenantOwned):
     """An existing OpenAI-compatible server an operator puts behind a tenant's keys, limits
     and metering under a model name (apps.gateway.external checks the URL). The bearer
     token it takes is the value of the tenant's secret `secret_name` (in the tenant's own
@@ -141,7 +142,7 @@ class UsageQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 
 
-class UsageBucket(models.Model):
+class UsageBucket(TenantOwned):
     """What one key used of one model (served by one service) in one minute: requests,
     errors, prompt and completion tokens. Written in batches off the request path: an
     upsert that adds to the minute's row."""

@@ -16,6 +16,7 @@ from django.db.models.deletion import ProtectedError, RestrictedError
 
 from apps.core.errors import Conflict
 from apps.inference.choices import ServiceStatus
+from apps.inference.error_codes import InferenceErrorCode
 from apps.inference.models import InferenceService, Model
 from apps.tenants import policy
 
@@ -38,7 +39,7 @@ def in_use(model: Model, using: list[InferenceService]) -> Conflict:
     return Conflict(
         f"Model '{model.name}' is used by {len(using)} service{'s' if len(using) != 1 else ''}: {named}{more}. "
         "Stop them first; a stopped service does not hold its model.",
-        "model_in_use",
+        InferenceErrorCode.MODEL_IN_USE,
     )
 
 

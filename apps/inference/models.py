@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from apps.core.models import TenantOwned
 from apps.core.scoping import ScopedQuerySet
 from apps.inference.choices import ModelFormat, ServiceStatus, SourceKind
 
@@ -10,7 +11,7 @@ class ModelQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 
 
-class Model(models.Model):
+class Model(TenantOwned):
     """A model a tenant registered: what clients name in `"model"`, where its weights come
     from, their format and size, the engines that can serve it, and optionally the nodes it
     is registered on (node pinning). Where it is cached is not stored: it is joined from

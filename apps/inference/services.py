@@ -17,9 +17,11 @@ from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
 from apps.alerts.services import raise_alert
 from apps.core.clock import utcnow
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
 from apps.inference import autoscale, rebuild, sleep, windows
 from apps.inference.choices import ServiceStatus
+from apps.inference.error_codes import InferenceErrorCode
 from apps.inference.models import InferenceService, Model, ServiceDecision
 from apps.inference.selectors import registered_on
 from apps.nodes.models import Node
@@ -58,7 +60,7 @@ def node_gone() -> ValidationError:
 
 
 def exists_conflict(tenant, name: str) -> Conflict:
-    return Conflict(f"Tenant '{tenant.slug}' already has a model named '{name}'.", "model_exists")
+    return Conflict(f"Tenant '{tenant.slug}' already has a model named '{name}'.", InferenceErrorCode.MODEL_EXISTS)
 
 
 def constraint(exc: IntegrityError) -> str:
@@ -136,7 +138,7 @@ def clear_models_on(node: Node, *, force: bool, principal) -> dict:
         raise Conflict(
             f"Node '{node.pk}' has models registered on it: {listed}. "
             "Delete with force to remove those registrations (a model registered on this node only is deleted).",
-            "node_has_models",
+            InferenceErrorCode.NODE_HAS_MODELS,
         )
     only_here = [model for model in models if model.nodes.count() == 1]
     elsewhere = [model for model in models if model not in only_here]
@@ -394,7 +396,9 @@ def scale_service(
             {"replicas": [f"Must be between {low} and {service.max_replicas} (the service's bounds)."]}
         )
     if service.state in ENDED_STATES:
-        raise Conflict(f"Service {service.group.name} is {service.state} and cannot be scaled.", "invalid_state")
+        raise Conflict(
+            f"Service {service.group.name} is {service.state} and cannot be scaled.", CoreErrorCode.INVALID_STATE
+        )
     before = service.replicas
     if replicas == before:
         return True
@@ -436,7 +440,7 @@ def move_service(
     try:
         move = sleep.transition(sleep.ServiceState(service.state), sleep.Event(event))
     except sleep.IllegalTransition as exc:
-        raise Conflict(f"Service {service.group.name}: {exc}.", "invalid_state") from None
+        raise Conflict(f"Service {service.group.name}: {exc}.", CoreErrorCode.INVALID_STATE) from None
     if not move.changed:
         return True
     now = utcnow()
@@ -539,7 +543,7 @@ def scale_by_user(principal, service: InferenceService, replicas: int) -> bool:
         "a scheduling window holds its replica count" if service.window_action else None
     )
     if why:
-        raise Conflict(f"Service {service.pk} cannot be scaled now: {why}.", "invalid_state")
+        raise Conflict(f"Service {service.pk} cannot be scaled now: {why}.", CoreErrorCode.INVALID_STATE)
     if replicas == service.replicas:
         return False
     by = _who(principal)
@@ -552,7 +556,8 @@ def scale_by_user(principal, service: InferenceService, replicas: int) -> bool:
     )
     if not won:
         raise Conflict(
-            f"Service {service.pk}'s replica count changed meanwhile; read it again and retry.", "status_changed"
+            f"Service {service.pk}'s replica count changed meanwhile; read it again and retry.",
+            CoreErrorCode.STATUS_CHANGED,
         )
     return True
 
@@ -730,4 +735,4 @@ def _set_count_and_resume(service: InferenceService, replicas: int, reason: str)
         move_service(service, sleep.Event.RESUME, source="window", reason=f"{reason} ({before} → {replicas} replicas)")
     elif replicas != service.replicas:
         if not scale_service(service, replicas, source="window", reason=reason):
-            raise Conflict("The service's count changed meanwhile.", "invalid_state")
+            raise Conflict("The service's count changed meanwhile.", CoreErrorCode.INVALID_STATE)

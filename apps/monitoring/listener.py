@@ -23,7 +23,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from django.db import connections
 
+from apps.core.error_codes import CoreErrorCode
 from apps.monitoring import access, exposition, probes
+from apps.monitoring.error_codes import MonitoringErrorCode
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +94,9 @@ class MetricsListener:
                             200 if ready else 503, {"status": "ready" if ready else "unready", "reason": reason}
                         )
                     else:
-                        self.answer(404, {"error": {"code": "not_found", "message": "Not found.", "fields": {}}})
+                        self.answer(
+                            404, {"error": {"code": CoreErrorCode.NOT_FOUND, "message": "Not found.", "fields": {}}}
+                        )
                 finally:
                     # each request has a thread of its own: give its connection back
                     connections.close_all()
@@ -103,7 +107,7 @@ class MetricsListener:
                         403,
                         {
                             "error": {
-                                "code": "forbidden",
+                                "code": MonitoringErrorCode.FORBIDDEN,
                                 "fields": {},
                                 "message": "Metrics are served to private and loopback addresses only.",
                             }

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram, disable_created_metrics
 
+from apps.core.error_codes import CoreErrorCode
+
 # The *_created series double the output and no rule or panel uses them.
 disable_created_metrics()
 
@@ -63,16 +65,16 @@ HEARTBEATS_REJECTED = Counter(
 )
 # The heartbeat route's error codes; anything else counts as "other".
 HEARTBEAT_REJECT_REASONS = (
-    "bad_request",
-    "https_required",
-    "method_not_allowed",
-    "not_authenticated",
-    "authentication_failed",
-    "permission_denied",
-    "invalid",
-    "parse_error",
-    "payload_too_large",
-    "unavailable",
+    CoreErrorCode.BAD_REQUEST,
+    CoreErrorCode.HTTPS_REQUIRED,
+    CoreErrorCode.METHOD_NOT_ALLOWED,
+    CoreErrorCode.NOT_AUTHENTICATED,
+    CoreErrorCode.AUTHENTICATION_FAILED,
+    CoreErrorCode.PERMISSION_DENIED,
+    CoreErrorCode.INVALID,
+    CoreErrorCode.PARSE_ERROR,
+    CoreErrorCode.PAYLOAD_TOO_LARGE,
+    CoreErrorCode.UNAVAILABLE,
     "other",
 )
 # Bound once: the heartbeat is the hottest path, and this also shows every reason at 0.

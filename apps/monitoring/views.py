@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET
 
 from apps.core.errors import error_body
 from apps.monitoring import access, exposition, probes
+from apps.monitoring.error_codes import MonitoringErrorCode
 
 
 def _liveness() -> tuple[int, dict]:
@@ -43,7 +44,8 @@ def metrics(request):
     addresses (apps.monitoring.access), judged on the TCP peer, never a header."""
     if not access.peer_may_scrape(request.META.get("REMOTE_ADDR")):
         return JsonResponse(
-            error_body("forbidden", "Metrics are served to private and loopback addresses only."), status=403
+            error_body(MonitoringErrorCode.FORBIDDEN, "Metrics are served to private and loopback addresses only."),
+            status=403,
         )
     body, content_type = exposition.render(exposition.WEB, request.META.get("HTTP_ACCEPT", ""))
     return HttpResponse(body, content_type=content_type)

@@ -26,6 +26,7 @@ from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes import liveness
 from apps.nodes.choices import CordonSource
+from apps.nodes.error_codes import NodeErrorCode
 from apps.nodes.lock_order import lock_card
 from apps.nodes.models import Gpu, Node
 
@@ -64,7 +65,7 @@ def cordon_card(node: Node, index: int, reason: str, principal) -> Gpu:
         if gpu.cordoned_at is not None:
             raise Conflict(
                 f"GPU {index} of node '{node.pk}' is already cordoned ({gpu.cordon_source}: {gpu.cordon_reason}).",
-                "gpu_already_cordoned",
+                NodeErrorCode.GPU_ALREADY_CORDONED,
             )
         gpu.cordoned_at, gpu.cordon_source, gpu.cordon_reason = now, CordonSource.OPERATOR, reason
         gpu.cordon_evidence = {"by": actor_name(principal), "at": now.isoformat().replace("+00:00", "Z")}
@@ -81,7 +82,7 @@ def uncordon_card(node: Node, index: int, principal, *, note: str = "") -> Gpu:
     with transaction.atomic():
         gpu = _locked_card(node, index)
         if gpu.cordoned_at is None:
-            raise Conflict(f"GPU {index} of node '{node.pk}' is not cordoned.", "gpu_not_cordoned")
+            raise Conflict(f"GPU {index} of node '{node.pk}' is not cordoned.", NodeErrorCode.GPU_NOT_CORDONED)
         was = {"source": gpu.cordon_source, "reason": gpu.cordon_reason}
         for field, value in CLEARED.items():
             setattr(gpu, field, value)

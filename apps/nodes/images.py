@@ -31,6 +31,7 @@ from apps.nodes.choices import (
     ImageAction,
     ImageRequestStatus,
 )
+from apps.nodes.error_codes import NodeErrorCode
 from apps.nodes.images_protocol import answers
 from apps.nodes.models import ImageRequest, Node, WatchedImage
 
@@ -61,7 +62,7 @@ def check_alive(node: Node, now: datetime) -> None:
         raise Conflict(
             f"Node '{node.pk}' is not online (status {node.status_at(now)}, last heartbeat {heard}): "
             "its agent cannot take an image request, so none was made.",
-            "node_offline",
+            NodeErrorCode.NODE_OFFLINE,
         )
 
 

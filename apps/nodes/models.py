@@ -5,6 +5,7 @@ from datetime import datetime
 from django.db import models
 from django.db.models import Exists, OuterRef, Q
 
+from apps.core.models import TenantOwned
 from apps.core.scoping import ScopedQuerySet
 from apps.nodes import liveness
 from apps.nodes.choices import (
@@ -33,7 +34,7 @@ class NodeQuerySet(ScopedQuerySet):
         return self.filter(Q(tenant__isnull=True) | Q(tenant=tenant_id))
 
 
-class Node(models.Model):
+class Node(TenantOwned):
     """A GPU server with an agent. The id is the agent's own, persisted on its first start."""
 
     id = models.CharField(primary_key=True, max_length=128)

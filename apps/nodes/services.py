@@ -18,6 +18,7 @@ from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.nodes import liveness
 from apps.nodes.choices import CORDON_LABEL, NodeStatus
+from apps.nodes.error_codes import NodeErrorCode
 from apps.nodes.lock_order import lock_card
 from apps.nodes.models import EmissionFactor, Gpu, Node
 from apps.tasks.choices import ACTIVE, TaskStatus
@@ -70,7 +71,7 @@ def check_no_active_tasks(node: Node) -> None:
         listed = ", ".join(f"#{task_id} ({status})" for task_id, status in active[:50])
         raise Conflict(
             f"Node '{node.pk}' has active tasks: {listed}. Stop them first; force does not apply.",
-            "node_has_active_tasks",
+            NodeErrorCode.NODE_HAS_ACTIVE_TASKS,
         )
 
 
@@ -125,7 +126,8 @@ def forget_lost_gpu(node: Node, index: int) -> None:
             raise NotFound(f"Node '{node.pk}' has no GPU {index}.")
         if gpu.lost_at is None:
             raise Conflict(
-                f"GPU {index} of node '{node.pk}' is not lost; only lost cards can be removed.", "gpu_not_lost"
+                f"GPU {index} of node '{node.pk}' is not lost; only lost cards can be removed.",
+                NodeErrorCode.GPU_NOT_LOST,
             )
         gpu.delete()
         Node.objects.filter(pk=node.pk).update(gpu_count=Gpu.objects.filter(node=node).count())
@@ -162,7 +164,9 @@ def assign_tenant(node: Node, tenant, *, expected_version: int, mode: str = "dra
             tenant=tenant, version=expected_version + 1
         )
         if not updated:
-            raise Conflict("The node was changed by someone else; reload it and try again.", "stale_version")
+            raise Conflict(
+                "The node was changed by someone else; reload it and try again.", NodeErrorCode.STALE_VERSION
+            )
         others = Task.objects.filter(node=node, status__in=ACTIVE)
         if tenant is not None:
             others = others.exclude(tenant=tenant)
@@ -294,7 +298,7 @@ def change_service(node: Node, move: str, principal, *, reason: str = "") -> Ser
             raise Conflict(
                 f"Node '{node.pk}' is {(was or IN_SERVICE).replace('_', ' ')}; {move} applies only to a node "
                 f"that is {options}.",
-                "service_move_not_applicable",
+                NodeErrorCode.SERVICE_MOVE_NOT_APPLICABLE,
             )
         requeued: list[int] = []
         stopping: list[int] = []

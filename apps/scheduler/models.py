@@ -1,8 +1,10 @@
 from django.db import models
 from django.db.models import Q
 
+from apps.core.models import TenantOwned
 
-class GpuAllocation(models.Model):
+
+class GpuAllocation(TenantOwned):
     """The GPU ledger: which task holds which card. A whole-card holder (memory_mb null)
     is alone on its card, enforced by the database as well as by bind's re-check."""
 

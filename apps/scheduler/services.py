@@ -54,6 +54,7 @@ from apps.scheduler.core import (
     place_queue,
     plan_preemption,
 )
+from apps.scheduler.error_codes import SchedulerErrorCode
 from apps.scheduler.ledger import ALLOCATE
 from apps.scheduler.models import GpuAllocation, PluginConfig
 from apps.slices import ledger as slice_ledger
@@ -156,7 +157,9 @@ def set_plugin_enabled(name: str, enabled: bool) -> None:
     disables the other, and disabling one enables the other (there is always a layout)."""
     spec = PLUGINS[name]
     if spec.locked:
-        raise Conflict(f"'{name}' keeps the scheduler correct and cannot be disabled or enabled.", "plugin_locked")
+        raise Conflict(
+            f"'{name}' keeps the scheduler correct and cannot be disabled or enabled.", SchedulerErrorCode.PLUGIN_LOCKED
+        )
     with transaction.atomic():
         PluginConfig.objects.update_or_create(name=name, defaults={"enabled": enabled})
         if spec.exclusive_with:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from apps.core.models import TenantOwned
 from apps.core.scoping import ScopedQuerySet
 from apps.slices.choices import HOLDING, LIVE, QOS_OF_TIER, RequestStatus, SliceAction, SliceState, SliceVendor, Tier
 
@@ -11,7 +12,7 @@ class SliceQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 
 
-class Slice(models.Model):
+class Slice(TenantOwned):
     """A share of one card carved for one memory-only task (only `gpu_memory_mb`): its
     tier (derived from the card at bind, `reason` says why), its limits, and its own
     state, so that a crash between the task's move and the slice's leaves a row the

@@ -9,6 +9,7 @@ from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connections, models
 from django.db.models import Q, Value
 
+from apps.core.models import TenantOwned
 from apps.core.scoping import ScopedQuerySet
 from apps.tasks.choices import HOLDING, GroupKind, GroupPlacement, GroupStrategy, TaskKind, TaskStatus, group_status
 
@@ -31,7 +32,7 @@ class TaskGroupQuerySet(ScopedQuerySet):
         )
 
 
-class TaskGroup(models.Model):
+class TaskGroup(TenantOwned):
     """Workers of one distributed job: `world_size` tasks (Task.group, Task.rank), each
     with `gpus_per_worker` cards of exactly `gpu_type` (never another vendor). Its status
     is derived from its members' (`choices.group_status`), not stored."""
@@ -108,7 +109,7 @@ class TaskGroup(models.Model):
         return f"{self.name} ({self.world_size} × {self.gpus_per_worker} {self.gpu_type})"
 
 
-class Task(models.Model):
+class Task(TenantOwned):
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="tasks")
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=10, choices=TaskKind.choices, default=TaskKind.JOB)
@@ -243,7 +244,7 @@ class TaskEvent(models.Model):
         indexes = [models.Index(fields=["task", "created_at"], name="task_events_by_task")]
 
 
-class UsageRecord(models.Model):
+class UsageRecord(TenantOwned):
     """The GPU time a task used, settled once when it ended (the unique task says once)."""
 
     task = models.OneToOneField(Task, on_delete=models.CASCADE, related_name="usage")
@@ -264,7 +265,7 @@ class UsageRecord(models.Model):
         return f"task {self.task_id}: {self.gpu_seconds:.0f} GPU-s"
 
 
-class TenantUsageQuerySet(models.QuerySet):
+class TenantUsageQuerySet(ScopedQuerySet):
     def locked(self, tenant_id: int) -> TenantUsage:
         """The tenant's usage row, locked (FOR UPDATE) until the transaction ends: the
         per-tenant critical section of task creation and tenant deletion. A tenant that
@@ -282,7 +283,7 @@ class TenantUsageQuerySet(models.QuerySet):
         return row
 
 
-class TenantUsage(models.Model):
+class TenantUsage(TenantOwned):
     """What a tenant's active (non-terminal) tasks hold, the quota's usage kept as a
     counter so that a create checks a row instead of counting the tasks.
 

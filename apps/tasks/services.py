@@ -21,11 +21,13 @@ from apps.core.cas import IllegalTransition, transition
 from apps.core.clock import utcnow
 from apps.core.db import insert_rows
 from apps.core.enqueue import enqueue
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import TASK_ENERGY, release
 from apps.slices.ledger import release_for_tasks as release_slices
 from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupPlacement, GroupStatus, TaskKind, group_status
 from apps.tasks.choices import TaskStatus as S
+from apps.tasks.error_codes import TaskErrorCode
 from apps.tasks.models import Task, TaskEvent, TaskGroup, TenantUsage
 from apps.tasks.selectors import is_memory_only, slice_confirmed
 from apps.tenants.models import Tenant
@@ -209,7 +211,7 @@ def create_tasks(tenant, specs, *, created_by=None, before_insert=None) -> list[
             return tasks
     message = f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}."
     _alert_quota(tenant, message)
-    raise Conflict(message, "quota_exceeded")
+    raise Conflict(message, TaskErrorCode.QUOTA_EXCEEDED)
 
 
 CYCLE_ASKED_KEY = "tasks:cycle-asked"
@@ -284,7 +286,9 @@ def stop_task(task: Task) -> Task:
         if not stop_tasks([task.pk]):
             task.refresh_from_db()
             if task.status not in TERMINAL and task.status != S.STOPPING:
-                raise Conflict(f"Task {task.pk} is {task.status} and cannot be stopped now.", "invalid_state")
+                raise Conflict(
+                    f"Task {task.pk} is {task.status} and cannot be stopped now.", CoreErrorCode.INVALID_STATE
+                )
             # already ending: asking again is not an error
     task.refresh_from_db()
     return task
@@ -354,10 +358,13 @@ def stop_group(group: TaskGroup) -> TaskGroup:
                 Task.objects.filter(group_id=group.pk).values_list("status", flat=True), group.placement
             )
             if status in ENDED_GROUP:
-                raise Conflict(f"Task group {group.pk} is {status} and cannot be stopped now.", "invalid_state")
+                raise Conflict(
+                    f"Task group {group.pk} is {status} and cannot be stopped now.", CoreErrorCode.INVALID_STATE
+                )
             if status != GroupStatus.STOPPING:
                 raise Conflict(
-                    f"Task group {group.pk} is {status}, its members in no state to be stopped now.", "invalid_state"
+                    f"Task group {group.pk} is {status}, its members in no state to be stopped now.",
+                    CoreErrorCode.INVALID_STATE,
                 )
             # already stopping: asking again is not an error
     return TaskGroup.objects.with_status().get(pk=group.pk)
@@ -385,7 +392,7 @@ def check_slice_confirmed(task: Task) -> None:
     if is_memory_only(task) and not Task.objects.filter(pk=task.pk).filter(slice_confirmed(task.pk)).exists():
         raise Conflict(
             f"Task {task.pk} is memory-only and its slice is not confirmed yet; it may not start.",
-            "slice_not_confirmed",
+            TaskErrorCode.SLICE_NOT_CONFIRMED,
         )
 
 
@@ -531,7 +538,9 @@ def requeue_replicas(task_ids, *, why: str, details: dict | None = None) -> list
             memory = sum((row[3] or 0) * max(row[2], 1) for row in tenant_rows)
             problems = quota_problems(tenant, use, tasks=len(tenant_rows), gpus=gpus, gpu_memory_mb=memory)
             if problems:
-                raise Conflict(f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}.", "quota_exceeded")
+                raise Conflict(
+                    f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}.", TaskErrorCode.QUOTA_EXCEEDED
+                )
         won = _move_tasks(
             [row[0] for row in rows],
             REPLICA_REQUEUE_FROM,
@@ -589,7 +598,7 @@ def requeue_task(task: Task, *, why: str = "requeued by an operator") -> Task:
     if not (moved["pending"] or moved["preempting"]) and task.status not in (S.PENDING, S.PREEMPTING):
         raise Conflict(
             f"Task {task.pk} is {task.status}: only scheduled, starting and running tasks can be requeued.",
-            "invalid_state",
+            CoreErrorCode.INVALID_STATE,
         )
     return task
 

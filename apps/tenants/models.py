@@ -5,6 +5,7 @@ from django.db import models
 from django.db.models.functions import Lower
 from django_tenants.models import DomainMixin, TenantMixin
 
+from apps.core.models import TenantOwned
 from apps.core.scoping import ScopedQuerySet
 from apps.tenants.choices import KeyScope, Role
 
@@ -69,7 +70,7 @@ class Tenant(TenantMixin):
         return True
 
 
-class Domain(DomainMixin):
+class Domain(DomainMixin, TenantOwned):
     """Required by django-tenants; requests are not routed by host name here."""
 
     class Meta:
@@ -102,7 +103,7 @@ class MembershipQuerySet(ScopedQuerySet):
         return self.select_related("tenant").order_by("tenant__name")
 
 
-class Membership(models.Model):
+class Membership(TenantOwned):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
@@ -130,7 +131,7 @@ class ApiKeyQuerySet(ScopedQuerySet):
         return scoped
 
 
-class ApiKey(models.Model):
+class ApiKey(TenantOwned):
     """An API key. Only a SHA-256 of the key is stored: keys are 256-bit random, so a fast
     hash is safe and lets a request find its key with one indexed lookup."""
 

@@ -19,6 +19,7 @@ from apps.tasks.choices import ACTIVE
 from apps.tasks.models import Task, TenantUsage
 from apps.tenants import keys
 from apps.tenants.choices import ROLE_RANK, KeyScope, Role
+from apps.tenants.error_codes import TenantErrorCode
 from apps.tenants.models import ApiKey, Membership, Tenant, TenantGroup
 from apps.tenants.selectors import loses_last_admin, membership_of
 
@@ -42,7 +43,7 @@ def create_tenant(*, name: str, slug: str, principal=None, **quotas) -> Tenant:
     if unknown:
         raise TypeError(f"create_tenant() got unexpected fields: {', '.join(sorted(unknown))}")
     if Tenant.objects.filter(Q(slug=slug) | Q(name__iexact=name)).exists():
-        raise Conflict(f"A tenant named '{name}' or with slug '{slug}' already exists.", "tenant_exists")
+        raise Conflict(f"A tenant named '{name}' or with slug '{slug}' already exists.", TenantErrorCode.TENANT_EXISTS)
     try:
         with transaction.atomic():
             tenant = Tenant(name=name, slug=slug, schema_name=schema_name_for(slug), **quotas)
@@ -50,13 +51,15 @@ def create_tenant(*, name: str, slug: str, principal=None, **quotas) -> Tenant:
             record_audit(tenant, principal, "tenant.created", slug, name=name)
     except IntegrityError:
         # Lost a race with a concurrent create of the same name or slug.
-        raise Conflict(f"A tenant named '{name}' or with slug '{slug}' already exists.", "tenant_exists") from None
+        raise Conflict(
+            f"A tenant named '{name}' or with slug '{slug}' already exists.", TenantErrorCode.TENANT_EXISTS
+        ) from None
     return tenant
 
 
 def update_tenant(tenant: Tenant, *, principal=None, **changes) -> Tenant:
     if "name" in changes and Tenant.objects.exclude(pk=tenant.pk).filter(name__iexact=changes["name"]).exists():
-        raise Conflict(f"A tenant named '{changes['name']}' already exists.", "tenant_exists")
+        raise Conflict(f"A tenant named '{changes['name']}' already exists.", TenantErrorCode.TENANT_EXISTS)
     with transaction.atomic():
         for field, value in changes.items():
             setattr(tenant, field, value)
@@ -78,14 +81,14 @@ def delete_tenant(tenant: Tenant) -> None:
             listed = ", ".join(f"#{task_id} ({status})" for task_id, status in active)
             raise Conflict(
                 f"Tenant '{tenant.slug}' has active tasks: {listed}. Stop or cancel them first.",
-                "tenant_has_active_tasks",
+                TenantErrorCode.TENANT_HAS_ACTIVE_TASKS,
             )
         dedicated = list(tenant.dedicated_nodes.order_by("id").values_list("id", flat=True)[:20])
         if dedicated:
             raise Conflict(
                 f"Tenant '{tenant.slug}' has dedicated nodes: {', '.join(dedicated)}. "
                 "Make them shared or assign them elsewhere first.",
-                "tenant_has_dedicated_nodes",
+                TenantErrorCode.TENANT_HAS_DEDICATED_NODES,
             )
         tenant.delete()
 
@@ -120,7 +123,7 @@ def add_member(
         elif password is not None:
             raise ValidationError({"password": ["The user exists already; their password is not changed here."]})
         if Membership.objects.filter(user=user, tenant=tenant).exists():
-            raise Conflict(f"'{username}' is already a member of '{tenant.slug}'.", "already_member")
+            raise Conflict(f"'{username}' is already a member of '{tenant.slug}'.", TenantErrorCode.ALREADY_MEMBER)
         membership = Membership.objects.create(user=user, tenant=tenant, role=role)
         record_audit(tenant, principal, "member.added", username, role=role, user_created=created)
     return MemberAdded(membership, created, generated)
@@ -131,7 +134,7 @@ def _refuse_losing_last_admin(membership: Membership, new_role: str | None) -> N
         raise Conflict(
             f"'{membership.user.username}' is the last admin of '{membership.tenant.slug}'; "
             "make someone else admin first.",
-            "last_admin",
+            TenantErrorCode.LAST_ADMIN,
         )
 
 
@@ -240,7 +243,7 @@ def save_group(group: TenantGroup | None, *, name: str, description: str = "", t
             with transaction.atomic():
                 group.save()
         except IntegrityError:
-            raise Conflict(f"A tenant group named '{name}' already exists.", "group_exists") from None
+            raise Conflict(f"A tenant group named '{name}' already exists.", TenantErrorCode.GROUP_EXISTS) from None
         if tenants is not None:
             group.tenants.set(tenants)
     return group

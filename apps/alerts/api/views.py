@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from apps.alerts import selectors, services
 from apps.alerts.api import serializers as s
+from apps.alerts.error_codes import AlertErrorCode
 from apps.alerts.models import Alert
 from apps.core.errors import Conflict
 from apps.core.pagination import PAGE_PARAMS
@@ -58,7 +59,8 @@ class AlertAcknowledgeView(AlertView):
         alert = self.get_object()
         if not services.acknowledge_alert(alert, request.auth.user) and alert.state != "ACTIVE":
             raise Conflict(
-                f"Alert {alert.pk} is {alert.state}; only an active alert can be acknowledged.", "alert_ended"
+                f"Alert {alert.pk} is {alert.state}; only an active alert can be acknowledged.",
+                AlertErrorCode.ALERT_ENDED,
             )
         return Response(s.AlertSerializer(alert).data)
 
@@ -73,5 +75,5 @@ class AlertResolveView(AlertView):
         if not policy.may_resolve_alert(principal, alert):
             raise PermissionDenied("Only platform operators and the tenant's admins can resolve alerts.")
         if not services.resolve_alert(alert, principal.user):
-            raise Conflict(f"Alert {alert.pk} is already {alert.state}.", "alert_ended")
+            raise Conflict(f"Alert {alert.pk} is already {alert.state}.", AlertErrorCode.ALERT_ENDED)
         return Response(s.AlertSerializer(alert).data)

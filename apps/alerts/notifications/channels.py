@@ -16,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django_tenants.utils import get_public_schema_name, schema_context
 
 from apps.alerts.choices import ChannelKind, DeliveryStatus, NotificationEvent, Severity
+from apps.alerts.error_codes import AlertErrorCode
 from apps.alerts.models import NotificationChannel, NotificationDelivery, OperatorChannelSecret
 from apps.confidential.models import ChannelCredentials, ChannelSecret
 from apps.confidential.services import record_audit
@@ -59,7 +60,9 @@ class ChannelCreated:
 
 
 def _name_taken(channel_name: str) -> Conflict:
-    return Conflict(f"A notification channel named '{channel_name}' exists already here.", "channel_exists")
+    return Conflict(
+        f"A notification channel named '{channel_name}' exists already here.", AlertErrorCode.CHANNEL_EXISTS
+    )
 
 
 def _audit(channel: NotificationChannel, principal, action: str, **details) -> None:
@@ -162,7 +165,7 @@ def delete_channel(channel: NotificationChannel, *, principal) -> None:
 def rotate_secret(channel: NotificationChannel, *, principal) -> str:
     """A new signing secret, in force at once (pending retries are signed with it)."""
     if channel.kind != ChannelKind.WEBHOOK:
-        raise Conflict("Only webhook channels have a signing secret.", "not_a_webhook")
+        raise Conflict("Only webhook channels have a signing secret.", AlertErrorCode.NOT_A_WEBHOOK)
     secret = new_secret()
     with transaction.atomic():
         with credentials_of(channel) as credentials:
@@ -179,7 +182,9 @@ def send_test(channel: NotificationChannel, *, principal) -> NotificationDeliver
         if NotificationDelivery.objects.filter(
             channel=channel, event=NotificationEvent.TEST, status=DeliveryStatus.PENDING
         ).exists():
-            raise Conflict("A test of this channel is still on its way; wait for its outcome.", "test_pending")
+            raise Conflict(
+                "A test of this channel is still on its way; wait for its outcome.", AlertErrorCode.TEST_PENDING
+            )
         delivery = NotificationDelivery.objects.create(
             channel=channel,
             event=NotificationEvent.TEST,

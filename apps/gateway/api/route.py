@@ -48,6 +48,7 @@ from apps.gateway import keys, routing
 from apps.gateway import services as gateway_services
 from apps.gateway.catalog import REDIS_TIMEOUT, Catalog, KeyInfo, Service
 from apps.gateway.choices import Balancer
+from apps.gateway.error_codes import GatewayErrorCode
 from apps.gateway.limits import (
     PROCESS_BEAT_SECONDS,
     PROCESSES_KEY,
@@ -85,7 +86,7 @@ class GatewayError(Exception):
         self.body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def unauthorized(message: str, code: str = "invalid_api_key") -> GatewayError:
+def unauthorized(message: str, code: str = GatewayErrorCode.INVALID_API_KEY) -> GatewayError:
     return GatewayError(
         401, message, "authentication_error", code, [(b"www-authenticate", b'Bearer realm="heteroflow"')]
     )
@@ -95,7 +96,9 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return GatewayError(400, message, "invalid_request_error", code, param=param)
 
 
-def unavailable(message: str, retry: int | None = None, code: str = "no_healthy_backend") -> GatewayError:
+def unavailable(
+    message: str, retry: int | None = None, code: str = GatewayErrorCode.NO_HEALTHY_BACKEND
+) -> GatewayError:
     headers = [(b"retry-after", str(retry).encode())] if retry else []
     return GatewayError(503, message, "service_unavailable", code, headers)
 
@@ -104,9 +107,11 @@ def backend_failed(exc: BaseException, outcome, when: str) -> GatewayError:
     """A backend that timed out (504) or failed (502), `when` it did ("" or " mid-answer")."""
     outcome.error = True
     if isinstance(exc, TimeoutError):
-        return GatewayError(504, "The model's backend did not answer in time.", "server_error", "backend_timeout")
+        return GatewayError(
+            504, "The model's backend did not answer in time.", "server_error", GatewayErrorCode.BACKEND_TIMEOUT
+        )
     return GatewayError(
-        502, f"The model's backend failed{when} ({type(exc).__name__}).", "server_error", "backend_error"
+        502, f"The model's backend failed{when} ({type(exc).__name__}).", "server_error", GatewayErrorCode.BACKEND_ERROR
     )
 
 
@@ -266,7 +271,7 @@ class GatewayApp:
             raise unavailable(
                 "The gateway cannot check this key's limits right now; retry shortly.",
                 retry=5,
-                code="limits_unavailable",
+                code=GatewayErrorCode.LIMITS_UNAVAILABLE,
             )
         if self.without_redis == "open":
             self.local.started(key, now)
@@ -347,7 +352,9 @@ class GatewayApp:
                 timing.send,
                 503,
                 unavailable(
-                    "The gateway cannot read its configuration now; retry.", retry=5, code="catalog_unavailable"
+                    "The gateway cannot read its configuration now; retry.",
+                    retry=5,
+                    code=GatewayErrorCode.CATALOG_UNAVAILABLE,
                 ).body,
                 [(b"retry-after", b"5")],
             )
@@ -363,7 +370,7 @@ class GatewayApp:
                         "message": "Internal server error.",
                         "type": "server_error",
                         "param": None,
-                        "code": "server_error",
+                        "code": GatewayErrorCode.SERVER_ERROR,
                     }
                 },
             )
@@ -381,7 +388,7 @@ class GatewayApp:
         if not host_is_allowed(scope):
             raise bad_request(f"Invalid HTTP_HOST header: {host!r}.")
         if settings.SECURE_SSL_REDIRECT and not is_secure(scope):
-            raise GatewayError(403, "Use HTTPS.", "invalid_request_error", "https_required")
+            raise GatewayError(403, "Use HTTPS.", "invalid_request_error", GatewayErrorCode.HTTPS_REQUIRED)
         path, method = scope["path"], scope["method"]
         wanted = "GET" if path.startswith(MODELS_PATH) else "POST"
         if method != wanted:
@@ -389,7 +396,7 @@ class GatewayApp:
                 405,
                 f"Method {method} not allowed on {path}.",
                 "invalid_request_error",
-                "method_not_allowed",
+                GatewayErrorCode.METHOD_NOT_ALLOWED,
                 [(b"allow", wanted.encode())],
             )
         await self.catalog.fresh()
@@ -415,7 +422,7 @@ class GatewayApp:
         except GatewayError as exc:
             # Nothing was sent yet. The cached routes may predate the service falling
             # asleep (its replicas stopped): read them again, and wake it rather than 502.
-            if exc.code != "backend_unreachable":
+            if exc.code != GatewayErrorCode.BACKEND_UNREACHABLE:
                 raise
             self.catalog.forget_routes(key.tenant_id)
             now = {s.id: s for s in (await self.catalog.routes(key.tenant_id)).get(model, [])}.get(service.id)
@@ -429,7 +436,7 @@ class GatewayApp:
         if scheme.lower() != "bearer" or not token:
             raise unauthorized(
                 "You didn't provide an API key. Send an endpoint key (sk-hf-...) as Authorization: Bearer.",
-                code="missing_api_key",
+                code=GatewayErrorCode.MISSING_API_KEY,
             )
         if token.startswith(TENANT_KEY_PREFIXES):
             raise unauthorized(
@@ -456,7 +463,9 @@ class GatewayApp:
             return
         wanted = path[len(MODELS_PATH) + 1 :]
         if wanted not in entries:
-            raise GatewayError(404, f"The model '{wanted}' does not exist.", "invalid_request_error", "model_not_found")
+            raise GatewayError(
+                404, f"The model '{wanted}' does not exist.", "invalid_request_error", GatewayErrorCode.MODEL_NOT_FOUND
+            )
         await send_json(send, 200, entries[wanted])
 
     async def service_for(self, key: KeyInfo, model: str) -> Service:
@@ -466,7 +475,7 @@ class GatewayApp:
                 404,
                 f"The model '{model}' does not exist or you do not have access to it.",
                 "invalid_request_error",
-                "model_not_found",
+                GatewayErrorCode.MODEL_NOT_FOUND,
                 param="model",
             )
         if not key.may_call(model):
@@ -474,7 +483,7 @@ class GatewayApp:
                 403,
                 f"This API key may not call the model '{model}'.",
                 "permission_error",
-                "model_not_allowed",
+                GatewayErrorCode.MODEL_NOT_ALLOWED,
                 param="model",
             )
         if len(services) == 1:
@@ -509,7 +518,7 @@ class GatewayApp:
         raise unavailable(
             f"The model '{service.model}' is waking up; retry in a few seconds.",
             retry=settings.HETEROFLOW_GATEWAY_WAKE_RETRY_AFTER_SECONDS,
-            code="model_waking",
+            code=GatewayErrorCode.MODEL_WAKING,
         )
 
     def choose(self, scope, data: dict, service: Service) -> tuple[list[str], str | None]:
@@ -558,7 +567,7 @@ class GatewayApp:
                 429,
                 f"Rate limit reached for {whose}: {what[admission.kind]}. Retry after the window resets.",
                 "tokens" if admission.kind == "tokens" else "requests",
-                "rate_limit_exceeded",
+                GatewayErrorCode.RATE_LIMIT_EXCEEDED,
                 [(b"retry-after", str(retry_after(admission.kind, now)).encode())],
             )
         backend = candidates[admission.picked if admission.picked is not None else 0]
@@ -639,7 +648,7 @@ class GatewayApp:
                         502,
                         f"The model's backend could not be reached ({type(exc).__name__}).",
                         "server_error",
-                        "backend_unreachable",
+                        GatewayErrorCode.BACKEND_UNREACHABLE,
                     ) from None
                 picked = None
                 if outcome.shared:
@@ -705,7 +714,7 @@ class GatewayApp:
                         "message": f"The model's backend failed mid-stream ({type(exc).__name__}).",
                         "type": "server_error",
                         "param": None,
-                        "code": "backend_error",
+                        "code": GatewayErrorCode.BACKEND_ERROR,
                     }
                 }
                 await send(
@@ -814,7 +823,9 @@ async def send_json(send, status: int, body, headers=()) -> None:
 async def read_body(scope, receive, limit: int) -> bytes:
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"The body may be at most {limit} bytes.", "invalid_request_error", "payload_too_large")
+        raise GatewayError(
+            413, f"The body may be at most {limit} bytes.", "invalid_request_error", GatewayErrorCode.PAYLOAD_TOO_LARGE
+        )
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -824,7 +835,10 @@ async def read_body(scope, receive, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise GatewayError(
-                413, f"The body may be at most {limit} bytes.", "invalid_request_error", "payload_too_large"
+                413,
+                f"The body may be at most {limit} bytes.",
+                "invalid_request_error",
+                GatewayErrorCode.PAYLOAD_TOO_LARGE,
             )
         chunks.append(chunk)
         if not message.get("more_body"):

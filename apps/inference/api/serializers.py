@@ -8,6 +8,7 @@ from apps.core.pagination import PageQuerySerializer
 from apps.core.serializers import StrictSerializer
 from apps.inference.autoscale import PolicyError, parse_policy
 from apps.inference.choices import Engine, ModelFormat, ServiceStatus, SourceKind
+from apps.inference.error_codes import InferenceErrorCode
 from apps.inference.models import InferenceService, Model, ServiceDecision
 from apps.inference.sleep import SleepPolicy, validate_sleep_policy
 from apps.inference.windows import WindowError, inside, next_boundary, parse_window, validate_window
@@ -121,7 +122,7 @@ class ModelUpdateSerializer(StrictSerializer):
             if isinstance(exc.detail, dict):
                 for name in FROZEN:
                     if name in exc.detail:
-                        exc.detail[name] = [serializers.ErrorDetail(FROZEN_MESSAGE, code="frozen")]
+                        exc.detail[name] = [serializers.ErrorDetail(FROZEN_MESSAGE, code=InferenceErrorCode.FROZEN)]
             raise
 
     def validate(self, attrs):

@@ -23,6 +23,7 @@ from apps.core.asgi import header, host_is_allowed, is_secure
 from apps.core.clock import utcnow
 from apps.core.db import check_idle_connection, libpq_params, on_live_connection
 from apps.core.enqueue import enqueue
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import error_body
 from apps.monitoring.metrics import record_heartbeat, record_ignored_agent_fields
 from apps.nodes import heartbeat
@@ -129,14 +130,14 @@ class HeartbeatApp:
         # the HTTPS redirect (the agent key must not travel in clear in production).
         host = header(scope, b"host") or ""
         if not host_is_allowed(scope):
-            raise HttpError(400, "bad_request", f"Invalid HTTP_HOST header: {host!r}.")
+            raise HttpError(400, CoreErrorCode.BAD_REQUEST, f"Invalid HTTP_HOST header: {host!r}.")
         if settings.SECURE_SSL_REDIRECT and not is_secure(scope):
             location = f"https://{host}{scope['path']}".encode()
-            raise HttpError(301, "https_required", "Use HTTPS.", headers=[(b"location", location)])
+            raise HttpError(301, CoreErrorCode.HTTPS_REQUIRED, "Use HTTPS.", headers=[(b"location", location)])
         if scope["method"] not in ("POST", "PUT"):
             raise HttpError(
                 405,
-                "method_not_allowed",
+                CoreErrorCode.METHOD_NOT_ALLOWED,
                 f'Method "{scope["method"]}" not allowed.',
                 headers=[(b"allow", b"POST, PUT")],
             )
@@ -144,20 +145,23 @@ class HeartbeatApp:
         if not NODE_ID.match(node_id):
             raise HttpError(
                 400,
-                "invalid",
+                CoreErrorCode.INVALID,
                 "Invalid node id.",
                 {"node_id": ["1-128 characters: letters, digits, '.', '_', ':', '-'."]},
             )
         payload = orjson_or_400(await read_body(scope, receive, settings.HETEROFLOW_HEARTBEAT_MAX_BYTES))
         if not isinstance(payload, dict):
-            raise HttpError(400, "invalid", "A heartbeat is a JSON object.")
+            raise HttpError(400, CoreErrorCode.INVALID, "A heartbeat is a JSON object.")
         if payload.get("node_id", node_id) != node_id:
             raise HttpError(
-                400, "invalid", "node_id in the body differs from the path.", {"node_id": ["Must match the path."]}
+                400,
+                CoreErrorCode.INVALID,
+                "node_id in the body differs from the path.",
+                {"node_id": ["Must match the path."]},
             )
         errors, ignored = read_heartbeat(payload)
         if errors:
-            raise HttpError(400, "invalid", "Invalid heartbeat: " + ", ".join(sorted(errors)) + ".", errors)
+            raise HttpError(400, CoreErrorCode.INVALID, "Invalid heartbeat: " + ", ".join(sorted(errors)) + ".", errors)
         if ignored:
             self.note_ignored(payload.get("agent_version", ""), ignored)
         now = utcnow()
@@ -166,7 +170,7 @@ class HeartbeatApp:
         except Exception:
             # Never guess: a beat that could not be applied writes nothing and says so.
             logger.exception("heartbeat of %s not applied", node_id)
-            raise HttpError(503, "unavailable", "The heartbeat could not be recorded; retry.") from None
+            raise HttpError(503, CoreErrorCode.UNAVAILABLE, "The heartbeat could not be recorded; retry.") from None
         self.after_beat()
         return 200, {
             "node_id": node_id,
@@ -192,17 +196,17 @@ class HeartbeatApp:
         expected = settings.HETEROFLOW_AGENT_SECRET or ""
         if offered is None:
             if header(scope, b"authorization"):
-                raise HttpError(403, "permission_denied", "Heartbeats take the agent key (X-API-Key).")
+                raise HttpError(403, CoreErrorCode.PERMISSION_DENIED, "Heartbeats take the agent key (X-API-Key).")
             raise HttpError(
                 401,
-                "not_authenticated",
+                CoreErrorCode.NOT_AUTHENTICATED,
                 "Authentication credentials were not provided.",
                 headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')],
             )
         if not expected or not hmac.compare_digest(offered.encode(), expected.encode()):
             raise HttpError(
                 401,
-                "authentication_failed",
+                CoreErrorCode.AUTHENTICATION_FAILED,
                 "Invalid agent key.",
                 headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')],
             )
@@ -236,22 +240,22 @@ def orjson_or_400(body: bytes):
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise HttpError(400, "parse_error", f"JSON parse error - {exc}") from None
+        raise HttpError(400, CoreErrorCode.PARSE_ERROR, f"JSON parse error - {exc}") from None
 
 
 async def read_body(scope, receive, limit: int) -> bytes:
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HttpError(413, "payload_too_large", f"A heartbeat may be at most {limit} bytes.")
+        raise HttpError(413, CoreErrorCode.PAYLOAD_TOO_LARGE, f"A heartbeat may be at most {limit} bytes.")
     chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise HttpError(400, "parse_error", "The client went away.")
+            raise HttpError(400, CoreErrorCode.PARSE_ERROR, "The client went away.")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise HttpError(413, "payload_too_large", f"A heartbeat may be at most {limit} bytes.")
+            raise HttpError(413, CoreErrorCode.PAYLOAD_TOO_LARGE, f"A heartbeat may be at most {limit} bytes.")
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.cas import IllegalTransition, check_transition
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
 from apps.core.pagination import PageQuerySerializer
 from apps.core.permissions import IsAgent, IsOperator
@@ -26,6 +27,7 @@ from apps.nodes.choices import (
     ImageRequestStatus,
     WatchedImageKind,
 )
+from apps.nodes.error_codes import NodeErrorCode
 from apps.nodes.images_protocol import definition_errors, reference_error
 from apps.nodes.models import ImageRequest, Node, WatchedImage
 
@@ -190,7 +192,7 @@ class WatchedImageSerializer(StrictModelSerializer):
         if self.instance is not None:
             duplicate = duplicate.exclude(pk=self.instance.pk)
         if duplicate.exists():
-            raise Conflict(f"'{data['reference']}' is watched for this vendor already.", "already_watched")
+            raise Conflict(f"'{data['reference']}' is watched for this vendor already.", NodeErrorCode.ALREADY_WATCHED)
         return data
 
 
@@ -384,7 +386,8 @@ class AgentImageRequestView(APIView):
         if not images.apply_report(row, report):
             row.refresh_from_db()
             raise Conflict(
-                f"Image request {row.pk} is {row.status}, not {data['from_status']}; nothing changed.", "status_changed"
+                f"Image request {row.pk} is {row.status}, not {data['from_status']}; nothing changed.",
+                CoreErrorCode.STATUS_CHANGED,
             )
         row.refresh_from_db()
         return Response(ImageRequestSerializer(row).data)

@@ -17,8 +17,10 @@ from __future__ import annotations
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import error_body
 from apps.nodes import distribution
+from apps.nodes.error_codes import NodeErrorCode
 
 SCRIPT_CONTENT_TYPE = "text/x-shellscript; charset=utf-8"
 CONTENT_TYPES = {".whl": "application/octet-stream", ".json": "application/json"}
@@ -35,7 +37,9 @@ def _script(request, name: str) -> HttpResponse:
     try:
         text = distribution.render_script(name, server_url)
     except ValueError as exc:
-        return _error(400, "invalid", f"Cannot render {name} for this request: {exc}. Set HETEROFLOW_PUBLIC_URL.")
+        return _error(
+            400, CoreErrorCode.INVALID, f"Cannot render {name} for this request: {exc}. Set HETEROFLOW_PUBLIC_URL."
+        )
     response = HttpResponse(text, content_type=SCRIPT_CONTENT_TYPE)
     response["Content-Disposition"] = f'inline; filename="{name}"'
     response["Cache-Control"] = "no-store"
@@ -62,7 +66,7 @@ def _build_or_404(arch_name: str):
     if arch is None:
         return None, _error(
             404,
-            "unsupported_arch",
+            NodeErrorCode.UNSUPPORTED_ARCH,
             f"There is no agent build for architecture {arch_name!r}: this control plane builds for "
             f"{', '.join(distribution.SUPPORTED_ARCHES)} (aliases amd64, arm64) only.",
             {"arch": [f"Supported: {', '.join(distribution.SUPPORTED_ARCHES)}."]},
@@ -71,7 +75,7 @@ def _build_or_404(arch_name: str):
     if build is None:
         return None, _error(
             404,
-            "no_agent_build",
+            NodeErrorCode.NO_AGENT_BUILD,
             distribution.build_instructions(arch),
             {"arch": [f"Not built yet. Build it with: {distribution.build_command(arch)}"]},
         )
@@ -115,7 +119,7 @@ def dist_file(request, arch, filename):
     if path is None:
         return _error(
             404,
-            "not_found",
+            CoreErrorCode.NOT_FOUND,
             f"The {build.arch} agent build has no file {filename!r}; {distribution.SUMS_NAME} lists what it has.",
         )
     try:
@@ -123,7 +127,7 @@ def dist_file(request, arch, filename):
     except OSError:
         return _error(
             404,
-            "not_found",
+            CoreErrorCode.NOT_FOUND,
             f"{filename} went away (a rebuild replaced the set); fetch {distribution.SUMS_NAME} again.",
         )
     suffix = "." + filename.rsplit(".", 1)[-1] if "." in filename else ""

@@ -20,6 +20,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from apps.core.clock import utcnow
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import error_body
 from apps.monitoring import checks, hostmetrics, selectors
 from apps.monitoring.models import ServerMetric
@@ -164,6 +165,6 @@ def server_hosts(request):
     monitoring API is; others get the API's 403 body."""
     if not request.principal.is_operator:
         return JsonResponse(
-            error_body("permission_denied", "Only platform operators can read server metrics."), status=403
+            error_body(CoreErrorCode.PERMISSION_DENIED, "Only platform operators can read server metrics."), status=403
         )
     return JsonResponse(host_cards())

@@ -4,6 +4,7 @@ from rest_framework import generics
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
 from apps.core.permissions import IsAgent
 from apps.core.views import ScopedAPIView
@@ -79,6 +80,6 @@ class AgentSliceRequestDetailView(APIView):
         except services.NotProcessing as exc:
             raise Conflict(
                 f"Slice request {exc.request.pk} is {exc.request.status}, not {data['from_status']}; nothing changed.",
-                "status_changed",
+                CoreErrorCode.STATUS_CHANGED,
             ) from None
         return Response(s.SliceRequestSerializer(slice_request).data)

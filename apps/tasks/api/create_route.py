@@ -31,6 +31,7 @@ from rest_framework import exceptions
 
 from apps.core.asgi import header, host_is_allowed, is_secure
 from apps.core.authentication import BEARER_CHALLENGE, authenticate_bearer
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import error_body, exception_handler
 from apps.core.throttling import check_principal
 from apps.monitoring.metrics import record_task_create
@@ -168,7 +169,7 @@ class TaskCreateApp:
             )
         except Exception:
             logger.exception("task create failed")
-            status, answer, extra = 500, error_body("server_error", "Internal server error."), []
+            status, answer, extra = 500, error_body(CoreErrorCode.SERVER_ERROR, "Internal server error."), []
         record_task_create(status)
         payload = orjson.dumps(answer, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_UTC_Z)
         headers = [

@@ -9,12 +9,14 @@ from rest_framework.views import APIView
 
 from apps.alerts.failures import LOST_RUN_STATUSES, Verdict, adjudicate_lost_runs
 from apps.core.cas import IllegalTransition
+from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
 from apps.core.views import ScopedAPIView
 from apps.tasks import services
 from apps.tasks.api import serializers as s
 from apps.tasks.api.create import create_task_answer
 from apps.tasks.choices import GroupPlacement
+from apps.tasks.error_codes import TaskErrorCode
 from apps.tasks.models import Task, TaskGroup
 from apps.tasks.ranks import wiring_env
 from apps.tasks.selectors import (
@@ -159,7 +161,7 @@ class TaskDetailView(TaskView):
         )
         late = services.late_group_report(task, data["node_id"], attempt=data["attempt"])
         if late:
-            raise Conflict(late, "attempt_ended")
+            raise Conflict(late, TaskErrorCode.ATTEMPT_ENDED)
         try:
             won = services.agent_report(
                 task,
@@ -174,10 +176,11 @@ class TaskDetailView(TaskView):
         task.refresh_from_db()
         late = not won and services.late_group_report(task, data["node_id"], lost=True)
         if late:
-            raise Conflict(late, "attempt_ended")
+            raise Conflict(late, TaskErrorCode.ATTEMPT_ENDED)
         if not won:
             raise Conflict(
-                f"Task {task.pk} is {task.status}, not {data['from_status']}; nothing changed.", "status_changed"
+                f"Task {task.pk} is {task.status}, not {data['from_status']}; nothing changed.",
+                CoreErrorCode.STATUS_CHANGED,
             )
         return Response(s.TaskSerializer(task).data)
 
@@ -264,14 +267,14 @@ class ContainerLostView(APIView):
         if task.node_id != node_id or task.status not in LOST_RUN_STATUSES:
             raise Conflict(
                 f"Task {task.pk} is {task.status}{'' if task.node_id == node_id else ' elsewhere'}; nothing to decide.",
-                "status_changed",
+                CoreErrorCode.STATUS_CHANGED,
             )
         (outcome,) = adjudicate_lost_runs(
             [task.pk], node_id=node_id, cause="container_lost", detail=serializer.validated_data["detail"]
         )
         task.refresh_from_db()
         if outcome.verdict != Verdict.UNDECIDED and not outcome.moved:
-            raise Conflict(f"Task {task.pk} is {task.status}; nothing to decide.", "status_changed")
+            raise Conflict(f"Task {task.pk} is {task.status}; nothing to decide.", CoreErrorCode.STATUS_CHANGED)
         code = status.HTTP_202_ACCEPTED if outcome.verdict == Verdict.UNDECIDED else status.HTTP_200_OK
         return Response({"task_id": task.pk, "verdict": outcome.verdict, "status": task.status}, status=code)
 
