@@ -14,6 +14,7 @@ import threading
 import time
 
 from heteroflow_agent import config as agent_config
+from heteroflow_agent import delivery
 from heteroflow_agent.channels.images import ImageChannel
 from heteroflow_agent.channels.slices import SliceChannel
 from heteroflow_agent.client import ServerClient
@@ -68,15 +69,13 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
     runtime = choose_runtime(cfg, engine)
     executor = None
     if runtime is not None:
-        reports = ServerClient(
+        reports = delivery.report_client(
             cfg.server_url,
             cfg.api_key,
+            attempts=cfg.report_attempts,
+            deadline=cfg.report_deadline_seconds,  # then the outcome is kept for the reconciler
             connect_timeout=cfg.connect_timeout,
             read_timeout=cfg.read_timeout,
-            attempts=cfg.report_attempts,
-            backoff=1.0,
-            backoff_cap=10.0,
-            deadline=cfg.report_deadline_seconds,  # then the outcome is kept for the reconciler
             user_agent=f"heteroflow-agent/{version.version}",
         )
         executor = Executor(

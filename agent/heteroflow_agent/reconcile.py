@@ -16,7 +16,9 @@ import logging
 import time
 
 from heteroflow_agent.client import ServerError
-from heteroflow_agent.executor import STOP_GRACE_SECONDS, TERMINAL, Executor, Outcome, of_attempt
+from heteroflow_agent.delivery import Outcome, of_attempt
+from heteroflow_agent.executor import STOP_GRACE_SECONDS, Executor
+from heteroflow_agent.protocol.task_status import CONFIRMS, RUNNING, TERMINAL, ended
 from heteroflow_agent.runtime import RuntimeError_
 
 logger = logging.getLogger("heteroflow_agent.reconcile")
@@ -52,7 +54,7 @@ class Reconciler:
         executor = self.executor
         try:
             response = executor.client.request(
-                "GET", "/api/v1/tasks", params={"node_id": executor.node_id, "status": "running", "limit": 100}
+                "GET", "/api/v1/tasks", params={"node_id": executor.node_id, "status": RUNNING, "limit": 100}
             )
         except ServerError:
             return
@@ -104,7 +106,7 @@ class Reconciler:
                 continue
             if not adopt:
                 continue
-            if task.get("status") == "running":
+            if task.get("status") == RUNNING:
                 if state.running:
                     executor.watch_adopted(task, state.started_at)
                     done["adopted"].append(task_id)
@@ -112,15 +114,15 @@ class Reconciler:
                     code = state.exit_code
                     outcome = Outcome(
                         task_id,
-                        "running",
-                        "completed" if code == 0 else "failed",
+                        RUNNING,
+                        ended(code),
                         code,
                         "" if code == 0 else f"exited with code {code} while the agent was away",
                         executor.runtime.logs_tail(task_id),
                     )
                     executor.deliver(of_attempt(task, outcome))
                     done["reported"].append(task_id)
-            elif task.get("status") in ("stopping", "preempting"):
+            elif task.get("status") in CONFIRMS:
                 executor.watch_adopted(task, state.started_at)  # the watch stops it and confirms
                 done["adopted"].append(task_id)
 

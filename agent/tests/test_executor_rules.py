@@ -3,8 +3,9 @@
 import pytest
 
 from heteroflow_agent.client import ServerClient
-from heteroflow_agent.executor import Executor, checked_volumes, visibility_env, worker_count
+from heteroflow_agent.executor import Executor, worker_count
 from heteroflow_agent.runtime import RuntimeError_, Volume
+from heteroflow_agent.task_spec import checked_volumes, visibility_env
 
 
 @pytest.mark.parametrize("cpus,expected", [(1, 2), (2, 2), (8, 8), (64, 16)])

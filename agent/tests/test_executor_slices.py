@@ -8,8 +8,9 @@ import pytest
 
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.engines.router import LLAMACPP, VLLM, Route
-from heteroflow_agent.executor import Executor, memory_fraction, slice_env
+from heteroflow_agent.executor import Executor
 from heteroflow_agent.runtime import RuntimeError_, Volume
+from heteroflow_agent.task_spec import memory_fraction, slice_env
 
 MIG_UUID = "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"
 

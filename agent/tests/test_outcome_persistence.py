@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from heteroflow_agent import executor as executor_module
-from heteroflow_agent import outcomes
+from heteroflow_agent import delivery, outcomes
 from heteroflow_agent.client import ServerClient
-from heteroflow_agent.executor import Executor, Outcome
+from heteroflow_agent.delivery import Outcome
+from heteroflow_agent.executor import Executor
 from heteroflow_agent.reconcile import Reconciler
 from heteroflow_agent.runtime import TaskSpec
 from heteroflow_agent.runtime.process import ProcessRuntime
@@ -95,7 +95,7 @@ def test_a_kept_task_is_not_taken_for_lost_while_its_outcome_waits(server, runti
 
 
 def test_the_kept_outcomes_are_bounded_oldest_given_up_first(server, runtime, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(executor_module, "MAX_UNDELIVERED", 3)
+    monkeypatch.setattr(delivery, "MAX_UNDELIVERED", 3)
     state = tmp_path / "state"
     first = executor_for(server, runtime, state)
     for task_id in range(1, 6):

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from heteroflow_agent.client import ServerClient
-from heteroflow_agent.executor import Executor, Outcome
+from heteroflow_agent.delivery import Outcome
+from heteroflow_agent.executor import Executor
 from heteroflow_agent.reconcile import Reconciler
 from heteroflow_agent.runtime import TaskSpec
 from heteroflow_agent.runtime.process import ProcessRuntime

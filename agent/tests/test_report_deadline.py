@@ -17,7 +17,8 @@ import heteroflow_agent
 from heteroflow_agent import outcomes
 from heteroflow_agent.client import ServerClient, ServerError
 from heteroflow_agent.config import ConfigError, load
-from heteroflow_agent.executor import Executor, Outcome
+from heteroflow_agent.delivery import Outcome
+from heteroflow_agent.executor import Executor
 from heteroflow_agent.reconcile import Reconciler
 from heteroflow_agent.runtime.process import ProcessRuntime
 

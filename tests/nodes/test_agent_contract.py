@@ -12,12 +12,15 @@ import pytest
 
 from apps.nodes import health
 from apps.nodes.models import GpuHealthSample, Node
+from apps.tasks import choices as task_choices
+from apps.tasks import services as task_services
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.collect import ContainerEngine
 from heteroflow_agent.config import AgentConfig
 from heteroflow_agent.detect import Detector
 from heteroflow_agent.detect import health as agent_health
 from heteroflow_agent.heartbeat import CACHED_MODELS_LABEL, Heartbeat, TaskReport
+from heteroflow_agent.protocol import task_status
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the heartbeat route writes on its own connection
 FIXTURES = Path(__file__).resolve().parents[2] / "agent" / "tests" / "fixtures" / "nvidia"
@@ -148,3 +151,16 @@ def test_served_models_and_the_cache_label_are_accepted_and_recorded(agents, eig
 
 def test_the_agent_names_the_health_fields_as_the_server_stores_them():
     assert agent_health.COUNTERS == health.COUNTERS and agent_health.FLAGS == health.FLAGS
+
+
+def test_the_agent_names_the_task_statuses_as_the_server_does():
+    """One vocabulary: the statuses the agent reads and reports are the server's, its
+    "ended on the server" is the server's TERMINAL, and every move it reports is one the
+    server lets an agent make (a claim, an outcome, a confirmed stop or preemption)."""
+    named = {value for name, value in vars(task_status).items() if name.isupper() and isinstance(value, str)}
+    assert named and named <= set(task_choices.TaskStatus.values)
+    assert task_status.TERMINAL == frozenset(task_choices.TERMINAL)
+    for seen, reported in task_status.REPORTS.items():
+        assert reported <= task_services.AGENT_MOVES[seen], f"the server refuses an agent's {seen} -> {reported}"
+    outcomes = {task_status.ended(0), task_status.ended(1), task_status.ended(None)}
+    assert outcomes == task_status.REPORTS[task_status.RUNNING]

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from heteroflow_agent.engines.router import ANY_VENDOR, LLAMACPP, SGLANG, VLLM
+from heteroflow_agent.engines.names import ANY_VENDOR, LLAMACPP, SGLANG, VLLM
 
 PROBE_TIMEOUT = 10.0  # seconds for another interpreter to answer the install probe (a beat waits for it)
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-AUTO = "auto"
-VLLM, SGLANG, MINDIE, LLAMACPP = "vllm", "sglang", "mindie", "llama.cpp"
-ROUTED_ENGINES = (VLLM, SGLANG, MINDIE, LLAMACPP)
-ANY_VENDOR = "*"  # llama.cpp's image runs everywhere (its tags pick CUDA, ROCm or CPU)
+from heteroflow_agent.engines.launch import PROCESS_TABLE
+from heteroflow_agent.engines.names import ANY_VENDOR, AUTO, LLAMACPP, MINDIE, ROUTED_ENGINES, SGLANG, VLLM
 
 # vendor -> engine -> image repository. The one image table; `engine_images` in the
 # agent config overrides it entry by entry (an empty string removes an entry).
@@ -186,8 +184,6 @@ class EngineRouter:
         self.priorities = {fmt: tuple(engines) for fmt, engines in (priorities or {}).items()}
         self.runtime = runtime
         if runtime == "process":
-            from heteroflow_agent.engines.launch import PROCESS_TABLE
-
             self.images = {vendor: dict(engines) for vendor, engines in PROCESS_TABLE.items()}
             self.absent = "python module {} not installed for the engine interpreter"
         else:
