@@ -62,8 +62,8 @@ class Fact(NamedTuple):
     merged: bool = False  # merged into the column by key on the slow path, not replaced
 
 
-# Hashed in this order, so a stored hash stays what it was: a new fact goes with the CPU
-# facts below, never in between.
+# Hashed in this order, so a stored hash stays what it was: a new fact is hashed after
+# them, and only when sent, as the CPU facts are; never in between.
 NODE_FACTS = (
     Fact("hostname"),
     Fact("os"),
