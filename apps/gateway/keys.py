@@ -1,26 +1,20 @@
-"""Endpoint key material: generation, hashing, what is kept in clear. Shown once, stored hashed."""
+"""Endpoint keys: the material of every shown-once key (apps.core.key_material) under the
+endpoint key's prefix. Shown once, stored hashed."""
 
 from __future__ import annotations
 
-import hashlib
-import secrets
-
+from apps.core import key_material
 from apps.gateway.choices import ENDPOINT_KEY_PREFIX
 
-SECRET_BYTES = 32
-DISPLAY_CHARS = 8  # characters after the prefix kept in clear, to tell keys apart
+hash_key = key_material.hash_key
 
 
 def generate() -> str:
-    return ENDPOINT_KEY_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    return key_material.generate(ENDPOINT_KEY_PREFIX)
 
 
 def display_prefix(key: str) -> str:
-    return key[: len(ENDPOINT_KEY_PREFIX) + DISPLAY_CHARS]
+    return key_material.display_prefix(key, ENDPOINT_KEY_PREFIX)
 
 
 def is_endpoint_key(token: str) -> bool:

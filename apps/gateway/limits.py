@@ -12,9 +12,9 @@ Keys (`m` is the unix minute):
 - `hf:gw:conns:{address}`: the same for a backend (least_connections reads it);
 - `hf:gw:processes`: the live gateway processes (member: a process, score: its last beat
   in ms), the divisor of the limits while Redis is away;
-- the Gateway signals of the inference services (read by the autoscaler):
-  `hf:svc:{service}:inflight` (requests in flight) and `hf:svc:{service}:tokens:{m}`
-  (completion tokens that minute, TTL 600 s).
+- the Gateway signals of the inference services (read by the autoscaler; spelled in
+  apps.inference.signal_keys): `hf:svc:{service}:inflight` (requests in flight) and
+  `hf:svc:{service}:tokens:{m}` (completion tokens that minute, TTL 600 s).
 
 A minute's request counter counts the requests admitted; a minute's token counter is
 added to when a request ends, so a tokens-per-minute limit refuses the requests that
@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from redis.exceptions import NoScriptError
+
+from apps.inference import signal_keys
 
 WINDOW_SECONDS = 60
 TOKENS_SIGNAL_TTL = 600
@@ -134,13 +136,13 @@ def retry_after(kind: str, now_s: float) -> int:
 def inflight_key(service_id: int) -> str:
     if service_id < 0:  # an external backend: not an inference service's signal
         return f"hf:gw:ext:{-service_id}:inflight"
-    return f"hf:svc:{service_id}:inflight"
+    return signal_keys.inflight_key(service_id)
 
 
 def tokens_key(service_id: int, unix_minute: int) -> str:
     if service_id < 0:
         return f"hf:gw:ext:{-service_id}:tokens:{unix_minute}"
-    return f"hf:svc:{service_id}:tokens:{unix_minute}"
+    return signal_keys.tokens_key(service_id, unix_minute)
 
 
 def conns_key(address: str) -> str:

@@ -1,7 +1,7 @@
 """The gateway's load readings for the AutoScaler and the sleep check (its signal keys,
 read from Redis), and the AutoScaler's short memory of its samples.
 
-The gateway writes (SERVICES.md, "Gateway signals"; apps/gateway spells the same keys):
+The gateway writes (SERVICES.md, "Gateway signals"; the keys: apps.inference.signal_keys):
 - `hf:svc:{service_id}:inflight`: requests in flight, queued ones included;
 - `hf:svc:{service_id}:tokens:{unix_minute}`: completion tokens that minute (TTL 600 s).
 A key that is absent is no reading (None), never 0: the gateway may be down, and missing
@@ -24,23 +24,12 @@ import redis
 from django.conf import settings
 
 from apps.inference import autoscale
+from apps.inference.signal_keys import inflight_key, samples_key, tokens_key
 
 logger = logging.getLogger(__name__)
 
 SAMPLES_KEPT_SECONDS = 3_600  # beyond any stabilisation a policy may reasonably have
 SAMPLES_KEPT = 240  # 2 hours of 30 s rounds at most
-
-
-def inflight_key(service_id: int) -> str:
-    return f"hf:svc:{service_id}:inflight"
-
-
-def tokens_key(service_id: int, unix_minute: int) -> str:
-    return f"hf:svc:{service_id}:tokens:{unix_minute}"
-
-
-def samples_key(service_id: int) -> str:
-    return f"hf:svc:{service_id}:samples"
 
 
 def client() -> redis.Redis:

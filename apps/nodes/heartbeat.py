@@ -31,6 +31,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 import orjson
 from django.conf import settings
@@ -47,30 +48,75 @@ logger = logging.getLogger(__name__)
 
 set_json_dumps(lambda obj: orjson.dumps(obj).decode())
 
-# Facts whose change takes the slow path (a full-row update and GPU upserts).
-STRUCTURAL_KEYS = (
-    "hostname",
-    "os",
-    "cpu_cores",
-    "memory_gb",
-    "mac",
-    "is_container",
-    "agent_version",
-    "agent_git_commit",
-    "agent_build_time",
-    "gpu_capabilities",
-    "labels",
-    "vllm_available",
-    "inference_engines",
-    "inference_engine_versions",
-    "discovered_models",
+
+# --- the structural facts ---------------------------------------------------------------
+# What a beat says about the node and its cards rather than their state: a change of any
+# takes the slow path (a full-row update and the cards' upsert). The key lists below are
+# derived from these tables, once, at import.
+
+
+class Fact(NamedTuple):
+    key: str  # in the beat, and the column of that name (the node's, or its card's)
+    default: object = ""  # what a beat without it says
+    json: bool = False  # a JSON column
+    merged: bool = False  # merged into the column by key on the slow path, not replaced
+
+
+# Hashed in this order, so a stored hash stays what it was: a new fact is hashed after
+# them, and only when sent, as the CPU facts are; never in between.
+NODE_FACTS = (
+    Fact("hostname"),
+    Fact("os"),
+    Fact("cpu_cores", None),
+    Fact("memory_gb", None),
+    Fact("mac"),  # written normalized: lower case, colons
+    Fact("is_container", False),
+    Fact("agent_version"),
+    Fact("agent_git_commit"),
+    Fact("agent_build_time"),
+    Fact("gpu_capabilities", {}, json=True),
+    Fact("labels", {}, json=True, merged=True),  # less the cordon label (agent_labels, label_ownership)
+    Fact("vllm_available", False),
+    Fact("inference_engines", [], json=True),
+    Fact("inference_engine_versions", {}, json=True),
+    Fact("discovered_models", [], json=True),
 )
+# Facts newer agents send: hashed after the others, and only when sent, so that an older
+# agent's hash stays what it was (likewise `owned_label_keys`, see label_ownership).
+CPU_FACTS = (Fact("cpu_model"), Fact("cpu_sockets", None))
+
+
+class CardFact(NamedTuple):
+    key: str  # in the beat's gpu_stats, and the gpus column of that name
+    default: object
+    sql_type: str
+
+
+# A card's, in the order structure_hash hashes them (index and vendor are always sent).
+CARD_FACTS = (
+    CardFact("index", None, "int"),
+    CardFact("uuid", "", "text"),
+    CardFact("vendor", None, "text"),
+    CardFact("model", "", "text"),
+    CardFact("memory_total_mb", None, "bigint"),
+    CardFact("compute_capability", "", "text"),
+)
+
+STRUCTURAL_KEYS = tuple(fact.key for fact in NODE_FACTS)
+CPU_MODEL, CPU_SOCKETS = (fact.key for fact in CPU_FACTS)
+# what the slow path writes as sent, whole; then what it derives from the facts
+COPIED_FACTS = tuple(fact for fact in NODE_FACTS + CPU_FACTS if not fact.merged)
+DERIVED_COLUMNS = ("gpu_type", "gpu_model", "cpu_tdp_w_model", "structure_hash")  # the hash: beat_params
+MERGED_COLUMNS = tuple(fact.key for fact in NODE_FACTS if fact.merged)
+CARD_COLUMNS = tuple(fact.key for fact in CARD_FACTS)
+
 METRIC_FIELDS = ("utilization", "memory_used_mb", "temperature", "power_w")
 # Short keys of the per-GPU readings sent to SQL and kept in node_metrics.
 READING_KEYS = (("u", "utilization"), ("m", "memory_used_mb"), ("t", "temperature"), ("p", "power_w"))
 
 
 def structure_hash(payload: dict) -> str:
+    # each card's CARD_FACTS, in their order, written out: this runs on every beat
     gpus = sorted(
         (
             g["index"],
@@ -85,8 +131,8 @@ def structure_hash(payload: dict) -> str:
     facts = [payload.get(key) for key in STRUCTURAL_KEYS]
     if "owned_label_keys" in payload:  # only then: an older agent's hash stays what it was
         facts.append(sorted(payload["owned_label_keys"]))
-    if "cpu_model" in payload or "cpu_sockets" in payload:  # likewise
-        facts.append([payload.get("cpu_model"), payload.get("cpu_sockets")])
+    if CPU_MODEL in payload or CPU_SOCKETS in payload:  # likewise
+        facts.append([payload.get(CPU_MODEL), payload.get(CPU_SOCKETS)])
     document = orjson.dumps([facts, gpus], option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(document, digest_size=16).hexdigest()
 
@@ -140,28 +186,7 @@ HEARTBEAT_COLUMNS = (
     "updated_at",
     "signed_off_at",
 )
-STRUCTURE_COLUMNS = (
-    "hostname",
-    "os",
-    "cpu_cores",
-    "memory_gb",
-    "mac",
-    "is_container",
-    "agent_version",
-    "agent_git_commit",
-    "agent_build_time",
-    "gpu_capabilities",
-    "vllm_available",
-    "inference_engines",
-    "inference_engine_versions",
-    "discovered_models",
-    "gpu_type",
-    "gpu_model",
-    "cpu_model",
-    "cpu_sockets",
-    "cpu_tdp_w_model",
-    "structure_hash",
-)
+STRUCTURE_COLUMNS = tuple(fact.key for fact in COPIED_FACTS) + DERIVED_COLUMNS
 
 # The beat's real interval is the time since the node's previous beat, both server
 # receipt times (`dt`, seconds). Energy is integrated over it only when both ends were
@@ -326,9 +351,9 @@ NODE_INSERT_COLUMNS = (
     HEARTBEAT_COLUMNS
     + STRUCTURE_COLUMNS
     + (
+        *MERGED_COLUMNS,
         "id",
         "name",
-        "labels",
         "agent_label_keys",
         "region",
         "zone",
@@ -344,16 +369,15 @@ NODE_INSERT = (
     + ") ON CONFLICT (id) DO NOTHING"
 )
 
-GPU_UPSERT = """
-    INSERT INTO gpus (node_id, index, uuid, vendor, model, memory_total_mb, compute_capability, metrics_available,
+GPU_UPSERT = f"""
+    INSERT INTO gpus (node_id, {", ".join(CARD_COLUMNS)}, metrics_available,
                       absent_streak, absent_basis, present_streak, lost_basis, updated_at)
-    SELECT %(id)s, u.index, u.uuid, u.vendor, u.model, u.memory_total_mb, u.compute_capability, '[]'::jsonb,
+    SELECT %(id)s, {", ".join(f"u.{column}" for column in CARD_COLUMNS)}, '[]'::jsonb,
            0, 0, 0, '', %(now)s
     FROM jsonb_to_recordset(%(gpus)s::jsonb)
-         AS u(index int, uuid text, vendor text, model text, memory_total_mb bigint, compute_capability text)
+         AS u({", ".join(f"{fact.key} {fact.sql_type}" for fact in CARD_FACTS)})
     ON CONFLICT (node_id, index) DO UPDATE SET
-        uuid = EXCLUDED.uuid, vendor = EXCLUDED.vendor, model = EXCLUDED.model,
-        memory_total_mb = EXCLUDED.memory_total_mb, compute_capability = EXCLUDED.compute_capability
+        {", ".join(f"{column} = EXCLUDED.{column}" for column in CARD_COLUMNS if column != "index")}
 """
 
 NODE_FOR_UPDATE = "SELECT agent_label_keys FROM nodes WHERE id = %(id)s FOR UPDATE"
@@ -411,41 +435,28 @@ def beat_params(node_id: str, payload: dict, peer_ip: str | None, now: datetime)
     } | drift.drift_params(payload.get("heartbeat_interval", 5))
 
 
+def card_facts(stat: dict) -> dict:
+    """A card's structural facts as its gpus row keeps them (the model's name normalized)."""
+    card = {fact.key: stat.get(fact.key, fact.default) for fact in CARD_FACTS}
+    card["model"] = gpu_model(card["vendor"], card["model"], card["memory_total_mb"])
+    return card
+
+
 def structure_params(payload: dict) -> dict:
-    stats = payload.get("gpu_stats", ())
-    vendors = [g["vendor"] for g in stats]
-    models = {gpu_model(g["vendor"], g.get("model", ""), g.get("memory_total_mb")) for g in stats}
-    gpus = [
-        {
-            "index": g["index"],
-            "uuid": g.get("uuid", ""),
-            "vendor": g["vendor"],
-            "model": gpu_model(g["vendor"], g.get("model", ""), g.get("memory_total_mb")),
-            "memory_total_mb": g.get("memory_total_mb"),
-            "compute_capability": g.get("compute_capability", ""),
-        }
-        for g in stats
-    ]
-    return {
-        "hostname": payload.get("hostname", ""),
-        "os": payload.get("os", ""),
-        "cpu_cores": payload.get("cpu_cores"),
-        "memory_gb": payload.get("memory_gb"),
-        "mac": payload.get("mac", "").lower().replace("-", ":"),
-        "is_container": payload.get("is_container", False),
-        "agent_version": payload.get("agent_version", ""),
-        "agent_git_commit": payload.get("agent_git_commit", ""),
-        "agent_build_time": payload.get("agent_build_time", ""),
-        "gpu_capabilities": Jsonb(payload.get("gpu_capabilities", {})),
-        "vllm_available": payload.get("vllm_available", False),
-        "inference_engines": Jsonb(payload.get("inference_engines", [])),
-        "inference_engine_versions": Jsonb(payload.get("inference_engine_versions", {})),
-        "discovered_models": Jsonb(payload.get("discovered_models", [])),
+    """The slow path's parameters: the structural facts as the node's and its cards' rows
+    keep them, and what is derived from them."""
+    params = {
+        fact.key: Jsonb(payload.get(fact.key, fact.default)) if fact.json else payload.get(fact.key, fact.default)
+        for fact in COPIED_FACTS
+    }
+    params["mac"] = params["mac"].lower().replace("-", ":")
+    gpus = [card_facts(stat) for stat in payload.get("gpu_stats", ())]
+    vendors = [card["vendor"] for card in gpus]
+    models = {card["model"] for card in gpus}
+    return params | {
         "gpu_type": max(set(vendors), key=vendors.count) if vendors else "",
         "gpu_model": models.pop() if len(models) == 1 else ("mixed" if models else ""),
-        "cpu_model": payload.get("cpu_model", ""),
-        "cpu_sockets": payload.get("cpu_sockets"),
-        "cpu_tdp_w_model": energy.cpu_tdp_w_model(payload.get("cpu_model", ""), payload.get("cpu_sockets")),
+        "cpu_tdp_w_model": energy.cpu_tdp_w_model(params[CPU_MODEL], params[CPU_SOCKETS]),
         "labels": Jsonb(agent_labels(payload)),
         "gpus": orjson.dumps(gpus).decode(),
     }

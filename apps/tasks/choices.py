@@ -24,6 +24,13 @@ class TaskKind(models.TextChoices):
     INFERENCE = "inference"
 
 
+# What one task may ask for, wherever a task is described (a task, a group's worker, an
+# inference service's replica, the scheduler's dry runs): the API refuses more. The
+# database checks the same priority bounds (the task_priority_0_100 constraints).
+MAX_GPUS_PER_TASK = 64
+MIN_PRIORITY, MAX_PRIORITY = 0, 100
+DEFAULT_PRIORITY = 50
+
 S = TaskStatus
 TERMINAL = (S.COMPLETED, S.FAILED, S.CANCELLED, S.STOPPED)
 ACTIVE = tuple(status for status in S if status not in TERMINAL)

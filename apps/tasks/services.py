@@ -176,6 +176,34 @@ def quota_problems(tenant, use: dict, *, gpus: int, gpu_memory_mb: int, tasks: i
     return problems
 
 
+class Asked(NamedTuple):
+    """What tasks about to be counted ask of their tenant's quota."""
+
+    tasks: int
+    gpus: int
+    gpu_memory_mb: int  # per GPU asked for (at least one each), as the usage counter counts it
+
+
+def asked(requests) -> Asked:
+    """What tasks asking `requests` ((gpu_required, gpu_memory_mb) each) ask in all."""
+    tasks = gpus = memory = 0
+    for gpu_required, gpu_memory_mb in requests:
+        tasks += 1
+        gpus += gpu_required
+        memory += (gpu_memory_mb or 0) * max(gpu_required, 1)
+    return Asked(tasks, gpus, memory)
+
+
+def quota_refusal(tenant, ask: Asked) -> str | None:
+    """The quota check of every way into the counted set (create_tasks, requeue_replicas):
+    the tenant's usage row locked (FOR UPDATE, until the transaction ends, so two
+    concurrent asks cannot both pass a quota with room for one), then why `ask` would not
+    fit (the Conflict's message), or None when it fits."""
+    use = TenantUsage.objects.locked(tenant.pk).as_use()
+    problems = quota_problems(tenant, use, tasks=ask.tasks, gpus=ask.gpus, gpu_memory_mb=ask.gpu_memory_mb)
+    return f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}." if problems else None
+
+
 def create_task(*, tenant, created_by=None, **fields) -> Task:
     """Queue one task (create_tasks with one spec)."""
     return create_tasks(tenant, [fields], created_by=created_by)[0]
@@ -198,18 +226,15 @@ def create_tasks(tenant, specs, *, created_by=None, before_insert=None) -> list[
     tasks = [Task(tenant=tenant, created_by=created_by, **spec) for spec in specs]
     if not tasks:
         return []
-    gpus = sum(task.gpu_required for task in tasks)
-    memory = sum((task.gpu_memory_mb or 0) * max(task.gpu_required, 1) for task in tasks)
+    ask = asked((task.gpu_required, task.gpu_memory_mb) for task in tasks)
     with transaction.atomic():
-        use = TenantUsage.objects.locked(tenant.pk).as_use()
-        problems = quota_problems(tenant, use, tasks=len(tasks), gpus=gpus, gpu_memory_mb=memory)
-        if not problems:
+        message = quota_refusal(tenant, ask)
+        if message is None:
             if before_insert is not None:
                 before_insert()
             insert_rows(tasks, batch_size=INSERT_BATCH)
             transaction.on_commit(ask_for_a_cycle)
             return tasks
-    message = f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}."
     _alert_quota(tenant, message)
     raise Conflict(message, TaskErrorCode.QUOTA_EXCEEDED)
 
@@ -514,8 +539,8 @@ REPLICA_TRANSITIONS = {**TRANSITIONS, **{status: TRANSITIONS[status] | {S.PENDIN
 
 def requeue_replicas(task_ids, *, why: str, details: dict | None = None) -> list[int]:
     """Ended replica slots (members of a `replicas` group, in REPLICA_REQUEUE_FROM) back to
-    the queue, all or none against the tenant's quota, checked as create_tasks does under
-    the tenant's usage lock (Conflict quota_exceeded: nothing moved). Each requeued slot
+    the queue, all or none against the tenant's quota (quota_refusal, as create_tasks
+    checks it; Conflict quota_exceeded: nothing moved). Each requeued slot
     gets a `replica_requeued` event saying why, with `details` (the inference rebuild
     marks the crash restarts there, its crash-loop history).
     Returns the ids that moved; one someone else moved first is left out."""
@@ -532,15 +557,9 @@ def requeue_replicas(task_ids, *, why: str, details: dict | None = None) -> list
     tenants = {tenant.pk: tenant for tenant in Tenant.objects.filter(pk__in=list(by_tenant))}
     with transaction.atomic():
         for tenant_id, tenant_rows in sorted(by_tenant.items()):
-            tenant = tenants[tenant_id]
-            use = TenantUsage.objects.locked(tenant_id).as_use()
-            gpus = sum(row[2] for row in tenant_rows)
-            memory = sum((row[3] or 0) * max(row[2], 1) for row in tenant_rows)
-            problems = quota_problems(tenant, use, tasks=len(tenant_rows), gpus=gpus, gpu_memory_mb=memory)
-            if problems:
-                raise Conflict(
-                    f"Quota of tenant '{tenant.slug}' exceeded: {'; '.join(problems)}.", TaskErrorCode.QUOTA_EXCEEDED
-                )
+            message = quota_refusal(tenants[tenant_id], asked((row[2], row[3]) for row in tenant_rows))
+            if message is not None:
+                raise Conflict(message, TaskErrorCode.QUOTA_EXCEEDED)
         won = _move_tasks(
             [row[0] for row in rows],
             REPLICA_REQUEUE_FROM,

@@ -1,33 +1,28 @@
-"""API key material: generation, hashing, lookup. Keys are shown once and stored hashed."""
+"""API keys: their scopes' prefixes, lookup, use (the material: apps.core.key_material). Keys
+are shown once and stored hashed."""
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from datetime import datetime, timedelta
 
 from django.db import connection
 from django.db.models import Q
 
+from apps.core import key_material
 from apps.core.db import column_count, model_from_row, select_list
 from apps.tenants.choices import KEY_PREFIX, KeyScope
 from apps.tenants.models import ApiKey, Tenant
 
-SECRET_BYTES = 32
-DISPLAY_CHARS = 8  # characters after the prefix kept in clear, to tell keys apart
+hash_key = key_material.hash_key
 
 
 def generate(scope: KeyScope) -> str:
-    return KEY_PREFIX[scope] + secrets.token_urlsafe(SECRET_BYTES)
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    return key_material.generate(KEY_PREFIX[scope])
 
 
 def display_prefix(key: str) -> str:
     scope = scope_of(key)
-    return key[: len(KEY_PREFIX[scope]) + DISPLAY_CHARS] if scope else key[:DISPLAY_CHARS]
+    return key_material.display_prefix(key, KEY_PREFIX[scope] if scope else "")
 
 
 def scope_of(key: str) -> KeyScope | None:

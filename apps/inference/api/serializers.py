@@ -14,6 +14,7 @@ from apps.inference.sleep import SleepPolicy, validate_sleep_policy
 from apps.inference.windows import WindowError, inside, next_boundary, parse_window, validate_window
 from apps.nodes.choices import GpuVendor
 from apps.tasks.api.serializers import EnvValueField, TaskCreateSerializer
+from apps.tasks.choices import DEFAULT_PRIORITY, MAX_GPUS_PER_TASK, MAX_PRIORITY, MIN_PRIORITY
 from apps.tenants import policy
 
 # What clients put in "model": letters, digits and . _ - : / (hub-style "org/name",
@@ -244,7 +245,7 @@ class ServiceCreateSerializer(StrictSerializer):
             "invalid_choice": '"{input}" is not a known GPU vendor: one of ' + ", ".join(GpuVendor.values) + "."
         },
     )
-    gpus_per_replica = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    gpus_per_replica = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_TASK, default=1)
     gpu_memory_mb = serializers.IntegerField(
         min_value=1, required=False, allow_null=True, default=None, help_text="GPU memory per replica"
     )
@@ -289,7 +290,7 @@ class ServiceCreateSerializer(StrictSerializer):
         max_length=500, required=False, allow_blank=True, default="auto", help_text='"auto": the router chooses'
     )
     env = serializers.DictField(child=EnvValueField(), required=False, default=dict)
-    priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
+    priority = serializers.IntegerField(min_value=MIN_PRIORITY, max_value=MAX_PRIORITY, default=DEFAULT_PRIORITY)
     labels = serializers.DictField(
         child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
     )

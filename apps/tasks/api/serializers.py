@@ -9,7 +9,17 @@ from apps.core.serializers import AgentPayloadSerializer, StrictSerializer
 from apps.inference.choices import Engine, ModelFormat  # the schema layer: constants any app may use
 from apps.nodes.choices import GpuVendor
 from apps.slices.choices import Qos, SliceState, Tier
-from apps.tasks.choices import GroupKind, GroupStatus, GroupStrategy, TaskKind, TaskStatus
+from apps.tasks.choices import (
+    DEFAULT_PRIORITY,
+    MAX_GPUS_PER_TASK,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    GroupKind,
+    GroupStatus,
+    GroupStrategy,
+    TaskKind,
+    TaskStatus,
+)
 from apps.tasks.models import Task, TaskGroup
 from apps.tasks.selectors import task_slice
 
@@ -91,12 +101,12 @@ class TaskCreateSerializer(StrictSerializer):
     )
     health_probe = HealthProbeSerializer(required=False, allow_null=True, default=None)
     serving = ServingSerializer(required=False, help_text="inference tasks only: what the engine router launches")
-    gpu_required = serializers.IntegerField(min_value=0, max_value=64, default=1)
+    gpu_required = serializers.IntegerField(min_value=0, max_value=MAX_GPUS_PER_TASK, default=1)
     gpu_memory_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     gpu_type = serializers.CharField(max_length=20, required=False, allow_blank=True, default="")
     cpu_request = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
     memory_request_mb = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
-    priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
+    priority = serializers.IntegerField(min_value=MIN_PRIORITY, max_value=MAX_PRIORITY, default=DEFAULT_PRIORITY)
     preemptible = serializers.BooleanField(default=False)
     labels = serializers.DictField(
         child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
@@ -341,7 +351,7 @@ class TaskGroupCreateSerializer(StrictSerializer):
     world_size = serializers.IntegerField(
         min_value=1, help_text="workers, one task each (at most HETEROFLOW_GROUP_MAX_WORLD_SIZE, 1,024 by default)"
     )
-    gpus_per_worker = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    gpus_per_worker = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_TASK, default=1)
     gpu_type = serializers.ChoiceField(
         choices=GpuVendor.choices,
         help_text="every worker on this vendor's cards, never another",
@@ -356,7 +366,7 @@ class TaskGroupCreateSerializer(StrictSerializer):
     env = serializers.DictField(child=EnvValueField(), required=False, default=dict)
     volumes = VolumeSerializer(many=True, required=False, default=list)
     checkpoint_path = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
-    priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
+    priority = serializers.IntegerField(min_value=MIN_PRIORITY, max_value=MAX_PRIORITY, default=DEFAULT_PRIORITY)
     labels = serializers.DictField(
         child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
     )
