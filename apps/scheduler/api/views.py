@@ -7,7 +7,7 @@ from rest_framework.views import APIView
 from apps.core.permissions import IsOperator
 from apps.core.serializers import StrictSerializer
 from apps.core.views import ScopedAPIView
-from apps.scheduler import services
+from apps.scheduler import cycle, plugins, queue
 from apps.scheduler.core import Decision, GroupDecision, GroupFailure, GroupReq, TaskReq
 from apps.tasks.choices import GroupKind, GroupStrategy
 from apps.tasks.models import Task, TaskGroup
@@ -29,7 +29,7 @@ class PluginOptionsSerializer(StrictSerializer):
 
 
 def known(name: str) -> str:
-    if name not in services.PLUGINS:
+    if name not in plugins.PLUGINS:
         raise NotFound(f"No scheduler plugin '{name}'.")
     return name
 
@@ -39,7 +39,7 @@ class PluginListView(APIView):
 
     @extend_schema(responses=PluginRow(many=True))
     def get(self, request):
-        return Response(services.plugin_table())
+        return Response(plugins.plugin_table())
 
 
 class PluginView(APIView):
@@ -54,15 +54,15 @@ class PluginView(APIView):
         action = request.query_params.get("action")
         if action not in ("enable", "disable"):
             raise ValidationError({"action": ["Use ?action=enable or ?action=disable."]})
-        services.set_plugin_enabled(known(name), action == "enable")
-        return Response(services.plugin_table())
+        plugins.set_plugin_enabled(known(name), action == "enable")
+        return Response(plugins.plugin_table())
 
     @extend_schema(request=PluginOptionsSerializer, responses=PluginRow(many=True))
     def put(self, request, name):
         serializer = PluginOptionsSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        services.set_plugin_options(known(name), **serializer.validated_data)
-        return Response(services.plugin_table())
+        plugins.set_plugin_options(known(name), **serializer.validated_data)
+        return Response(plugins.plugin_table())
 
 
 class DryRunSerializer(StrictSerializer):
@@ -123,7 +123,7 @@ class DryRunView(APIView):
         tenant = policy.acting_tenant(
             request.auth, data.pop("tenant", None), required="Required: the slug of the tenant the task would run for."
         )
-        return Response(task_answer(*services.explain_now(TaskReq(id=0, tenant_id=tenant.pk, **data))))
+        return Response(task_answer(*cycle.explain_now(TaskReq(id=0, tenant_id=tenant.pk, **data))))
 
 
 class TaskExplainAnswer(serializers.Serializer):
@@ -143,13 +143,13 @@ class TaskExplainView(ScopedAPIView):
     @extend_schema(responses=TaskExplainAnswer)
     def get(self, request, pk):
         task = self.get_object()
-        waiting = services.pending_request(task)
+        waiting = queue.pending_request(task)
         return Response(
             {
                 "task_id": task.pk,
                 "status": task.status,
                 "schedule_reason": task.schedule_reason,
-                "now": task_answer(*services.explain_now(waiting)) if waiting is not None else None,
+                "now": task_answer(*cycle.explain_now(waiting)) if waiting is not None else None,
             }
         )
 
@@ -207,7 +207,7 @@ class GroupDryRunView(APIView):
         )
         world_size = data.pop("world_size")
         group = GroupReq(id=0, tenant_id=tenant.pk, members=tuple(range(1, world_size + 1)), **data)
-        return Response(group_answer(services.dry_run(group)))
+        return Response(group_answer(cycle.dry_run(group)))
 
 
 class GroupExplainAnswer(serializers.Serializer):
@@ -228,7 +228,7 @@ class GroupExplainView(ScopedAPIView):
     @extend_schema(responses=GroupExplainAnswer)
     def get(self, request, pk):
         group = self.get_object()
-        waiting = services.waiting_group(group)
+        waiting = queue.waiting_group(group)
         return Response(
             {
                 "group_id": group.pk,
@@ -236,6 +236,6 @@ class GroupExplainView(ScopedAPIView):
                 "schedule_reason": group.schedule_reason,
                 "reservation": group.reservation,
                 "network": group.network,
-                "now": group_answer(services.dry_run(waiting)) if waiting is not None else None,
+                "now": group_answer(cycle.dry_run(waiting)) if waiting is not None else None,
             }
         )
