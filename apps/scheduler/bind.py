@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
 import orjson
 from django.conf import settings as django_settings
 from django.db import connection, transaction
-from django.db.models import F, Q
 from psycopg.types.json import Jsonb
 
 from apps.core.cas import check_transition, compare_and_set
 from apps.core.clock import utcnow
 from apps.monitoring import metrics
-from apps.nodes.models import Gpu, Node
+from apps.nodes.models import Node
 from apps.nodes.network import same_network_domain
 from apps.scheduler.core import (
     SCHEDULABLE_STATUSES,
@@ -27,7 +27,7 @@ from apps.scheduler.core import (
     TaskReq,
 )
 from apps.scheduler.ledger import ALLOCATE
-from apps.scheduler.models import GpuAllocation
+from apps.scheduler.load import CARD_UNDER_LOAD_SQL, NODE_OVERLOADED_SQL, load_params
 from apps.slices import ledger as slice_ledger
 from apps.slices.planning import Refusal
 from apps.tasks.choices import HOLDING, TRANSITIONS, TaskKind
@@ -78,6 +78,74 @@ def ports_wanted(group: GroupDecision, tasks: dict[int, TaskReq]) -> list[Decisi
     return group.decisions[:1]
 
 
+# The nodes a bind may place on, as they are now, locked in id order (concurrent binders
+# queue rather than deadlock): schedulable, executable, below the node load thresholds.
+LOCK_NODES = f"""
+    SELECT id FROM nodes
+    WHERE id = ANY(%(nodes)s) AND status = ANY(%(statuses)s) AND executable AND NOT {NODE_OVERLOADED_SQL}
+    ORDER BY id FOR UPDATE
+"""
+# Their cards as they are now (the snapshot's GPU rows may be a few seconds old): present,
+# not lost, not cordoned, and below the card load thresholds (a missing reading is no load).
+USABLE_CARDS = f"""
+    SELECT node_id, index FROM gpus
+    WHERE node_id = ANY(%(alive)s) AND lost_at IS NULL AND cordoned_at IS NULL AND {CARD_UNDER_LOAD_SQL}
+"""
+LIVE_HOLDERS = "SELECT node_id, gpu_index, tenant_id, memory_mb FROM gpu_allocations WHERE node_id = ANY(%(alive)s)"
+
+
+@dataclass
+class LiveCards:
+    """The nodes and cards a bind checks its decisions against, read under the node locks
+    (`alive`: the nodes locked and still fit to take work; `usable`: their cards that may
+    take a placement; `holders`: the ledger's (tenant, memory MB or None) on each card)."""
+
+    alive: set[str]
+    usable: set[tuple[str, int]]
+    holders: dict[tuple[str, int], list[tuple[int | None, int | None]]]
+
+    @classmethod
+    def read(cls, node_ids: Sequence[str], settings: PluginSettings) -> LiveCards:
+        """Lock the nodes (in id order) and read them, their cards and the ledger on them."""
+        params = load_params(settings) | {"nodes": sorted(node_ids), "statuses": sorted(SCHEDULABLE_STATUSES)}
+        with connection.cursor() as cursor:
+            cursor.execute(LOCK_NODES, params)
+            alive = {node_id for (node_id,) in cursor.fetchall()}
+            params["alive"] = sorted(alive)
+            cursor.execute(USABLE_CARDS, params)
+            usable = set(cursor.fetchall())
+            cursor.execute(LIVE_HOLDERS, params)
+            holders = defaultdict(list)
+            for node_id, index, tenant_id, memory in cursor.fetchall():
+                holders[(node_id, index)].append((tenant_id, memory))
+        return cls(alive, usable, holders)
+
+    def still_holds(self, decision: Decision, task: TaskReq, may_share) -> bool:
+        """Whether the live rows still admit the decision: its node alive, its cards usable,
+        and (a share) every holder there one the task's tenant may share with, or (whole
+        cards) nobody on them."""
+        if decision.node_id not in self.alive:
+            return False
+        if any((decision.node_id, index) not in self.usable for index in decision.gpu_indices):
+            return False
+        cards = [self.holders.get((decision.node_id, index), ()) for index in decision.gpu_indices]
+        if decision.memory_mb is None:
+            return not any(cards)
+        return not any(
+            memory is None or not may_share(task.tenant_id, tenant_id) for card in cards for tenant_id, memory in card
+        )
+
+
+@dataclass
+class Bound:
+    """What a bind has won so far: the decisions, their compare-and-set rows (id, seconds
+    it waited) and the slices carved for the memory-only ones (by task id)."""
+
+    decisions: list[Decision] = field(default_factory=list)
+    rows: list[tuple] = field(default_factory=list)
+    carves: dict[int, slice_ledger.Carve] = field(default_factory=dict)
+
+
 def bind_all(
     decisions: list[Decision],
     tasks: dict[int, TaskReq],
@@ -85,150 +153,130 @@ def bind_all(
     settings: PluginSettings | None = None,
     groups: Sequence[GroupDecision] = (),
 ) -> tuple[list[int], list[int]]:
-    """Bind a cycle's decisions in one transaction: lock their nodes (in id order, so
-    concurrent schedulers queue rather than deadlock), drop the decisions the live ledger
-    now contradicts (a node gone, a card taken, a holder this tenant may not share with),
-    plan the slice of each memory-only decision on its card as it is now (a decision
-    whose slice cannot be planned is dropped, its task keeps waiting with the reason),
-    move the rest pending → scheduled in one multi-row compare-and-set, and write the
-    ledger rows of the winners and their slices (with the agent's create requests). A
-    task group (`groups`; its members' TaskReq in `tasks`) is bound whole or not at all:
-    one contradicted member drops the group, and its members' compare-and-set runs in a
-    savepoint of its own that is rolled back unless every member won. Returns (bound,
+    """Bind a cycle's decisions in one transaction: lock their nodes and read them as they
+    are now (LiveCards), bind the single tasks (bind_singles) and then each task group
+    whole or not at all (bind_groups), and write the ledger rows of every winner
+    (write_ledger). A task group's members' TaskReq are in `tasks`. Returns (bound,
     lost), task ids (members of groups included)."""
     members = [d for g in groups for d in g.decisions]
     if not decisions and not members:
         return [], []
     check_transition(TRANSITIONS, [S.PENDING], S.SCHEDULED)  # before any lock is taken
     with transaction.atomic():
-        node_ids = sorted({d.node_id for d in (*decisions, *members)})
-        settings = settings or PluginSettings()
-        # the load thresholds again, on the node rows as they are now
-        alive = set(
-            Node.objects.select_for_update()
-            .filter(pk__in=node_ids, status__in=SCHEDULABLE_STATUSES, executable=True)
-            .exclude(Q(cpu_used__gte=settings.cpu_percent_max) | Q(memory_used__gte=settings.memory_percent_max))
-            .order_by("pk")
-            .values_list("pk", flat=True)
-        )
-        # the cards as they are now (the snapshot's GPU rows may be a few seconds old):
-        # present, not lost, not cordoned, and under the card thresholds (a missing
-        # reading is no load)
-        usable = set(
-            Gpu.objects.filter(node_id__in=alive, lost_at__isnull=True, cordoned_at__isnull=True)
-            .exclude(
-                Q(utilization__gte=settings.gpu_utilization_max) | Q(temperature__gte=settings.gpu_temperature_max)
-            )
-            .exclude(
-                memory_total_mb__gt=0, memory_used_mb__gte=F("memory_total_mb") * settings.gpu_memory_percent_max / 100
-            )
-            .values_list("node_id", "index")
-        )
-        holders = defaultdict(list)
-        for node_id, index, tenant_id, memory in GpuAllocation.objects.filter(node_id__in=alive).values_list(
-            "node_id", "gpu_index", "tenant_id", "memory_mb"
-        ):
-            holders[(node_id, index)].append((tenant_id, memory))
-
-        def still_holds(decision: Decision) -> bool:
-            task = tasks[decision.task_id]
-            cards = [holders[(decision.node_id, index)] for index in decision.gpu_indices]
-            if decision.node_id not in alive:
-                return False
-            if any((decision.node_id, index) not in usable for index in decision.gpu_indices):
-                return False
-            if decision.memory_mb is None and any(cards):
-                return False
-            return decision.memory_mb is None or not any(
-                memory is None or not may_share(task.tenant_id, tenant_id)
-                for card in cards
-                for tenant_id, memory in card
-            )
-
-        still_valid = [decision for decision in decisions if still_holds(decision)]
+        live = LiveCards.read({d.node_id for d in (*decisions, *members)}, settings or PluginSettings())
         now = utcnow()
-        # a memory-only task's slice, planned on the card as it is now: one that cannot be
-        # planned (no MIG profile left) drops its decision before the CAS
-        carves = slice_ledger.plan_carves(
-            [
-                slice_ledger.CarveAsk(
-                    d.task_id, tasks[d.task_id].tenant_id, d.node_id, index, tasks[d.task_id].gpu_memory_mb
-                )
-                for d in still_valid
-                if d.memory_mb is not None
-                for index in d.gpu_indices
-            ]
-        )
-        refused = {task_id: plan for task_id, plan in carves.items() if isinstance(plan, Refusal)}
-        if refused:
-            still_valid = [d for d in still_valid if d.task_id not in refused]
-            explain_refusals(refused, now)
-        ports = assign_host_ports(still_valid, tasks, alive)
-        still_valid = [d for d in still_valid if d.task_id in ports]
-        bound_rows = bind_rows(still_valid, ports, now)
-        won = {row[0] for row in bound_rows}
-        winners = [d for d in still_valid if d.task_id in won]
-        slice_ledger.carve([carves[d.task_id] for d in winners if d.task_id in carves], now)
-        hosts = {
-            node.pk: node
-            for node in Node.objects.filter(pk__in={d.node_id for d in members} & alive).only(
-                "id", "ip", "internal_ip", "region", "labels"
-            )
-        }
-        policy = django_settings.HETEROFLOW_NETWORK_DOMAIN_POLICY
-        holding = [group for group in groups if all(still_holds(d) for d in group.decisions)]
-        # the ports every holding group wants (a training group's master, each member of an
-        # inference group) in one look at the ports in use (the singles' included)
-        wanted_by_group = {group.group_id: ports_wanted(group, tasks) for group in holding}
-        wanted = [d for group_wanted in wanted_by_group.values() for d in group_wanted]
-        all_ports = assign_host_ports(wanted, tasks, alive, wanted=wanted)
-        networks: dict[int, dict] = {}
-        for group in holding:
-            master = group.decisions[0]
-            if any(d.task_id not in all_ports for d in wanted_by_group[group.group_id]):
-                continue  # no host port left on a node that needs one
-            ports = {d.task_id: all_ports.get(d.task_id) for d in group.decisions}
-            node = hosts[master.node_id]
-            domain = same_network_domain(
-                [hosts[node_id] for node_id in dict.fromkeys(d.node_id for d in group.decisions)], policy
-            )
-            network = network_decision(
-                tasks[master.task_id].gpu_type, domain, node.pk, node.internal_ip, node.ip, ports[master.task_id]
-            )
-            savepoint = transaction.savepoint()
-            rows = bind_rows(group.decisions, ports, now)
-            if len(rows) == len(group.decisions):
-                transaction.savepoint_commit(savepoint)
-                networks[group.group_id] = network
-                bound_rows += rows
-                winners += group.decisions
-            else:  # a member was moved meanwhile: none of them is bound
-                transaction.savepoint_rollback(savepoint)
-        if networks:  # the bound groups' attempt and network, in one statement
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    GROUPS_BOUND,
-                    [now, list(networks), [orjson.dumps(network).decode() for network in networks.values()]],
-                )
-        transaction.on_commit(partial(metrics.record_binds, [float(row[1]) for row in bound_rows]))
-        cards = [(d, index) for d in winners for index in d.gpu_indices]
-        if cards:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    ALLOCATE,
-                    [
-                        now,
-                        [d.task_id for d, _ in cards],
-                        [d.node_id for d, _ in cards],
-                        [index for _, index in cards],
-                        [tasks[d.task_id].tenant_id for d, _ in cards],
-                        # a share holds what is carved (a MIG slice: its profile's memory)
-                        [carves[d.task_id].plan.memory_mb if d.task_id in carves else d.memory_mb for d, _ in cards],
-                    ],
-                )
-    won = {d.task_id for d in winners}
+        bound = bind_singles(decisions, tasks, may_share, live, now)
+        if groups:
+            bind_groups(groups, tasks, may_share, live, now, bound)
+        write_ledger(bound, tasks, now)
+    won = {d.task_id for d in bound.decisions}
     every = [*decisions, *members]
     return [d.task_id for d in every if d.task_id in won], [d.task_id for d in every if d.task_id not in won]
+
+
+def bind_singles(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, live: LiveCards, now) -> Bound:
+    """The single tasks: drop the decisions the live rows now contradict (a node gone, a
+    card taken, a holder this tenant may not share with); plan each memory-only task's
+    slice on its card as it is now (one that cannot be planned, no MIG profile left,
+    drops its decision and the task keeps waiting with the reason); give the inference
+    tasks a host port (one whose node has none left drops); move the rest pending →
+    scheduled in one multi-row compare-and-set, and carve the winners' slices (with the
+    agent's create requests)."""
+    still_valid = [d for d in decisions if live.still_holds(d, tasks[d.task_id], may_share)]
+    carves = slice_ledger.plan_carves(
+        [
+            slice_ledger.CarveAsk(
+                d.task_id, tasks[d.task_id].tenant_id, d.node_id, index, tasks[d.task_id].gpu_memory_mb
+            )
+            for d in still_valid
+            if d.memory_mb is not None
+            for index in d.gpu_indices
+        ]
+    )
+    refused = {task_id: plan for task_id, plan in carves.items() if isinstance(plan, Refusal)}
+    if refused:
+        still_valid = [d for d in still_valid if d.task_id not in refused]
+        explain_refusals(refused, now)
+    ports = assign_host_ports(still_valid, tasks, live.alive)
+    still_valid = [d for d in still_valid if d.task_id in ports]
+    rows = bind_rows(still_valid, ports, now)
+    won = {row[0] for row in rows}
+    winners = [d for d in still_valid if d.task_id in won]
+    planned = {d.task_id: carves[d.task_id] for d in winners if d.task_id in carves}
+    slice_ledger.carve(list(planned.values()), now)
+    return Bound(winners, rows, planned)
+
+
+def bind_groups(
+    groups: Sequence[GroupDecision], tasks: dict[int, TaskReq], may_share, live: LiveCards, now, bound: Bound
+) -> None:
+    """Each task group whole or not at all, after the singles (`bound`, which it adds to):
+    one contradicted member drops the group; the host ports every holding group wants (a
+    training group's master, each member of an inference group) in one look at the ports
+    in use, the singles' included (a group short of one is dropped); then its members'
+    compare-and-set in a savepoint of its own, rolled back unless every member won, and
+    the bound groups' attempt and network in one statement."""
+    hosts = {
+        node.pk: node
+        for node in Node.objects.filter(pk__in={d.node_id for g in groups for d in g.decisions} & live.alive).only(
+            "id", "ip", "internal_ip", "region", "labels"
+        )
+    }
+    policy = django_settings.HETEROFLOW_NETWORK_DOMAIN_POLICY
+    holding = [g for g in groups if all(live.still_holds(d, tasks[d.task_id], may_share) for d in g.decisions)]
+    wanted_by_group = {group.group_id: ports_wanted(group, tasks) for group in holding}
+    wanted = [d for group_wanted in wanted_by_group.values() for d in group_wanted]
+    all_ports = assign_host_ports(wanted, tasks, live.alive, wanted=wanted)
+    networks: dict[int, dict] = {}
+    for group in holding:
+        master = group.decisions[0]
+        if any(d.task_id not in all_ports for d in wanted_by_group[group.group_id]):
+            continue  # no host port left on a node that needs one
+        ports = {d.task_id: all_ports.get(d.task_id) for d in group.decisions}
+        node = hosts[master.node_id]
+        domain = same_network_domain(
+            [hosts[node_id] for node_id in dict.fromkeys(d.node_id for d in group.decisions)], policy
+        )
+        network = network_decision(
+            tasks[master.task_id].gpu_type, domain, node.pk, node.internal_ip, node.ip, ports[master.task_id]
+        )
+        savepoint = transaction.savepoint()
+        rows = bind_rows(group.decisions, ports, now)
+        if len(rows) == len(group.decisions):
+            transaction.savepoint_commit(savepoint)
+            networks[group.group_id] = network
+            bound.rows += rows
+            bound.decisions += group.decisions
+        else:  # a member was moved meanwhile: none of them is bound
+            transaction.savepoint_rollback(savepoint)
+    if networks:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                GROUPS_BOUND, [now, list(networks), [orjson.dumps(network).decode() for network in networks.values()]]
+            )
+
+
+def write_ledger(bound: Bound, tasks: dict[int, TaskReq], now) -> None:
+    """The ledger rows of every winner, one per card (a share holds what is carved: a MIG
+    slice its profile's memory), in one statement; and the bind's wait times for the
+    metrics once the transaction commits."""
+    transaction.on_commit(partial(metrics.record_binds, [float(row[1]) for row in bound.rows]))
+    cards = [(d, index) for d in bound.decisions for index in d.gpu_indices]
+    if not cards:
+        return
+    carves = bound.carves
+    with connection.cursor() as cursor:
+        cursor.execute(
+            ALLOCATE,
+            [
+                now,
+                [d.task_id for d, _ in cards],
+                [d.node_id for d, _ in cards],
+                [index for _, index in cards],
+                [tasks[d.task_id].tenant_id for d, _ in cards],
+                [carves[d.task_id].plan.memory_mb if d.task_id in carves else d.memory_mb for d, _ in cards],
+            ],
+        )
 
 
 def explain_refusals(refused: dict[int, Refusal], now) -> None:

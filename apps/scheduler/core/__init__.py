@@ -1,5 +1,7 @@
 """The scheduler's pure core: a snapshot in, decisions with reasons out. No database,
-no clock, no Django: everything it needs is in the arguments, so it is tested directly.
+no clock, no ORM (of Django it meets only the choices enums it compares with): everything
+it needs is in the arguments, so it is tested directly (tests/scheduler/test_core_is_pure.py
+keeps its imports so).
 
 Pipeline per task (in queue order): the filter chain (FILTERS: available node, tenant
 visibility, load, host ports, capacity and cross-tenant sharing, rdma: required, nvlink:
