@@ -19,7 +19,7 @@ from apps.monitoring.services import previous_sample
 from apps.nodes.choices import ALIVE, NodeStatus
 from apps.nodes.gpu_state import state_sql
 from apps.nodes.models import Gpu, Node
-from apps.scheduler.services import plugin_table
+from apps.scheduler.plugins import plugin_table
 from apps.tasks.choices import ACTIVE, TaskStatus
 from apps.tasks.models import Task
 

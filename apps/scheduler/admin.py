@@ -1,5 +1,5 @@
 """Operators' admin for the scheduler's plugins: one page listing the effective
-configuration (apps.scheduler.services.plugin_table, what the scheduler itself reads),
+configuration (apps.scheduler.plugins.plugin_table, what the scheduler itself reads),
 with enable/disable, weight and options changed through the services the API uses (so
 the layout plugins stay mutually exclusive and the locked ones stay on)."""
 
@@ -11,7 +11,7 @@ from django.template.response import TemplateResponse
 from rest_framework.exceptions import APIException, ValidationError
 
 from apps.core.admin_tools import refusal
-from apps.scheduler import services
+from apps.scheduler import plugins
 from apps.scheduler.api.views import PluginOptionsSerializer
 from apps.scheduler.models import PluginConfig
 
@@ -42,7 +42,7 @@ class PluginConfigAdmin(admin.ModelAdmin):
             "opts": self.model._meta,
             "title": "Scheduler plugins",
             "plugins": [
-                row | {"extra_json": json.dumps(row["extra"], sort_keys=True)} for row in services.plugin_table()
+                row | {"extra_json": json.dumps(row["extra"], sort_keys=True)} for row in plugins.plugin_table()
             ],
             "has_change_permission": self.has_change_permission(request),
         }
@@ -50,13 +50,13 @@ class PluginConfigAdmin(admin.ModelAdmin):
 
     def apply(self, request) -> None:
         name, action = request.POST.get("plugin", ""), request.POST.get("action", "")
-        if name not in services.PLUGINS:
+        if name not in plugins.PLUGINS:
             self.message_user(request, f"No scheduler plugin '{name}'.", messages.ERROR)
             return
         try:
             if action in ("enable", "disable"):
-                services.set_plugin_enabled(name, action == "enable")
-                spec = services.PLUGINS[name]
+                plugins.set_plugin_enabled(name, action == "enable")
+                spec = plugins.PLUGINS[name]
                 also = (
                     f"; {spec.exclusive_with} is {'disabled' if action == 'enable' else 'enabled'}"
                     if spec.exclusive_with
@@ -72,7 +72,7 @@ class PluginConfigAdmin(admin.ModelAdmin):
                         raise ValidationError({"extra": ["Not valid JSON."]}) from None
                 serializer = PluginOptionsSerializer(data=data)
                 serializer.is_valid(raise_exception=True)
-                services.set_plugin_options(name, **serializer.validated_data)
+                plugins.set_plugin_options(name, **serializer.validated_data)
                 self.message_user(request, f"{name} saved.", messages.SUCCESS)
             else:
                 self.message_user(request, f"Unknown action '{action}'.", messages.ERROR)

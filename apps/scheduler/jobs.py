@@ -7,12 +7,18 @@ from __future__ import annotations
 from apps.core.enqueue import enqueue
 from apps.core.guard import periodic_job
 from apps.monitoring import metrics
-from apps.scheduler.services import CycleResult, force_overdue_preemptions, run_cycle
+from apps.scheduler.cycle import CycleResult, run_cycle
+from apps.scheduler.preemption import force_overdue_preemptions
+from apps.scheduler.snapshot import GpuRowCache
+
+# The GPU rows this worker process read, reused by its next ticks (for
+# HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS): the tick's, handed to every cycle it runs.
+gpu_rows = GpuRowCache()
 
 
 @periodic_job("scheduler.tick", every=5)
 def tick_job() -> CycleResult:
-    cycle = run_cycle()
+    cycle = run_cycle(gpu_rows=gpu_rows)
     if cycle.considered:  # cycles that found the queue empty are not timed
         metrics.record_cycle(sum(cycle.phases.values()), len(cycle.bound), len(cycle.lost_races))
     if cycle.backlog:  # sent once the guard's transaction commits

@@ -7,7 +7,7 @@ import pytest
 
 from apps.core.clock import utcnow
 from apps.nodes.models import Gpu
-from apps.scheduler import services
+from apps.scheduler import cycle
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import run_cycle
 from apps.tasks.services import create_task
@@ -114,14 +114,14 @@ def test_bind_refuses_a_card_cordoned_after_the_snapshot(world, monkeypatch):
     acme = world.tenants["acme"]
     make_node("n1", gpus=1)
     task = create_task(tenant=acme, name="t", image="x", gpu_required=1)
-    real = services.load_nodes
+    real = cycle.load_nodes
 
     def snapshot_then_cordon(*args, **kwargs):
         nodes = real(*args, **kwargs)
         cordon("n1", 0)  # the health step cordons the card while the cycle decides
         return nodes
 
-    monkeypatch.setattr(services, "load_nodes", snapshot_then_cordon)
+    monkeypatch.setattr(cycle, "load_nodes", snapshot_then_cordon)
     result = run_cycle()
     assert result.bound == [] and result.lost_races == [task.pk]
     assert not GpuAllocation.objects.exists()

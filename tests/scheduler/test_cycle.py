@@ -6,6 +6,7 @@ from apps.core.clock import utcnow
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation, PluginConfig
 from apps.scheduler.services import run_cycle
+from apps.scheduler.snapshot import GpuRowCache
 from apps.tasks.models import Task
 from apps.tasks.services import agent_report, stop_task
 from tests.factories import make_node, make_task
@@ -130,24 +131,21 @@ def test_dry_run_says_where_and_why_and_binds_nothing(api, world):
 
 @pytest.fixture
 def reuse_gpu_rows(settings):
-    from apps.scheduler import services
-
+    """The GPU rows a scheduler process keeps between its cycles (as the tick does)."""
     settings.HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS = 60
-    services._gpu_rows = None
-    yield
-    services._gpu_rows = None
+    return GpuRowCache()
 
 
 def test_reused_gpu_rows_take_their_holders_from_the_ledger_every_cycle(world, reuse_gpu_rows):
     acme = world.tenants["acme"]
     make_node("n1", gpus=1)
     first = make_task(acme, gpu_required=1, name="first")
-    assert run_cycle().bound == [first.pk]
+    assert run_cycle(gpu_rows=reuse_gpu_rows).bound == [first.pk]
     second = make_task(acme, gpu_required=1, name="second")
-    assert run_cycle().bound == []  # the reused card is held, as the ledger says
+    assert run_cycle(gpu_rows=reuse_gpu_rows).bound == []  # the reused card is held, as the ledger says
     first.refresh_from_db()
     stop_task(first)  # scheduled → cancelled: the card is free in the ledger
-    assert run_cycle().bound == [second.pk]
+    assert run_cycle(gpu_rows=reuse_gpu_rows).bound == [second.pk]
     assert ledger_agrees()
 
 
@@ -155,12 +153,12 @@ def test_a_card_lost_since_the_rows_were_read_is_not_bound(world, reuse_gpu_rows
     acme = world.tenants["acme"]
     make_node("n1", gpus=1)
     warm_up = make_task(acme, gpu_required=1, name="warm-up")
-    run_cycle()  # reads (and keeps) the GPU rows
+    run_cycle(gpu_rows=reuse_gpu_rows)  # reads (and keeps) the GPU rows
     warm_up.refresh_from_db()
     stop_task(warm_up)
     Gpu.objects.filter(node_id="n1", index=0).update(lost_at=utcnow())
     late = make_task(acme, gpu_required=1, name="late")
-    result = run_cycle()
+    result = run_cycle(gpu_rows=reuse_gpu_rows)
     assert result.bound == [] and result.lost_races == [late.pk]  # decided on the old rows, refused at bind
     late.refresh_from_db()
     assert late.status == "pending" and not GpuAllocation.objects.exists()
@@ -169,44 +167,42 @@ def test_a_card_lost_since_the_rows_were_read_is_not_bound(world, reuse_gpu_rows
 def test_a_new_node_makes_the_rows_be_read_again(world, reuse_gpu_rows):
     acme = world.tenants["acme"]
     make_node("n1", gpus=1)
-    run_cycle()
+    run_cycle(gpu_rows=reuse_gpu_rows)
     make_task(acme, gpu_required=1, name="fills-n1")
-    run_cycle()
+    run_cycle(gpu_rows=reuse_gpu_rows)
     make_node("n2", gpus=1)
     late = make_task(acme, gpu_required=1, name="late")
-    assert run_cycle().bound == [late.pk]
+    assert run_cycle(gpu_rows=reuse_gpu_rows).bound == [late.pk]
     late.refresh_from_db()
     assert late.node_id == "n2"
 
 
 def test_nodes_without_cards_do_not_defeat_the_reuse(world, reuse_gpu_rows):
-    from apps.scheduler import services
-
     make_node("n1", gpus=2)
     make_node("cpu-only", gpus=0)
     make_task(world.tenants["acme"], gpu_required=1, name="a")
-    run_cycle()
-    first_read = services._gpu_rows
+    run_cycle(gpu_rows=reuse_gpu_rows)
+    first_read = reuse_gpu_rows.rows
     make_task(world.tenants["acme"], gpu_required=1, name="b")
-    run_cycle()
-    assert services._gpu_rows is first_read
+    run_cycle(gpu_rows=reuse_gpu_rows)
+    assert reuse_gpu_rows.rows is first_read
 
 
 def test_bind_rechecks_the_card_thresholds_on_the_live_rows(world, reuse_gpu_rows):
     acme = world.tenants["acme"]
     make_node("n1", gpus=1)
     warm_up = make_task(acme, gpu_required=1, name="warm-up")
-    run_cycle()  # reads (and keeps) the GPU rows: the card is cool
+    run_cycle(gpu_rows=reuse_gpu_rows)  # reads (and keeps) the GPU rows: the card is cool
     warm_up.refresh_from_db()
     stop_task(warm_up)
     Gpu.objects.filter(node_id="n1").update(temperature=85.0)  # hot since the rows were read
     late = make_task(acme, gpu_required=1, name="late")
-    result = run_cycle()
+    result = run_cycle(gpu_rows=reuse_gpu_rows)
     assert result.bound == [] and result.lost_races == [late.pk]
     Gpu.objects.filter(node_id="n1").update(temperature=60.0, memory_used_mb=81000)  # 98.9 % of 81920
-    assert run_cycle().bound == []
+    assert run_cycle(gpu_rows=reuse_gpu_rows).bound == []
     Gpu.objects.filter(node_id="n1").update(memory_used_mb=1000)
-    assert run_cycle().bound == [late.pk]
+    assert run_cycle(gpu_rows=reuse_gpu_rows).bound == [late.pk]
 
 
 def test_a_node_the_alert_sweep_calls_offline_takes_nothing_while_still_suspect(world):

@@ -1,4 +1,4 @@
-"""The placement chain is data (core.FILTERS): placement, its explanation, `fits` and
+"""The placement chain is data (core.filters.FILTERS): placement, its explanation, `fits` and
 preemption planning all run the same filters, so a filter added to the chain is seen by
 every one of them, and they cannot disagree about a node."""
 
@@ -14,10 +14,12 @@ from apps.scheduler.core import (
     Occupant,
     PluginSettings,
     TaskReq,
+    filters,
     fits,
     occupants_by_node,
     place,
     plan_preemption,
+    preemption,
 )
 
 SAME_TENANT_ONLY = lambda a, b: a == b  # noqa: E731
@@ -48,7 +50,7 @@ def odd_rack_once_per_cycle(ask, fleet):
 @pytest.fixture(params=[odd_rack, odd_rack_once_per_cycle])
 def chain_with_odd_rack(request, monkeypatch):
     # ...and one line in the chain
-    monkeypatch.setattr(core, "FILTERS", (*core.FILTERS, request.param))
+    monkeypatch.setattr(filters, "FILTERS", (*filters.FILTERS, request.param))
 
 
 def test_a_filter_added_to_the_chain_is_seen_by_placement_explain_fits_and_preemption(chain_with_odd_rack):
@@ -115,7 +117,7 @@ def test_giving_cards_back_keeps_every_other_field_of_the_node():
     )
     node.gpus[0].holders.append((101, 3, None))
     node.gpus[1].holders.append((102, 3, None))
-    freed = core._without(node, {101})
+    freed = preemption._without(node, {101})
     assert freed.ports_free == 7  # the positional rebuild used to drop it
     assert [gpu.holders for gpu in freed.gpus] == [[], [(102, 3, None)]]
     assert [gpu.holders for gpu in node.gpus] == [[(101, 3, None)], [(102, 3, None)]]  # the node itself is untouched

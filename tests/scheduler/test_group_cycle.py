@@ -3,7 +3,7 @@ not at all; explained on the group and its members."""
 
 import pytest
 
-from apps.scheduler import services
+from apps.scheduler import bind
 from apps.scheduler.core import Decision, GroupDecision, PluginSettings
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import bind_all, run_cycle
@@ -150,7 +150,7 @@ def test_every_member_of_an_inference_group_gets_a_host_port_at_bind(world):
 
 
 def test_an_inference_group_is_not_bound_when_a_member_gets_no_port(world, monkeypatch):
-    monkeypatch.setattr(services, "INFERENCE_PORTS", range(8000, 8002))  # two ports per node
+    monkeypatch.setattr(bind, "INFERENCE_PORTS", range(8000, 8002))  # two ports per node
     acme = world.tenants["acme"]
     make_node("n0", gpus=4)
     group = make_inference_group(acme, workers=3, gpus=1)

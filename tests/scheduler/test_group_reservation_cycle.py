@@ -9,7 +9,7 @@ import pytest
 
 from apps.core.clock import utcnow
 from apps.nodes.models import Node
-from apps.scheduler import services
+from apps.scheduler import cycle
 from apps.scheduler.services import GROUP_BATCH_SIZE, run_cycle
 from apps.tasks.models import Task, TaskGroup
 from apps.tasks.services import move_tasks, stop_tasks
@@ -187,7 +187,7 @@ def test_the_time_at_the_head_is_measured_by_the_cycle_clock(world, settings, mo
     start = utcnow()
     for seconds, reserving in ((0, False), (299, False), (300, True)):
         now = start + timedelta(seconds=seconds)
-        monkeypatch.setattr(services, "utcnow", lambda now=now: now)
+        monkeypatch.setattr(cycle, "utcnow", lambda now=now: now)
         Node.objects.filter(pk="n0").update(last_heartbeat_at=now)  # the node still beats meanwhile
         small = make_task(acme, gpu_required=1)
         run_cycle()

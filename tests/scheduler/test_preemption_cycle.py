@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from apps.alerts.models import Alert
-from apps.scheduler import services
+from apps.scheduler import bind
 from apps.scheduler.jobs import preemption_watchdog_job
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import force_overdue_preemptions, run_cycle
@@ -144,7 +144,7 @@ def test_inference_tasks_get_distinct_host_ports_and_give_them_back(api, world):
 
 
 def test_a_node_with_no_port_left_takes_no_more_inference(world, monkeypatch):
-    monkeypatch.setattr(services, "INFERENCE_PORTS", range(8000, 8001))
+    monkeypatch.setattr(bind, "INFERENCE_PORTS", range(8000, 8001))
     make_node("n1", gpus=4)
     make_task(world.tenants["acme"], name="svc1", kind="inference", gpu_required=1)
     run_cycle()

@@ -184,9 +184,9 @@ def test_the_queue_state_counts_replicas_as_singles_and_only_gangs_as_groups(wor
 
 @pytest.mark.django_db
 def test_a_replica_with_no_port_left_waits_explained_and_its_sibling_is_placed(world, monkeypatch):
-    from apps.scheduler import services
+    from apps.scheduler import bind
 
-    monkeypatch.setattr(services, "INFERENCE_PORTS", range(8000, 8001))  # one port per node
+    monkeypatch.setattr(bind, "INFERENCE_PORTS", range(8000, 8001))  # one port per node
     acme = world.tenants["acme"]
     make_node("n0", gpus=4)
     service = make_replica_group(acme, replicas=2)

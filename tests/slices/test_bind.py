@@ -8,10 +8,10 @@ from unittest import mock
 import pytest
 
 from apps.nodes.models import Gpu
-from apps.scheduler import services as scheduler_services
 from apps.scheduler.core import PluginSettings, place
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import bind_all, load_nodes, next_batch, run_cycle, sharing_rule
+from apps.scheduler.snapshot import GpuRowCache
 from apps.slices.models import Slice, SliceRequest
 from apps.tasks.models import Task
 from apps.tasks.services import agent_report, move_tasks, stop_task
@@ -267,14 +267,14 @@ def test_one_occupant_outside_the_group_is_enough_to_refuse_the_card(world):
 # --- the scheduler's snapshot ---------------------------------------------------------
 
 
-def test_the_snapshot_reads_mig_cards_and_what_their_live_slices_take(world, monkeypatch):
-    monkeypatch.setattr(scheduler_services, "_gpu_rows", None)  # the GPU rows a process reuses
+def test_the_snapshot_reads_mig_cards_and_what_their_live_slices_take(world):
+    gpu_rows = GpuRowCache()  # the GPU rows a process reuses
     node = mig_node("m", gpus=2)
     make_node("c", 1, **H200, is_container=True, gpu_capabilities={"0": MIG})
     Slice.objects.create(node=node, gpu_index=0, tier="mig", memory_mb=72704, profile="3g.71gb", state="orphaned")
     Slice.objects.create(node=node, gpu_index=0, tier="mig", memory_mb=18432, profile="1g.18gb", state="released")
     for _ in range(2):  # the second reuses the GPU rows: the carving is read again, not added up
-        cards = {(n.id, g.index): g for n in load_nodes(reuse_seconds=60) for g in n.gpus}
+        cards = {(n.id, g.index): g for n in load_nodes(reuse_seconds=60, gpu_rows=gpu_rows) for g in n.gpus}
         first, second, boxed = cards[("m", 0)], cards[("m", 1)], cards[("c", 0)]
         assert (first.mig, first.mig_model.key, first.carved_g, first.carved_memory) == (True, "H200 141GB", 3, 4)
         assert first.holders == [(0, None, 72704)]  # the orphan: room taken, nobody's

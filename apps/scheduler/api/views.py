@@ -7,9 +7,9 @@ from rest_framework.views import APIView
 from apps.core.permissions import IsOperator
 from apps.core.serializers import StrictSerializer
 from apps.core.views import ScopedAPIView
-from apps.scheduler import services
+from apps.scheduler import cycle, plugins, queue
 from apps.scheduler.core import Decision, GroupDecision, GroupFailure, GroupReq, TaskReq
-from apps.tasks.choices import GroupKind, GroupStrategy
+from apps.tasks.choices import DEFAULT_PRIORITY, MAX_GPUS_PER_TASK, MAX_PRIORITY, MIN_PRIORITY, GroupKind, GroupStrategy
 from apps.tasks.models import Task, TaskGroup
 from apps.tenants import policy
 
@@ -29,7 +29,7 @@ class PluginOptionsSerializer(StrictSerializer):
 
 
 def known(name: str) -> str:
-    if name not in services.PLUGINS:
+    if name not in plugins.PLUGINS:
         raise NotFound(f"No scheduler plugin '{name}'.")
     return name
 
@@ -39,7 +39,7 @@ class PluginListView(APIView):
 
     @extend_schema(responses=PluginRow(many=True))
     def get(self, request):
-        return Response(services.plugin_table())
+        return Response(plugins.plugin_table())
 
 
 class PluginView(APIView):
@@ -54,23 +54,23 @@ class PluginView(APIView):
         action = request.query_params.get("action")
         if action not in ("enable", "disable"):
             raise ValidationError({"action": ["Use ?action=enable or ?action=disable."]})
-        services.set_plugin_enabled(known(name), action == "enable")
-        return Response(services.plugin_table())
+        plugins.set_plugin_enabled(known(name), action == "enable")
+        return Response(plugins.plugin_table())
 
     @extend_schema(request=PluginOptionsSerializer, responses=PluginRow(many=True))
     def put(self, request, name):
         serializer = PluginOptionsSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        services.set_plugin_options(known(name), **serializer.validated_data)
-        return Response(services.plugin_table())
+        plugins.set_plugin_options(known(name), **serializer.validated_data)
+        return Response(plugins.plugin_table())
 
 
 class DryRunSerializer(StrictSerializer):
     tenant = serializers.CharField(required=False, help_text="Tenant slug; operators only, defaults to yours.")
-    gpu_required = serializers.IntegerField(min_value=0, max_value=64, default=1)
+    gpu_required = serializers.IntegerField(min_value=0, max_value=MAX_GPUS_PER_TASK, default=1)
     gpu_memory_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     gpu_type = serializers.CharField(max_length=20, required=False, allow_blank=True, default="")
-    priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
+    priority = serializers.IntegerField(min_value=MIN_PRIORITY, max_value=MAX_PRIORITY, default=DEFAULT_PRIORITY)
     labels = serializers.DictField(
         child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
     )
@@ -123,7 +123,7 @@ class DryRunView(APIView):
         tenant = policy.acting_tenant(
             request.auth, data.pop("tenant", None), required="Required: the slug of the tenant the task would run for."
         )
-        return Response(task_answer(*services.explain_now(TaskReq(id=0, tenant_id=tenant.pk, **data))))
+        return Response(task_answer(*cycle.explain_now(TaskReq(id=0, tenant_id=tenant.pk, **data))))
 
 
 class TaskExplainAnswer(serializers.Serializer):
@@ -143,13 +143,13 @@ class TaskExplainView(ScopedAPIView):
     @extend_schema(responses=TaskExplainAnswer)
     def get(self, request, pk):
         task = self.get_object()
-        waiting = services.pending_request(task)
+        waiting = queue.pending_request(task)
         return Response(
             {
                 "task_id": task.pk,
                 "status": task.status,
                 "schedule_reason": task.schedule_reason,
-                "now": task_answer(*services.explain_now(waiting)) if waiting is not None else None,
+                "now": task_answer(*cycle.explain_now(waiting)) if waiting is not None else None,
             }
         )
 
@@ -162,9 +162,9 @@ class GroupDryRunSerializer(StrictSerializer):
     kind = serializers.ChoiceField(choices=GroupKind.choices, default=GroupKind.TRAINING)
     strategy = serializers.ChoiceField(choices=GroupStrategy.choices, default=GroupStrategy.DDP)
     world_size = serializers.IntegerField(min_value=1, max_value=1024, help_text="workers")
-    gpus_per_worker = serializers.IntegerField(min_value=1, max_value=64, default=1)
+    gpus_per_worker = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_TASK, default=1)
     gpu_type = serializers.CharField(max_length=20, help_text="every worker on this vendor's cards, strictly")
-    priority = serializers.IntegerField(min_value=0, max_value=100, default=50)
+    priority = serializers.IntegerField(min_value=MIN_PRIORITY, max_value=MAX_PRIORITY, default=DEFAULT_PRIORITY)
     labels = serializers.DictField(
         child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
     )
@@ -207,7 +207,7 @@ class GroupDryRunView(APIView):
         )
         world_size = data.pop("world_size")
         group = GroupReq(id=0, tenant_id=tenant.pk, members=tuple(range(1, world_size + 1)), **data)
-        return Response(group_answer(services.dry_run(group)))
+        return Response(group_answer(cycle.dry_run(group)))
 
 
 class GroupExplainAnswer(serializers.Serializer):
@@ -228,7 +228,7 @@ class GroupExplainView(ScopedAPIView):
     @extend_schema(responses=GroupExplainAnswer)
     def get(self, request, pk):
         group = self.get_object()
-        waiting = services.waiting_group(group)
+        waiting = queue.waiting_group(group)
         return Response(
             {
                 "group_id": group.pk,
@@ -236,6 +236,6 @@ class GroupExplainView(ScopedAPIView):
                 "schedule_reason": group.schedule_reason,
                 "reservation": group.reservation,
                 "network": group.network,
-                "now": group_answer(services.dry_run(waiting)) if waiting is not None else None,
+                "now": group_answer(cycle.dry_run(waiting)) if waiting is not None else None,
             }
         )

@@ -1,0 +1,288 @@
+"""Placement: the queue in its order, each single task on its best node (the chain, then
+the weighted score), each group whole or not at all, every decision applied to the
+snapshot before the next; and the explanation's detail, and `fits`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from apps.scheduler import nvlink
+from apps.scheduler.core.filters import Ask, Chain, explained
+from apps.scheduler.core.fleet import (
+    NEUTRAL,
+    FleetView,
+    reserve_mb,
+    score_replica_spread,
+    score_topology,
+    shareable_cards,
+)
+from apps.scheduler.core.groups import (
+    GroupDecision,
+    GroupFailure,
+    GroupReq,
+    Held,
+    hold_again,
+    hold_for_group,
+    place_group,
+)
+from apps.scheduler.core.snapshot import Decision, Failure, GpuSnap, NodeSnap, PluginSettings, TaskReq
+from apps.slices import planning
+from apps.tasks.choices import TaskKind
+
+
+def pick_cards(cards: Sequence[GpuSnap], count: int) -> list[GpuSnap]:
+    """Inside the node: the cards with the fewest holders, then the lowest index."""
+    return sorted(cards, key=lambda gpu: (len(gpu.holders), gpu.index))[:count]
+
+
+def nodes_to_score(total: int) -> int:
+    """How many feasible nodes to score per task (as kube-scheduler's
+    percentageOfNodesToScore): all of a small fleet, 5 % of a large one, at least 100."""
+    return max(100, total * 5 // 100)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """The best feasible node so far for a task."""
+
+    score: float
+    node_id: str
+    position: int
+    group: list[int] | None  # the cards of the NVLink group it would get, with topology data
+
+
+def place(
+    tasks: Sequence[TaskReq],
+    nodes: Sequence[NodeSnap],
+    settings: PluginSettings,
+    may_share: Callable[[int, int], bool],
+    mark: Callable[[], None] | None = None,
+    siblings: Mapping[int, Mapping[str, int]] | None = None,
+) -> tuple[list[Decision], list[Failure]]:
+    """`mark`, if given, is called before each task and once at the end (the benchmark
+    times single decisions with it; the core itself reads no clock). `siblings`: as for
+    place_queue."""
+    placement = place_queue(tasks, nodes, settings, may_share, mark, siblings=siblings)
+    return placement.decisions, placement.failures
+
+
+@dataclass
+class Placement:
+    """A cycle's decisions: single tasks, and task groups placed whole."""
+
+    decisions: list[Decision] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    groups: list[GroupDecision] = field(default_factory=list)
+    group_failures: list[GroupFailure] = field(default_factory=list)
+
+
+def place_queue(
+    queue: Sequence[TaskReq | GroupReq],
+    nodes: Sequence[NodeSnap],
+    settings: PluginSettings,
+    may_share: Callable[[int, int], bool],
+    mark: Callable[[], None] | None = None,
+    reserving: Mapping[int, Sequence[str]] | None = None,
+    held: Sequence[Held] = (),
+    siblings: Mapping[int, Mapping[str, int]] | None = None,
+) -> Placement:
+    """The queue in its order (single tasks and groups interleaved by priority): each
+    single task on its best node, each group whole or not at all (`place_group`), every
+    decision applied to the snapshot before the next item is decided. A group named in
+    `reserving` (id -> the nodes it targeted last cycle) that does not fit holds the free
+    cards it waits for (`hold_for_group`) against everything after it in the queue.
+    `held`: reservations already standing in front of the whole queue (a dry run's).
+    `siblings`: for the services whose replicas are in the queue (TaskReq.replica_of),
+    how many of their other replicas each node holds already (group id -> node id ->
+    count); the replicas placed in this cycle are added as they land, so the
+    `replica-spread` score keeps a service's replicas apart."""
+    placement = Placement()
+    spread: dict[int, dict[str, int]] = {group: dict(on) for group, on in (siblings or {}).items()}
+    decisions, failures = placement.decisions, placement.failures
+    fleet = FleetView(nodes, settings, may_share)
+    if held:
+        hold_again(fleet, held)
+    total = len(fleet.nodes)
+    limit = nodes_to_score(total)
+    start = 0
+    for task in queue:
+        if mark:
+            mark()
+        if isinstance(task, GroupReq):
+            outcome = place_group(task, fleet)
+            if isinstance(outcome, GroupDecision):
+                placement.groups.append(outcome)
+                continue
+            if reserving and task.id in reserving:
+                outcome.reservation = hold_for_group(task, fleet, reserving[task.id])
+            placement.group_failures.append(outcome)
+            continue
+        ask = Ask.of(task, settings)
+        service = task.replica_of
+        here = None if service is None else spread.setdefault(service, {})
+        best, removed, examined = search(ask, fleet, start, limit, here)
+        # the next task starts where this one stopped looking, so sampling rotates
+        start = (start + examined) % total if total else 0
+        if best is None:
+            failures.append(Failure(task.id, _failure_code(removed, total), explained(removed)))
+        else:
+            decisions.append(take(ask, fleet, best))
+            if here is not None:
+                here[best.node_id] = here.get(best.node_id, 0) + 1
+    if mark:
+        mark()
+    return placement
+
+
+def search(
+    ask: Ask, fleet: FleetView, start: int, limit: int, siblings: Mapping[str, int] | None = None
+) -> tuple[Candidate | None, dict[str, int], int]:
+    """The nodes from `start` on, round the fleet, through the chain; the feasible ones
+    are scored, until `limit` were found. Returns the best, the removal counts and how
+    many nodes were looked at. `siblings` (a replica's: node id -> the service's other
+    replicas there) adds the `replica-spread` score."""
+    chain = Chain.of(ask, fleet)
+    gate, checks = chain.gate, chain.checks
+    task, settings = ask.task, fleet.settings
+    weights = settings.weights
+    nvlink_on = "nvlink" in settings.enabled
+    topology_on = "topology" in settings.enabled
+    located = topology_on and any(task.labels.get(level) for level in ("region", "zone", "rack"))
+    # the task-dependent parts of the score that are the same on every node
+    constant = weights.get("topology", 1.0) * NEUTRAL if topology_on and not located else 0.0
+    topology_weight, nvlink_weight = weights.get("topology", 1.0), weights.get("nvlink", 1.0)
+    apart = siblings is not None and "replica-spread" in settings.enabled
+    apart_weight = weights.get("replica-spread", 1.0)
+    nodes, base_score = fleet.nodes, fleet.base_score
+    whole, need, vendor, memory = ask.whole, ask.need, ask.vendor, task.gpu_memory_mb
+    removed: dict[str, int] = {}
+    best: Candidate | None = None
+    feasible = examined = 0
+    for position in itertools.chain(range(start, len(nodes)), range(start)):
+        if feasible >= limit:
+            break
+        examined += 1
+        reason = gate[position]
+        if reason is None:
+            for check in checks:
+                reason = check(position)
+                if reason is not None:
+                    break
+        if reason is not None:
+            removed[reason] = removed.get(reason, 0) + 1
+        else:
+            feasible += 1
+            topology = fleet.topology(position) if whole and nvlink_on else None
+            group = None
+            score = base_score[position] + constant
+            if located:
+                score += topology_weight * score_topology(nodes[position], task)
+            if nvlink_on:
+                if topology is not None:
+                    free = [gpu.index for gpu in fleet.whole_cards(position, vendor, memory)]
+                    group = nvlink.choose(topology, free, need)
+                    score += nvlink_weight * nvlink.score(topology, free, group)
+                else:
+                    score += nvlink_weight * NEUTRAL
+            node_id = nodes[position].id
+            if apart:
+                score += apart_weight * score_replica_spread(siblings.get(node_id, 0))
+            if best is None or score > best.score or (score == best.score and node_id < best.node_id):
+                best = Candidate(score, node_id, position, group)
+    return best, removed, examined
+
+
+def take(ask: Ask, fleet: FleetView, best: Candidate) -> Decision:
+    """Place the task on the best node: pick its cards and record it as their holder."""
+    task = ask.task
+    node = fleet.nodes[best.position]
+    cards = fleet.whole_cards(best.position, ask.vendor, task.gpu_memory_mb) if ask.whole else []
+    if best.group is not None:
+        by_index = {gpu.index: gpu for gpu in cards}
+        chosen = [by_index[index] for index in best.group]
+    elif task.memory_only:
+        chosen = pick_cards(shareable_cards(node, task, fleet.settings, fleet.may_share), 1)
+    else:
+        chosen = pick_cards(cards, ask.need)
+    memory = task.gpu_memory_mb if task.memory_only else None
+    if task.kind == TaskKind.INFERENCE and node.ports_free is not None:
+        node.ports_free -= 1
+    for gpu in chosen:
+        if memory is not None:
+            if gpu.mig:
+                memory = carve_mig(gpu, memory)
+            gpu.placed_mb += memory  # the reading does not show it yet
+        gpu.holders.append((task.id, task.tenant_id, memory))
+    if chosen:
+        fleet.changed(best.position)
+    return Decision(task.id, node.id, [gpu.index for gpu in chosen], memory, best.score)
+
+
+def carve_mig(gpu: GpuSnap, memory_mb: int) -> int:
+    """Take the smallest fitting MIG profile for a share on this card (the room check
+    said one fits); returns the profile's memory, which is what the ledger holds."""
+    profile = planning.choose_profile(gpu.mig_model, memory_mb, gpu.carved_g, gpu.carved_memory)
+    gpu.carved_g += profile.g
+    gpu.carved_memory += profile.memory_slices
+    return profile.memory_mb
+
+
+def _failure_code(removed: dict, total: int) -> str:
+    if removed.get("unavailable", 0) == total:
+        return "NoSchedulableNodes"
+    if removed.get("tenant_sharing") and not removed.get("capacity"):
+        return "NoTenantEligibleGPU"
+    return "InsufficientResources"
+
+
+def memory_detail(
+    task: TaskReq, nodes: Sequence[NodeSnap], settings: PluginSettings, may_share, limit: int = 50
+) -> list[dict]:
+    """For the explanation only (never the cycle): the cards where what the readings say
+    is in use is what keeps a memory-bounded task off (the ledger would admit it), each
+    with both numbers: the ledger's free memory and the measured free memory (before the
+    reserve), the reserve (a share's; 0 for a whole card, which is the task's alone) and
+    what the task needs. On the nodes that pass availability, tenant and load; at most
+    `limit` cards."""
+    memory = task.gpu_memory_mb
+    if not memory:
+        return []
+    ask = Ask.of(task, settings)
+    fleet = FleetView(nodes, settings, may_share, scores=False)
+    gate = Chain.of(ask, fleet).gate
+    found: list[dict] = []
+    for position, node in enumerate(fleet.nodes):
+        if gate[position] is not None:
+            continue
+        if ask.whole:
+            for gpu in fleet.open_cards(position, ask.vendor):
+                if gpu.whole_memory_mb(measured=False) >= memory > gpu.whole_memory_mb():
+                    found.append(_card_detail(node, gpu, gpu.memory_total_mb or 0, 0, memory))
+        else:
+            for gpu in shareable_cards(node, replace(task, gpu_memory_mb=0), settings, may_share):
+                reserve = 0 if gpu.mig else reserve_mb(gpu, settings)
+                if gpu.share_room_mb(reserve, measured=False) >= memory > gpu.share_room_mb(reserve):
+                    ledger = gpu.share_room_mb(0, measured=False) if gpu.mig else gpu.ledger_free_mb()
+                    found.append(_card_detail(node, gpu, ledger, reserve, memory))
+        if len(found) >= limit:
+            break
+    return found[:limit]
+
+
+def _card_detail(node: NodeSnap, gpu: GpuSnap, ledger_free: int, reserve: int, needed: int) -> dict:
+    measured = gpu.measured_free_mb()
+    return {
+        "node_id": node.id,
+        "gpu_index": gpu.index,
+        "ledger_free_mb": ledger_free,
+        "measured_free_mb": measured,
+        "reserve_mb": reserve,
+        "needed_mb": needed,
+    }
+
+
+def fits(node: NodeSnap, task: TaskReq, settings: PluginSettings, may_share) -> bool:
+    """Whether the chain lets the task onto this node as it is."""
+    return Chain.of(Ask.of(task, settings), FleetView([node], settings, may_share, scores=False)).rejection(0) is None

@@ -1,0 +1,186 @@
+"""One cycle: the queue and the snapshot read, the core's decision, bind, preemption,
+and why the others wait written back; and a dry run (the same decision for one
+request, binding nothing)."""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+
+import orjson
+from django.conf import settings as django_settings
+from django.db import connection
+
+from apps.core.clock import utcnow
+from apps.scheduler.bind import EXPLAIN, bind_all
+from apps.scheduler.core import (
+    Decision,
+    Failure,
+    GroupDecision,
+    GroupFailure,
+    GroupReq,
+    PreemptionPlan,
+    TaskReq,
+    memory_detail,
+    place_queue,
+)
+from apps.scheduler.plugins import plugin_settings, sharing_rule
+from apps.scheduler.preemption import preempt_for
+from apps.scheduler.queue import (
+    BATCH_SIZE,
+    GroupWindow,
+    group_window,
+    next_batch_ordered,
+    queue_state,
+    replicas_on_nodes,
+)
+from apps.scheduler.reservations import reservation_reports, reserving_groups, standing_reservations, store_reservations
+from apps.scheduler.snapshot import GpuRowCache, load_nodes
+
+
+@dataclass
+class CycleResult:
+    considered: int = 0
+    bound: list[int] = field(default_factory=list)
+    lost_races: list[int] = field(default_factory=list)
+    failed: dict[int, dict] = field(default_factory=dict)
+    backlog: bool = False
+    preemptions: dict[int, PreemptionPlan] = field(default_factory=dict)
+    # task groups: bound whole this cycle, and why the others wait (their members'
+    # task ids are in bound / lost_races / failed as well)
+    groups_bound: list[int] = field(default_factory=list)
+    groups_failed: dict[int, dict] = field(default_factory=dict)
+    # seconds spent in each phase, for the benchmark and the cycle metrics
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+EXPLAIN_GROUPS = """
+    UPDATE task_groups AS g SET schedule_reason = v.reason
+    FROM unnest(%s::bigint[], %s::jsonb[]) AS v(id, reason) WHERE g.id = v.id
+"""
+
+
+def run_cycle(batch_size: int = BATCH_SIZE, gpu_rows: GpuRowCache | None = None) -> CycleResult:
+    """One cycle. `gpu_rows`: the GPU rows the caller keeps between its cycles (the tick's),
+    reused for HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS; without it they are read afresh."""
+    # A cycle allocates tens of thousands of short-lived objects (the snapshot) that the
+    # cyclic collector would traverse again and again; reference counting frees them.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run_cycle(batch_size, gpu_rows)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run_cycle(batch_size: int, gpu_rows: GpuRowCache | None) -> CycleResult:
+    result = CycleResult()
+    clock = PhaseClock(result.phases)
+    ordered = next_batch_ordered(batch_size)
+    batch = [task for task, _ in ordered]
+    result.backlog, groups_waiting = queue_state(len(batch))
+    window = group_window() if groups_waiting else GroupWindow()
+    groups = window.entries
+    result.considered = len(batch) + sum(group.world_size for group, _ in groups)
+    if not batch and not groups:
+        return result
+    # one queue: a group is decided after the singles ahead of it (higher priority, or
+    # older at the same priority) and before those behind it
+    queue = [item for item, _ in sorted([*ordered, *groups], key=lambda entry: entry[1])]
+    may_share = sharing_rule()
+    settings = plugin_settings()
+    clock.lap("queue")
+    nodes = load_nodes(django_settings.HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS, gpu_rows)
+    siblings = replicas_on_nodes(batch)  # where the batch's services run already (no query without replicas)
+    clock.lap("snapshot")
+    started = utcnow()
+    reserve_after = django_settings.HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS
+    reserving = reserving_groups(window.heads, started, reserve_after)
+    placement = place_queue(queue, nodes, settings, may_share, reserving=reserving, siblings=siblings)
+    decisions, failures = placement.decisions, placement.failures
+    clock.lap("decide")
+    tasks = {task.id: task for task in batch}
+    for group, _ in groups:
+        tasks.update((member, group.worker(rank)) for rank, member in enumerate(group.members))
+    result.bound, result.lost_races = bind_all(decisions, tasks, may_share, settings, groups=placement.groups)
+    bound = set(result.bound)
+    result.groups_bound = [g.group_id for g in placement.groups if g.decisions[0].task_id in bound]
+    clock.lap("bind")
+    result.preemptions = preempt_for(failures, tasks, nodes, settings, may_share)
+    clock.lap("preempt")
+    now = utcnow().isoformat()
+    for failure in failures:
+        reason = failure.as_reason() | {"at": now}
+        plan = result.preemptions.get(failure.task_id)
+        if plan is not None:
+            # the preemptor waits: next cycle binds against the real ledger
+            reason |= {
+                "code": "PreemptionPending",
+                "cause": failure.code,
+                "preemption": {"node_id": plan.node_id, "victims": plan.victims},
+            }
+        result.failed[failure.task_id] = reason
+    members = {group.id: group.members for group, _ in groups}
+    reports = reservation_reports(window.heads, placement.group_failures, started, reserve_after)
+    for failure in placement.group_failures:
+        reason = result.groups_failed[failure.group_id] = failure.as_reason() | {"at": now}
+        if failure.group_id in reports:
+            reason["reservation"] = reports[failure.group_id]
+        # the members say why in a line and point at the group, which has the details
+        brief = {key: value for key, value in reason.items() if key != "reservation"} | {"group": failure.group_id}
+        for member in members[failure.group_id]:
+            result.failed[member] = brief
+    store_reservations(reports)
+    if result.failed:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                EXPLAIN, [list(result.failed), [orjson.dumps(reason).decode() for reason in result.failed.values()]]
+            )
+            if result.groups_failed:
+                cursor.execute(
+                    EXPLAIN_GROUPS,
+                    [
+                        list(result.groups_failed),
+                        [orjson.dumps(reason).decode() for reason in result.groups_failed.values()],
+                    ],
+                )
+    clock.lap("explain")
+    return result
+
+
+class PhaseClock:
+    def __init__(self, into: dict[str, float]):
+        self.into = into
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.into[phase] = now - self.last
+        self.last = now
+
+
+def dry_run(request: TaskReq | GroupReq) -> Decision | Failure | GroupDecision | GroupFailure:
+    """Where a task or a task group would go now, or why not: against a fresh snapshot
+    and behind the reservations standing for its priority or higher, binding nothing."""
+    return explain_now(request)[0]
+
+
+def explain_now(request: TaskReq | GroupReq) -> tuple[Decision | Failure | GroupDecision | GroupFailure, list[dict]]:
+    """dry_run, and for a task kept off by what the cards' readings say is in use
+    (`memory_in_use` among its reasons) the cards where that is so, with the ledger's
+    and the measured free memory, the reserve and what it needs (core.memory_detail, on
+    the same snapshot; computed here, for the explanation, never in the cycle)."""
+    exclude = request.id if isinstance(request, GroupReq) else None
+    nodes, settings, may_share = load_nodes(), plugin_settings(), sharing_rule()
+    placement = place_queue(
+        [request], nodes, settings, may_share, held=standing_reservations(request.priority, exclude=exclude)
+    )
+    outcomes = [*placement.decisions, *placement.failures, *placement.groups, *placement.group_failures]
+    outcome = outcomes[0]
+    cards: list[dict] = []
+    if isinstance(outcome, Failure) and "memory_in_use" in outcome.removed:
+        # the placement took nothing (it failed): the snapshot is as it was read
+        cards = memory_detail(request, nodes, settings, may_share)
+    return outcome, cards
