@@ -84,6 +84,7 @@ def test_a_page_of_cards_asks_for_their_state_once_not_per_card(client, world, u
     client.force_login(world.operator)
     node = make_node("n1", gpus=2)
     make_task_holding(node, world.tenants["acme"], "running", card=0)
+    queries(client, url)  # a process's first page fills its caches (content types, permissions)
     few = queries(client, url)
     Gpu.objects.bulk_create(Gpu(node=node, index=i, vendor="nvidia") for i in range(2, 8))
     make_task_holding(node, world.tenants["acme"], "scheduled", card=5)
