@@ -1,6 +1,8 @@
-"""Helpers for the thin ASGI routes that sit in front of Django (the heartbeat, the task
-create): reading a request's headers from the ASGI scope as Django would read them; and
-the API's body limit in front of Django (`BodyLimit`)."""
+"""The thin ASGI routes that sit in front of Django (the heartbeat, the task create, the
+gateway) and what they share: the base class that answers some requests and hands the
+rest on (`ThinRoute`); reading a request's headers from the ASGI scope as Django would
+read them; reading a body within a limit (`read_body`) and sending a JSON answer
+(`send_json`); and the API's body limit in front of Django (`BodyLimit`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,87 @@ from django.http.request import split_domain_port, validate_host
 
 from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import error_body
+
+
+class ThinRoute:
+    """An ASGI app in front of another (`fallback`, in the end Django): the HTTP requests
+    `match` picks are answered here, by `handle`; everything else goes on unchanged,
+    the lifespan included unless a route takes it."""
+
+    def __init__(self, fallback):
+        self.fallback = fallback
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            matched = self.match(scope)
+            if matched is not None:
+                await self.handle(scope, receive, send, matched)
+                return
+        elif scope["type"] == "lifespan":
+            await self.lifespan(scope, receive, send)
+            return
+        await self.fallback(scope, receive, send)
+
+    def match(self, scope):
+        """None for a request this route does not answer; else what `handle` is given
+        (a path's parts, or True)."""
+        raise NotImplementedError
+
+    async def handle(self, scope, receive, send, matched) -> None:
+        raise NotImplementedError
+
+    async def lifespan(self, scope, receive, send) -> None:
+        await self.fallback(scope, receive, send)
+
+
+class BodyTooLarge(Exception):
+    """The body is (or says it is) over the limit; each route answers 413 in its words."""
+
+    def __init__(self, limit: int):
+        super().__init__(limit)
+        self.limit = limit
+
+
+class ClientGone(Exception):
+    """The client went away before the body's end."""
+
+
+async def read_body(scope, receive, limit: int | None = None) -> bytes:
+    """The whole body: BodyTooLarge once a declared Content-Length or the bytes received
+    pass `limit` (None: no limit), ClientGone if the client leaves first."""
+    if limit is not None:
+        declared = header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge(limit)
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def send_json(send, status: int, body, headers=(), *, option: int = 0) -> None:
+    """`body` as JSON (orjson, with `option`), its length, then `headers`."""
+    payload = orjson.dumps(body, option=option)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
 
 
 def header(scope, name: bytes) -> str | None:
@@ -90,12 +173,4 @@ class BodyLimit:
 
 
 async def too_large(send, limit: int) -> None:
-    body = orjson.dumps(error_body(CoreErrorCode.PAYLOAD_TOO_LARGE, f"The body may be at most {limit} bytes."))
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, 413, error_body(CoreErrorCode.PAYLOAD_TOO_LARGE, f"The body may be at most {limit} bytes."))

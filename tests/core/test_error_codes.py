@@ -62,6 +62,13 @@ def code_nodes(tree: ast.AST) -> list[ast.expr]:
             if position is not None and len(node.args) > position:
                 found.append(node.args[position])
             found += [keyword.value for keyword in node.keywords if keyword.arg == "code"]
+        elif isinstance(node, ast.ClassDef) and node.name in CODE_ARGUMENT:
+            # an error class's own constructors (GatewayError.rate_limited…: `cls(...)`)
+            position = CODE_ARGUMENT[node.name]
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "cls":
+                    if len(call.args) > position:
+                        found.append(call.args[position])
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             arguments = node.args
             positional = arguments.posonlyargs + arguments.args

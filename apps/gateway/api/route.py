@@ -42,7 +42,7 @@ from django.conf import settings
 from django.db import connection
 from redis.exceptions import RedisError
 
-from apps.core.asgi import header, host_is_allowed, is_secure
+from apps.core.asgi import BodyTooLarge, ClientGone, ThinRoute, header, host_is_allowed, is_secure, read_body, send_json
 from apps.core.enqueue import enqueue
 from apps.gateway import keys, routing
 from apps.gateway import services as gateway_services
@@ -58,6 +58,7 @@ from apps.gateway.limits import (
     count_processes,
     retry_after,
 )
+from apps.gateway.prober import Prober
 from apps.gateway.usage import Meter, usage_of_body, usage_of_stream
 from apps.monitoring.metrics import record_gateway_request, record_gateway_tokens, record_gateway_without_redis
 
@@ -66,11 +67,9 @@ logger = logging.getLogger(__name__)
 POST_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 MODELS_PATH = "/v1/models"
+# a sleeping service's wake is asked for at most this often by one process, however many
+# requests wait for it: each ask is a job sent through the broker
 WAKE_EVERY_SECONDS = 5.0
-PROBE_EVERY_SECONDS = 10.0  # the gateway's own probe of the replicas it routes to
-PROBE_TIMEOUT_SECONDS = 2.0
-PROBE_PATHS = ("/health", "/v1/models")  # the engines' health endpoint, else the models list
-CLEAN_EVERY_SECONDS = 300.0  # stale cache entries dropped
 REDIS_AWAY_RETRY_SECONDS = 1.0  # how often a process asks whether Redis is back
 TENANT_KEY_PREFIXES = ("sk-tenant-", "sk-admin-")
 FORWARDED_REQUEST_HEADERS = (b"content-type", b"accept")
@@ -80,55 +79,127 @@ DROPPED_RESPONSE_HEADERS = frozenset(
 
 
 class GatewayError(Exception):
+    """An answer in OpenAI's error shape, and the one place that shape is made: the
+    constructors below name the errors the gateway answers with."""
+
     def __init__(self, status: int, message: str, type_: str, code: str | None = None, headers=(), param=None):
         super().__init__(message)
         self.status, self.headers, self.code = status, list(headers), code
         self.body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
+    @classmethod
+    def unauthorized(cls, message: str, code: str = GatewayErrorCode.INVALID_API_KEY) -> GatewayError:
+        return cls(401, message, "authentication_error", code, [(b"www-authenticate", b'Bearer realm="heteroflow"')])
 
-def unauthorized(message: str, code: str = GatewayErrorCode.INVALID_API_KEY) -> GatewayError:
-    return GatewayError(
-        401, message, "authentication_error", code, [(b"www-authenticate", b'Bearer realm="heteroflow"')]
-    )
+    @classmethod
+    def bad_request(cls, message: str, param: str | None = None, code: str | None = None) -> GatewayError:
+        return cls(400, message, "invalid_request_error", code, param=param)
 
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:
-    return GatewayError(400, message, "invalid_request_error", code, param=param)
-
-
-def unavailable(
-    message: str, retry: int | None = None, code: str = GatewayErrorCode.NO_HEALTHY_BACKEND
-) -> GatewayError:
-    headers = [(b"retry-after", str(retry).encode())] if retry else []
-    return GatewayError(503, message, "service_unavailable", code, headers)
-
-
-def backend_failed(exc: BaseException, outcome, when: str) -> GatewayError:
-    """A backend that timed out (504) or failed (502), `when` it did ("" or " mid-answer")."""
-    outcome.error = True
-    if isinstance(exc, TimeoutError):
-        return GatewayError(
-            504, "The model's backend did not answer in time.", "server_error", GatewayErrorCode.BACKEND_TIMEOUT
+    @classmethod
+    def too_large(cls, limit: int) -> GatewayError:
+        return cls(
+            413, f"The body may be at most {limit} bytes.", "invalid_request_error", GatewayErrorCode.PAYLOAD_TOO_LARGE
         )
-    return GatewayError(
-        502, f"The model's backend failed{when} ({type(exc).__name__}).", "server_error", GatewayErrorCode.BACKEND_ERROR
+
+    @classmethod
+    def rate_limited(cls, admission: Admission, now: float) -> GatewayError:
+        whose = "this API key" if admission.whose == "key" else "this tenant"
+        what = {"requests": "requests per minute", "tokens": "tokens per minute", "concurrency": "concurrent requests"}
+        return cls(
+            429,
+            f"Rate limit reached for {whose}: {what[admission.kind]}. Retry after the window resets.",
+            "tokens" if admission.kind == "tokens" else "requests",
+            GatewayErrorCode.RATE_LIMIT_EXCEEDED,
+            [(b"retry-after", str(retry_after(admission.kind, now)).encode())],
+        )
+
+    @classmethod
+    def server_error(cls) -> GatewayError:
+        return cls(500, "Internal server error.", "server_error", GatewayErrorCode.SERVER_ERROR)
+
+    @classmethod
+    def unreachable(cls, exc: BaseException) -> GatewayError:
+        return cls(
+            502,
+            f"The model's backend could not be reached ({type(exc).__name__}).",
+            "server_error",
+            GatewayErrorCode.BACKEND_UNREACHABLE,
+        )
+
+    @classmethod
+    def backend_error(cls, exc: BaseException, when: str) -> GatewayError:
+        """The backend failed, `when` it did ("", " mid-answer", " mid-stream")."""
+        return cls(
+            502,
+            f"The model's backend failed{when} ({type(exc).__name__}).",
+            "server_error",
+            GatewayErrorCode.BACKEND_ERROR,
+        )
+
+    @classmethod
+    def backend_failed(cls, exc: BaseException, when: str) -> GatewayError:
+        """A backend that timed out (504) or failed (502)."""
+        if isinstance(exc, TimeoutError):
+            return cls(
+                504, "The model's backend did not answer in time.", "server_error", GatewayErrorCode.BACKEND_TIMEOUT
+            )
+        return cls.backend_error(exc, when)
+
+    @classmethod
+    def unavailable(
+        cls, message: str, retry: int | None = None, code: str = GatewayErrorCode.NO_HEALTHY_BACKEND
+    ) -> GatewayError:
+        headers = [(b"retry-after", str(retry).encode())] if retry else []
+        return cls(503, message, "service_unavailable", code, headers)
+
+
+class Call:
+    """One request's state, from its scope to the release of its counts: what the
+    gateway's methods hand one another. The last three are the proxying's, set afresh
+    for each attempt (a request retried on a service just woken is proxied twice)."""
+
+    __slots__ = (
+        "scope",
+        "receive",
+        "timing",
+        "send",
+        "path",
+        "key",
+        "body",
+        "data",
+        "service",
+        "limits",
+        "request_id",
+        "outcome",
     )
 
+    def __init__(self, scope, receive, timing: Timing):
+        self.scope, self.receive, self.timing, self.send = scope, receive, timing, timing.send
+        self.path: str = scope["path"]
+        self.key: KeyInfo | None = None
+        self.body = b""
+        self.data: dict = {}
+        self.service: Service | None = None
+        self.limits: Limits | None = None
+        self.request_id = ""
+        self.outcome: Outcome | None = None
 
-class GatewayApp:
+
+class GatewayApp(ThinRoute):
     """/v1/* answered here; everything else goes to `fallback` (Django)."""
 
     def __init__(self, fallback, *, catalog: Catalog | None = None):
-        self.fallback = fallback
+        super().__init__(fallback)
         self.catalog = catalog or Catalog()
         self.meter = Meter(self.catalog)
+        self.prober = Prober(self.catalog, self.client)
         self._client: aiohttp.ClientSession | None = None
         self._client_loop = None
         self._limits: Limits | None = None
         self._limits_redis = None
         self._turns = count()
         self._woken: dict[int, float] = {}
-        self._prober: asyncio.Task | None = None
+        self._probing: asyncio.Task | None = None
         self._keeper: asyncio.Task | None = None
         self._flusher: asyncio.Task | None = None
         self.balancer = settings.HETEROFLOW_GATEWAY_BALANCER
@@ -142,18 +213,13 @@ class GatewayApp:
                 "request with no rate, token or concurrency limit"
             )
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            path = scope["path"]
-            if path in POST_PATHS or path == MODELS_PATH or path.startswith(MODELS_PATH + "/"):
-                await self.handle(scope, receive, send)
-                return
-        elif scope["type"] == "lifespan":
-            await self.lifespan(receive, send)
-            return
-        await self.fallback(scope, receive, send)
+    def match(self, scope) -> bool | None:
+        path = scope["path"]
+        if path in POST_PATHS or path == MODELS_PATH or path.startswith(MODELS_PATH + "/"):
+            return True
+        return None
 
-    async def lifespan(self, receive, send) -> None:
+    async def lifespan(self, scope, receive, send) -> None:
         """The ASGI lifespan (the apps behind this one, Django's included, take none): the
         background tasks start with the process; at shutdown, after the last request
         ended (uvicorn waits for them on SIGTERM), the usage gathered is written."""
@@ -204,11 +270,11 @@ class GatewayApp:
             self._limits_redis = redis
         return self._limits
 
-    # --- the backends' health -------------------------------------------------------------
+    # --- background ----------------------------------------------------------------------
 
     def start_background(self) -> None:
-        """The probe of the replicas, the count of the gateway processes (and the watch
-        on Redis) and the usage flush, each a task on this loop."""
+        """The probe of the replicas (apps.gateway.prober), the count of the gateway
+        processes (and the watch on Redis) and the usage flush, each a task on this loop."""
         loop = asyncio.get_running_loop()
 
         def started(task, body):
@@ -216,9 +282,12 @@ class GatewayApp:
                 return loop.create_task(body())
             return task
 
-        self._prober = started(self._prober, self.probe_forever)
+        self._probing = started(self._probing, self.prober.forever)
         self._keeper = started(self._keeper, self.keep_forever)
         self._flusher = started(self._flusher, self.flush_forever)
+
+    async def probe_once(self) -> dict[str, bool]:
+        return await self.prober.once()
 
     async def flush_forever(self) -> None:
         """Usage is written at least every HETEROFLOW_GATEWAY_FLUSH_SECONDS, requests or
@@ -227,6 +296,23 @@ class GatewayApp:
             await asyncio.sleep(settings.HETEROFLOW_GATEWAY_FLUSH_SECONDS)
             if self.meter.pending():
                 await self.meter.flush()
+
+    async def close(self) -> None:
+        for task in (self._probing, self._keeper, self._flusher):
+            if task is not None:
+                task.cancel()
+        self._probing = self._keeper = self._flusher = None
+        await self.meter.flush()
+        if self.catalog._redis is not None and not self.catalog.redis_away:
+            try:  # no longer one of the live processes
+                async with asyncio.timeout(REDIS_TIMEOUT):
+                    await self.catalog._redis.zrem(PROCESSES_KEY, self.process_id)
+            except Exception:
+                logger.info("could not leave the gateway processes' count; it forgets this one in 15 s")
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        await self.catalog.close()
 
     # --- Redis away ----------------------------------------------------------------------
 
@@ -268,7 +354,7 @@ class GatewayApp:
     def admit_without_redis(self, key: KeyInfo, now: float) -> Admission:
         if self.without_redis == "closed":
             record_gateway_without_redis("closed", admitted=False)
-            raise unavailable(
+            raise GatewayError.unavailable(
                 "The gateway cannot check this key's limits right now; retry shortly.",
                 retry=5,
                 code=GatewayErrorCode.LIMITS_UNAVAILABLE,
@@ -281,115 +367,48 @@ class GatewayApp:
         record_gateway_without_redis(self.without_redis, admission.admitted)
         return admission
 
-    async def probe_forever(self) -> None:
-        cleaned = time.monotonic()
-        while True:
-            await asyncio.sleep(PROBE_EVERY_SECONDS)
-            try:
-                await self.probe_once()
-                if time.monotonic() - cleaned >= CLEAN_EVERY_SECONDS:
-                    cleaned = time.monotonic()
-                    self.catalog.clean(CLEAN_EVERY_SECONDS)
-            except Exception:
-                logger.warning("the gateway's backend probe failed", exc_info=True)
-
-    async def probe_once(self) -> dict[str, bool]:
-        """Probe every replica of the routes this process holds: one that does not answer
-        (or answers 5xx) is out of rotation until the next probe says otherwise; one that
-        answers is back at once."""
-        addresses = sorted(self.catalog.known_backends())
-        results = await asyncio.gather(*(self.probe(address) for address in addresses))
-        for address, ok in zip(addresses, results, strict=True):
-            if ok:
-                self.catalog.release(address)
-            else:
-                self.catalog.quarantine(address, PROBE_EVERY_SECONDS + PROBE_TIMEOUT_SECONDS)
-        return dict(zip(addresses, results, strict=True))
-
-    async def probe(self, address: str) -> bool:
-        client = self.client()
-        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS)
-        for path in PROBE_PATHS:
-            try:
-                async with client.get(address + path, timeout=timeout, allow_redirects=False) as response:
-                    if response.status == 404:
-                        continue  # no such endpoint on this engine: try the next
-                    return response.status < 500
-            except (aiohttp.ClientError, TimeoutError):
-                return False
-        return False
-
-    async def close(self) -> None:
-        for task in (self._prober, self._keeper, self._flusher):
-            if task is not None:
-                task.cancel()
-        self._prober = self._keeper = self._flusher = None
-        await self.meter.flush()
-        if self.catalog._redis is not None and not self.catalog.redis_away:
-            try:  # no longer one of the live processes
-                async with asyncio.timeout(REDIS_TIMEOUT):
-                    await self.catalog._redis.zrem(PROCESSES_KEY, self.process_id)
-            except Exception:
-                logger.info("could not leave the gateway processes' count; it forgets this one in 15 s")
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
-        await self.catalog.close()
-
     # --- the request -------------------------------------------------------------------
 
-    async def handle(self, scope, receive, send) -> None:
+    async def handle(self, scope, receive, send, matched) -> None:
         timing = Timing(send)
+        call = Call(scope, receive, timing)
         try:
-            await self.respond(scope, receive, timing.send)
+            await self.respond(call)
         except GatewayError as exc:
-            await send_json(timing.send, exc.status, exc.body, exc.headers)
+            await send_json(call.send, exc.status, exc.body, exc.headers)
         except psycopg.Error:
             logger.exception("the gateway could not read its catalog")
             if timing.status:
                 raise
-            await send_json(
-                timing.send,
-                503,
-                unavailable(
-                    "The gateway cannot read its configuration now; retry.",
-                    retry=5,
-                    code=GatewayErrorCode.CATALOG_UNAVAILABLE,
-                ).body,
-                [(b"retry-after", b"5")],
+            exc = GatewayError.unavailable(
+                "The gateway cannot read its configuration now; retry.",
+                retry=5,
+                code=GatewayErrorCode.CATALOG_UNAVAILABLE,
             )
+            await send_json(call.send, exc.status, exc.body, exc.headers)
         except Exception:
-            logger.exception("the gateway failed on %s", scope["path"])
+            logger.exception("the gateway failed on %s", call.path)
             if timing.status:
                 raise  # the answer has started: the connection is cut, the client sees an error
-            await send_json(
-                timing.send,
-                500,
-                {
-                    "error": {
-                        "message": "Internal server error.",
-                        "type": "server_error",
-                        "param": None,
-                        "code": GatewayErrorCode.SERVER_ERROR,
-                    }
-                },
-            )
+            exc = GatewayError.server_error()
+            await send_json(call.send, exc.status, exc.body, exc.headers)
         finally:
             record_gateway_request(
-                ENDPOINTS.get(scope["path"], "models"),
+                ENDPOINTS.get(call.path, "models"),
                 timing.status,
                 disconnected=timing.disconnected,
                 seconds=time.perf_counter() - timing.started,
                 first_byte=timing.first_byte,
             )
 
-    async def respond(self, scope, receive, send) -> None:
+    async def respond(self, call: Call) -> None:
+        scope = call.scope
         host = header(scope, b"host") or ""
         if not host_is_allowed(scope):
-            raise bad_request(f"Invalid HTTP_HOST header: {host!r}.")
+            raise GatewayError.bad_request(f"Invalid HTTP_HOST header: {host!r}.")
         if settings.SECURE_SSL_REDIRECT and not is_secure(scope):
             raise GatewayError(403, "Use HTTPS.", "invalid_request_error", GatewayErrorCode.HTTPS_REQUIRED)
-        path, method = scope["path"], scope["method"]
+        path, method = call.path, scope["method"]
         wanted = "GET" if path.startswith(MODELS_PATH) else "POST"
         if method != wanted:
             raise GatewayError(
@@ -400,73 +419,81 @@ class GatewayApp:
                 [(b"allow", wanted.encode())],
             )
         await self.catalog.fresh()
-        if self._prober is None:
+        if self._probing is None:
             self.start_background()
-        key = await self.authenticate(scope)
+        call.key = await self.authenticate(scope)
         if wanted == "GET":
-            await self.models(send, key, path)
+            await self.models(call)
             return
-        body = await read_body(scope, receive, settings.HETEROFLOW_GATEWAY_MAX_BODY_BYTES)
         try:
-            data = orjson.loads(body)
+            call.body = await read_body(scope, call.receive, settings.HETEROFLOW_GATEWAY_MAX_BODY_BYTES)
+        except BodyTooLarge as exc:
+            raise GatewayError.too_large(exc.limit) from None
+        except ClientGone:
+            raise GatewayError.bad_request("The client went away.") from None
+        try:
+            call.data = orjson.loads(call.body)
         except orjson.JSONDecodeError as exc:
-            raise bad_request(f"The body is not valid JSON: {exc}.") from None
-        if not isinstance(data, dict):
-            raise bad_request("The body must be a JSON object.")
-        model = data.get("model")
+            raise GatewayError.bad_request(f"The body is not valid JSON: {exc}.") from None
+        if not isinstance(call.data, dict):
+            raise GatewayError.bad_request("The body must be a JSON object.")
+        model = call.data.get("model")
         if not isinstance(model, str) or not model:
-            raise bad_request("you must provide a model parameter", param="model")
-        service = await self.service_for(key, model)
+            raise GatewayError.bad_request("you must provide a model parameter", param="model")
+        call.service = await self.service_for(call.key, model)
         try:
-            await self.proxy(scope, receive, send, key, service, path, body, data)
+            await self.proxy(call)
         except GatewayError as exc:
             # Nothing was sent yet. The cached routes may predate the service falling
             # asleep (its replicas stopped): read them again, and wake it rather than 502.
             if exc.code != GatewayErrorCode.BACKEND_UNREACHABLE:
                 raise
-            self.catalog.forget_routes(key.tenant_id)
-            now = {s.id: s for s in (await self.catalog.routes(key.tenant_id)).get(model, [])}.get(service.id)
+            tenant_id = call.key.tenant_id
+            self.catalog.forget_routes(tenant_id)
+            now = {s.id: s for s in (await self.catalog.routes(tenant_id)).get(model, [])}.get(call.service.id)
             if now is None or now.state not in ("sleeping", "waking"):
                 raise
-            await self.proxy(scope, receive, send, key, await self.wake(key, now), path, body, data)
+            call.service = await self.wake(call.key, now)
+            await self.proxy(call)
 
     async def authenticate(self, scope) -> KeyInfo:
         scheme, _, token = (header(scope, b"authorization") or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise unauthorized(
+            raise GatewayError.unauthorized(
                 "You didn't provide an API key. Send an endpoint key (sk-hf-...) as Authorization: Bearer.",
                 code=GatewayErrorCode.MISSING_API_KEY,
             )
         if token.startswith(TENANT_KEY_PREFIXES):
-            raise unauthorized(
+            raise GatewayError.unauthorized(
                 "Tenant and platform keys (sk-tenant-, sk-admin-) manage the platform; the OpenAI-compatible "
                 "endpoints take an endpoint key (sk-hf-...), created under /api/v1/gateway/keys."
             )
         if not keys.is_endpoint_key(token):
-            raise unauthorized("Incorrect API key provided.")
+            raise GatewayError.unauthorized("Incorrect API key provided.")
         key = await self.catalog.key(keys.hash_key(token))
         if key is None:
-            raise unauthorized("Incorrect API key provided.")
+            raise GatewayError.unauthorized("Incorrect API key provided.")
         refusal = key.refusal(datetime.now(UTC))
         if refusal:
-            raise unauthorized(refusal)
+            raise GatewayError.unauthorized(refusal)
         self.meter.key_used(key.id)
         return key
 
-    async def models(self, send, key: KeyInfo, path: str) -> None:
+    async def models(self, call: Call) -> None:
+        key, path = call.key, call.path
         routes = await self.catalog.routes(key.tenant_id)
         names = sorted(name for name in routes if key.may_call(name))
         entries = {name: {"id": name, "object": "model", "created": 0, "owned_by": key.tenant_slug} for name in names}
         if path.rstrip("/") == MODELS_PATH:
-            await send_json(send, 200, {"object": "list", "data": list(entries.values())})
+            await send_json(call.send, 200, {"object": "list", "data": list(entries.values())})
             return
         wanted = path[len(MODELS_PATH) + 1 :]
         if wanted not in entries:
             raise GatewayError(
                 404, f"The model '{wanted}' does not exist.", "invalid_request_error", GatewayErrorCode.MODEL_NOT_FOUND
             )
-        await send_json(send, 200, entries[wanted])
+        await send_json(call.send, 200, entries[wanted])
 
     async def service_for(self, key: KeyInfo, model: str) -> Service:
         services = (await self.catalog.routes(key.tenant_id)).get(model)
@@ -497,7 +524,7 @@ class GatewayApp:
         asleep = [s for s in services if s.state in ("sleeping", "waking")]
         if asleep:
             return await self.wake(key, asleep[0])
-        raise unavailable(f"No healthy backend serves '{model}' right now; try again shortly.", retry=5)
+        raise GatewayError.unavailable(f"No healthy backend serves '{model}' right now; try again shortly.", retry=5)
 
     async def wake(self, key: KeyInfo, service: Service) -> Service:
         """A sleeping service: ask for its wake (at most every few seconds per process),
@@ -515,17 +542,18 @@ class GatewayApp:
             for candidate in (await self.catalog.routes(key.tenant_id)).get(service.model, []):
                 if candidate.id == service.id and self.catalog.usable(candidate.usable_backends()):
                     return candidate
-        raise unavailable(
+        raise GatewayError.unavailable(
             f"The model '{service.model}' is waking up; retry in a few seconds.",
             retry=settings.HETEROFLOW_GATEWAY_WAKE_RETRY_AFTER_SECONDS,
             code=GatewayErrorCode.MODEL_WAKING,
         )
 
-    def choose(self, scope, data: dict, service: Service) -> tuple[list[str], str | None]:
+    def choose(self, call: Call) -> tuple[list[str], str | None]:
         """(candidates for the admission script, the level of stickiness that chose)."""
+        service = call.service
         usable = [b.address for b in self.catalog.usable(service.usable_backends())]
         if self.stickiness:
-            found = routing.session_key(header(scope, b"x-session-id"), data)
+            found = routing.session_key(header(call.scope, b"x-session-id"), call.data)
             if found is not None:
                 level, session = found
                 chosen = routing.sticky_choice(session, [b.address for b in service.backends], usable)
@@ -537,10 +565,11 @@ class GatewayApp:
             return [routing.random_choice(usable)], None
         return usable, None  # least_connections: the admission script picks
 
-    async def proxy(self, scope, receive, send, key: KeyInfo, service: Service, path, body: bytes, data) -> None:
-        limits = await self.limits()
-        candidates, _level = self.choose(scope, data, service)
-        request_id = uuid.uuid4().hex
+    async def proxy(self, call: Call) -> None:
+        key, service = call.key, call.service
+        limits = call.limits = await self.limits()
+        candidates, _level = self.choose(call)
+        request_id = call.request_id = uuid.uuid4().hex
         now = time.time()
         shared = not self.catalog.redis_away
         if shared:
@@ -556,25 +585,14 @@ class GatewayApp:
         if not shared:
             admission = self.admit_without_redis(key, now)
         if not admission.admitted:
-            self.meter.refused(key, data.get("model"), service.id)
-            whose = "this API key" if admission.whose == "key" else "this tenant"
-            what = {
-                "requests": "requests per minute",
-                "tokens": "tokens per minute",
-                "concurrency": "concurrent requests",
-            }
-            raise GatewayError(
-                429,
-                f"Rate limit reached for {whose}: {what[admission.kind]}. Retry after the window resets.",
-                "tokens" if admission.kind == "tokens" else "requests",
-                GatewayErrorCode.RATE_LIMIT_EXCEEDED,
-                [(b"retry-after", str(retry_after(admission.kind, now)).encode())],
-            )
+            self.meter.refused(key, call.data.get("model"), service.id)
+            raise GatewayError.rate_limited(admission, now)
         backend = candidates[admission.picked if admission.picked is not None else 0]
         self.meter.requested(service.id)
-        outcome = Outcome()
+        outcome = call.outcome = Outcome()
         outcome.shared = shared
         task = asyncio.current_task()
+        receive = call.receive
 
         async def watch():
             # the body was read: the next message is the client leaving (or the answer's end)
@@ -588,27 +606,26 @@ class GatewayApp:
 
         watcher = asyncio.create_task(watch())
         try:
-            await self.forward(send, service, backend, path, body, data, request_id, outcome, limits, scope)
+            await self.forward(call, backend)
         except asyncio.CancelledError:
             if not outcome.disconnected:
                 raise
             task.uncancel()
             outcome.error = True  # the client left: the upstream request was closed with it
-            timing = getattr(send, "__self__", None)
-            if isinstance(timing, Timing):
-                timing.disconnected = True
+            call.timing.disconnected = True
         finally:
             watcher.cancel()
             # every exit: done, refused upstream, failed, cancelled by a client that left
-            await asyncio.shield(self.finish(limits, key, service, request_id, outcome, data))
+            await asyncio.shield(self.finish(call))
 
-    async def finish(self, limits: Limits, key, service, request_id, outcome, data) -> None:
+    async def finish(self, call: Call) -> None:
+        key, service, request_id, outcome = call.key, call.service, call.request_id, call.outcome
         total_tokens = outcome.prompt_tokens + outcome.completion_tokens
         self.local.ended(key, time.time(), total_tokens)
         if outcome.shared:  # admitted through Redis: its counts there go back
             try:
                 async with asyncio.timeout(REDIS_TIMEOUT):
-                    await limits.release(
+                    await call.limits.release(
                         key,
                         service.id,
                         request_id,
@@ -619,48 +636,47 @@ class GatewayApp:
                     )
             except Exception:
                 logger.warning("could not release the counts of request %s", request_id, exc_info=True)
-        self.meter.done(key, data.get("model"), service.id, outcome)
+        self.meter.done(key, call.data.get("model"), service.id, outcome)
         record_gateway_tokens(outcome.prompt_tokens, outcome.completion_tokens)
 
-    async def forward(self, send, service, backend, path, body, data, request_id, outcome, limits, scope):
+    async def forward(self, call: Call, backend: str) -> None:
+        service, outcome = call.service, call.outcome
         client = self.client()
         headers = {
             name.decode(): value.decode("latin-1")
-            for name, value in scope["headers"]
+            for name, value in call.scope["headers"]
             if name in FORWARDED_REQUEST_HEADERS
         }
         headers["Accept-Encoding"] = "identity"
         if service.auth:
             headers["Authorization"] = f"Bearer {service.auth}"  # an external backend's token
-        streaming = data.get("stream") is True
+        streaming = call.data.get("stream") is True
         response = None
         outcome.backend = backend
         for attempt in (1, 2):
             try:
-                response = await client.post(backend + path, data=body, headers=headers, allow_redirects=False)
+                response = await client.post(
+                    backend + call.path, data=call.body, headers=headers, allow_redirects=False
+                )
                 break
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 self.catalog.quarantine(backend)
                 others = [b.address for b in self.catalog.usable(service.usable_backends()) if b.address != backend]
                 if attempt == 2 or not others:
                     outcome.error = True
-                    raise GatewayError(
-                        502,
-                        f"The model's backend could not be reached ({type(exc).__name__}).",
-                        "server_error",
-                        GatewayErrorCode.BACKEND_UNREACHABLE,
-                    ) from None
+                    raise GatewayError.unreachable(exc) from None
                 picked = None
                 if outcome.shared:
                     try:
                         async with asyncio.timeout(REDIS_TIMEOUT):
-                            picked = await limits.repick(request_id, backend, others, time.time())
+                            picked = await call.limits.repick(call.request_id, backend, others, time.time())
                     except (RedisError, OSError, TimeoutError):
                         self.redis_lost()
                 backend = others[picked or 0]
                 outcome.backend = backend
             except (TimeoutError, aiohttp.ClientError) as exc:
-                raise backend_failed(exc, outcome, "") from None
+                outcome.error = True
+                raise GatewayError.backend_failed(exc, "") from None
         finished = False
         try:
             outcome.status = response.status
@@ -668,9 +684,9 @@ class GatewayApp:
                 outcome.error = True
             sse = response.headers.get("content-type", "").startswith("text/event-stream")
             if streaming and sse:
-                await self.stream(send, response, outcome)
+                await self.stream(call, response)
             else:
-                await self.whole(send, response, outcome)
+                await self.whole(call, response)
             finished = True
         finally:
             if finished:
@@ -678,13 +694,16 @@ class GatewayApp:
             else:
                 response.close()  # cut: the backend sees its client leave and stops
 
-    async def whole(self, send, response: aiohttp.ClientResponse, outcome) -> None:
+    async def whole(self, call: Call, response: aiohttp.ClientResponse) -> None:
+        outcome = call.outcome
         try:
             payload = await response.read()
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise backend_failed(exc, outcome, " mid-answer") from None
+            outcome.error = True
+            raise GatewayError.backend_failed(exc, " mid-answer") from None
         outcome.prompt_tokens, outcome.completion_tokens = usage_of_body(payload)
         outcome.finishing = True
+        send = call.send
         await send(
             {
                 "type": "http.response.start",
@@ -694,10 +713,11 @@ class GatewayApp:
         )
         await send({"type": "http.response.body", "body": payload})
 
-    async def stream(self, send, response: aiohttp.ClientResponse, outcome) -> None:
+    async def stream(self, call: Call, response: aiohttp.ClientResponse) -> None:
         """Chunk by chunk. A client that leaves cancels this (and so the upstream read);
         a backend that fails mid-stream ends the stream with an error event, which the
         OpenAI client raises."""
+        send, outcome = call.send, call.outcome
         tail = bytearray()
         chunks = 0
         await send({"type": "http.response.start", "status": response.status, "headers": passed_headers(response)})
@@ -709,14 +729,7 @@ class GatewayApp:
                     chunk = await content.readany()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 outcome.error = True
-                event = {
-                    "error": {
-                        "message": f"The model's backend failed mid-stream ({type(exc).__name__}).",
-                        "type": "server_error",
-                        "param": None,
-                        "code": GatewayErrorCode.BACKEND_ERROR,
-                    }
-                }
+                event = GatewayError.backend_error(exc, " mid-stream").body
                 await send(
                     {"type": "http.response.body", "body": b"data: " + orjson.dumps(event) + b"\n\n", "more_body": True}
                 )
@@ -802,44 +815,3 @@ def ask_for_wake(service_id: int) -> None:
 
 def passed_headers(response: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
     return [(name, value) for name, value in response.raw_headers if name.lower() not in DROPPED_RESPONSE_HEADERS]
-
-
-async def send_json(send, status: int, body, headers=()) -> None:
-    payload = orjson.dumps(body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
-
-
-async def read_body(scope, receive, limit: int) -> bytes:
-    declared = header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(
-            413, f"The body may be at most {limit} bytes.", "invalid_request_error", GatewayErrorCode.PAYLOAD_TOO_LARGE
-        )
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise bad_request("The client went away.")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(
-                413,
-                f"The body may be at most {limit} bytes.",
-                "invalid_request_error",
-                GatewayErrorCode.PAYLOAD_TOO_LARGE,
-            )
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)

@@ -19,7 +19,7 @@ import orjson
 from django.conf import settings
 from psycopg_pool import AsyncConnectionPool
 
-from apps.core.asgi import header, host_is_allowed, is_secure
+from apps.core.asgi import BodyTooLarge, ClientGone, ThinRoute, header, host_is_allowed, is_secure, read_body, send_json
 from apps.core.clock import utcnow
 from apps.core.db import check_idle_connection, libpq_params, on_live_connection
 from apps.core.enqueue import enqueue
@@ -64,9 +64,9 @@ def client_address(scope, trusted_proxies) -> str | None:
     return peer
 
 
-class HeartbeatApp:
+class HeartbeatApp(ThinRoute):
     def __init__(self, fallback):
-        self.fallback = fallback
+        super().__init__(fallback)
         self._pool: AsyncConnectionPool | None = None
         self._pool_loop = None
         self.clock = time.monotonic
@@ -74,13 +74,9 @@ class HeartbeatApp:
         self._logged_skews: set[tuple[str, str]] = set()
         self._trusted = [ipaddress.ip_network(net, strict=False) for net in settings.HETEROFLOW_TRUSTED_PROXIES]
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            match = PATH.match(scope["path"])
-            if match:
-                await self.handle(scope, receive, send, match["node_id"])
-                return
-        await self.fallback(scope, receive, send)
+    def match(self, scope) -> str | None:
+        found = PATH.match(scope["path"])
+        return found["node_id"] if found else None
 
     async def pool(self) -> AsyncConnectionPool:
         loop = asyncio.get_running_loop()
@@ -111,19 +107,7 @@ class HeartbeatApp:
         except HttpError as exc:
             status, body, headers = exc.status, exc.body, exc.headers
         record_heartbeat(status, body.get("error", {}).get("code"))
-        payload = orjson.dumps(body)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    *headers,
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+        await send_json(send, status, body, headers)
 
     async def respond(self, scope, receive, node_id: str) -> tuple[int, dict]:
         # What Django's middleware would do for any other endpoint: the host check and
@@ -149,7 +133,7 @@ class HeartbeatApp:
                 "Invalid node id.",
                 {"node_id": ["1-128 characters: letters, digits, '.', '_', ':', '-'."]},
             )
-        payload = orjson_or_400(await read_body(scope, receive, settings.HETEROFLOW_HEARTBEAT_MAX_BYTES))
+        payload = orjson_or_400(await beat_body(scope, receive))
         if not isinstance(payload, dict):
             raise HttpError(400, CoreErrorCode.INVALID, "A heartbeat is a JSON object.")
         if payload.get("node_id", node_id) != node_id:
@@ -243,19 +227,12 @@ def orjson_or_400(body: bytes):
         raise HttpError(400, CoreErrorCode.PARSE_ERROR, f"JSON parse error - {exc}") from None
 
 
-async def read_body(scope, receive, limit: int) -> bytes:
-    declared = header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HttpError(413, CoreErrorCode.PAYLOAD_TOO_LARGE, f"A heartbeat may be at most {limit} bytes.")
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise HttpError(400, CoreErrorCode.PARSE_ERROR, "The client went away.")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise HttpError(413, CoreErrorCode.PAYLOAD_TOO_LARGE, f"A heartbeat may be at most {limit} bytes.")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
+async def beat_body(scope, receive) -> bytes:
+    try:
+        return await read_body(scope, receive, settings.HETEROFLOW_HEARTBEAT_MAX_BYTES)
+    except BodyTooLarge as exc:
+        raise HttpError(
+            413, CoreErrorCode.PAYLOAD_TOO_LARGE, f"A heartbeat may be at most {exc.limit} bytes."
+        ) from None
+    except ClientGone:
+        raise HttpError(400, CoreErrorCode.PARSE_ERROR, "The client went away.") from None

@@ -29,7 +29,7 @@ from django.db import connection
 from django.http import Http404
 from rest_framework import exceptions
 
-from apps.core.asgi import header, host_is_allowed, is_secure
+from apps.core.asgi import ClientGone, ThinRoute, header, host_is_allowed, is_secure, read_body, send_json
 from apps.core.authentication import BEARER_CHALLENGE, authenticate_bearer
 from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import error_body, exception_handler
@@ -127,12 +127,12 @@ def _keep_or_close(conn) -> None:
             conn.close()
 
 
-class TaskCreateApp:
+class TaskCreateApp(ThinRoute):
     """POST /api/v1/tasks with `Authorization: Bearer` and a JSON body, answered without
     Django's middleware and view stack; everything else goes to `fallback`."""
 
     def __init__(self, fallback):
-        self.fallback = fallback
+        super().__init__(fallback)
         self._executor: ThreadPoolExecutor | None = None
 
     def handles(self, scope) -> bool:
@@ -151,11 +151,11 @@ class TaskCreateApp:
             and not (settings.SECURE_SSL_REDIRECT and not is_secure(scope))
         )
 
-    async def __call__(self, scope, receive, send):
-        if not self.handles(scope):
-            await self.fallback(scope, receive, send)
-            return
-        body, receive = await _read_body(receive)
+    def match(self, scope) -> bool | None:
+        return True if self.handles(scope) else None
+
+    async def handle(self, scope, receive, send, matched) -> None:
+        body, receive = await _read_body(scope, receive)
         data = _json_object(body)
         if data is None:
             # not a JSON object: DRF's parser or the serializer says why in its own
@@ -171,15 +171,8 @@ class TaskCreateApp:
             logger.exception("task create failed")
             status, answer, extra = 500, error_body(CoreErrorCode.SERVER_ERROR, "Internal server error."), []
         record_task_create(status)
-        payload = orjson.dumps(answer, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_UTC_Z)
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-            *extra,
-            *_response_headers(scope),
-        ]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+        headers = [*extra, *_response_headers(scope)]
+        await send_json(send, status, answer, headers, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_UTC_Z)
 
     def executor(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -213,18 +206,14 @@ def _json_object(body: bytes | None) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-async def _read_body(receive):
+async def _read_body(scope, receive):
     """The whole body (None if the client went away) and a `receive` that hands it on
-    again, for the fallback."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None, receive
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    body = b"".join(chunks)
+    again, for the fallback. No limit here: `handles` took only a Content-Length within
+    Django's."""
+    try:
+        body = await read_body(scope, receive)
+    except ClientGone:
+        return None, receive
     replayed = False
 
     async def again():
