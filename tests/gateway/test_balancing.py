@@ -83,6 +83,20 @@ def test_without_stickiness_round_robin_alternates(gateway, three):
     assert set(answers) == {"a", "b", "c"} and answers[:3] == answers[3:]
 
 
+def test_round_robin_over_two_replicas_takes_turns(gateway, upstreams, tenancy):
+    """One turn a request: two (the rotation's and the admission's) would send every
+    request of the process to the same one of two replicas."""
+    tenancy.service("qwen", [upstreams["a"], upstreams["b"]])
+    _, key = tenancy.key()
+    gateway.app.balancer, gateway.app.stickiness = "round_robin", False
+    try:
+        answers = [ask(gateway, key, user="same") for _ in range(4)]
+    finally:
+        gateway.app.balancer = django_settings.HETEROFLOW_GATEWAY_BALANCER
+        gateway.app.stickiness = django_settings.HETEROFLOW_GATEWAY_STICKINESS
+    assert set(answers) == {"a", "b"} and answers[0] != answers[1] and answers[:2] == answers[2:]
+
+
 def test_random_spreads(gateway, three):
     gateway.app.balancer = "random"
     assert len({ask(gateway, three, messages=[{"role": "user", "content": f"{i}"}]) for i in range(30)}) >= 2

@@ -171,6 +171,7 @@ class Call:
         "limits",
         "request_id",
         "outcome",
+        "turn",
     )
 
     def __init__(self, scope, receive, timing: Timing):
@@ -183,6 +184,7 @@ class Call:
         self.limits: Limits | None = None
         self.request_id = ""
         self.outcome: Outcome | None = None
+        self.turn = 0  # this attempt's place in the process's rotation
 
 
 class GatewayApp(ThinRoute):
@@ -560,7 +562,7 @@ class GatewayApp(ThinRoute):
                 if chosen is not None:
                     return [chosen], level
         if len(usable) == 1 or self.balancer == Balancer.ROUND_ROBIN:
-            return [routing.round_robin(next(self._turns), usable)], None
+            return [routing.round_robin(call.turn, usable)], None
         if self.balancer == Balancer.RANDOM:
             return [routing.random_choice(usable)], None
         return usable, None  # least_connections: the admission script picks
@@ -568,6 +570,9 @@ class GatewayApp(ThinRoute):
     async def proxy(self, call: Call) -> None:
         key, service = call.key, call.service
         limits = call.limits = await self.limits()
+        # one turn an attempt, for the round robin and the admission's tie-break alike (two
+        # turns an attempt would send every request of a process to the same of two replicas)
+        call.turn = next(self._turns)
         candidates, _level = self.choose(call)
         request_id = call.request_id = uuid.uuid4().hex
         now = time.time()
@@ -575,7 +580,7 @@ class GatewayApp(ThinRoute):
         if shared:
             try:
                 async with asyncio.timeout(REDIS_TIMEOUT):
-                    admission = await limits.admit(key, service.id, request_id, candidates, now, next(self._turns))
+                    admission = await limits.admit(key, service.id, request_id, candidates, now, call.turn)
             except (RedisError, OSError, TimeoutError):
                 self.redis_lost()
                 shared = False
