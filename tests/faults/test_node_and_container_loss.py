@@ -191,8 +191,12 @@ def test_a_vanished_task_is_reported_and_the_server_requeues_it(tmp_path):
         # 1. it vanishes while the agent watches it
         wait_until(runs, 40, "the task running")
         vanish(data_dir, task.pk, tmp_path / "gone")
+        # the verdict's event is committed with the move, its alert after the round's moves
         wait_until(
-            lambda: TaskEvent.objects.filter(task=task, kind="container_lost_pending").exists(),
+            lambda: (
+                TaskEvent.objects.filter(task=task, kind="container_lost_pending").exists()
+                and Alert.objects.filter(type="TASK_REQUEUED", task=task).exists()
+            ),
             45,
             "the agent's report and the server's verdict",
         )
