@@ -9,6 +9,7 @@ import time
 import httpx
 import openai
 import pytest
+from django.conf import settings
 
 from apps.core.enqueue import registered_task
 from apps.gateway.api import route
@@ -36,7 +37,7 @@ def created(tenancy, upstreams) -> InferenceService:
 def test_a_created_service_is_served_by_its_replicas(gateway, upstreams, tenancy):
     created(tenancy, upstreams)
     _, key = tenancy.key()
-    gateway.app.balancer = "round_robin"
+    gateway.app.balancer, gateway.app.stickiness = "round_robin", False  # no session hashing: the turns alone
     try:
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=10)
         answers = [
@@ -49,6 +50,7 @@ def test_a_created_service_is_served_by_its_replicas(gateway, upstreams, tenancy
         assert [m.id for m in client.models.list()] == ["qwen"]
     finally:
         gateway.app.balancer = "least_connections"
+        gateway.app.stickiness = settings.HETEROFLOW_GATEWAY_STICKINESS
 
 
 def test_a_sleeping_service_is_woken_by_the_job_the_gateway_names(gateway, upstreams, tenancy, monkeypatch):
