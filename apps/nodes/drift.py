@@ -66,7 +66,9 @@ DRIFT_SET = """
 
 # The alert, from the beat's judged cards (`judged`: the UPDATE's RETURNING; `node`: the
 # node's row): raised once a drift has lasted the beats. An alert already active is seen
-# by a plain read of the active-key index and not inserted again: an INSERT … ON CONFLICT
+# by a plain read of the active-key index and not inserted again (a scalar subquery,
+# probed per card: NOT EXISTS would be planned as an anti-join over every active alert,
+# on every beat): an INSERT … ON CONFLICT
 # that meets the key would wait for any transaction that has just updated that alert row
 # (the notification dispatcher's claim), and a beat never waits on the outbox
 # (docs/architecture.md#lock-order). Its recovery is the beat's, with GPU_LOST's
@@ -86,7 +88,7 @@ drift_raised AS (
            %(now)s, %(now)s
     FROM judged AS j CROSS JOIN node AS nd
     WHERE j.drift > %(drift_mb)s::bigint AND %(now)s - j.memory_drift_since >= %(drift_span)s
-      AND NOT EXISTS (SELECT 1 FROM alerts WHERE state = 'ACTIVE' AND key = {_KEY})
+      AND (SELECT 1 FROM alerts WHERE state = 'ACTIVE' AND key = {_KEY} LIMIT 1) IS NULL
     ON CONFLICT (key) WHERE state = 'ACTIVE' DO NOTHING
 )"""
 DRIFT_OVER_KEYS = f"SELECT {_KEY} FROM judged AS j WHERE j.drift IS NOT NULL AND j.memory_drift_since IS NULL"

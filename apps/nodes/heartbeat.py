@@ -276,8 +276,8 @@ WITH node AS (
            format('GPU %%s of node %%s is lost (%%s).', j.index, %(id)s, j.lost_basis),
            jsonb_build_object('basis', j.lost_basis), %(now)s, %(now)s
     FROM judged AS j WHERE j.is_lost AND NOT j.was_lost
-      AND NOT EXISTS (SELECT 1 FROM alerts WHERE state = 'ACTIVE'
-                      AND key = {alert_keys.gpu_lost_sql("%(id)s", "j.index")})
+      AND (SELECT 1 FROM alerts WHERE state = 'ACTIVE'
+           AND key = {alert_keys.gpu_lost_sql("%(id)s", "j.index")} LIMIT 1) IS NULL
     ON CONFLICT (key) WHERE state = 'ACTIVE' DO NOTHING
 ), {drift.DRIFT_RAISED}, recovered AS (
     UPDATE alerts SET state = 'RECOVERED', ended_at = %(now)s, updated_at = %(now)s
@@ -301,7 +301,8 @@ SELECT EXISTS (SELECT 1 FROM node), (SELECT oh FROM node),
 # LATERAL lookup so that no plan, generic or custom, scans the active alerts), so an alert row
 # the notification dispatcher holds now is skipped and recovered by a later beat: a beat
 # never waits on the outbox (docs/architecture.md#lock-order). `raised` (and the drift's)
-# inserts only a key with no active alert, seen by a plain read: an INSERT … ON CONFLICT
+# inserts only a key with no active alert, seen by a plain read (a scalar subquery
+# probed per card; NOT EXISTS is planned as an anti-join over every active alert): an INSERT … ON CONFLICT
 # that meets an alert row the dispatcher has just claimed would wait for its commit.
 # (No SQL comments in BEAT: it is sent collapsed onto one line.)
 
