@@ -15,7 +15,9 @@ Several `--url`s spread the nodes over control-plane instances (node n starts on
 k) and stand for a load balancer: a node whose instance stops answering moves to the next.
 With `--run-tasks SECONDS` the nodes also work like agents on the real task channel: the
 tasks a beat's answer lists are claimed (scheduled → running), "run" for SECONDS and
-reported completed, each report retried (on any instance) until one answers; the figures
+reported completed, each report retried (on any instance) until one answers; a claim
+whose answer was lost (a 5xx, or none) is looked up, since the server may have applied it
+before failing, and run when the task is running here (claims_confirmed); the figures
 then include the claims, the reports and the most tasks a node ever ran at once. With
 `--busy` every beat's readings move (memory, power, utilisation, now and then a card's
 health counters), as a busy fleet's do (bench/busy.py); without it they are the same every
@@ -78,7 +80,14 @@ async def run(args) -> dict:
         pools.append(pool)
     stats = {"nodes": args.nodes, "beats": 0, "skipped": 0, "failures": {}, "max_gap_seconds": 0.0, "moved": 0}
     if args.run_tasks:
-        stats |= {"claimed": 0, "claims_lost": 0, "completed": 0, "reports_retried": 0, "most_at_once": 0}
+        stats |= {
+            "claimed": 0,
+            "claims_lost": 0,
+            "claims_confirmed": 0,
+            "completed": 0,
+            "reports_retried": 0,
+            "most_at_once": 0,
+        }
     home = [n % len(ports) for n in range(args.nodes)]  # the instance each node talks to
     last_sent = [None] * args.nodes
     in_flight = [False] * args.nodes
@@ -152,10 +161,32 @@ async def run(args) -> dict:
             stats["reports_retried"] += 1
             await asyncio.sleep(1.0)
 
+    async def claimed_here(n: int, task_id: int, node_id: str) -> bool:
+        """After a claim whose answer was lost (a 5xx or no answer: the server may have
+        applied it before failing), ask until answered whether the task runs here now."""
+        while not stop.is_set():
+            url = args.url[home[n]].rstrip("/")
+            try:
+                async with session.get(
+                    f"{url}/api/v1/tasks/{task_id}",
+                    params={"node_id": node_id},
+                    timeout=aiohttp.ClientTimeout(total=30),
+                ) as response:
+                    if response.status < 500:
+                        return response.status == 200 and (await response.json()).get("status") == "running"
+            except (aiohttp.ClientError, TimeoutError):
+                if len(ports) > 1:
+                    home[n] = (home[n] + 1) % len(ports)
+            await asyncio.sleep(1.0)
+        return False
+
     async def run_task(n: int, task_id: int):
         node_id = f"{args.prefix}-{n:05d}"
         claim = {"node_id": node_id, "from_status": "scheduled", "status": "running"}
         status = await put(n, task_id, claim, until_answered=False)
+        if (status == -1 or status >= 500) and await claimed_here(n, task_id, node_id):
+            stats["claims_confirmed"] += 1
+            status = 200
         if status != 200:
             stats["claims_lost"] += 1
             taken[n].discard(task_id)  # listed again on a later beat if it is still ours

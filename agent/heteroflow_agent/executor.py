@@ -146,13 +146,29 @@ class Executor:
             )
         except ServerError as exc:
             logger.warning("could not claim task %s: %s", task["id"], exc)
+            return self._claim_landed(task["id"])
+        if response.status_code == 200:
+            return True
+        if response.status_code == 409 or response.status_code >= 500:
+            # another claim won or it was cancelled meanwhile (409), unless an earlier try
+            # of this claim landed: the client's retry after a lost answer meets its own
+            # claim, and a server can fail after its commit (5xx)
+            return self._claim_landed(task["id"])
+        logger.error("claiming task %s refused: HTTP %d %s", task["id"], response.status_code, response.text[:300])
+        return False
+
+    def _claim_landed(self, task_id: int) -> bool:
+        """Whether the server has the task running on this node: only this node's agent
+        claims this node's tasks, so then the claim whose answer was lost is this one's.
+        When the server cannot say, no: the reconciler reports it lost if it was."""
+        try:
+            response = self.client.request("GET", f"/api/v1/tasks/{task_id}", params={"node_id": self.node_id})
+        except ServerError:
             return False
-        if response.status_code == 409:
-            return False  # another claim won, or it was cancelled meanwhile
-        if response.status_code != 200:
-            logger.error("claiming task %s refused: HTTP %d %s", task["id"], response.status_code, response.text[:300])
-            return False
-        return True
+        landed = response.status_code == 200 and response.json().get("status") == RUNNING
+        if landed:
+            logger.info("task %s: the claim whose answer was lost had landed; running it", task_id)
+        return landed
 
     def watch_adopted(self, task: dict, started_at: float | None) -> None:
         """Watch a task that is already running (adopted), then report it. Its timeout

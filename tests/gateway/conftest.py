@@ -6,6 +6,7 @@ connections, so the tests using these are transactional."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import redis
@@ -24,6 +25,19 @@ from tests.factories import UserFactory, make_node, make_task
 from tests.gateway.upstream import Served, Upstream
 
 _numbers = itertools.count(1)
+
+
+MINUTE_MARGIN_SECONDS = 10
+
+
+@pytest.fixture
+def one_minute():
+    """For a test that counts requests or tokens in the limits' fixed one-minute window:
+    it starts at least MINUTE_MARGIN_SECONDS before the minute turns, so all its requests
+    fall in one window (a turn between two requests resets the count it checks)."""
+    left = 60 - time.time() % 60
+    if left < MINUTE_MARGIN_SECONDS:
+        time.sleep(left + 0.05)
 
 
 @pytest.fixture(scope="module")

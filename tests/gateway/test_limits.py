@@ -42,6 +42,7 @@ def second():
     served.stop()
 
 
+@pytest.mark.usefixtures("one_minute")
 def test_requests_per_minute_per_key_hold_across_processes(gateway, second, upstreams, tenancy):
     tenancy.service("qwen", [upstreams["a"]])
     _, key = tenancy.key(rpm_limit=4)
@@ -57,6 +58,7 @@ def test_requests_per_minute_per_key_hold_across_processes(gateway, second, upst
     assert len(upstreams["a"].app.requests) == 5
 
 
+@pytest.mark.usefixtures("one_minute")
 def test_a_tenants_limit_covers_all_its_keys(gateway, upstreams, tenancy):
     tenancy.service("qwen", [upstreams["a"]])
     operator = Principal(PrincipalKind.OPERATOR, user=OperatorFactory(username="gw-limits-op"))
@@ -68,6 +70,7 @@ def test_a_tenants_limit_covers_all_its_keys(gateway, upstreams, tenancy):
         chat(gateway.url, keys[0])
 
 
+@pytest.mark.usefixtures("one_minute")
 def test_tokens_per_minute_refuse_once_the_minutes_tokens_reached_the_limit(gateway, upstreams, tenancy):
     service = tenancy.service("qwen", [upstreams["a"]])
     _, key = tenancy.key(tpm_limit=15)  # the stand-in's answer uses 10 tokens
@@ -103,6 +106,7 @@ def test_concurrent_requests_per_key_and_the_count_goes_back(gateway, second, up
     assert chat(gateway.url, key).choices
 
 
+@pytest.mark.usefixtures("one_minute")
 def test_a_refused_request_counts_nothing(gateway, upstreams, tenancy):
     service = tenancy.service("qwen", [upstreams["a"]])
     _, key = tenancy.key(rpm_limit=1)
