@@ -50,17 +50,20 @@ async def check_idle_connection(conn) -> None:
 
 async def on_live_connection(pool, work):
     """`await work(conn)` on a connection of `pool` (one of the hot paths' async pools),
-    once more on another connection when the first was ended by the server before its
-    farewell arrived (pg_terminate_backend returns before the backend has said goodbye,
-    so the pool's check can still pass): the statement then failed on a broken
-    connection, where the server ran none of it. For work that is one statement or one
-    transaction, which the server then did not commit; any other failure is raised."""
-    for attempt in (1, 2):
+    once more on another connection when the one it ran on was ended by the server
+    before its farewell arrived (pg_terminate_backend returns before the backend has said
+    goodbye, so the pool's check can still pass): the statement then failed on a broken
+    connection, where the server ran none of it. Every pooled connection may have been
+    ended at once (a restart), so up to the pool's size + 1 tries: the last is on a
+    connection opened after the others were dropped. For work that is one statement or
+    one transaction, which the server then did not commit; any other failure is raised."""
+    tries = pool.max_size + 1
+    for attempt in range(1, tries + 1):
         async with pool.connection() as conn:
             try:
                 return await work(conn)
             except psycopg.OperationalError:
-                if attempt == 2 or not conn.broken:
+                if attempt == tries or not conn.broken:
                     raise
                 logger.info("a pooled connection was gone; the work runs once more on another")
     raise AssertionError("unreachable")
