@@ -30,10 +30,11 @@ STOP_GRACE_SECONDS = 15
 WEB_READY_TIMEOUT = 60
 PYTEST_NO_TESTS = 5
 # `make test` runs the suite on this many pytest-xdist workers (HETEROFLOW_TEST_WORKERS),
-# each with data stores of its own (tests/workers.py). Two on the 2-core machines: with
-# four, the end-to-end tests' real deadlines (a node offline after N s, a rendezvous)
-# were missed now and then under the CPU the other workers took.
-DEFAULT_TEST_WORKERS = 2
+# each with data stores of its own (tests/workers.py). Three on the 2-core machines: the
+# end-to-end tests mostly wait on real processes, so a third worker overlaps them (the
+# whole suite 9-10 min, against 13-15 on two); with four, their real deadlines (a node
+# offline after N s, a rendezvous) were missed now and then under the CPU the others took.
+DEFAULT_TEST_WORKERS = 3
 XDIST_OPTIONS = ("-n", "--numprocesses", "--dist")
 
 

@@ -115,6 +115,13 @@ def test_connections_terminated_and_refused_then_everything_converges(tmp_path):
 
         wait_until(lambda: status_of(f"{plane.url}/health") == 200, 60, f"/health back to 200\n{plane.logs()}")
         wait_for_statuses({"completed": TASKS}, 180, plane)
+        # every node beats its way back: nodes silent through the outage may show suspect
+        # until their next beat lands (the health check runs every 5 s, beats come every 5 s)
+        wait_until(
+            lambda: Node.objects.filter(pk__startswith="pg-", status="online").count() == NODES,
+            60,
+            "every node online again",
+        )
         elapsed = time.monotonic() - started
         figures = fleet.finish(timeout=0.1)
     finally:
