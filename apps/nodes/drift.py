@@ -48,12 +48,12 @@ LEDGER_JOIN = """
 
 # Per card (`g2`: the row before the beat, `r`: the beat's reading, `l`: the ledger):
 # the drift, NULL when not judged (a lost card, a beat whose collector failed: no
-# reading of any card); what the ledger explains.
+# reading of any card); the mark before the beat; what the ledger explains.
 DRIFT_COLUMNS = """
     CASE WHEN g2.lost_at IS NOT NULL OR %(collector_error)s THEN NULL
          WHEN COALESCE(l.whole, false) OR r.m IS NULL THEN 0
          ELSE r.m - COALESCE(l.explained, 0) END AS drift,
-    COALESCE(l.explained, 0) AS explained
+    g2.memory_drift_since AS drift_was, COALESCE(l.explained, 0) AS explained
 """
 
 # The marks, in the beat's UPDATE of the cards (`s`: the columns above).
@@ -72,7 +72,8 @@ DRIFT_SET = """
 # that meets the key would wait for any transaction that has just updated that alert row
 # (the notification dispatcher's claim), and a beat never waits on the outbox
 # (docs/architecture.md#lock-order). Its recovery is the beat's, with GPU_LOST's
-# (`DRIFT_OVER_KEYS`: the cards judged without a drift).
+# (`DRIFT_OVER_KEYS`: the cards judged without a drift whose mark this beat cleared, or
+# every such card on a recheck beat: apps.nodes.heartbeat.rechecks_alerts).
 _KEY = alert_keys.gpu_memory_drift_sql("%(id)s", "j.index")
 DRIFT_RAISED = f"""
 drift_raised AS (
@@ -91,7 +92,10 @@ drift_raised AS (
       AND (SELECT 1 FROM alerts WHERE state = 'ACTIVE' AND key = {_KEY} LIMIT 1) IS NULL
     ON CONFLICT (key) WHERE state = 'ACTIVE' DO NOTHING
 )"""
-DRIFT_OVER_KEYS = f"SELECT {_KEY} FROM judged AS j WHERE j.drift IS NOT NULL AND j.memory_drift_since IS NULL"
+DRIFT_OVER_KEYS = (
+    f"SELECT {_KEY} FROM judged AS j WHERE j.drift IS NOT NULL AND j.memory_drift_since IS NULL"
+    " AND (j.drift_was IS NOT NULL OR %(recheck)s)"
+)
 
 
 def drift_params(heartbeat_interval: float) -> dict:

@@ -151,9 +151,14 @@ def test_two_nodes_drift_apart(agents):
     assert card("n1").memory_drift_mb == 30 * GB  # n2's beats leave n1's marks alone
 
 
-def test_an_alert_the_dispatcher_holds_is_recovered_by_a_later_beat_never_waited_for(agents):
+def test_an_alert_the_dispatcher_holds_is_recovered_by_a_later_recheck_never_waited_for(agents, monkeypatch):
     """The outbox's dispatcher holds the alert rows it claims until it commits: a beat
-    skips such a row (it never waits on the outbox) and a later beat recovers it."""
+    skips such a row (it never waits on the outbox) and the node's next recheck beat
+    (about once a minute) recovers it; the beats between probe nothing."""
+    from apps.nodes import heartbeat
+
+    rechecks = []
+    monkeypatch.setattr(heartbeat, "rechecks_alerts", lambda node_id, now, interval: bool(rechecks and rechecks[-1]))
     from concurrent.futures import ThreadPoolExecutor
 
     import psycopg
@@ -172,5 +177,22 @@ def test_an_alert_the_dispatcher_holds_is_recovered_by_a_later_beat_never_waited
         finally:
             dispatcher.rollback()
     assert card().memory_drift_since is None and alerts(state="ACTIVE").exists()
-    beat(agents, now + timedelta(seconds=25), 1 * GB)
+    rechecks.append(False)
+    beat(agents, now + timedelta(seconds=25), 1 * GB)  # not a recheck: the drift ended before it
+    assert alerts(state="ACTIVE").get().pk == alert.pk
+    rechecks.append(True)
+    beat(agents, now + timedelta(seconds=30), 1 * GB)
     assert alerts(state="RECOVERED").get().pk == alert.pk
+
+
+def test_each_node_rechecks_one_beat_in_twelve_spread_over_the_nodes():
+    from apps.nodes.heartbeat import RECHECK_EVERY_BEATS, rechecks_alerts
+
+    start = utcnow()
+    beats = [start + timedelta(seconds=5 * k) for k in range(120)]
+    per_node = {node: [rechecks_alerts(node, at, 5) for at in beats] for node in ("n1", "n2", "n3", "gpu-07")}
+    assert all(sum(marks) == 120 // RECHECK_EVERY_BEATS for marks in per_node.values())
+    first = {marks.index(True) for marks in per_node.values()}
+    assert len(first) > 1  # not every node on the same beat
+    # a 30 s beat rechecks once in 12 of its own beats too
+    assert sum(rechecks_alerts("n1", start + timedelta(seconds=30 * k), 30) for k in range(120)) == 10
