@@ -19,6 +19,7 @@ api_v1 = [
     path("", include("apps.alerts.api.channel_urls")),
     path("", include("apps.alerts.api.urls")),
     path("", include("apps.monitoring.api.urls")),
+    path("", include("apps.core.api.urls")),
 ]
 
 urlpatterns = [
