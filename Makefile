@@ -29,6 +29,7 @@ security: $(DEPS_STAMP)
 	$(BIN)/bandit -q -c bandit.yaml -b .bandit-baseline.json -r $(SECURITY_PATHS)
 
 install: $(DEPS_STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ./client
 
 # Real inference engines (requirements/engines.txt: llama.cpp's server), which the agent's
 # process runtime launches and the engine end-to-end tests need. A 7-20 minute build the
