@@ -166,7 +166,8 @@ class Tasks(Namespace):
             if not follow:
                 return
             after = page.next
-        yield from Follower(
+        given = after
+        for item in Follower(
             self.http,
             path,
             after=after,
@@ -175,7 +176,13 @@ class Tasks(Namespace):
             task=ident,
             on_status=on_status,
             on_retry=on_retry,
-        )
+        ):
+            if isinstance(item, LogEnd) and not given and not group:
+                # nothing came live: an agent that sends only the final report's tail
+                yield from read_page(self.http, path, task=ident).lines
+            elif isinstance(item, LogLine):
+                given = given or item.seq
+            yield item
 
 
 class Groups(Namespace):

@@ -81,7 +81,11 @@ def parse(text: str, file: str) -> list[Document]:
         mark = exc.problem_mark or exc.context_mark
         message = exc.problem or str(exc)
         if exc.context:
-            message = f"{message} ({exc.context})"
+            started = exc.context_mark
+            where = ""
+            if started is not None and (mark is None or started.line != mark.line or started.column != mark.column):
+                where = f" started at line {started.line + 1}, column {started.column + 1}"
+            message = f"{message} ({exc.context}{where})"
         raise ValidationError(
             file, mark.line + 1 if mark else None, mark.column + 1 if mark else None, None, message
         ) from None

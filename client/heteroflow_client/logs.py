@@ -119,6 +119,12 @@ def old_shape_lines(payload: dict, task: int | None) -> list[LogLine]:
     return [LogLine(seq=i, text=text, task=task) for i, text in enumerate(tail.splitlines(), start=1)]
 
 
+def ended_with_tail(payload: dict) -> bool:
+    """An ended task whose live log holds nothing but whose final report carried output
+    (an agent that does not send live lines): its tail is its log."""
+    return payload.get("status") in TERMINAL and bool(payload.get("log_tail"))
+
+
 @dataclass
 class Page:
     lines: list[LogLine]
@@ -139,7 +145,7 @@ def read_page(
     task: int | None = None,
 ) -> Page:
     payload = transport.get(path, after=after, tail=tail, since=since, rank=rank)
-    if "lines" in payload:
+    if "lines" in payload and (payload["lines"] or after or not ended_with_tail(payload)):
         lines = _lines(payload, task)
         following = payload.get("next")
         if following is None:
@@ -201,14 +207,17 @@ class Follower:
                 response = self.transport.stream(
                     self.path,
                     params={"follow": "true", "after": self.last, "rank": self.rank},
-                    headers={"Accept": "text/event-stream", **({"Last-Event-ID": str(self.last)} if self.last else {})},
+                    headers={
+                        "Accept": "text/event-stream, application/json",
+                        **({"Last-Event-ID": str(self.last)} if self.last else {}),
+                    },
                     timeout=httpx.Timeout(10.0, read=READ_TIMEOUT),
                 )
             except ConnectionFailed as exc:
                 self.on_retry(exc.cause)
                 self.backoff.wait()
                 continue
-            with response:
+            try:
                 if response.status_code in RETRY_STATUSES:
                     self.on_retry(f"the server answered {response.status_code}")
                     self.backoff.wait()
@@ -225,6 +234,8 @@ class Follower:
                 if end is not None:
                     yield end
                     return
+            finally:
+                response.close()
             self.reconnects += 1
             self.on_retry("the log stream was cut")
             self.backoff.wait()

@@ -4,6 +4,7 @@ a connection refused before anything was sent)."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +29,7 @@ def describe(exc: BaseException) -> str:
         cause = cause.__cause__
     if isinstance(cause, OSError) and cause.strerror:
         return cause.strerror.lower()
-    return text
+    return re.sub(r"^\[Errno -?\d+\] ", "", text).lower() if text.startswith("[Errno") else text
 
 
 def api_error(response: httpx.Response, method: str = "", path: str = "") -> ApiError:

@@ -44,6 +44,11 @@ def jobs_schema() -> tuple[dict, str]:
     return published.schema, published.etag
 
 
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        pass  # a connection a test cut on purpose
+
+
 class FakeAPI:
     """`routes` maps (METHOD, path regex) to handler(request, match) -> Answer, or to a
     streaming handler(request, match, handler) that writes the raw response itself."""
@@ -55,7 +60,7 @@ class FakeAPI:
         self.schema, self.etag = jobs_schema()
         self.route("GET", r"/api/v1/schemas/jobs", self.serve_schema)
         self.route("GET", r"/api/v1/me", self.me)
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), self.handler_class())
+        self.server = QuietServer(("127.0.0.1", port), self.handler_class())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -140,8 +145,12 @@ class FakeAPI:
 
 def streaming(handler: Callable) -> Callable:
     """Mark a route handler that writes its own response (server-sent events)."""
-    handler.streams = True
-    return handler
+
+    def stream(request, match, http):
+        return handler(request, match, http)
+
+    stream.streams = True
+    return stream
 
 
 def start_events(http: BaseHTTPRequestHandler) -> None:
