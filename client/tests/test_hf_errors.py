@@ -76,6 +76,9 @@ def task_routes(fakeapi, task: dict, events: list[str]):
     fakeapi.route("GET", f"/api/v1/tasks/{task['id']}", lambda r, m: Answer(200, task))
 
     def logs(request, match, http):
+        if request.query.get("follow") != "true":  # a page: what the log holds
+            http.send(Answer(200, {"lines": [], "next": 0, "status": task["status"], "log_tail": ""}))
+            return
         start_events(http)
         for event in events:
             send_chunk(http, event)
