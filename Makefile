@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 # (each explained in docs/security.md#bandit); any new finding fails it.
 SECURITY_PATHS := apps heteroflow agent/heteroflow_agent celery_worker.py manage.py
 
-.PHONY: up test test-fast lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway soak
+.PHONY: up test test-fast lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway bench-cli soak
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -75,6 +75,11 @@ bench-submit: $(DEPS_STAMP)
 
 bench-gateway: $(DEPS_STAMP)
 	$(BIN)/python bench/gateway.py $(BENCH_ARGS)
+
+# hf's own times (docs/cli.md#speed): `hf --version`, and `hf ps` against a live server whose
+# tenant has 10,000 tasks.
+bench-cli: install
+	$(BIN)/python bench/cli.py $(BENCH_ARGS)
 
 # The soak (docs/deployment.md#soak): the whole control plane under heartbeats, tasks and
 # gateway traffic for DURATION minutes; SOAK_ARGS for more options (--nodes 200 …).

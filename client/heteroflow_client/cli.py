@@ -1023,7 +1023,25 @@ def completion(shell) -> None:
     click.echo(complete(cli, {}, "hf", "_HF_COMPLETE").source())
 
 
+def skip_httpx_cli() -> None:
+    """httpx imports its own command line (httpx._main) when Click and Rich are
+    installed, and with it Rich's progress bars and Pygments' lexers: about 50 ms of every
+    `hf` start that makes a request. `hf` never calls it; the SDK imported elsewhere is
+    left alone."""
+    if "httpx" not in sys.modules and "httpx._main" not in sys.modules:
+        import types
+
+        stub = types.ModuleType("httpx._main")
+
+        def unavailable(*args, **kwargs):  # pragma: no cover
+            raise SystemExit("httpx's command line is not loaded inside hf")
+
+        stub.main = unavailable  # type: ignore[attr-defined]
+        sys.modules["httpx._main"] = stub
+
+
 def main() -> None:
+    skip_httpx_cli()
     cli(prog_name="hf")
 
 

@@ -6,9 +6,9 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
-from heteroflow_client import config, jobfiles
+from heteroflow_client import config
 from heteroflow_client.errors import ApiError, HeteroFlowError, NotFound, ValidationError
 from heteroflow_client.logs import Follower, LogItem, merge, read_page
 from heteroflow_client.transport import Transport
@@ -25,6 +25,9 @@ from heteroflow_client.types import (
     Task,
     TaskGroup,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heteroflow_client import jobfiles
 
 TaskRef = Union[int, str, Task]
 GroupRef = Union[int, str, TaskGroup]
@@ -348,6 +351,8 @@ class Client:
     def validate(self, path: str) -> list[jobfiles.Document]:
         """The documents of a job file, each checked against the server's schema;
         ValidationError (with every problem) otherwise."""
+        from heteroflow_client import jobfiles
+
         return jobfiles.validated(jobfiles.load(path), self.http)
 
     def apply(self, path: str) -> list[Result]:
@@ -378,6 +383,8 @@ class Client:
     ) -> Task:
         """Queue one task: the job file's task (if `file`), with the arguments over it.
         Checked against the server's schema before it is sent."""
+        from heteroflow_client import jobfiles
+
         document = self.task_document(
             command,
             name=name,
@@ -395,6 +402,8 @@ class Client:
         return task
 
     def task_document(self, command=None, *, file=None, env=None, **options: Any) -> jobfiles.Document:
+        from heteroflow_client import jobfiles
+
         if file:
             documents = jobfiles.load(file)
             if len(documents) != 1 or documents[0].kind != "task":
