@@ -9,11 +9,12 @@ from apps.core.asgi import BodyLimit  # noqa: E402  (needs Django set up)
 from apps.gateway.api.route import GatewayApp  # noqa: E402
 from apps.nodes.api.heartbeat import HeartbeatApp  # noqa: E402
 from apps.tasks.api.create_route import TaskCreateApp  # noqa: E402
+from apps.tasks.api.log_route import LogIngestApp  # noqa: E402
 
-# The OpenAI-compatible gateway (/v1/*), the heartbeat and the task create (with an API
-# key) sit in front of Django as thin routes, each with its own body limit; everything
-# else is Django's, behind the API's body limit.
-application = GatewayApp(HeartbeatApp(TaskCreateApp(BodyLimit(django_application))))
+# The OpenAI-compatible gateway (/v1/*), the heartbeat, the live log ingestion and the
+# task create (with an API key) sit in front of Django as thin routes, each with its own
+# body limit; everything else is Django's, behind the API's body limit.
+application = GatewayApp(HeartbeatApp(LogIngestApp(TaskCreateApp(BodyLimit(django_application)))))
 
 from apps.monitoring import listener  # noqa: E402
 

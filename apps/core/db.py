@@ -4,6 +4,7 @@ always talk to the same database, with the same options."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import select
 from functools import cache
@@ -46,6 +47,40 @@ async def check_idle_connection(conn) -> None:
         # connection back as healthy
         await conn.close()
         raise psycopg.OperationalError("the server ended this idle connection")
+
+
+class LoopPool:
+    """An async connection pool for the running event loop (a pool belongs to the loop it
+    was opened on; a test or a restarted loop gets a new one), in autocommit mode, whose
+    connections are checked when taken (check_idle_connection). `size` is read when the
+    pool is made (a setting's callable, so tests may change it)."""
+
+    def __init__(self, size, **params):
+        self.size, self.params = size, params
+        self._pool = None
+        self._loop = None
+
+    async def get(self):
+        from psycopg_pool import AsyncConnectionPool  # noqa: PLC0415  (not every process uses one)
+
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._loop is not loop:
+            self._pool = AsyncConnectionPool(
+                kwargs=libpq_params(autocommit=True, **self.params),
+                min_size=1,
+                max_size=self.size(),
+                open=False,
+                timeout=5.0,
+                check=check_idle_connection,
+            )
+            await self._pool.open()
+            self._loop = loop
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
 
 async def on_live_connection(pool, work):

@@ -20,9 +20,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache
 
-import redis
 from django.conf import settings
 from django.db import transaction
 from psycopg import sql
@@ -30,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 from redis import asyncio as aioredis
 
 from apps.core.db import check_idle_connection, libpq_params, on_live_connection
+from apps.core.redis import client as redis_client
 from apps.gateway.external import normal_base
 
 logger = logging.getLogger(__name__)
@@ -50,14 +49,9 @@ def _announce() -> None:
     global _generation
     _generation += 1
     try:
-        _sync_redis().incr(VERSION_KEY)
+        redis_client().incr(VERSION_KEY)
     except Exception:  # Redis holds nothing that cannot be lost: the TTLs catch up
         logger.warning("could not announce a gateway change; other processes see it within their TTL")
-
-
-@cache
-def _sync_redis():
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
 @dataclass(frozen=True)

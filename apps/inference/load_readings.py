@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import redis
-from django.conf import settings
 
+from apps.core.redis import client as redis_client
 from apps.inference import autoscale
 from apps.inference.signal_keys import inflight_key, samples_key, tokens_key
 
@@ -33,7 +33,8 @@ SAMPLES_KEPT = 240  # 2 hours of 30 s rounds at most
 
 
 def client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    """A client of its own (callers close it with `with`), with apps.core.redis's bounds."""
+    return redis.Redis(connection_pool=redis_client().connection_pool)
 
 
 @dataclass(frozen=True)

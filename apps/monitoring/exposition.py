@@ -14,10 +14,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from functools import cache
 
-import redis
-from django.conf import settings
 from django.db import connection, transaction
 from prometheus_client import REGISTRY, CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
@@ -26,6 +23,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from apps.alerts.choices import AlertType, Severity
 from apps.core.clock import utcnow
+from apps.core.redis import client as redis_client
 from apps.gateway.limits import backend_in_flight
 from apps.monitoring import probes, selectors
 from apps.monitoring.metrics import job_label
@@ -157,11 +155,6 @@ def scheduler_part(now):
     yield family
 
 
-@cache
-def _redis():
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-
-
 def gateway_part(now):
     """Requests in flight per backend over every gateway process: the least-connections
     counts the gateway keeps in Redis (apps.gateway.limits), read at scrape time like the
@@ -172,7 +165,7 @@ def gateway_part(now):
         "over every gateway process; a backend with none is left out.",
         labels=["backend"],
     )
-    for backend, count in sorted(backend_in_flight(_redis(), now.timestamp()).items()):
+    for backend, count in sorted(backend_in_flight(redis_client(), now.timestamp()).items()):
         family.add_metric([backend], count)
     yield family
 

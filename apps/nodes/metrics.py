@@ -5,71 +5,28 @@ points."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import connection
 
 from apps.core.clock import utcnow
+from apps.core.partitions import DailyTable
 from apps.nodes import carbon
 from apps.nodes.models import EnergyDaily
 
-PARTITION_PREFIX = "node_metrics_p"
-DAYS_AHEAD = 3
+NODE_METRICS = DailyTable("node_metrics", "at")
 # the retention job's period (apps.nodes.jobs), also how often a web process asks for it
 PRUNE_EVERY_SECONDS = 600
 MAX_POINTS = 400
-
-
-def partition_name(day: date) -> str:
-    return f"{PARTITION_PREFIX}{day:%Y%m%d}"
-
-
-def ensure_partitions(cursor, today: date, days_ahead: int = DAYS_AHEAD) -> list[str]:
-    created = []
-    for offset in range(-1, days_ahead + 1):
-        day = today + timedelta(days=offset)
-        name = partition_name(day)
-        cursor.execute("SELECT to_regclass(%s)", [name])
-        if cursor.fetchone()[0] is None:
-            start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-            try:
-                with transaction.atomic():
-                    cursor.execute(
-                        f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF node_metrics FOR VALUES FROM (%s) TO (%s)",
-                        [start, start + timedelta(days=1)],
-                    )
-            except DatabaseError:
-                # Rows for that day already sit in the default partition (it was missing
-                # when they arrived); they stay there until retention deletes them.
-                continue
-            created.append(name)
-    return created
-
-
-def drop_expired_partitions(cursor, cutoff: datetime) -> list[str]:
-    cursor.execute(
-        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-        "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'node_metrics' AND c.relname LIKE %s",
-        [PARTITION_PREFIX + "%"],
-    )
-    dropped = []
-    for (name,) in cursor.fetchall():
-        day = datetime.strptime(name.removeprefix(PARTITION_PREFIX), "%Y%m%d").replace(tzinfo=UTC)
-        if day + timedelta(days=1) <= cutoff:
-            cursor.execute(f"DROP TABLE IF EXISTS {name}")
-            dropped.append(name)
-    # Rows that landed in the default partition (a clock far off) are few: delete them.
-    cursor.execute("DELETE FROM node_metrics_default WHERE at < %s", [cutoff])
-    return dropped
 
 
 def prune_and_prepare_partitions(now: datetime | None = None) -> dict:
     now = now or utcnow()
     cutoff = now - timedelta(hours=settings.METRICS_RETENTION_HOURS)
     with connection.cursor() as cursor:
-        created = ensure_partitions(cursor, now.date())
-        dropped = drop_expired_partitions(cursor, cutoff)
+        created = NODE_METRICS.ensure_partitions(cursor, now.date())
+        dropped = NODE_METRICS.drop_expired_partitions(cursor, cutoff)
     return {"created": created, "dropped": dropped}
 
 

@@ -309,3 +309,27 @@ class TenantUsage(TenantOwned):
 
     def as_use(self) -> dict:
         return {"tasks": self.tasks, "gpus": self.gpus, "gpu_memory_mb": self.gpu_memory_mb}
+
+
+class TaskLogState(models.Model):
+    """Where a task's live log stands (apps.tasks.logs): the agent's run that writes it and
+    that run's next line, the task's next sequence number, and what is stored. One row a
+    task, written only by the log ingestion (one batch at a time, rows locked in task id
+    order) and the trim job. The lines themselves are in `task_log_lines`, a table
+    partitioned by day (migration 0018), read in SQL."""
+
+    task = models.OneToOneField(Task, primary_key=True, on_delete=models.CASCADE, related_name="log_state")
+    run = models.CharField(max_length=64, default="", help_text="the agent's id of the run now writing")
+    base = models.BigIntegerField(default=0, help_text="the task's sequence number of that run's first line")
+    run_next = models.BigIntegerField(default=0, help_text="the run's next line (its own numbering)")
+    next_seq = models.BigIntegerField(default=0, help_text="the task's next sequence number")
+    first_seq = models.BigIntegerField(default=0, help_text="lines before it were trimmed")
+    stored_bytes = models.BigIntegerField(default=0)
+    dropped_bytes = models.BigIntegerField(default=0, help_text="over the agent's rate limit, not sent")
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "task_log_state"
+
+    def __str__(self):
+        return f"task {self.task_id}: lines {self.first_seq}-{self.next_seq - 1}, {self.stored_bytes} bytes"

@@ -25,6 +25,7 @@ from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import TASK_ENERGY, release
 from apps.slices.ledger import release_for_tasks as release_slices
+from apps.tasks import logs
 from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupPlacement, GroupStatus, TaskKind, group_status
 from apps.tasks.choices import TaskStatus as S
 from apps.tasks.error_codes import TaskErrorCode
@@ -67,6 +68,7 @@ def _move_tasks(task_ids, from_statuses, to_status, table, changes, following=fr
         members = lock_groups_of(ids) if to_status in GROUP_FOLLOWED else []
         won = transition(Task, table, ids, from_statuses, to_status, **changes)
         if won and to_status in OFF_NODE:
+            logs.announce_moves(won, to_status)  # the run's end, to its log's followers
             _count_gpu_time(won, now)
             _count_energy(won)
             release(won)

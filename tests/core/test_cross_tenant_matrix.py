@@ -91,6 +91,7 @@ OWNED = {
     "task-group-detail": lambda w, o: {"pk": o["group"].pk},
     "task-group-stop": lambda w, o: {"pk": o["group"].pk},
     "task-group-events": lambda w, o: {"pk": o["group"].pk},
+    "task-group-logs": lambda w, o: {"pk": o["group"].pk},
     "task-group-explain": lambda w, o: {"pk": o["group"].pk},
     "task-explain": lambda w, o: {"pk": o["task"].pk},
     "model-detail": lambda w, o: {"pk": o["model"].pk},

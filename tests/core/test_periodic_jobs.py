@@ -37,6 +37,7 @@ EXPECTED = {
     "inference.windows": (60.0, False),
     "slices.gc": (60.0, False),
     "slices.compensate": (60.0, False),
+    "tasks.prune_logs": (600.0, False),
 }
 
 

@@ -149,10 +149,10 @@ def test_a_failure_after_the_read_rolls_back_the_whole_beat(agents, monkeypatch)
 
 
 def test_an_unreachable_database_answers_503(agents, monkeypatch):
-    from apps.nodes.api import heartbeat as route
+    from apps.core import db
 
     monkeypatch.setattr(
-        route, "libpq_params", lambda **kw: {"host": "127.0.0.1", "port": "1", "dbname": "x", "connect_timeout": 2}
+        db, "libpq_params", lambda **kw: {"host": "127.0.0.1", "port": "1", "dbname": "x", "connect_timeout": 2}
     )
     response = agents.send("node-db", payload())
     assert response.status_code == 503

@@ -4,7 +4,7 @@ import pytest
 from django.db import connection
 
 from apps.core.clock import utcnow
-from apps.nodes.metrics import partition_name, prune_and_prepare_partitions
+from apps.nodes.metrics import NODE_METRICS, prune_and_prepare_partitions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,9 +29,9 @@ def test_retention_drops_whole_partitions_and_prepares_the_coming_days(settings)
             "INSERT INTO node_metrics (node_id, at, gpus) VALUES ('n', %s, '[]')", [now - timedelta(days=400)]
         )
     result = prune_and_prepare_partitions(now=later)
-    assert partition_name(now.date()) in result["dropped"]
-    assert partition_name((later + timedelta(days=3)).date()) in partitions()
-    assert partition_name(later.date()) in partitions()
+    assert NODE_METRICS.partition_name(now.date()) in result["dropped"]
+    assert NODE_METRICS.partition_name((later + timedelta(days=3)).date()) in partitions()
+    assert NODE_METRICS.partition_name(later.date()) in partitions()
     with connection.cursor() as cursor:
         # this test's node only: the fault tests' fleets leave rows of their own (the table
         # is not a model's, so a transactional test's flush does not empty it)

@@ -9,37 +9,27 @@ async psycopg pool. Everything else goes to Django unchanged.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import logging
 import re
 import time
 
-import orjson
 from django.conf import settings
-from psycopg_pool import AsyncConnectionPool
 
-from apps.core.asgi import BodyTooLarge, ClientGone, ThinRoute, header, host_is_allowed, is_secure, read_body, send_json
+from apps.core.asgi import header
 from apps.core.clock import utcnow
-from apps.core.db import check_idle_connection, libpq_params, on_live_connection
+from apps.core.db import on_live_connection
 from apps.core.enqueue import enqueue
 from apps.core.error_codes import CoreErrorCode
-from apps.core.errors import error_body
 from apps.monitoring.metrics import record_heartbeat, record_ignored_agent_fields
 from apps.nodes import heartbeat
+from apps.nodes.api.agent_route import AgentRoute, HttpError, orjson_or_400
 from apps.nodes.metrics import PRUNE_EVERY_SECONDS
 from apps.nodes.protocol import read_heartbeat
 
 logger = logging.getLogger(__name__)
 PATH = re.compile(r"^/api/v1/nodes/(?P<node_id>[^/]+)/heartbeat/?$")
-NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 LOGGED_SKEWS_MAX = 1_024  # (agent version, field) pairs logged once each, at most this many
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, code: str, message: str, fields: dict | None = None, headers=()):
-        super().__init__(message)
-        self.status, self.body, self.headers = status, error_body(code, message, fields), list(headers)
 
 
 def client_address(scope, trusted_proxies) -> str | None:
@@ -64,76 +54,30 @@ def client_address(scope, trusted_proxies) -> str | None:
     return peer
 
 
-class HeartbeatApp(ThinRoute):
+class HeartbeatApp(AgentRoute):
+    path = PATH
+    methods = ("POST", "PUT")
+    what = "a heartbeat"
+
     def __init__(self, fallback):
         super().__init__(fallback)
-        self._pool: AsyncConnectionPool | None = None
-        self._pool_loop = None
         self.clock = time.monotonic
         self._prune_asked_at = self.clock()  # beat asks at start-up; this process, a period later
         self._logged_skews: set[tuple[str, str]] = set()
         self._trusted = [ipaddress.ip_network(net, strict=False) for net in settings.HETEROFLOW_TRUSTED_PROXIES]
 
-    def match(self, scope) -> str | None:
-        found = PATH.match(scope["path"])
-        return found["node_id"] if found else None
+    def pool_size(self) -> int:
+        return settings.HETEROFLOW_HEARTBEAT_DB_POOL_SIZE
 
-    async def pool(self) -> AsyncConnectionPool:
-        loop = asyncio.get_running_loop()
-        if self._pool is None or self._pool_loop is not loop:
-            self._pool = AsyncConnectionPool(
-                kwargs=libpq_params(autocommit=True),
-                min_size=1,
-                max_size=settings.HETEROFLOW_HEARTBEAT_DB_POOL_SIZE,
-                open=False,
-                timeout=5.0,
-                # a connection the database ended (a restart, a terminated backend) is
-                # found and replaced when taken, never handed to a beat to fail on
-                check=check_idle_connection,
-            )
-            await self._pool.open()
-            self._pool_loop = loop
-        return self._pool
+    def body_limit(self) -> int:
+        return settings.HETEROFLOW_HEARTBEAT_MAX_BYTES
 
-    async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
-
-    async def handle(self, scope, receive, send, node_id: str) -> None:
-        try:
-            status, body = await self.respond(scope, receive, node_id)
-            headers = []
-        except HttpError as exc:
-            status, body, headers = exc.status, exc.body, exc.headers
+    def record(self, status: int, body: dict) -> None:
         record_heartbeat(status, body.get("error", {}).get("code"))
-        await send_json(send, status, body, headers)
 
     async def respond(self, scope, receive, node_id: str) -> tuple[int, dict]:
-        # What Django's middleware would do for any other endpoint: the host check and
-        # the HTTPS redirect (the agent key must not travel in clear in production).
-        host = header(scope, b"host") or ""
-        if not host_is_allowed(scope):
-            raise HttpError(400, CoreErrorCode.BAD_REQUEST, f"Invalid HTTP_HOST header: {host!r}.")
-        if settings.SECURE_SSL_REDIRECT and not is_secure(scope):
-            location = f"https://{host}{scope['path']}".encode()
-            raise HttpError(301, CoreErrorCode.HTTPS_REQUIRED, "Use HTTPS.", headers=[(b"location", location)])
-        if scope["method"] not in ("POST", "PUT"):
-            raise HttpError(
-                405,
-                CoreErrorCode.METHOD_NOT_ALLOWED,
-                f'Method "{scope["method"]}" not allowed.',
-                headers=[(b"allow", b"POST, PUT")],
-            )
-        await self.authenticate(scope)
-        if not NODE_ID.match(node_id):
-            raise HttpError(
-                400,
-                CoreErrorCode.INVALID,
-                "Invalid node id.",
-                {"node_id": ["1-128 characters: letters, digits, '.', '_', ':', '-'."]},
-            )
-        payload = orjson_or_400(await beat_body(scope, receive))
+        self.check_request(scope, node_id)
+        payload = orjson_or_400(await self.body(scope, receive))
         if not isinstance(payload, dict):
             raise HttpError(400, CoreErrorCode.INVALID, "A heartbeat is a JSON object.")
         if payload.get("node_id", node_id) != node_id:
@@ -175,26 +119,6 @@ class HeartbeatApp(ThinRoute):
             await self.pool(), lambda conn: heartbeat.ingest(conn, node_id, payload, peer, now)
         )
 
-    async def authenticate(self, scope) -> None:
-        offered = header(scope, b"x-api-key")
-        expected = settings.HETEROFLOW_AGENT_SECRET or ""
-        if offered is None:
-            if header(scope, b"authorization"):
-                raise HttpError(403, CoreErrorCode.PERMISSION_DENIED, "Heartbeats take the agent key (X-API-Key).")
-            raise HttpError(
-                401,
-                CoreErrorCode.NOT_AUTHENTICATED,
-                "Authentication credentials were not provided.",
-                headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')],
-            )
-        if not expected or not hmac.compare_digest(offered.encode(), expected.encode()):
-            raise HttpError(
-                401,
-                CoreErrorCode.AUTHENTICATION_FAILED,
-                "Invalid agent key.",
-                headers=[(b"www-authenticate", b'Bearer realm="heteroflow"')],
-            )
-
     def note_ignored(self, agent_version: str, fields: list[str]) -> None:
         """Fields this server does not know, from an agent newer than it: counted in a
         metric, and logged once per agent version and field (not on every beat)."""
@@ -218,21 +142,3 @@ class HeartbeatApp(ThinRoute):
         if now - self._prune_asked_at >= PRUNE_EVERY_SECONDS:
             self._prune_asked_at = now
             asyncio.get_running_loop().run_in_executor(None, enqueue, "nodes.prune_metrics")
-
-
-def orjson_or_400(body: bytes):
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise HttpError(400, CoreErrorCode.PARSE_ERROR, f"JSON parse error - {exc}") from None
-
-
-async def beat_body(scope, receive) -> bytes:
-    try:
-        return await read_body(scope, receive, settings.HETEROFLOW_HEARTBEAT_MAX_BYTES)
-    except BodyTooLarge as exc:
-        raise HttpError(
-            413, CoreErrorCode.PAYLOAD_TOO_LARGE, f"A heartbeat may be at most {exc.limit} bytes."
-        ) from None
-    except ClientGone:
-        raise HttpError(400, CoreErrorCode.PARSE_ERROR, "The client went away.") from None

@@ -1,13 +1,13 @@
 from django.db import migrations
 
-from apps.nodes.metrics import ensure_partitions
+from apps.nodes.metrics import NODE_METRICS
 
 
 def create_todays_partitions(apps, schema_editor):
     from apps.core.clock import utcnow
 
     with schema_editor.connection.cursor() as cursor:
-        ensure_partitions(cursor, utcnow().date())
+        NODE_METRICS.ensure_partitions(cursor, utcnow().date())
 
 
 class Migration(migrations.Migration):

@@ -1,14 +1,18 @@
 import re
+from datetime import UTC, timedelta
 
 from django.conf import settings
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from apps.core.clock import utcnow
 from apps.core.pagination import LIMIT_HELP, MAX_LIMIT, PageQuerySerializer
 from apps.core.serializers import AgentPayloadSerializer, StrictSerializer
 from apps.inference.choices import Engine, ModelFormat  # the schema layer: constants any app may use
 from apps.nodes.choices import GpuVendor
 from apps.slices.choices import Qos, SliceState, Tier
+from apps.tasks import logs
 from apps.tasks.choices import (
     DEFAULT_PRIORITY,
     MAX_GPUS_PER_TASK,
@@ -292,10 +296,75 @@ class AgentReportSerializer(AgentPayloadSerializer):
     )
 
 
+DURATION = re.compile(r"^(\d+)([smhd])$")
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@extend_schema_field({"type": "string", "example": "10m"})
+class SinceField(serializers.Field):
+    """A moment: ISO 8601, or a duration back from now (`90s`, `10m`, `2h`, `1d`)."""
+
+    default_error_messages = {"invalid": "An ISO 8601 time, or a duration such as 90s, 10m, 2h or 1d."}
+
+    def to_internal_value(self, data):
+        text = str(data).strip()
+        found = DURATION.match(text)
+        if found:
+            return utcnow() - timedelta(seconds=int(found[1]) * DURATION_UNITS[found[2]])
+        moment = parse_datetime(text)
+        if moment is None:
+            self.fail("invalid")
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+    def to_representation(self, value):
+        return value.isoformat()
+
+
+class TaskLogsQuerySerializer(serializers.Serializer):
+    after = serializers.IntegerField(
+        required=False, default=-1, min_value=-1, help_text="lines after this sequence number (`next` of a page)"
+    )
+    tail = serializers.IntegerField(required=False, min_value=1, max_value=logs.MAX_PAGE, help_text="the last N lines")
+    since = SinceField(required=False, help_text="lines read at or after this time (ISO 8601, or 90s, 10m, 2h, 1d)")
+    limit = serializers.IntegerField(required=False, default=logs.DEFAULT_PAGE, min_value=1, max_value=logs.MAX_PAGE)
+    follow = serializers.BooleanField(
+        required=False, default=False, help_text="a text/event-stream of the lines as they come, until the task ends"
+    )
+
+
+class TaskGroupLogsQuerySerializer(TaskLogsQuerySerializer):
+    rank = serializers.IntegerField(required=False, min_value=0, help_text="only this member's lines")
+    after = serializers.CharField(
+        required=False, default="", help_text="the `next` cursor of a page (rank:seq,…), or a follow's event id"
+    )
+
+
+class LogLineSerializer(serializers.Serializer):
+    seq = serializers.IntegerField(help_text="the task's sequence number of the line, over all its runs")
+    at = serializers.DateTimeField(help_text="when the agent read it")
+    stream = serializers.ChoiceField(choices=logs.STREAMS)
+    text = serializers.CharField()
+
+
+class GroupLogLineSerializer(LogLineSerializer):
+    rank = serializers.IntegerField()
+
+
 class TaskLogsSerializer(serializers.Serializer):
     task_id = serializers.IntegerField()
     status = serializers.CharField()
+    exit_code = serializers.IntegerField(allow_null=True)
+    lines = LogLineSerializer(many=True)
+    next = serializers.IntegerField(help_text="pass as `after` for the lines that follow")
+    first = serializers.IntegerField(help_text="the first line kept (older ones were trimmed at the bound)")
+    dropped_bytes = serializers.IntegerField(help_text="output the agent dropped over its rate limit")
     log_tail = serializers.CharField(help_text="the last lines of output, as the agent reported them at the end")
+
+
+class TaskGroupLogsSerializer(serializers.Serializer):
+    group_id = serializers.IntegerField()
+    lines = GroupLogLineSerializer(many=True)
+    next = serializers.CharField(help_text="pass as `after` for the lines that follow (rank:seq,…)")
 
 
 class TaskEventCreateSerializer(AgentPayloadSerializer):

@@ -18,4 +18,5 @@ urlpatterns = [
     path("task-groups/<int:pk>", views.TaskGroupDetailView.as_view(), name="task-group-detail"),
     path("task-groups/<int:pk>/stop", views.TaskGroupStopView.as_view(), name="task-group-stop"),
     path("task-groups/<int:pk>/events", views.TaskGroupEventsView.as_view(), name="task-group-events"),
+    path("task-groups/<int:pk>/logs", views.TaskGroupLogsView.as_view(), name="task-group-logs"),
 ]

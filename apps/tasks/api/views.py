@@ -1,4 +1,5 @@
 from django.db.models import Q
+from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
@@ -12,12 +13,12 @@ from apps.core.cas import IllegalTransition
 from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
 from apps.core.views import ScopedAPIView
-from apps.tasks import services
+from apps.tasks import log_stream, logs, services
 from apps.tasks.api import serializers as s
 from apps.tasks.api.create import create_task_answer
 from apps.tasks.choices import GroupPlacement
 from apps.tasks.error_codes import TaskErrorCode
-from apps.tasks.models import Task, TaskGroup
+from apps.tasks.models import Task, TaskGroup, TaskLogState
 from apps.tasks.ranks import wiring_env
 from apps.tasks.selectors import (
     agent_tasks,
@@ -210,12 +211,63 @@ class TaskStatsView(APIView):
 
 
 class TaskLogsView(TaskView):
-    """The log tail the agent sent with the task's final report."""
+    """The task's live log (apps.tasks.logs): a page of lines after `after`, the last
+    `tail`, or with `follow=true` a text/event-stream of them until the task ends
+    (apps.tasks.log_stream; Last-Event-ID goes on after the last line a client got)."""
 
-    @extend_schema(responses=s.TaskLogsSerializer)
+    @extend_schema(parameters=[s.TaskLogsQuerySerializer], responses=s.TaskLogsSerializer)
     def get(self, request, pk):
+        params = query(s.TaskLogsQuerySerializer, request)
         task = self.get_object()
-        return Response({"task_id": task.pk, "status": task.status, "log_tail": task.log_tail})
+        if params["follow"]:
+            after = resume_point(request, params["after"])
+            if after is None:
+                after = tail_start(task.pk, params) if "tail" in params else params["after"]
+            return event_stream(log_stream.follow([log_stream.Member(task.pk, None, after)]))
+        lines = logs.read_page(
+            task.pk, after=params["after"], tail=params.get("tail"), since=params.get("since"), limit=params["limit"]
+        )
+        state = logs_state(task.pk)
+        return Response(
+            {
+                "task_id": task.pk,
+                "status": task.status,
+                "exit_code": task.exit_code,
+                "lines": lines,
+                "next": lines[-1]["seq"] if lines else params["after"],
+                "first": state.first_seq if state else 0,
+                "dropped_bytes": state.dropped_bytes if state else 0,
+                "log_tail": task.log_tail,
+            }
+        )
+
+
+def query(serializer_class, request) -> dict:
+    serializer = serializer_class(data=request.query_params.dict())
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def resume_point(request, after: int) -> int | None:
+    """Where a reconnecting follower goes on: its Last-Event-ID (the last line it got)."""
+    last = (request.headers.get("Last-Event-ID") or "").strip()
+    return int(last) if last.lstrip("-").isdigit() else (after if after >= 0 else None)
+
+
+def tail_start(task_id: int, params: dict) -> int:
+    lines = logs.read_page(task_id, tail=params["tail"], since=params.get("since"))
+    return lines[0]["seq"] - 1 if lines else -1
+
+
+def logs_state(task_id: int):
+    return TaskLogState.objects.filter(task_id=task_id).only("first_seq", "dropped_bytes").first()
+
+
+def event_stream(events) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # a proxy in front (nginx) must not hold events back
+    return response
 
 
 class TaskEventsView(TaskView):
@@ -338,6 +390,39 @@ class TaskGroupStopView(TaskGroupView):
         policy.check_may_stop_task(request.auth, group)
         services.stop_group(group)
         return Response(s.TaskGroupDetailSerializer(self.get_object()).data)
+
+
+class TaskGroupLogsView(TaskGroupView):
+    """Every member's live log, each line with its rank (`rank=` for one member): a page
+    merged in time order, or with `follow=true` an event stream until the group ends.
+    The cursor (`next`, the events' ids) is `rank:seq,…`."""
+
+    @extend_schema(parameters=[s.TaskGroupLogsQuerySerializer], responses=s.TaskGroupLogsSerializer)
+    def get(self, request, pk):
+        params = query(s.TaskGroupLogsQuerySerializer, request)
+        group = self.get_object()
+        cursor = log_stream.parse_group_cursor(request.headers.get("Last-Event-ID") or params["after"])
+        members = [
+            log_stream.Member(task_id, rank, cursor.get(rank, -1))
+            for task_id, rank in group.tasks.order_by("rank").values_list("pk", "rank")
+            if params.get("rank") is None or rank == params["rank"]
+        ]
+        if params["follow"]:
+            return event_stream(log_stream.follow(members, group_id=group.pk))
+        lines = []
+        for member in members:
+            page = logs.read_page(
+                member.task_id,
+                after=member.last,
+                tail=params.get("tail"),
+                since=params.get("since"),
+                limit=params["limit"],
+            )
+            if page:
+                member.last = page[-1]["seq"]
+            lines.extend(line | {"rank": member.rank} for line in page)
+        lines.sort(key=lambda line: (line["at"], line["rank"], line["seq"]))
+        return Response({"group_id": group.pk, "lines": lines, "next": log_stream.group_cursor(members)})
 
 
 class TaskGroupEventsView(TaskGroupView):
