@@ -842,7 +842,10 @@ def top_rows(client, window: str = "1m") -> list[dict]:
             slice_info = task.raw.get("slice") or {}
             if slice_info.get("gpu_index") is not None:
                 held = {slice_info["gpu_index"]}
-            gpus = [g for g in node.gpus if not held or g.get("index") in held]
+            if not held and not task.gpu_required and not task.gpu_memory_mb:
+                gpus = []  # it holds no card
+            else:
+                gpus = [g for g in node.gpus if not held or g.get("index") in held]
             source = "cards" if held else "node"
         rows.append({"task": task, "gpus": gpus, "source": source})
     return rows

@@ -226,7 +226,7 @@ class Groups(Namespace):
         detail = self.get(ident)  # 404 for a group that is not there
         tasks = self.client.tasks
         try:
-            self.http.send("GET", f"/api/v1/{path}", params={"tail": 0, "rank": rank})
+            self.http.send("GET", f"/api/v1/{path}", params={"tail": 1, "rank": rank})
         except NotFound:
             members = {m["rank"]: m["id"] for m in detail.members if rank is None or m["rank"] == rank}
             if not members:
@@ -237,7 +237,27 @@ class Groups(Namespace):
             }
             stream = LogStream(self._merged(followers, follow, ident))
             return stream
-        return LogStream(tasks._lines(path, None, follow, 0, tail, since, rank, True, on_status, on_retry))
+        items = tasks._lines(path, None, follow, 0, tail, since, rank, True, on_status, on_retry)
+        return LogStream(self._with_tails(items, ident, rank))
+
+    def _with_tails(self, items, ident: int, rank: int | None):
+        """The group's live lines; when it ended with none (an agent that sends only the
+        final report's tail), each member's tail, by rank."""
+        given = False
+        for item in items:
+            if isinstance(item, LogEnd) and not given:
+                for member in sorted(self.get(ident).members, key=lambda m: m["rank"]):
+                    if rank is not None and member["rank"] != rank:
+                        continue
+                    try:
+                        page = read_page(self.http, f"tasks/{member['id']}/logs", task=member["id"])
+                    except (ValueError, HeteroFlowError):
+                        continue
+                    for line in page.lines:
+                        line.rank = member["rank"]
+                        yield line
+            given = given or isinstance(item, LogLine)
+            yield item
 
     def _merged(self, followers: dict, follow: bool, ident: int):
         for item in merge(followers):

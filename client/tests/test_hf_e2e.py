@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,30 @@ def test_hf_run_follow_streams_the_log_and_exits_with_the_tasks_code(hf_bin, clu
             follower.kill()
     assert follower.returncode == 3, err
     assert out.splitlines()[-2:] == ["first", "second"]
+
+
+def test_hf_group_run_follow_prefixes_each_line_with_its_rank(hf_bin, cluster, tmp_path):
+    env = hf_env(tmp_path) | {"HETEROFLOW_URL": cluster["url"], "HETEROFLOW_API_KEY": cluster["key"]}
+    train = tmp_path / "train.yaml"
+    train.write_text(
+        "kind: group\nname: ddp\nworld_size: 1\ngpus_per_worker: 1\ngpu_type: virtual\nimage: busybox\n"
+        "command: [sh, -c, 'echo hello from rank $RANK; echo done']\n"
+    )
+    follower = subprocess.Popen(
+        [str(hf_bin), "group", "run", "-f", str(train), "--follow"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while follower.poll() is None and time.monotonic() < deadline:
+            run_cycle()  # the group's placement (the test runs the scheduler)
+            time.sleep(1)
+        out, err = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 0, err
+    assert out.splitlines() == ["[rank 0] hello from rank 0", "[rank 0] done"]

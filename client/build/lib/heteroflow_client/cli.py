@@ -842,7 +842,10 @@ def top_rows(client, window: str = "1m") -> list[dict]:
             slice_info = task.raw.get("slice") or {}
             if slice_info.get("gpu_index") is not None:
                 held = {slice_info["gpu_index"]}
-            gpus = [g for g in node.gpus if not held or g.get("index") in held]
+            if not held and not task.gpu_required and not task.gpu_memory_mb:
+                gpus = []  # it holds no card
+            else:
+                gpus = [g for g in node.gpus if not held or g.get("index") in held]
             source = "cards" if held else "node"
         rows.append({"task": task, "gpus": gpus, "source": source})
     return rows
@@ -1023,7 +1026,25 @@ def completion(shell) -> None:
     click.echo(complete(cli, {}, "hf", "_HF_COMPLETE").source())
 
 
+def skip_httpx_cli() -> None:
+    """httpx imports its own command line (httpx._main) when Click and Rich are
+    installed, and with it Rich's progress bars and Pygments' lexers: about 50 ms of every
+    `hf` start that makes a request. `hf` never calls it; the SDK imported elsewhere is
+    left alone."""
+    if "httpx" not in sys.modules and "httpx._main" not in sys.modules:
+        import types
+
+        stub = types.ModuleType("httpx._main")
+
+        def unavailable(*args, **kwargs):  # pragma: no cover
+            raise SystemExit("httpx's command line is not loaded inside hf")
+
+        stub.main = unavailable  # type: ignore[attr-defined]
+        sys.modules["httpx._main"] = stub
+
+
 def main() -> None:
+    skip_httpx_cli()
     cli(prog_name="hf")
 
 

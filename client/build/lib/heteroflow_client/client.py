@@ -6,9 +6,9 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
-from heteroflow_client import config, jobfiles
+from heteroflow_client import config
 from heteroflow_client.errors import ApiError, HeteroFlowError, NotFound, ValidationError
 from heteroflow_client.logs import Follower, LogItem, merge, read_page
 from heteroflow_client.transport import Transport
@@ -25,6 +25,9 @@ from heteroflow_client.types import (
     Task,
     TaskGroup,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from heteroflow_client import jobfiles
 
 TaskRef = Union[int, str, Task]
 GroupRef = Union[int, str, TaskGroup]
@@ -179,7 +182,10 @@ class Tasks(Namespace):
         ):
             if isinstance(item, LogEnd) and not given and not group:
                 # nothing came live: an agent that sends only the final report's tail
-                yield from read_page(self.http, path, task=ident).lines
+                try:
+                    yield from read_page(self.http, path, task=ident).lines
+                except (ValueError, HeteroFlowError):
+                    pass  # best effort: the end is what matters now
             elif isinstance(item, LogLine):
                 given = given or item.seq
             yield item
@@ -220,7 +226,7 @@ class Groups(Namespace):
         detail = self.get(ident)  # 404 for a group that is not there
         tasks = self.client.tasks
         try:
-            self.http.send("GET", f"/api/v1/{path}", params={"tail": 0, "rank": rank})
+            self.http.send("GET", f"/api/v1/{path}", params={"tail": 1, "rank": rank})
         except NotFound:
             members = {m["rank"]: m["id"] for m in detail.members if rank is None or m["rank"] == rank}
             if not members:
@@ -231,7 +237,27 @@ class Groups(Namespace):
             }
             stream = LogStream(self._merged(followers, follow, ident))
             return stream
-        return LogStream(tasks._lines(path, None, follow, 0, tail, since, rank, True, on_status, on_retry))
+        items = tasks._lines(path, None, follow, 0, tail, since, rank, True, on_status, on_retry)
+        return LogStream(self._with_tails(items, ident, rank))
+
+    def _with_tails(self, items, ident: int, rank: int | None):
+        """The group's live lines; when it ended with none (an agent that sends only the
+        final report's tail), each member's tail, by rank."""
+        given = False
+        for item in items:
+            if isinstance(item, LogEnd) and not given:
+                for member in sorted(self.get(ident).members, key=lambda m: m["rank"]):
+                    if rank is not None and member["rank"] != rank:
+                        continue
+                    try:
+                        page = read_page(self.http, f"tasks/{member['id']}/logs", task=member["id"])
+                    except (ValueError, HeteroFlowError):
+                        continue
+                    for line in page.lines:
+                        line.rank = member["rank"]
+                        yield line
+            given = given or isinstance(item, LogLine)
+            yield item
 
     def _merged(self, followers: dict, follow: bool, ident: int):
         for item in merge(followers):
@@ -345,6 +371,8 @@ class Client:
     def validate(self, path: str) -> list[jobfiles.Document]:
         """The documents of a job file, each checked against the server's schema;
         ValidationError (with every problem) otherwise."""
+        from heteroflow_client import jobfiles
+
         return jobfiles.validated(jobfiles.load(path), self.http)
 
     def apply(self, path: str) -> list[Result]:
@@ -375,6 +403,8 @@ class Client:
     ) -> Task:
         """Queue one task: the job file's task (if `file`), with the arguments over it.
         Checked against the server's schema before it is sent."""
+        from heteroflow_client import jobfiles
+
         document = self.task_document(
             command,
             name=name,
@@ -392,6 +422,8 @@ class Client:
         return task
 
     def task_document(self, command=None, *, file=None, env=None, **options: Any) -> jobfiles.Document:
+        from heteroflow_client import jobfiles
+
         if file:
             documents = jobfiles.load(file)
             if len(documents) != 1 or documents[0].kind != "task":
