@@ -66,7 +66,16 @@ class ServerClient:
         self._auth_reported = False
 
     def request(
-        self, method: str, path: str, *, json=None, params=None, expect=(200, 201), attempts: int | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        json=None,
+        params=None,
+        expect=(200, 201),
+        attempts: int | None = None,
+        data: bytes | None = None,
+        headers: dict | None = None,
     ) -> requests.Response:
         """The response when its status is in `expect` or is a client error other than
         401 (the caller decides what a 404 or 409 means). Raises AuthError on 401 and
@@ -84,7 +93,13 @@ class ServerClient:
                 )
             try:
                 response = self.session.request(
-                    method, url, json=json, params=params, timeout=self.timeout_within(left)
+                    method,
+                    url,
+                    json=json,
+                    params=params,
+                    data=data,
+                    headers=headers,
+                    timeout=self.timeout_within(left),
                 )
             except requests.RequestException as exc:
                 problem = f"{type(exc).__name__}: {exc}"

@@ -43,6 +43,11 @@ ENVIRONMENT = {
     "report_attempts": ("HETEROFLOW_REPORT_ATTEMPTS",),
     "report_deadline_seconds": ("HETEROFLOW_REPORT_DEADLINE_SECONDS",),
     "engine_python": ("HETEROFLOW_ENGINE_PYTHON",),
+    # live task logs (logs.py)
+    "log_ship_seconds": ("HETEROFLOW_LOG_SHIP_SECONDS",),
+    "log_rate_bytes": ("HETEROFLOW_LOG_RATE_BYTES",),
+    "log_spool_bytes": ("HETEROFLOW_LOG_SPOOL_BYTES",),
+    "log_keep_bytes": ("HETEROFLOW_LOG_KEEP_BYTES",),
     # the image channel (channels/images.py)
     "image_progress_seconds": ("HETEROFLOW_IMAGE_PROGRESS_SECONDS",),
     "image_legacy_latest": ("HETEROFLOW_IMAGE_LEGACY_LATEST",),
@@ -95,6 +100,13 @@ class AgentConfig:
     image_progress_seconds: float = 60.0
     image_legacy_latest: bool = False
     image_auth_file: str = ""
+    # live task logs (logs.py): batches at most this far apart; each task's output past
+    # this rate is dropped (with a marker); what waits for the control plane, per task;
+    # the node's own copy of each task's log (two files of half this)
+    log_ship_seconds: float = 1.0
+    log_rate_bytes: int = 256 * 1024
+    log_spool_bytes: int = 64 * 1024 * 1024
+    log_keep_bytes: int = 64 * 1024 * 1024
 
     @property
     def scanned_model_dirs(self) -> tuple[str, ...]:
@@ -148,6 +160,10 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     report_attempts = _number(raw, "report_attempts", 6, int, 1, 20, problems)
     report_deadline = _number(raw, "report_deadline_seconds", 60.0, float, 1, 600, problems)
     allow_process = _boolean(raw, "allow_process_runtime", False, problems)
+    log_ship = _number(raw, "log_ship_seconds", 1.0, float, 0.1, 10, problems)
+    log_rate = _number(raw, "log_rate_bytes", 256 * 1024, int, 1024, 1 << 30, problems)
+    log_spool = _number(raw, "log_spool_bytes", 64 * 1024 * 1024, int, 64 * 1024, 1 << 40, problems)
+    log_keep = _number(raw, "log_keep_bytes", 64 * 1024 * 1024, int, 0, 1 << 40, problems)
     image_progress = _number(raw, "image_progress_seconds", 60.0, float, 0, 600, problems)
     image_legacy = _boolean(raw, "image_legacy_latest", False, problems)
     image_auth_file = str(raw.get("image_auth_file") or "")
@@ -236,6 +252,10 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         image_progress_seconds=image_progress,
         image_legacy_latest=image_legacy,
         image_auth_file=image_auth_file,
+        log_ship_seconds=log_ship,
+        log_rate_bytes=log_rate,
+        log_spool_bytes=log_spool,
+        log_keep_bytes=log_keep,
     )
 
 

@@ -90,6 +90,7 @@ class Executor:
         self.wake = threading.Event()  # set by the heartbeat when tasks wait for this node
         self.sweep = threading.Event()  # set after each heartbeat that got through: look for zombies
         self.withheld: set[int] = set()  # memory-only tasks left alone for want of a confirmed slice (logged once)
+        self.logs = None  # a logs.LogShipper that follows each running task's output, when set
         self.mps_pipe = mps_slices.pipe_directory()
         self.mps_log = mps_slices.log_directory()
 
@@ -177,6 +178,8 @@ class Executor:
         stop = threading.Event()
         with self.lock:
             self.active[task["id"]] = stop
+        if self.logs is not None:
+            self.logs.track(task["id"])
         self.pool.submit(self._work, task["id"], lambda: self.watch(task, stop, began))
 
     # --- one task -----------------------------------------------------------------------
@@ -185,6 +188,10 @@ class Executor:
         """A worker: run or watch the task to its end, then deliver the outcome."""
         try:
             outcome = to_the_end()
+            if self.logs is not None and not self.closing.is_set():
+                # its last lines before its outcome, so that a follower sees them before the
+                # end (not waited for long: an unreachable control plane gets them later)
+                self.logs.finish(task_id, wait=5.0 if outcome is not None else 0.0)
             if outcome is not None:
                 self.deliver(outcome)
         except Exception:
@@ -245,6 +252,8 @@ class Executor:
         except RuntimeError_ as exc:
             return Outcome(task_id, RUNNING, FAILED, None, f"could not start: {exc}")
         logger.info("task %s started (%s)", task_id, self.runtime.kind)
+        if self.logs is not None:
+            self.logs.track(task_id)
         return self._watch(task, stop, time.monotonic())
 
     def watch(self, task: dict, stop: threading.Event, started: float) -> Outcome | None:

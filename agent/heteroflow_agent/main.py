@@ -23,6 +23,7 @@ from heteroflow_agent.engines import launch
 from heteroflow_agent.engines.router import EngineRouter
 from heteroflow_agent.executor import Executor
 from heteroflow_agent.heartbeat import Heartbeat, TaskReport
+from heteroflow_agent.logs import LogShipper
 from heteroflow_agent.reconcile import Reconciler
 from heteroflow_agent.version import current
 
@@ -86,6 +87,22 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
             report_client=reports,
             engine_python=cfg.engine_python or sys.executable,
             state_dir=cfg.data_dir,  # undelivered outcomes survive a restart
+        )
+        executor.logs = LogShipper(
+            cfg.node_id,
+            ServerClient(
+                cfg.server_url,
+                cfg.api_key,
+                connect_timeout=cfg.connect_timeout,
+                read_timeout=cfg.read_timeout,
+                user_agent=f"heteroflow-agent/{version.version}",
+            ),
+            runtime,
+            cfg.data_dir,
+            rate=cfg.log_rate_bytes,
+            spool_bytes=cfg.log_spool_bytes,
+            keep_bytes=cfg.log_keep_bytes,
+            ship_every=cfg.log_ship_seconds,
         )
     process = runtime is not None and runtime.kind == "process"
     heartbeat = Heartbeat(
@@ -284,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             kwargs={"reconcile_seconds": cfg.reconcile_interval},
         )
         worker.start()
+        threading.Thread(target=executor.logs.run, args=(stop,), name="live-logs", daemon=True).start()
     slices = build_slice_channel(cfg, heartbeat.client)
     slices.start()
     try:

@@ -5,6 +5,7 @@ the client gives up or the server closes (a control plane that hangs)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +24,8 @@ class ScriptedServer:
             def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
                 path = self.path.split("?")[0]
                 owner.requests.append(
                     {

@@ -30,7 +30,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtimes and slices", ("heteroflow_agent.runtime", "heteroflow_agent.slicing")),
     ("engines", ("heteroflow_agent.engines", "heteroflow_agent.inventory")),
     ("heartbeat", ("heteroflow_agent.heartbeat",)),
-    ("a task's spec and delivery", ("heteroflow_agent.task_spec", "heteroflow_agent.delivery")),
+    (
+        "a task's spec, delivery and log",
+        ("heteroflow_agent.task_spec", "heteroflow_agent.delivery", "heteroflow_agent.logs"),
+    ),
     ("command channels", ("heteroflow_agent.channels",)),
     ("executor", ("heteroflow_agent.executor", "heteroflow_agent.reconcile")),
     ("entry point", ("heteroflow_agent.main", "heteroflow_agent.__main__")),

@@ -14,3 +14,13 @@ class FastJSONRenderer(JSONRenderer):
         if data is None:
             return b""
         return orjson.dumps(data, default=_fallback, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_UTC_Z)
+
+
+class EventStreamRenderer(FastJSONRenderer):
+    """Lets a view that streams `text/event-stream` (a log's follow) be asked for it by
+    an Accept header, as EventSource does; what such a view renders itself (an error
+    before the stream starts) is JSON."""
+
+    media_type = "text/event-stream"
+    format = "event-stream"
+    charset = None

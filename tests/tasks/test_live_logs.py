@@ -354,6 +354,18 @@ def test_a_follower_reconnecting_with_last_event_id_gets_no_line_twice(plane, pe
     assert follower.texts() == ["three", "four"] and follower.events[-1][0] == "end"
 
 
+def test_an_accept_header_alone_asks_for_the_stream(plane, people, running):
+    ship(plane, "log-node", [{"task_id": running.pk, "run": "r", "lines": lines("via accept")}])
+    finish(running)
+    response = requests.get(
+        f"{plane}/api/v1/tasks/{running.pk}/logs",
+        headers=bearer_http(people[1]["logs-a"]) | {"Accept": "text/event-stream"},
+        timeout=30,
+    )
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    assert "via accept" in response.text and "event: end" in response.text
+
+
 def test_another_tenants_follower_gets_404(plane, people, running):
     follower = Follower(f"{plane}/api/v1/tasks/{running.pk}/logs", people[1]["logs-b"])
     follower.run()

@@ -14,6 +14,44 @@ import abc
 from dataclasses import dataclass, field
 
 LOG_TAIL_LINES = 200
+OUTPUT_READ_BYTES = 1024 * 1024  # one read of a task's output, at most about this
+MAX_LINE_BYTES = 16 * 1024  # a longer line is cut into pieces of this
+
+
+@dataclass(frozen=True)
+class OutputLine:
+    at: float  # seconds since the epoch: when the engine logged it, else when it was read
+    stream: str  # "stdout" or "stderr" (the process runtime's one file: "stdout")
+    text: str  # without its newline
+
+
+@dataclass(frozen=True)
+class OutputRead:
+    lines: list[OutputLine]
+    cursor: dict
+
+
+def split_output(data: bytes, *, final: bool) -> tuple[list[bytes], int]:
+    """Whole lines of `data` (without their newline; one longer than MAX_LINE_BYTES in
+    pieces) and how many bytes they took. A last line without its newline is left for
+    the next read, unless `final` or it is already MAX_LINE_BYTES long."""
+    lines: list[bytes] = []
+    start = 0
+    while True:
+        end = data.find(b"\n", start)
+        if end < 0:
+            rest = data[start:]
+            if rest and (final or len(rest) >= MAX_LINE_BYTES):
+                keep = len(rest) if final else len(rest) - len(rest) % MAX_LINE_BYTES
+                lines.extend(_pieces(rest[:keep]))
+                start += keep
+            return lines, start
+        lines.extend(_pieces(data[start:end].rstrip(b"\r")))
+        start = end + 1
+
+
+def _pieces(line: bytes) -> list[bytes]:
+    return [line[i : i + MAX_LINE_BYTES] for i in range(0, len(line), MAX_LINE_BYTES)] or [b""]
 
 
 def task_name(task_id: int) -> str:
@@ -89,6 +127,14 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def logs_tail(self, task_id: int, lines: int = LOG_TAIL_LINES) -> str:
         """The last lines of its output (stdout and stderr), "" when there is none."""
+
+    @abc.abstractmethod
+    def read_output(self, task_id: int, cursor: dict | None, limit: int = OUTPUT_READ_BYTES) -> OutputRead:
+        """The task's output lines after `cursor` (None: from its start), about `limit`
+        bytes at most, and the cursor that follows them (a dict the caller keeps as it is,
+        on disk too, to go on after an agent restart). A line still being written (no
+        newline yet) waits for the next read, unless it is already MAX_LINE_BYTES long or
+        the task has ended. Nothing new, or no such task: no lines and the same cursor."""
 
     @abc.abstractmethod
     def remove(self, task_id: int) -> None:

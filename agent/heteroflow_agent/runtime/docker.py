@@ -27,7 +27,18 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 
-from heteroflow_agent.runtime.base import LOG_TAIL_LINES, Runtime, RuntimeError_, TaskSpec, TaskState, task_name
+from heteroflow_agent.runtime.base import (
+    LOG_TAIL_LINES,
+    OUTPUT_READ_BYTES,
+    OutputLine,
+    OutputRead,
+    Runtime,
+    RuntimeError_,
+    TaskSpec,
+    TaskState,
+    split_output,
+    task_name,
+)
 
 logger = logging.getLogger("heteroflow_agent.runtime.docker")
 
@@ -360,6 +371,53 @@ class DockerRuntime(Runtime):
         if isinstance(output, bytes):
             output = output.decode("utf-8", errors="replace")
         return output or ""
+
+    def read_output(self, task_id: int, cursor: dict | None, limit: int = OUTPUT_READ_BYTES) -> OutputRead:
+        """Each stream's lines logged after its mark (the engine's timestamp of the last
+        line taken, and how many lines carry that very timestamp), asked with `since` at
+        the mark's whole second: the engine's own timestamps, the same on every read,
+        order them."""
+        import docker.errors
+
+        cursor = {stream: list(mark) for stream, mark in (cursor or {}).items()}
+        container = self._container(task_id)
+        if container is None:
+            return OutputRead([], cursor)
+        lines: list[OutputLine] = []
+        budget = limit
+        for stream in ("stdout", "stderr"):
+            mark = cursor.get(stream)  # [the timestamp of the last line taken, lines taken at it]
+            with self._errors(f"cannot read the output of {task_name(task_id)}"):
+                try:
+                    raw = container.logs(
+                        stdout=stream == "stdout",
+                        stderr=stream == "stderr",
+                        timestamps=True,
+                        since=int(mark[0]) if mark and mark[0] >= 1 else None,
+                    )
+                except docker.errors.NotFound:
+                    return OutputRead([], cursor)
+            pieces, _ = split_output(raw if isinstance(raw, bytes) else raw.encode(), final=True)
+            last = mark[0] if mark else None
+            count = skip = mark[1] if mark else 0
+            for piece in pieces:
+                stamp, _, text = piece.partition(b" ")
+                instant = parse_engine_time(stamp.decode("ascii", "replace"))
+                if instant is None or (last is not None and instant < last):
+                    continue
+                if instant == last:
+                    if skip > 0:  # taken by an earlier read
+                        skip -= 1
+                        continue
+                    count += 1
+                else:
+                    last, count, skip = instant, 1, 0
+                if budget <= 0:
+                    break
+                budget -= len(text) + 1
+                lines.append(OutputLine(instant, stream, text.decode("utf-8", "replace")))
+                cursor[stream] = [last, count]
+        return OutputRead(lines, cursor)
 
     def remove(self, task_id: int) -> None:
         import docker.errors

@@ -69,10 +69,14 @@ from pathlib import Path
 from heteroflow_agent.runtime import supervise
 from heteroflow_agent.runtime.base import (
     LOG_TAIL_LINES,
+    OUTPUT_READ_BYTES,
+    OutputLine,
+    OutputRead,
     Runtime,
     RuntimeError_,
     TaskSpec,
     TaskState,
+    split_output,
     task_name,
 )
 
@@ -282,6 +286,24 @@ class ProcessRuntime(Runtime):
         except OSError:
             return ""
         return "".join(data.decode("utf-8", "replace").splitlines(keepends=True)[-lines:])
+
+    def read_output(self, task_id: int, cursor: dict | None, limit: int = OUTPUT_READ_BYTES) -> OutputRead:
+        offset = int((cursor or {}).get("offset", 0))
+        task = self._task(task_id)
+        if task is None:
+            return OutputRead([], {"offset": offset})
+        ended = not task.running()  # read before the file: all it wrote is there then
+        try:
+            with open(task.dir / supervise.LOG_FILE, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read(limit)
+        except OSError:
+            return OutputRead([], {"offset": offset})
+        pieces, used = split_output(data, final=ended and len(data) < limit)
+        now = time.time()
+        # one file for both streams (the supervisor's stdout and stderr): "stdout"
+        lines = [OutputLine(now, "stdout", piece.decode("utf-8", "replace")) for piece in pieces]
+        return OutputRead(lines, {"offset": offset + used})
 
     def remove(self, task_id: int) -> None:
         task = self._task(task_id)

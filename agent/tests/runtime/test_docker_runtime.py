@@ -177,6 +177,32 @@ def test_echo_exits_zero_with_state_and_log_tail(runtime, run):
     assert runtime.logs_tail(task_id, lines=0) == ""
 
 
+def test_output_is_read_by_stream_from_a_cursor_with_no_line_twice(runtime, run, tmp_path):
+    go = tmp_path / "go"
+    task_id = run(
+        [
+            "sh",
+            "-c",
+            "echo out1; echo err1 >&2; echo out2; echo out3;"
+            " while [ ! -e /signal/go ]; do sleep 0.05; done; echo out4; echo err2 >&2",
+        ],
+        volumes=(Volume(str(tmp_path), "/signal"),),
+    )
+    wait_for_output(runtime, task_id, "out3")
+    first = runtime.read_output(task_id, None)
+    by_stream = {(line.stream, line.text) for line in first.lines}
+    assert by_stream == {("stdout", "out1"), ("stdout", "out2"), ("stdout", "out3"), ("stderr", "err1")}
+    assert all(abs(line.at - time.time()) < 60 for line in first.lines)
+    again = runtime.read_output(task_id, first.cursor)
+    assert again.lines == [] and again.cursor == first.cursor  # the same second: nothing twice
+    go.touch()
+    wait_exited(runtime, task_id)
+    rest = runtime.read_output(task_id, first.cursor)
+    assert [(line.stream, line.text) for line in rest.lines] == [("stdout", "out4"), ("stderr", "err2")]
+    assert runtime.read_output(task_id, rest.cursor).lines == []
+    assert runtime.read_output(10**15, None).lines == []  # no such task
+
+
 def test_exit_code_is_reported(runtime, run):
     task_id = run(["sh", "-c", "echo failing; exit 3"])
     state = wait_exited(runtime, task_id)

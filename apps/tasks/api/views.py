@@ -12,6 +12,7 @@ from apps.alerts.failures import LOST_RUN_STATUSES, Verdict, adjudicate_lost_run
 from apps.core.cas import IllegalTransition
 from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
+from apps.core.renderers import EventStreamRenderer, FastJSONRenderer
 from apps.core.views import ScopedAPIView
 from apps.tasks import log_stream, logs, services
 from apps.tasks.api import serializers as s
@@ -210,16 +211,22 @@ class TaskStatsView(APIView):
         return Response(task_stats(request.auth))
 
 
+LOG_RENDERERS = [FastJSONRenderer, EventStreamRenderer]
+
+
 class TaskLogsView(TaskView):
     """The task's live log (apps.tasks.logs): a page of lines after `after`, the last
     `tail`, or with `follow=true` a text/event-stream of them until the task ends
-    (apps.tasks.log_stream; Last-Event-ID goes on after the last line a client got)."""
+    (apps.tasks.log_stream; Last-Event-ID goes on after the last line a client got).
+    `Accept: text/event-stream` alone asks for the stream too."""
+
+    renderer_classes = LOG_RENDERERS
 
     @extend_schema(parameters=[s.TaskLogsQuerySerializer], responses=s.TaskLogsSerializer)
     def get(self, request, pk):
         params = query(s.TaskLogsQuerySerializer, request)
         task = self.get_object()
-        if params["follow"]:
+        if follows(request, params):
             after = resume_point(request, params["after"])
             if after is None:
                 after = tail_start(task.pk, params) if "tail" in params else params["after"]
@@ -246,6 +253,10 @@ def query(serializer_class, request) -> dict:
     serializer = serializer_class(data=request.query_params.dict())
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
+
+
+def follows(request, params: dict) -> bool:
+    return params["follow"] or request.accepted_renderer.format == EventStreamRenderer.format
 
 
 def resume_point(request, after: int) -> int | None:
@@ -397,6 +408,8 @@ class TaskGroupLogsView(TaskGroupView):
     merged in time order, or with `follow=true` an event stream until the group ends.
     The cursor (`next`, the events' ids) is `rank:seq,…`."""
 
+    renderer_classes = LOG_RENDERERS
+
     @extend_schema(parameters=[s.TaskGroupLogsQuerySerializer], responses=s.TaskGroupLogsSerializer)
     def get(self, request, pk):
         params = query(s.TaskGroupLogsQuerySerializer, request)
@@ -407,7 +420,7 @@ class TaskGroupLogsView(TaskGroupView):
             for task_id, rank in group.tasks.order_by("rank").values_list("pk", "rank")
             if params.get("rank") is None or rank == params["rank"]
         ]
-        if params["follow"]:
+        if follows(request, params):
             return event_stream(log_stream.follow(members, group_id=group.pk))
         lines = []
         for member in members:
