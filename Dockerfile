@@ -37,4 +37,4 @@ USER heteroflow
 
 EXPOSE 3333
 
-CMD ["uvicorn", "heteroflow.asgi:application", "--host", "0.0.0.0", "--port", "3333", "--workers", "2", "--lifespan", "off", "--no-proxy-headers"]
+CMD ["uvicorn", "heteroflow.asgi:application", "--host", "0.0.0.0", "--port", "3333", "--workers", "2", "--lifespan", "on", "--no-proxy-headers", "--timeout-graceful-shutdown", "5"]

@@ -29,7 +29,6 @@ security: $(DEPS_STAMP)
 	$(BIN)/bandit -q -c bandit.yaml -b .bandit-baseline.json -r $(SECURITY_PATHS)
 
 install: $(DEPS_STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ./client
 
 # Real inference engines (requirements/engines.txt: llama.cpp's server), which the agent's
 # process runtime launches and the engine end-to-end tests need. A 7-20 minute build the
@@ -44,8 +43,10 @@ $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "HeteroFlow needs Python 3.11 or newer; set PYTHON=/path/to/python3.11")'
 	$(PYTHON) -m venv $(VENV)
 
-$(DEPS_STAMP): requirements/base.txt requirements/dev.txt | $(BIN)/python
+# the project's requirements, and `hf` (client/, editable) for `make up`'s users
+$(DEPS_STAMP): requirements/base.txt requirements/dev.txt client/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ./client
 	touch $@
 
 clean-data:

@@ -38,12 +38,17 @@ DEFAULT_TEST_WORKERS = 3
 XDIST_OPTIONS = ("-n", "--numprocesses", "--dist")
 
 
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
+
 def web_command(host: str, port: int, *extra: str) -> list[str]:
     """How the web process is started, by `make up`, the benchmarks and the tests alike:
     uvicorn serving the ASGI application (the heartbeat's raw route in front of Django),
     with lifespan events (the gateway, the outermost app, answers them: at shutdown it
-    writes the usage it gathered) and without trust in proxy headers; `extra`: more
-    uvicorn options."""
+    writes the usage it gathered), without trust in proxy headers, and a bounded
+    graceful shutdown (a log follower's stream never ends by itself: past it, open
+    streams are cut and their clients reconnect elsewhere with Last-Event-ID); `extra`:
+    more uvicorn options."""
     return [
         PYTHON,
         "-m",
@@ -56,6 +61,8 @@ def web_command(host: str, port: int, *extra: str) -> list[str]:
         "--lifespan",
         "on",
         "--no-proxy-headers",
+        "--timeout-graceful-shutdown",
+        str(GRACEFUL_SHUTDOWN_SECONDS),
         *extra,
     ]
 

@@ -366,7 +366,9 @@ HETEROFLOW_TASK_LOG_RETENTION_DAYS = env.int("HETEROFLOW_TASK_LOG_RETENTION_DAYS
 HETEROFLOW_TASK_LOG_DB_POOL_SIZE = env.int("HETEROFLOW_TASK_LOG_DB_POOL_SIZE", 4, low=1, high=100)
 # how often a follower reads the table when Redis brings nothing (Redis away, a lost message)
 HETEROFLOW_LOG_FOLLOW_POLL_SECONDS = env.float("HETEROFLOW_LOG_FOLLOW_POLL_SECONDS", 5.0, low=0.1, high=60.0)
-HETEROFLOW_TASK_LOG_MAX_BODY_BYTES = env.int("HETEROFLOW_TASK_LOG_MAX_BODY_BYTES", 8 * 1024 * 1024, low=65_536, high=1 << 30)
+HETEROFLOW_TASK_LOG_MAX_BODY_BYTES = env.int(
+    "HETEROFLOW_TASK_LOG_MAX_BODY_BYTES", 8 * 1024 * 1024, low=65_536, high=1 << 30
+)
 # How long one scheduler process reuses the GPU rows it read (their live readings are
 # refreshed by heartbeats every 5 s anyway); node rows and the GPU ledger are read fresh
 # every cycle, and bind re-checks the chosen cards. 0: read everything every cycle.

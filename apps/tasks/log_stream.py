@@ -1,5 +1,5 @@
 """Following a task's (or a group's) live log: a `text/event-stream` of its lines as they
-are stored, until it ends (docs/tasks.md#logs).
+are stored, until it ends (docs/api.md#live-logs).
 
 Each follower subscribes to its tasks' Redis channels (apps.tasks.logs.channel), then
 reads the table after its last line, then sends what each message brings. A message
@@ -46,7 +46,7 @@ class Member:
 
     task_id: int
     rank: int | None
-    last: int = -1
+    last: int = 0
 
 
 def poll_seconds() -> float:
@@ -67,7 +67,7 @@ def parse_group_cursor(value: str | None) -> dict[int, int]:
     cursor = {}
     for part in (value or "").split(","):
         rank, _, seq = part.partition(":")
-        if rank.strip().isdigit() and seq.strip().lstrip("-").isdigit():
+        if rank.strip().isdigit() and seq.strip().isdigit():
             cursor[int(rank)] = int(seq)
     return cursor
 

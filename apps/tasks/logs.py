@@ -1,11 +1,12 @@
 """Live task logs: the lines an agent reads from a running task's stdout and stderr, stored
-as they arrive and fed to followers (docs/tasks.md#logs).
+as they arrive and fed to followers (docs/api.md#live-logs).
 
 The agent numbers each run's lines from 0 (`run` names the run: a requeued task runs
 again, elsewhere, under another run) and resends a batch until it is answered, so the
 store takes each line once: a task's state row says which run writes now and that run's
-next line; lines below it are resends and skipped. A new run continues the task's
-numbering (`base`), so a task's sequence numbers only grow, over every run.
+next line; lines below it are resends and skipped. A task's lines are numbered from 1 (0:
+none yet, where a reader starts `after`); a new run continues the numbering (`base`), so a
+task's sequence numbers only grow, over every run.
 
 Writes, one ingestion at a time per batch: the batch's state rows are locked in task id
 order (the only lock order for `task_log_state`; the trim job locks one row), the new
@@ -82,7 +83,7 @@ class Ingested:
 CLAIM_STATES = """
     INSERT INTO task_log_state (task_id, run, base, run_next, next_seq, first_seq, stored_bytes, dropped_bytes,
                                 updated_at)
-    SELECT t.id, '', 0, 0, 0, 0, 0, 0, %(now)s FROM tasks AS t
+    SELECT t.id, '', 1, 0, 1, 1, 0, 0, %(now)s FROM tasks AS t
     WHERE t.id = ANY(%(ids)s) AND t.node_id = %(node)s ORDER BY t.id
     ON CONFLICT (task_id) DO NOTHING
 """
@@ -196,12 +197,12 @@ def line_dict(seq: int, at: datetime, stream: int, text: str) -> dict:
     return {"seq": seq, "at": at, "stream": STREAMS[stream], "text": text}
 
 
-def page_params(task_id: int, *, after: int = -1, since: datetime | None = None, limit: int = DEFAULT_PAGE) -> dict:
+def page_params(task_id: int, *, after: int = 0, since: datetime | None = None, limit: int = DEFAULT_PAGE) -> dict:
     return {"task": task_id, "after": after, "since": since, "limit": max(1, min(limit, MAX_PAGE))}
 
 
 def read_page(
-    task_id: int, *, after: int = -1, tail: int | None = None, since: datetime | None = None, limit: int = DEFAULT_PAGE
+    task_id: int, *, after: int = 0, tail: int | None = None, since: datetime | None = None, limit: int = DEFAULT_PAGE
 ) -> list[dict]:
     """Lines of one task: after `after`, or the last `tail` (of those after `after`)."""
     params = page_params(task_id, after=after, since=since, limit=tail if tail is not None else limit)

@@ -320,10 +320,10 @@ class TaskLogState(models.Model):
 
     task = models.OneToOneField(Task, primary_key=True, on_delete=models.CASCADE, related_name="log_state")
     run = models.CharField(max_length=64, default="", help_text="the agent's id of the run now writing")
-    base = models.BigIntegerField(default=0, help_text="the task's sequence number of that run's first line")
+    base = models.BigIntegerField(default=1, help_text="the task's sequence number of that run's first line")
     run_next = models.BigIntegerField(default=0, help_text="the run's next line (its own numbering)")
-    next_seq = models.BigIntegerField(default=0, help_text="the task's next sequence number")
-    first_seq = models.BigIntegerField(default=0, help_text="lines before it were trimmed")
+    next_seq = models.BigIntegerField(default=1, help_text="the task's next sequence number (the first is 1)")
+    first_seq = models.BigIntegerField(default=1, help_text="lines before it were trimmed")
     stored_bytes = models.BigIntegerField(default=0)
     dropped_bytes = models.BigIntegerField(default=0, help_text="over the agent's rate limit, not sent")
     updated_at = models.DateTimeField()

@@ -21,11 +21,12 @@ import pytest
 from apps.core.principals import Principal, PrincipalKind
 from apps.nodes.models import Node
 from apps.scheduler.services import run_cycle, set_plugin_options
+from apps.tasks import logs
 from apps.tasks.models import Task
 from apps.tenants import services as tenants
 from apps.tenants.choices import Role
 from tests.factories import UserFactory
-from tests.live import start_agent, start_control_plane, stop_process, wait_until
+from tests.live import free_port, start_agent, start_control_plane, stop_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -220,3 +221,54 @@ def test_hf_group_run_follow_prefixes_each_line_with_its_rank(hf_bin, cluster, t
             follower.kill()
     assert follower.returncode == 0, err
     assert out.splitlines() == ["[rank 0] hello from rank 0", "[rank 0] done"]
+
+
+def test_hf_logs_follow_survives_the_control_plane_away_for_30_s_with_no_line_lost_or_repeated(hf_bin, tmp_path):
+    """The control plane is killed while `hf logs -f` follows a task that prints a numbered
+    line every 0.1 s, and is back 30 s later on the same port: meanwhile the agent keeps
+    the lines it could not send (its spool) and the follower keeps asking; after, every
+    line arrives, once, in order."""
+    port = free_port()
+    server, url = start_control_plane(port)
+    agent = start_agent(url, tmp_path / "agent", HETEROFLOW_RECONCILE_SECONDS="5")
+    follower = None
+    try:
+        wait_until(lambda: Node.objects.filter(status="online").exists(), 40, "the node to come online")
+        tenant = tenants.create_tenant(name="Lab", slug="lab")
+        set_plugin_options("resource-filter", extra={"cpu_percent_max": 100, "memory_percent_max": 100})
+        alice = UserFactory(username="alice")
+        tenants.add_member(tenant, username=alice.username, role=Role.MEMBER)
+        owner = Principal(PrincipalKind.TENANT_USER, user=alice, tenant=tenant, role=Role.MEMBER)
+        key = tenants.issue_tenant_key(principal=owner, tenant=tenant, owner=alice, name="laptop").key
+        env = hf_env(tmp_path) | {"HETEROFLOW_URL": url, "HETEROFLOW_API_KEY": key}
+        ticker = "i=0; while [ $i -lt 450 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done"
+        run = subprocess.run(
+            [str(hf_bin), "run", "--image", "busybox", "--gpus", "0", "-o", "json", "--", "sh", "-c", ticker],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 0, run.stderr
+        task_id = Task.objects.get(tenant=tenant).pk
+        placed(task_id)
+        follower = subprocess.Popen(
+            [str(hf_bin), "logs", str(task_id), "-f"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until(lambda: len(logs.read_page(task_id, tail=1)) == 1, 30, "the first lines to be stored")
+        stop_process(server)  # the control plane is away...
+        time.sleep(30)
+        server, _ = start_control_plane(port)  # ...and back where the agent and hf look for it
+        ended(task_id, timeout=120)
+        out, err = follower.communicate(timeout=90)
+        assert follower.returncode == 0, err
+        assert out.splitlines() == [f"tick {i}" for i in range(450)]
+    finally:
+        if follower is not None and follower.poll() is None:
+            follower.kill()
+        stop_process(agent)
+        stop_process(server)

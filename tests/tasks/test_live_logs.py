@@ -153,13 +153,13 @@ def test_a_batch_sent_twice_is_stored_once_and_read_in_order(agent, reader, peop
     # the answer was lost: the agent sends the batch again, with one more line
     again = [{"task_id": running.pk, "run": "r1", "lines": lines("epoch 1", "epoch 2", "epoch 3", "epoch 4")}]
     assert agent.ship("log-node", again, compress=False).json()["tasks"] == {str(running.pk): 4}
-    assert stored(running.pk) == [(0, "epoch 1"), (1, "epoch 2"), (2, "epoch 3"), (3, "epoch 4")]
+    assert stored(running.pk) == [(1, "epoch 1"), (2, "epoch 2"), (3, "epoch 3"), (4, "epoch 4")]
 
     key = people[1]["logs-a"]
     page = reader.get(f"/api/v1/tasks/{running.pk}/logs", key, limit=2).json()
-    assert [line["text"] for line in page["lines"]] == ["epoch 1", "epoch 2"] and page["next"] == 1
+    assert [line["text"] for line in page["lines"]] == ["epoch 1", "epoch 2"] and page["next"] == 2
     rest = reader.get(f"/api/v1/tasks/{running.pk}/logs", key, after=page["next"]).json()
-    assert [line["seq"] for line in rest["lines"]] == [2, 3] and rest["status"] == "running"
+    assert [line["seq"] for line in rest["lines"]] == [3, 4] and rest["status"] == "running"
     tail = reader.get(f"/api/v1/tasks/{running.pk}/logs", key, tail=1).json()
     assert [line["text"] for line in tail["lines"]] == ["epoch 4"]
     assert reader.get(f"/api/v1/tasks/{running.pk}/logs", people[1]["logs-b"]).status_code == 404
@@ -170,10 +170,10 @@ def test_a_new_run_continues_the_tasks_numbering(agent, reader, people, running)
     # requeued and run again (here on the same node): the agent numbers the new run from 0
     answer = agent.ship("log-node", [{"task_id": running.pk, "run": "r2", "lines": lines("c", "d", "e")}])
     assert answer.json()["tasks"] == {str(running.pk): 3}
-    assert stored(running.pk) == [(0, "a"), (1, "b"), (2, "c"), (3, "d"), (4, "e")]
+    assert stored(running.pk) == [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e")]
     # a resend of the new run's lines is still recognised
     agent.ship("log-node", [{"task_id": running.pk, "run": "r2", "lines": lines("d", "e", "f", start=1)}])
-    assert [seq for seq, _ in stored(running.pk)] == [0, 1, 2, 3, 4, 5]
+    assert [seq for seq, _ in stored(running.pk)] == [1, 2, 3, 4, 5, 6]
 
 
 def test_another_nodes_task_is_refused_and_nothing_of_it_is_stored(agent, reader, people, running):
@@ -188,7 +188,7 @@ def test_another_nodes_task_is_refused_and_nothing_of_it_is_stored(agent, reader
         ],
     )
     assert answer.json() == {"tasks": {str(running.pk): 1}, "refused": [elsewhere.pk, 987654321]}
-    assert stored(elsewhere.pk) == [] and stored(running.pk) == [(0, "mine")]
+    assert stored(elsewhere.pk) == [] and stored(running.pk) == [(1, "mine")]
     elsewhere.delete()
     other.delete()
 
@@ -230,7 +230,7 @@ def test_the_route_takes_only_the_agent_key_and_whole_gzip(agent, reader, runnin
 def test_a_nul_and_an_overlong_line_are_stored_cleaned(agent, reader, running):
     long = "y" * (logs.MAX_LINE_CHARS + 10)
     agent.ship("log-node", [{"task_id": running.pk, "run": "r", "lines": lines("a\x00b", long)}])
-    assert stored(running.pk) == [(0, "a\ufffdb"), (1, "y" * logs.MAX_LINE_CHARS)]
+    assert stored(running.pk) == [(1, "a\ufffdb"), (2, "y" * logs.MAX_LINE_CHARS)]
 
 
 def test_a_task_over_its_bound_is_trimmed_oldest_first(agent, reader, running, settings):
@@ -240,7 +240,7 @@ def test_a_task_over_its_bound_is_trimmed_oldest_first(agent, reader, running, s
         agent.ship("log-node", [{"task_id": running.pk, "run": "r", "lines": lines(*[chunk] * 20, start=start)}])
     assert logs.trim(running.pk) is True
     kept = stored(running.pk)
-    assert kept[-1][0] == 99 and 60 <= len(kept) <= 64
+    assert kept[-1][0] == 100 and 60 <= len(kept) <= 64
     state = TaskLogState.objects.get(task_id=running.pk)
     assert state.first_seq == kept[0][0] and state.stored_bytes == sum(len(text) for _, text in kept)
     assert state.stored_bytes <= 65_536
@@ -340,12 +340,12 @@ def test_a_follower_gets_the_lines_as_they_come_then_the_end(plane, people, runn
     assert follower.status == 200 and follower.content_type.startswith("text/event-stream")
     assert follower.texts() == ["before", "live 1", "live 2"]
     assert follower.events[-1] == ("end", None, {"status": "completed", "exit_code": 0})
-    assert [event_id for kind, event_id, _ in follower.events if kind == "lines"] == ["0", "1", "2"]
+    assert [event_id for kind, event_id, _ in follower.events if kind == "lines"] == ["1", "2", "3"]
 
 
 def test_a_follower_reconnecting_with_last_event_id_gets_no_line_twice(plane, people, running):
     ship(plane, "log-node", [{"task_id": running.pk, "run": "r", "lines": lines("one", "two", "three")}])
-    follower = Follower(f"{plane}/api/v1/tasks/{running.pk}/logs", people[1]["logs-a"], {"Last-Event-ID": "1"})
+    follower = Follower(f"{plane}/api/v1/tasks/{running.pk}/logs", people[1]["logs-a"], {"Last-Event-ID": "2"})
     follower.start()
     assert follower.wait_for(1) == ["three"]
     ship(plane, "log-node", [{"task_id": running.pk, "run": "r", "lines": lines("four", start=3)}])
@@ -408,12 +408,12 @@ def test_a_groups_log_carries_each_ranks_lines_and_ends_with_the_group(agent, re
         (0, "rank0 step2"),
         (1, "rank1 step1"),
     ]
-    assert page["next"] == "0:1,1:0"
+    assert page["next"] == "0:2,1:1"
     only = reader.get(f"/api/v1/task-groups/{group.pk}/logs", key, rank=1).json()
     assert [line["text"] for line in only["lines"]] == ["rank1 step1"]
     for member in members:
         services.move_tasks(member.pk, [TaskStatus.RUNNING], TaskStatus.COMPLETED, exit_code=0)
-    follower = Follower(f"{plane}/api/v1/task-groups/{group.pk}/logs", key, {"Last-Event-ID": "0:0,1:0"})
+    follower = Follower(f"{plane}/api/v1/task-groups/{group.pk}/logs", key, {"Last-Event-ID": "0:1,1:1"})
     follower.run()
     assert follower.texts() == ["rank0 step2"]
     assert follower.events[-1] == ("end", None, {"status": "completed", "exit_codes": {"0": 0, "1": 0}})

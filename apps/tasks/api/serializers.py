@@ -322,7 +322,10 @@ class SinceField(serializers.Field):
 
 class TaskLogsQuerySerializer(serializers.Serializer):
     after = serializers.IntegerField(
-        required=False, default=-1, min_value=-1, help_text="lines after this sequence number (`next` of a page)"
+        required=False,
+        default=0,
+        min_value=0,
+        help_text="lines after this sequence number (`next` of a page; lines are numbered from 1)",
     )
     tail = serializers.IntegerField(required=False, min_value=1, max_value=logs.MAX_PAGE, help_text="the last N lines")
     since = SinceField(required=False, help_text="lines read at or after this time (ISO 8601, or 90s, 10m, 2h, 1d)")

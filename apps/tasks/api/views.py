@@ -242,7 +242,7 @@ class TaskLogsView(TaskView):
                 "exit_code": task.exit_code,
                 "lines": lines,
                 "next": lines[-1]["seq"] if lines else params["after"],
-                "first": state.first_seq if state else 0,
+                "first": state.first_seq if state else 1,
                 "dropped_bytes": state.dropped_bytes if state else 0,
                 "log_tail": task.log_tail,
             }
@@ -262,12 +262,12 @@ def follows(request, params: dict) -> bool:
 def resume_point(request, after: int) -> int | None:
     """Where a reconnecting follower goes on: its Last-Event-ID (the last line it got)."""
     last = (request.headers.get("Last-Event-ID") or "").strip()
-    return int(last) if last.lstrip("-").isdigit() else (after if after >= 0 else None)
+    return int(last) if last.isdigit() else (after if after > 0 else None)
 
 
 def tail_start(task_id: int, params: dict) -> int:
     lines = logs.read_page(task_id, tail=params["tail"], since=params.get("since"))
-    return lines[0]["seq"] - 1 if lines else -1
+    return lines[0]["seq"] - 1 if lines else 0
 
 
 def logs_state(task_id: int):
@@ -416,7 +416,7 @@ class TaskGroupLogsView(TaskGroupView):
         group = self.get_object()
         cursor = log_stream.parse_group_cursor(request.headers.get("Last-Event-ID") or params["after"])
         members = [
-            log_stream.Member(task_id, rank, cursor.get(rank, -1))
+            log_stream.Member(task_id, rank, cursor.get(rank, 0))
             for task_id, rank in group.tasks.order_by("rank").values_list("pk", "rank")
             if params.get("rank") is None or rank == params["rank"]
         ]
