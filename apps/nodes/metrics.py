@@ -35,8 +35,56 @@ BUCKET_LADDER = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400,
 
 def bucket_seconds(hours: int) -> int:
     """The smallest round bucket that keeps `hours` of history within MAX_POINTS points."""
+    return bucket_for(hours * 3600)
+
+
+def bucket_for(seconds: float) -> int:
+    """The smallest round bucket that keeps `seconds` of history within MAX_POINTS points."""
     # A window that does not start on a bucket boundary touches one bucket more.
-    return next(step for step in BUCKET_LADDER if hours * 3600 / step <= MAX_POINTS - 1)
+    return next(step for step in BUCKET_LADDER if seconds / step <= MAX_POINTS - 1)
+
+
+def card_series(node_id: str, indices: list[int], since: datetime, now: datetime) -> tuple[int, list[dict]]:
+    """Some cards' readings over a window, from the heartbeats' samples (a task's cards:
+    GET /api/v1/tasks/{id}/metrics), bucketed to at most MAX_POINTS points: (the bucket's
+    seconds, [{"at", "gpus": [{"index", "node_id", "utilization", "memory_used_mb",
+    "power_w", "temperature"}]}]). A reading a card did not report is null, never 0."""
+    step = bucket_for((now - since).total_seconds())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT to_timestamp(floor(extract(epoch FROM m.at) / %(step)s) * %(step)s) AS bucket,
+                   jsonb_agg(jsonb_build_object('index', c.idx, 'node_id', %(node)s, 'utilization', c.u,
+                                                'memory_used_mb', c.m, 'power_w', c.p, 'temperature', c.t)
+                             ORDER BY c.idx)
+            FROM node_metrics AS m
+            CROSS JOIN LATERAL (
+                SELECT (g->>'i')::int AS idx, (g->>'u')::float8 AS u, (g->>'m')::float8 AS m,
+                       (g->>'p')::float8 AS p, (g->>'t')::float8 AS t
+                FROM jsonb_array_elements(m.gpus) AS g WHERE (g->>'i')::int = ANY(%(cards)s)
+            ) AS c
+            WHERE m.node_id = %(node)s AND m.at >= %(since)s AND m.at <= %(now)s
+            GROUP BY bucket ORDER BY bucket
+            """,
+            {"step": step, "node": node_id, "cards": indices, "since": since, "now": now},
+        )
+        rows = cursor.fetchall()
+    samples = []
+    for bucket, cards in rows:
+        cards = json.loads(cards) if isinstance(cards, str) else cards
+        merged: dict[int, dict] = {}
+        for card in cards:  # several samples in a bucket: their mean
+            merged.setdefault(card["index"], []).append(card)
+        samples.append({"at": bucket.isoformat(), "gpus": [_mean_card(readings) for readings in merged.values()]})
+    return step, samples
+
+
+def _mean_card(readings: list[dict]) -> dict:
+    out = dict(readings[0])
+    for key in ("utilization", "memory_used_mb", "power_w", "temperature"):
+        values = [reading[key] for reading in readings if reading[key] is not None]
+        out[key] = sum(values) / len(values) if values else None
+    return out
 
 
 def history(node_id: str, hours: int, now: datetime | None = None) -> dict:

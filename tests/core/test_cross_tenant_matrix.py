@@ -84,6 +84,7 @@ OWNED = {
     "node-return": lambda w, o: {"node_id": o["node"].pk},
     "task-detail": lambda w, o: {"pk": o["task"].pk},
     "task-logs": lambda w, o: {"pk": o["task"].pk},
+    "task-metrics": lambda w, o: {"pk": o["task"].pk},
     "task-events": lambda w, o: {"pk": o["task"].pk},
     "task-container-lost": lambda w, o: {"pk": o["task"].pk},
     "task-stop": lambda w, o: {"pk": o["task"].pk},

@@ -15,6 +15,7 @@ from apps.core.views import get_visible_or_404
 from apps.nodes.choices import GpuVendor
 from apps.portal.access import portal_page
 from apps.portal.pages.common import choice, paginate, through_api_for_a_tenant
+from apps.portal.pages.logs import task_log_panel
 from apps.tasks import services
 from apps.tasks.api.serializers import TaskCreateSerializer
 from apps.tasks.choices import TaskKind, TaskStatus
@@ -199,6 +200,7 @@ def task_detail(request, pk):
             "may_stop": policy.may_stop_task(principal, task) and task.status in CANCELLABLE + STOPPABLE,
             "stop_label": "Cancel" if task.status in CANCELLABLE else "Stop",
             "command": " ".join(task.command or []),
+            "log_panel": task_log_panel(task),
         },
     )
 

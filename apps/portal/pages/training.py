@@ -16,6 +16,7 @@ from apps.core.views import get_visible_or_404, visible
 from apps.nodes.choices import GpuVendor
 from apps.portal.access import portal_page
 from apps.portal.pages.common import choice, paginate, through_api_for_a_tenant
+from apps.portal.pages.logs import group_log_panel
 from apps.portal.pages.tasks import REASON_CODES, REMOVED_BY, lines, may_create, pairs
 from apps.tasks import services
 from apps.tasks.api.serializers import TaskGroupCreateSerializer
@@ -179,6 +180,7 @@ def training_detail(request, pk):
             "reservation": reservation_shown(group),
             "may_stop": policy.may_stop_task(principal, group) and group.status not in ENDED,
             "command": " ".join(group.command or []),
+            "log_panel": group_log_panel(group, members),
         },
     )
 

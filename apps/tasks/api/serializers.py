@@ -300,6 +300,32 @@ DURATION = re.compile(r"^(\d+)([smhd])$")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def duration_seconds(text: str) -> int | None:
+    """`90s`, `10m`, `2h`, `1d` in seconds; None for anything else."""
+    found = DURATION.match(str(text).strip())
+    return int(found[1]) * DURATION_UNITS[found[2]] if found else None
+
+
+@extend_schema_field({"type": "string", "example": "10m"})
+class WindowField(serializers.Field):
+    """A span back from now: `90s`, `10m`, `2h`, `1d`."""
+
+    default_error_messages = {"invalid": "A duration such as 90s, 10m, 2h or 1d, at most {max}."}
+
+    def __init__(self, *, max_seconds: int, **kwargs):
+        self.max_seconds = max_seconds
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        seconds = duration_seconds(data)
+        if not seconds or seconds > self.max_seconds:
+            self.fail("invalid", max=f"{self.max_seconds // 3600} h")
+        return seconds
+
+    def to_representation(self, value):
+        return f"{value}s"
+
+
 @extend_schema_field({"type": "string", "example": "10m"})
 class SinceField(serializers.Field):
     """A moment: ISO 8601, or a duration back from now (`90s`, `10m`, `2h`, `1d`)."""
@@ -308,9 +334,9 @@ class SinceField(serializers.Field):
 
     def to_internal_value(self, data):
         text = str(data).strip()
-        found = DURATION.match(text)
-        if found:
-            return utcnow() - timedelta(seconds=int(found[1]) * DURATION_UNITS[found[2]])
+        seconds = duration_seconds(text)
+        if seconds is not None:
+            return utcnow() - timedelta(seconds=seconds)
         moment = parse_datetime(text)
         if moment is None:
             self.fail("invalid")
@@ -333,6 +359,36 @@ class TaskLogsQuerySerializer(serializers.Serializer):
     follow = serializers.BooleanField(
         required=False, default=False, help_text="a text/event-stream of the lines as they come, until the task ends"
     )
+
+
+class TaskMetricsQuerySerializer(serializers.Serializer):
+    window = WindowField(
+        max_seconds=86_400, required=False, default=900, help_text="how far back: 90s, 10m, 2h, 1d (default 15m)"
+    )
+
+
+class CardReadingSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    node_id = serializers.CharField()
+    utilization = serializers.FloatField(allow_null=True)
+    memory_used_mb = serializers.FloatField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+    temperature = serializers.FloatField(allow_null=True)
+
+
+class CardSampleSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    gpus = CardReadingSerializer(many=True)
+
+
+class TaskMetricsSerializer(serializers.Serializer):
+    task = serializers.IntegerField()
+    status = serializers.CharField()
+    node_id = serializers.CharField(allow_null=True)
+    gpu_indices = serializers.ListField(child=serializers.IntegerField(), help_text="the cards it holds now")
+    window_seconds = serializers.IntegerField()
+    bucket_seconds = serializers.IntegerField()
+    samples = CardSampleSerializer(many=True)
 
 
 class TaskGroupLogsQuerySerializer(TaskLogsQuerySerializer):

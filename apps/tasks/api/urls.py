@@ -9,6 +9,7 @@ urlpatterns = [
     path("tasks/<int:pk>", views.TaskDetailView.as_view(), name="task-detail"),
     path("tasks/<int:pk>/logs", views.TaskLogsView.as_view(), name="task-logs"),
     path("tasks/<int:pk>/events", views.TaskEventsView.as_view(), name="task-events"),
+    path("tasks/<int:pk>/metrics", views.TaskMetricsView.as_view(), name="task-metrics"),
     path("tasks/<int:pk>/container-lost", views.ContainerLostView.as_view(), name="task-container-lost"),
     path("tasks/<int:pk>/stop", views.TaskStopView.as_view(), name="task-stop"),
     path("tasks/<int:pk>/cancel", views.TaskStopView.as_view(), name="task-cancel"),

@@ -1,3 +1,5 @@
+from datetime import timedelta
+
 from django.db.models import Q
 from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
@@ -10,10 +12,12 @@ from rest_framework.views import APIView
 
 from apps.alerts.failures import LOST_RUN_STATUSES, Verdict, adjudicate_lost_runs
 from apps.core.cas import IllegalTransition
+from apps.core.clock import utcnow
 from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
 from apps.core.renderers import EventStreamRenderer, FastJSONRenderer
 from apps.core.views import ScopedAPIView
+from apps.nodes.metrics import card_series
 from apps.tasks import log_stream, logs, services
 from apps.tasks.api import serializers as s
 from apps.tasks.api.create import create_task_answer
@@ -212,6 +216,35 @@ class TaskStatsView(APIView):
 
 
 LOG_RENDERERS = [FastJSONRenderer, EventStreamRenderer]
+
+
+class TaskMetricsView(TaskView):
+    """The readings of the cards the task holds (utilisation, memory, power,
+    temperature), from the heartbeats' samples of its node over `window`, from when it
+    started: what `hf top` shows and the task page draws. A task that holds no card (not
+    placed, ended) has none."""
+
+    @extend_schema(parameters=[s.TaskMetricsQuerySerializer], responses=s.TaskMetricsSerializer)
+    def get(self, request, pk):
+        window = query(s.TaskMetricsQuerySerializer, request)["window"]
+        task = self.get_object()
+        indices = sorted(task.allocations.values_list("gpu_index", flat=True))
+        now = utcnow()
+        since = max(filter(None, (now - timedelta(seconds=window), task.started_at)))
+        step, samples = (0, [])
+        if indices and task.node_id:
+            step, samples = card_series(task.node_id, indices, since, now)
+        return Response(
+            {
+                "task": task.pk,
+                "status": task.status,
+                "node_id": task.node_id,
+                "gpu_indices": indices,
+                "window_seconds": window,
+                "bucket_seconds": step,
+                "samples": samples,
+            }
+        )
 
 
 class TaskLogsView(TaskView):
