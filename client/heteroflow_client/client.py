@@ -13,7 +13,6 @@ from heteroflow_client.errors import ApiError, HeteroFlowError, NotFound, Valida
 from heteroflow_client.logs import Follower, LogItem, merge, read_page
 from heteroflow_client.transport import Transport
 from heteroflow_client.types import (
-    TERMINAL,
     EndpointKey,
     LogEnd,
     LogLine,
@@ -31,19 +30,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 TaskRef = Union[int, str, Task]
 GroupRef = Union[int, str, TaskGroup]
-ACTIVE = (
-    "pending",
-    "scheduled",
-    "starting",
-    "running",
-    "stopping",
-    "draining",
-    "sleeping",
-    "waking",
-    "paused",
-    "preempting",
-)
-STATUSES = (*ACTIVE, *sorted(TERMINAL))
 COMMAND_LINE = "<command line>"
 
 
@@ -91,38 +77,13 @@ class Namespace:
 class Tasks(Namespace):
     def list(self, *, status: str | None = None, all: bool = False, limit: int = 50) -> list[Task]:
         """The newest `limit` tasks: active ones, or all with `all=True`, or those in
-        `status`; newest first.
-
-        The list API pages in queue order (priority, then age) and filters one status at
-        a time, so this asks the counts first (GET /tasks/stats) and then, per status
-        that has tasks, the last page of that status (its newest), concurrently."""
+        `status`; newest first (one request: GET /tasks?ordering=newest)."""
+        ask: dict = {"ordering": "newest", "limit": limit}
         if status:
-            statuses: tuple = (status,)
-        else:
-            statuses = STATUSES if all else ACTIVE
-        counts = self.http.get("tasks/stats").get("by_status", {})
-        asks = []
-        if all and not status:
-            total = sum(counts.values())
-            if total:
-                asks.append({"limit": min(limit, total), "offset": max(0, total - limit)})
-        else:
-            for name in statuses:
-                count = counts.get(name, 0)
-                if count:
-                    asks.append({"status": name, "limit": min(limit, count), "offset": max(0, count - limit)})
-        if not asks:
-            return []
-        if len(asks) == 1:
-            pages = [self.http.get("tasks", **asks[0])]
-        else:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(max_workers=min(4, len(asks))) as pool:
-                pages = list(pool.map(lambda ask: self.http.get("tasks", **ask), asks))
-        tasks = {row["id"]: Task.from_api(row) for page in pages for row in page.get("results", [])}
-        newest = sorted(tasks.values(), key=lambda task: (task.created_at or "", task.id), reverse=True)
-        return newest[:limit]
+            ask["status"] = status
+        elif not all:
+            ask["active"] = "true"
+        return [Task.from_api(row) for row in self.http.get("tasks", **ask).get("results", [])]
 
     def get(self, task: TaskRef) -> Task:
         return Task.from_api(self.http.get(f"tasks/{task_id(task)}"))

@@ -20,7 +20,7 @@ CLIENT = Path(__file__).resolve().parents[1]
 
 def test_a_wrong_key_says_to_log_in_and_exits_2(hf, fakeapi, monkeypatch):
     monkeypatch.setenv("HETEROFLOW_API_KEY", "sk-tenant-revoked")
-    fakeapi.route("GET", "/api/v1/tasks/stats", lambda r, m: error(401, "authentication_failed", "Invalid key."))
+    fakeapi.route("GET", "/api/v1/tasks", lambda r, m: error(401, "authentication_failed", "Invalid key."))
     code, out, err = hf("ps")
     assert code == 2
     assert "Invalid key." in err and "run `hf login`" in err and "Traceback" not in err

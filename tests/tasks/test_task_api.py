@@ -4,6 +4,7 @@ from django.conf import settings
 from apps.confidential.services import put_secret
 from apps.nodes.models import Node
 from apps.tasks.models import Task
+from tests.factories import make_task
 from tests.headers import AGENT, bearer
 
 pytestmark = pytest.mark.django_db
@@ -282,3 +283,18 @@ def test_a_newer_agents_unknown_report_fields_are_ignored_and_counted(api, world
     assert running.events.get().details == {}
     person = create(api, bearer(world.keys["acme-member"]), gpu_seconds=1)
     assert person.status_code == 400 and person.json()["error"]["fields"] == {"gpu_seconds": ["Unknown field."]}
+
+
+def test_the_list_gives_the_newest_first_and_only_active_ones_when_asked(api, world):
+    tenant = world.tenants["acme"]
+    old = make_task(tenant, name="old", priority=90)
+    done = make_task(tenant, name="done", status="completed")
+    new = make_task(tenant, name="new", priority=10)
+    key = bearer(world.keys["acme-viewer"])
+    queue = [row["id"] for row in api.get("/api/v1/tasks", **key).json()["results"]]
+    assert queue.index(old.pk) < queue.index(new.pk)  # queue order: priority first
+    newest = [row["id"] for row in api.get("/api/v1/tasks?ordering=newest", **key).json()["results"]]
+    assert newest[:3] == [new.pk, done.pk, old.pk]
+    active = [row["id"] for row in api.get("/api/v1/tasks?ordering=newest&active=true", **key).json()["results"]]
+    assert done.pk not in active and active[:2] == [new.pk, old.pk]
+    assert api.get("/api/v1/tasks?ordering=oldest", **key).status_code == 400

@@ -259,6 +259,13 @@ class TaskListQuerySerializer(PageQuerySerializer):
     status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
     kind = serializers.ChoiceField(choices=TaskKind.choices, required=False)
     node_id = serializers.CharField(max_length=128, required=False)
+    active = serializers.BooleanField(required=False, help_text="true: only tasks that have not ended")
+    ordering = serializers.ChoiceField(
+        choices=[("queue", "priority, then age"), ("newest", "newest first")],
+        required=False,
+        default="queue",
+        help_text="queue (the default: priority, then age) or newest",
+    )
     limit = serializers.IntegerField(
         min_value=1,
         max_value=MAX_LIMIT,

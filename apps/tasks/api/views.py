@@ -21,7 +21,7 @@ from apps.nodes.metrics import card_series
 from apps.tasks import log_stream, logs, services
 from apps.tasks.api import serializers as s
 from apps.tasks.api.create import create_task_answer
-from apps.tasks.choices import GroupPlacement
+from apps.tasks.choices import TERMINAL, GroupPlacement
 from apps.tasks.error_codes import TaskErrorCode
 from apps.tasks.models import Task, TaskGroup, TaskLogState
 from apps.tasks.ranks import wiring_env
@@ -79,7 +79,10 @@ class TaskListView(generics.ListAPIView):
 
     def get_queryset(self):
         filters = {name: self.params[name] for name in ("status", "kind", "node_id") if name in self.params}
-        return task_list(self.request.auth, **filters).in_queue_order()
+        tasks = task_list(self.request.auth, **filters)
+        if self.params.get("active"):
+            tasks = tasks.exclude(status__in=TERMINAL)
+        return tasks.order_by("-created_at", "-id") if self.params["ordering"] == "newest" else tasks.in_queue_order()
 
     @extend_schema(parameters=[s.TaskListQuerySerializer])
     def get(self, request, *args, **kwargs):
