@@ -200,9 +200,12 @@ def test_hf_group_run_follow_prefixes_each_line_with_its_rank(hf_bin, cluster, t
     env = hf_env(tmp_path) | {"HETEROFLOW_URL": cluster["url"], "HETEROFLOW_API_KEY": cluster["key"]}
     train = tmp_path / "train.yaml"
     train.write_text(
-        "kind: group\nname: ddp\nworld_size: 1\ngpus_per_worker: 1\ngpu_type: virtual\nimage: busybox\n"
+        "kind: group\nname: ddp\nworld_size: 2\ngpus_per_worker: 1\ngpu_type: virtual\nimage: busybox\n"
         "command: [sh, -c, 'echo hello from rank $RANK; echo done']\n"
     )
+    # a second node: an agent reports one virtual card, a rank takes one
+    second = start_agent(cluster["url"], tmp_path / "agent-2", HETEROFLOW_RECONCILE_SECONDS="5")
+    wait_until(lambda: Node.objects.filter(status="online").count() >= 2, 40, "the second node to come online")
     follower = subprocess.Popen(
         [str(hf_bin), "group", "run", "-f", str(train), "--follow"],
         env=env,
@@ -219,8 +222,15 @@ def test_hf_group_run_follow_prefixes_each_line_with_its_rank(hf_bin, cluster, t
     finally:
         if follower.poll() is None:
             follower.kill()
+        stop_process(second)
     assert follower.returncode == 0, err
-    assert out.splitlines() == ["[rank 0] hello from rank 0", "[rank 0] done"]
+    lines = out.splitlines()
+    for rank in (0, 1):  # each rank's lines, in its order, interleaved with the other's
+        assert [line for line in lines if line.startswith(f"[rank {rank}]")] == [
+            f"[rank {rank}] hello from rank {rank}",
+            f"[rank {rank}] done",
+        ]
+    assert len(lines) == 4
 
 
 def test_hf_logs_follow_survives_the_control_plane_away_for_30_s_with_no_line_lost_or_repeated(hf_bin, tmp_path):
