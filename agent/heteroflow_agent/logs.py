@@ -45,6 +45,9 @@ BATCH_BYTES = 512 * 1024  # one batch, uncompressed, at most about this
 TASK_BATCH_BYTES = 128 * 1024  # of which one task's lines, so that every task moves
 KEEP_DAYS = 7
 FINISH_WAIT_SECONDS = 5.0
+# a control plane older than live logs answers the route 404: asked again this much later,
+# reading nothing meanwhile (the runtime keeps the output; the cursors wait)
+UNSUPPORTED_RETRY_SECONDS = 600.0
 
 
 @dataclass
@@ -119,6 +122,7 @@ class LogShipper:
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.failures = 0  # batches in a row the control plane did not take
+        self.unsupported_until = None  # the control plane has no live logs: not before then
 
     # --- what the executor says -----------------------------------------------------------
 
@@ -192,7 +196,10 @@ class LogShipper:
             self.wake.clear()
 
     def collect(self) -> None:
-        """Read every followed task's new output into its spool."""
+        """Read every followed task's new output into its spool (not while the control
+        plane takes no live logs: the output waits in the runtime)."""
+        if self.unsupported():
+            return
         with self.lock:
             logs = list(self.tasks.values())
         for log in logs:
@@ -280,8 +287,19 @@ class LogShipper:
         log.send_offset = 0
         logger.warning("task %s: %d bytes of its log dropped, the control plane being away", log.task_id, lost)
 
+    def unsupported(self) -> bool:
+        if self.unsupported_until is None:
+            return False
+        if self.clock() < self.unsupported_until:
+            return True
+        self.unsupported_until = None  # time to ask again
+        return False
+
     def ship(self) -> bool:
         """Send one batch of what waits. Whether more waits after it (sent at once)."""
+        if self.unsupported():
+            self._forget_delivered_ended()
+            return False
         with self.lock:
             logs = [log for log in self.tasks.values() if not log.refused]
         items, ends, total = [], {}, 0
@@ -311,6 +329,18 @@ class LogShipper:
             self.failures += 1
             if self.failures in (1, 10) or self.failures % 100 == 0:
                 logger.warning("live logs: the control plane did not take a batch (%s); kept on disk", exc)
+            return False
+        if response.status_code in (404, 405):
+            if self.unsupported_until is None:
+                logger.warning(
+                    "live logs: the control plane at %s takes none (HTTP %s: a server older than this agent?); "
+                    "the final report's tail still goes; asking again in %.0f s",
+                    self.client.base_url,
+                    response.status_code,
+                    UNSUPPORTED_RETRY_SECONDS,
+                )
+            self.unsupported_until = self.clock() + UNSUPPORTED_RETRY_SECONDS
+            self._forget_delivered_ended()
             return False
         if response.status_code != 200:
             self.failures += 1
@@ -366,6 +396,15 @@ class LogShipper:
                 pass
             log.send_offset = 0
         log.save()
+
+    def _forget_delivered_ended(self) -> None:
+        """Without live logs, an ended task is not waited for: its outcome goes at once."""
+        with self.lock:
+            ending = [log for log in self.tasks.values() if log.ending]
+        for log in ending:
+            log.delivered.set()
+            with self.lock:
+                self.tasks.pop(log.task_id, None)
 
     def _forget_delivered(self, logs: list[TaskLog]) -> None:
         for log in logs:

@@ -240,3 +240,28 @@ def test_the_thread_ships_about_every_second_and_finish_waits_for_delivery(serve
         thread.join(5)
     assert [text for _, _, text in sent_lines(server, 9)][-3:] == ["0", "1", "2"]
     assert (tmp_path / "logs" / "task-9" / "output.log").read_text().count("\n") == 3
+
+
+def test_a_control_plane_without_live_logs_is_asked_again_later_and_nothing_waits_for_it(server, runtime, tmp_path):
+    start(runtime, 10, "print('a')")
+    ended(runtime, 10)
+    clock = [1000.0]
+    logs = shipper(server, runtime, tmp_path, clock=lambda: clock[0])
+    logs.track(10)
+    server.answer(PATH, (404, {"error": {"code": "not_found"}}))
+    logs.collect()
+    logs.ship()
+    assert logs.unsupported()
+    assert logs.finish(10, wait=0) is False
+    logs.ship()  # not sent: the ended task is let go at once, its outcome not held back
+    assert logs.tasks == {} and len(batches(server)) == 1
+    start(runtime, 11, "print('b')")
+    ended(runtime, 11)
+    logs.track(11)
+    logs.collect()  # nothing read while the control plane takes none
+    assert logs.tasks[11].cursor is None
+    clock[0] += 601  # ten minutes on: asked again
+    server.answer(PATH, (200, {"tasks": {"11": 1}, "refused": []}))
+    logs.collect()
+    logs.ship()
+    assert [text for _, _, text in sent_lines(server, 11)] == ["b"]
