@@ -30,7 +30,7 @@ def task_log_panel(task: Task) -> dict:
         "ended": task.status in TERMINAL,
         "exit_code": task.exit_code,
         "tails": {"": task.log_tail} if task.log_tail else {},
-        "ranks": [],
+        "terminal": list(TERMINAL),
         **LIMITS,
     }
 
@@ -46,5 +46,7 @@ def group_log_panel(group: TaskGroup, members: list[Task]) -> dict:
         "exit_codes": {str(task.rank): task.exit_code for task in members},
         "tails": {str(task.rank): task.log_tail for task in members if task.log_tail},
         "ranks": [task.rank for task in members],
+        # each member's own log, for its final tail when the group stored no line
+        "members": {str(task.rank): reverse("task-logs", args=[task.pk]) for task in members},
         **LIMITS,
     }
