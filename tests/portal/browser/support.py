@@ -68,12 +68,38 @@ def beat(url: str, node_id: str, payload: dict) -> None:
 
 def clean_database() -> None:
     """Remove what the module committed: tenants through the ORM (which drops their
-    schemas), then every public table, as a transactional test's teardown does."""
+    schemas), then every public table, as a transactional test's teardown does. Live log
+    lines (a table no model owns) go too: the flush numbers tasks from 1 again."""
     Task.objects.all().delete()
     Node.objects.all().delete()
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM node_metrics")
+        cursor.execute("DELETE FROM task_log_lines")
     for tenant in Tenant.objects.all():
         tenant.delete(force_drop=True)
     call_command("flush", interactive=False, verbosity=0)  # post_migrate puts the content types back
     ContentType.objects.clear_cache()
+
+
+class Browser:
+    """A signed-in context (`live`: the module's {"url", "browser"}) that records every
+    CSP violation the browser reports."""
+
+    def __init__(self, live, username):
+        self.context = live["browser"].new_context(viewport={"width": 1360, "height": 900}, base_url=live["url"])
+        self.context.set_default_timeout(WAIT_MS)
+        self.page = self.context.new_page()
+        self.violations: list[str] = []
+        self.page.on("console", self._console)
+        self.page.goto("/portal/login/")
+        self.page.fill("#id_username", username)
+        self.page.fill("#id_password", PASSWORD)
+        self.page.click("button[type=submit]")
+        sync_api.expect(self.page.locator("#status-bar")).to_be_visible()
+
+    def _console(self, message):
+        if "Content Security Policy" in message.text or "Content-Security-Policy" in message.text:
+            self.violations.append(f"{self.page.url}: {message.text}")
+
+    def close(self):
+        self.context.close()

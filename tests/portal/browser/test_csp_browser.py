@@ -21,7 +21,7 @@ from tests.portal.browser.support import (  # skips this module without a browse
     CHROMIUM,
     CHROMIUM_ARGS,
     PASSWORD,
-    WAIT_MS,
+    Browser,
     beat,
     clean_database,
     sync_api,
@@ -79,29 +79,6 @@ def live(django_db_setup, django_db_blocker):
             stop_process(server)
             clean_database()
             os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-
-
-class Browser:
-    """A signed-in context that records every CSP violation the browser reports."""
-
-    def __init__(self, live, username):
-        self.context = live["browser"].new_context(viewport={"width": 1360, "height": 900}, base_url=live["url"])
-        self.context.set_default_timeout(WAIT_MS)
-        self.page = self.context.new_page()
-        self.violations: list[str] = []
-        self.page.on("console", self._console)
-        self.page.goto("/portal/login/")
-        self.page.fill("#id_username", username)
-        self.page.fill("#id_password", PASSWORD)
-        self.page.click("button[type=submit]")
-        expect(self.page.locator("#status-bar")).to_be_visible()
-
-    def _console(self, message):
-        if "Content Security Policy" in message.text or "Content-Security-Policy" in message.text:
-            self.violations.append(f"{self.page.url}: {message.text}")
-
-    def close(self):
-        self.context.close()
 
 
 @pytest.fixture(scope="module")
