@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 
 DAYS_AHEAD = 3
 
@@ -47,6 +47,14 @@ class DailyTable:
                 continue
             created.append(name)
         return created
+
+    def prune_and_prepare(self, now: datetime, cutoff: datetime) -> dict:
+        """The retention job's work: the coming days' partitions made, those before
+        `cutoff` dropped; the names of each."""
+        with connection.cursor() as cursor:
+            created = self.ensure_partitions(cursor, now.date())
+            dropped = self.drop_expired_partitions(cursor, cutoff)
+        return {"created": created, "dropped": dropped}
 
     def drop_expired_partitions(self, cursor, cutoff: datetime) -> list[str]:
         """Drop every partition whose whole day is before `cutoff`; the names dropped."""

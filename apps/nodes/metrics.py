@@ -23,11 +23,7 @@ MAX_POINTS = 400
 
 def prune_and_prepare_partitions(now: datetime | None = None) -> dict:
     now = now or utcnow()
-    cutoff = now - timedelta(hours=settings.METRICS_RETENTION_HOURS)
-    with connection.cursor() as cursor:
-        created = NODE_METRICS.ensure_partitions(cursor, now.date())
-        dropped = NODE_METRICS.drop_expired_partitions(cursor, cutoff)
-    return {"created": created, "dropped": dropped}
+    return NODE_METRICS.prune_and_prepare(now, now - timedelta(hours=settings.METRICS_RETENTION_HOURS))
 
 
 BUCKET_LADDER = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 86400)

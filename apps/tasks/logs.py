@@ -273,8 +273,4 @@ def trim(task_id: int) -> bool:
 
 def prune_and_prepare_partitions(now: datetime | None = None) -> dict:
     now = now or utcnow()
-    cutoff = now - timedelta(days=settings.HETEROFLOW_TASK_LOG_RETENTION_DAYS)
-    with connection.cursor() as cursor:
-        created = TASK_LOG_LINES.ensure_partitions(cursor, now.date())
-        dropped = TASK_LOG_LINES.drop_expired_partitions(cursor, cutoff)
-    return {"created": created, "dropped": dropped}
+    return TASK_LOG_LINES.prune_and_prepare(now, now - timedelta(days=settings.HETEROFLOW_TASK_LOG_RETENTION_DAYS))

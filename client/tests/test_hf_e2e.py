@@ -81,16 +81,21 @@ def cluster(tmp_path):
     agent = start_agent(url, tmp_path / "agent", HETEROFLOW_RECONCILE_SECONDS="5")
     try:
         wait_until(lambda: Node.objects.filter(status="online").exists(), 40, "the node to come online")
-        tenant = tenants.create_tenant(name="Lab", slug="lab")
-        set_plugin_options("resource-filter", extra={"cpu_percent_max": 100, "memory_percent_max": 100})
-        alice = UserFactory(username="alice")
-        tenants.add_member(tenant, username=alice.username, role=Role.MEMBER)
-        owner = Principal(PrincipalKind.TENANT_USER, user=alice, tenant=tenant, role=Role.MEMBER)
-        key = tenants.issue_tenant_key(principal=owner, tenant=tenant, owner=alice, name="laptop").key
-        yield {"url": url, "key": key}
+        yield {"url": url, "key": lab_member_key()}
     finally:
         stop_process(agent)
         stop_process(server)
+
+
+def lab_member_key() -> str:
+    """A tenant `lab` with a member, alice, and her key; the scheduler told to ignore the
+    test machine's own CPU and memory load."""
+    tenant = tenants.create_tenant(name="Lab", slug="lab")
+    set_plugin_options("resource-filter", extra={"cpu_percent_max": 100, "memory_percent_max": 100})
+    alice = UserFactory(username="alice")
+    tenants.add_member(tenant, username=alice.username, role=Role.MEMBER)
+    owner = Principal(PrincipalKind.TENANT_USER, user=alice, tenant=tenant, role=Role.MEMBER)
+    return tenants.issue_tenant_key(principal=owner, tenant=tenant, owner=alice, name="laptop").key
 
 
 def hf_env(tmp_path: Path) -> dict:
@@ -244,12 +249,7 @@ def test_hf_logs_follow_survives_the_control_plane_away_for_30_s_with_no_line_lo
     follower = None
     try:
         wait_until(lambda: Node.objects.filter(status="online").exists(), 40, "the node to come online")
-        tenant = tenants.create_tenant(name="Lab", slug="lab")
-        set_plugin_options("resource-filter", extra={"cpu_percent_max": 100, "memory_percent_max": 100})
-        alice = UserFactory(username="alice")
-        tenants.add_member(tenant, username=alice.username, role=Role.MEMBER)
-        owner = Principal(PrincipalKind.TENANT_USER, user=alice, tenant=tenant, role=Role.MEMBER)
-        key = tenants.issue_tenant_key(principal=owner, tenant=tenant, owner=alice, name="laptop").key
+        key = lab_member_key()
         env = hf_env(tmp_path) | {"HETEROFLOW_URL": url, "HETEROFLOW_API_KEY": key}
         ticker = "i=0; while [ $i -lt 450 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done"
         run = subprocess.run(
@@ -260,7 +260,7 @@ def test_hf_logs_follow_survives_the_control_plane_away_for_30_s_with_no_line_lo
             timeout=60,
         )
         assert run.returncode == 0, run.stderr
-        task_id = Task.objects.get(tenant=tenant).pk
+        task_id = Task.objects.get(tenant__slug="lab").pk
         placed(task_id)
         follower = subprocess.Popen(
             [str(hf_bin), "logs", str(task_id), "-f"],
