@@ -4,12 +4,15 @@ the heartbeat itself: apps.nodes.drift.)"""
 
 from __future__ import annotations
 
+from celery import shared_task
+
 from apps.core.guard import periodic_job
 from apps.nodes.energy import roll_up_energy
 from apps.nodes.gpu_health_services import recover_clean_cards
 from apps.nodes.images import sweep_image_requests
 from apps.nodes.metrics import PRUNE_EVERY_SECONDS, prune_and_prepare_partitions
 from apps.nodes.services import refresh_node_statuses
+from apps.tasks.services import record_card_losses
 
 check_health_job = periodic_job("nodes.check_health", every=5)(refresh_node_statuses)
 # the daily energy rollup (apps.nodes.energy): each accumulator's growth since the last
@@ -24,3 +27,9 @@ image_janitor_job = periodic_job("nodes.image_janitor", every=60)(sweep_image_re
 # the clean period of health cordons (apps.nodes.gpu_health_services, docs/gpu-health.md):
 # a no-op while HETEROFLOW_GPU_HEALTH_CLEAN_HOURS is 0
 gpu_health_recovery_job = periodic_job("nodes.gpu_health_recovery", every=300)(recover_clean_cards)
+
+
+@shared_task(name="nodes.record_card_losses")
+def record_card_losses_job(node_id: str, cards: list) -> int:
+    """Asked for by the heartbeat whose beat judged cards lost: a trace on their tasks."""
+    return record_card_losses(node_id, [(int(index), str(basis)) for index, basis in cards])

@@ -24,6 +24,7 @@ from apps.core.enqueue import enqueue
 from apps.core.error_codes import CoreErrorCode
 from apps.core.errors import Conflict
 from apps.scheduler.ledger import TASK_ENERGY, release
+from apps.scheduler.models import GpuAllocation
 from apps.slices.ledger import release_for_tasks as release_slices
 from apps.tasks import logs
 from apps.tasks.choices import TERMINAL, TRANSITIONS, GroupPlacement, GroupStatus, TaskKind, group_status
@@ -525,6 +526,26 @@ def record_event(task: Task, *, kind: str, message: str, details: dict | None = 
 def record_events(events) -> list:
     """Many task_event()s in one INSERT (a sweep after a rack fails writes hundreds)."""
     return TaskEvent.objects.bulk_create(list(events))
+
+
+def record_card_losses(node_id: str, cards: list[tuple[int, str]]) -> int:
+    """A trace on every task holding one of the node's cards the heartbeat has just
+    judged lost ((index, basis) pairs): one event each. What becomes of the tasks is the
+    failure policy's (apps.alerts.failures). How many events."""
+    basis = dict(cards)
+    holders = GpuAllocation.objects.filter(node_id=node_id, gpu_index__in=list(basis)).order_by("task_id", "gpu_index")
+    return len(
+        record_events(
+            task_event(
+                task_id,
+                kind="gpu_lost",
+                message=f"GPU {index} of node {node_id}, which it holds, is lost ({basis[index]}).",
+                details={"node_id": node_id, "gpu_index": index, "basis": basis[index]},
+                node_id=node_id,
+            )
+            for task_id, index in holders.values_list("task_id", "gpu_index")
+        )
+    )
 
 
 # --- inference replicas: a slot requeued ------------------------------------------------

@@ -10,6 +10,8 @@ from apps.core.guard import Outcome
 from apps.nodes.liveness import status_at
 from apps.nodes.models import Gpu, Node
 from apps.nodes.services import refresh_node_statuses
+from apps.tasks.models import Task
+from tests.factories import make_task_holding
 from tests.nodes.agents import Agents
 from tests.nodes.payloads import gpu_stat
 from tests.nodes.payloads import heartbeat as payload
@@ -87,6 +89,38 @@ def test_a_card_absent_for_three_beats_is_lost_and_alerted_then_recovers_after_t
     agents.send("n1", payload(gpus=2))
     assert gpus_of("n1")[1].lost_at is None and gpus_of("n1")[1].lost_basis == ""
     assert Alert.objects.get(type="GPU_LOST").state == "RECOVERED"
+
+
+def test_a_lost_card_leaves_one_event_on_each_task_that_holds_it(agents, monkeypatch):
+    from apps.nodes.api import heartbeat as route
+    from apps.nodes.jobs import record_card_losses_job
+    from apps.tasks.models import TaskEvent
+    from apps.tenants.services import create_tenant, delete_tenant
+
+    asked = []
+    monkeypatch.setattr(route, "enqueue", lambda name, *args: asked.append((name, args)))
+    agents.send("n-trace", payload(gpus=2))
+    tenant = create_tenant(name="Trace", slug="trace")
+    node = Node.objects.get(pk="n-trace")
+    on_lost = make_task_holding(node, tenant, "running", card=1)
+    bystander = make_task_holding(node, tenant, "scheduled", card=0)
+    without_1 = payload(gpus=0, gpu_stats=[gpu_stat(0)])
+    for _beat in range(3):
+        agents.send("n-trace", without_1)
+    agents.send("n-trace", without_1)  # still lost: asked once, on the beat that judged it
+    assert [(name, args) for name, args in asked if name == "nodes.record_card_losses"] == [
+        ("nodes.record_card_losses", ("n-trace", [[1, "heartbeat_absent"]]))
+    ]
+    assert record_card_losses_job("n-trace", [[1, "heartbeat_absent"]]) == 1
+    (event,) = TaskEvent.objects.filter(kind="gpu_lost")
+    assert event.task_id == on_lost.pk and event.details == {
+        "node_id": "n-trace",
+        "gpu_index": 1,
+        "basis": "heartbeat_absent",
+    }
+    assert "GPU 1 of node n-trace" in event.message and not bystander.events.exists()
+    Task.objects.filter(tenant=tenant).delete()
+    delete_tenant(tenant)
 
 
 def test_collect_failures_and_mixed_basis(agents):
