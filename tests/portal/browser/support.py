@@ -68,13 +68,12 @@ def beat(url: str, node_id: str, payload: dict) -> None:
 
 def clean_database() -> None:
     """Remove what the module committed: tenants through the ORM (which drops their
-    schemas), then every public table, as a transactional test's teardown does. Live log
-    lines (a table no model owns) go too: the flush numbers tasks from 1 again."""
+    schemas), then every public table, as a transactional test's teardown does (the live
+    log lines with them: tests/flush.py)."""
     Task.objects.all().delete()
     Node.objects.all().delete()
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM node_metrics")
-        cursor.execute("DELETE FROM task_log_lines")
     for tenant in Tenant.objects.all():
         tenant.delete(force_drop=True)
     call_command("flush", interactive=False, verbosity=0)  # post_migrate puts the content types back
