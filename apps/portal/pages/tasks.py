@@ -8,6 +8,7 @@ import json
 
 from django.contrib import messages
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from apps.core.errors import Conflict
@@ -18,7 +19,7 @@ from apps.portal.pages.common import choice, paginate, through_api_for_a_tenant
 from apps.portal.pages.logs import task_log_panel
 from apps.tasks import services
 from apps.tasks.api.serializers import TaskCreateSerializer
-from apps.tasks.choices import TaskKind, TaskStatus
+from apps.tasks.choices import TERMINAL, TaskKind, TaskStatus
 from apps.tasks.models import Task
 from apps.tasks.selectors import task_list as tasks_for
 from apps.tasks.submission import submit_task
@@ -201,6 +202,10 @@ def task_detail(request, pk):
             "stop_label": "Cancel" if task.status in CANCELLABLE else "Stop",
             "command": " ".join(task.command or []),
             "log_panel": task_log_panel(task),
+            "cards_data": {
+                "url": reverse("task-metrics", args=[task.pk]) + "?window=15m",
+                "live": task.status not in TERMINAL,
+            },
         },
     )
 

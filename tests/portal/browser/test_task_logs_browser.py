@@ -25,10 +25,10 @@ from apps.nodes.models import Node
 from apps.tasks.models import Task
 from apps.tasks.services import move_tasks
 from apps.tenants.services import add_member, create_tenant
-from tests.factories import UserFactory, make_group, make_task
+from tests.factories import UserFactory, make_group, make_task, make_task_holding
 from tests.headers import AGENT_HTTP
 from tests.live import start_control_plane, stop_process
-from tests.nodes.payloads import heartbeat
+from tests.nodes.payloads import gpu_stat, heartbeat
 from tests.portal.browser.support import (  # skips this module without a browser
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -58,7 +58,15 @@ def setup() -> dict:
     quiet = make_task(tenant, name="quiet", status="running", node=node, gpu_required=0)
     group = make_group(tenant, 2, 1, name="llm", members={"status": "running", "node": node})
     ranks = dict(Task.objects.filter(group=group).values_list("rank", "pk"))
-    return {"task": task.pk, "flood": flood.pk, "quiet": quiet.pk, "group": group.pk, "ranks": ranks}
+    carded = make_task_holding(node, tenant, "running", card=1)  # its card's readings: a chart
+    return {
+        "task": task.pk,
+        "flood": flood.pk,
+        "quiet": quiet.pk,
+        "group": group.pk,
+        "ranks": ranks,
+        "carded": carded.pk,
+    }
 
 
 class Agent:
@@ -328,3 +336,20 @@ def test_a_task_that_ends_with_no_line_stored_shows_its_final_tail(member, live)
         assert saved.read() == "fatal: no data\n"
     expect(panel.locator("[data-log-info]")).to_have_text("Downloaded the final tail.")
     assert member.violations == []
+
+
+def test_a_task_page_draws_the_readings_of_the_cards_it_holds(member, live):
+    page, task = member.page, live["rows"]["carded"]
+    for power in (200.0, 250.0, 300.0):  # beats a second apart: card 1 is the task's, card 0 is not
+        stats = [gpu_stat(0, power_w=90.0), gpu_stat(1, power_w=power, utilization=80.0)]
+        beat(live["url"], NODE, heartbeat(gpus=2, hostname=NODE, internal_ip="10.0.0.41", gpu_stats=stats))
+        time.sleep(1)
+    page.goto(f"/portal/tasks/{task}/")
+    cards = page.locator("[data-task-cards]")
+    for field in ("utilization", "memory_used_mb", "power_w"):
+        chart = cards.locator(f'[data-task-chart="{field}"]')
+        expect(chart).to_have_attribute("data-state", "drawn")
+        expect(chart).to_have_attribute("data-series", "1")  # its one card, never the other
+    expect(cards.locator('[data-task-chart="power_w"] .u-legend')).to_contain_text("GPU 1")
+    assert member.violations == []
+    shot(page, "task-cards")
