@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from heteroflow.embedded import ensure_data_stores
 from heteroflow.envvars import Env
+from heteroflow_agent.config import ENVIRONMENT_NAMES as AGENT_ENVIRONMENT_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -244,7 +245,12 @@ def up(args) -> int:
         agent = local_agent_command(os.environ)
         if agent:
             # the node agent of this machine: its node id is kept in the data folder
-            agent_env = env | {
+            # of the HETEROFLOW_* variables, only those the agent reads (it warns of others)
+            agent_env = {
+                name: value
+                for name, value in env.items()
+                if not name.startswith("HETEROFLOW_") or name in AGENT_ENVIRONMENT_NAMES
+            } | {
                 "HETEROFLOW_SERVER_URL": f"http://127.0.0.1:{port}",
                 "HETEROFLOW_AGENT_DATA_DIR": str(data_dir / "agent"),
                 "HETEROFLOW_AGENT_CONFIG": "-",  # never an installed agent's /etc/heteroflow-agent config

@@ -9,6 +9,7 @@ comes back as the same node.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -32,7 +33,8 @@ ENVIRONMENT = {
     "server_url": ("HETEROFLOW_SERVER_URL",),
     # the local agent started by `make up` gets the control plane's own secret
     "api_key": ("HETEROFLOW_AGENT_KEY", "HETEROFLOW_AGENT_SECRET"),
-    "heartbeat_interval": ("HETEROFLOW_HEARTBEAT_INTERVAL",),
+    # ..._SEC: the spec's name for it
+    "heartbeat_interval": ("HETEROFLOW_HEARTBEAT_INTERVAL", "HETEROFLOW_HEARTBEAT_INTERVAL_SEC"),
     "node_id": ("HETEROFLOW_NODE_ID",),
     "data_dir": ("HETEROFLOW_AGENT_DATA_DIR",),
     "allow_process_runtime": ("HETEROFLOW_ALLOW_PROCESS_RUNTIME",),
@@ -53,6 +55,12 @@ ENVIRONMENT = {
     "image_legacy_latest": ("HETEROFLOW_IMAGE_LEGACY_LATEST",),
     "image_auth_file": ("HETEROFLOW_IMAGE_AUTH_FILE",),
 }
+# the image channel's test hook: remove a pulled image before its check (never on a real node)
+TEST_REMOVE_AFTER_PULL = "HETEROFLOW_TEST_IMAGE_REMOVE_AFTER_PULL"
+# every HETEROFLOW_* variable the agent reads (a misspelt one is warned about)
+ENVIRONMENT_NAMES = frozenset(
+    {name for names in ENVIRONMENT.values() for name in names} | {"HETEROFLOW_AGENT_CONFIG", TEST_REMOVE_AFTER_PULL}
+)
 KNOWN_KEYS = set(ENVIRONMENT) | {
     "labels",
     "connect_timeout",
@@ -115,6 +123,17 @@ class AgentConfig:
         if ALWAYS_SCANNED_MODEL_DIR not in dirs:
             dirs.append(ALWAYS_SCANNED_MODEL_DIR)
         return tuple(dirs)
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """The HETEROFLOW_* variables set that the agent does not read, each with the name it
+    likely meant when one is close: ["HETEROFLOW_HEARTBEAT_INTERVALS (HETEROFLOW_HEARTBEAT_INTERVAL?)"]."""
+    found = []
+    for name in sorted(environ):
+        if name.startswith("HETEROFLOW_") and name not in ENVIRONMENT_NAMES:
+            close = difflib.get_close_matches(name, ENVIRONMENT_NAMES, n=1, cutoff=0.8)
+            found.append(f"{name} ({close[0]}?)" if close else name)
+    return found
 
 
 def load(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> AgentConfig:

@@ -33,7 +33,7 @@ logger = logging.getLogger("heteroflow_agent")
 TASK_POLL_SECONDS = 5.0
 RECONCILE_SECONDS = 60.0
 # the image channel's test hook (never set on a real node): remove a pulled image before its check
-TEST_REMOVE_AFTER_PULL = "HETEROFLOW_TEST_IMAGE_REMOVE_AFTER_PULL"
+TEST_REMOVE_AFTER_PULL = agent_config.TEST_REMOVE_AFTER_PULL
 
 
 def choose_runtime(cfg: agent_config.AgentConfig, engine: ContainerEngine):
@@ -264,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=cfg.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    unknown = agent_config.unknown_environment(os.environ)
+    if unknown:  # once, at start: a misspelt setting is never silently ignored
+        logger.warning("environment variables this agent does not read, ignored: %s", ", ".join(unknown))
     heartbeat, executor = build(cfg)
     if args.print_payload:
         print(json.dumps(heartbeat.payload(), indent=2, sort_keys=True))

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from heteroflow_agent.config import ALWAYS_SCANNED_MODEL_DIR, ConfigError, load
+from heteroflow_agent.config import ALWAYS_SCANNED_MODEL_DIR, ConfigError, load, unknown_environment
 
 
 def write(tmp_path, **values):
@@ -161,3 +161,26 @@ def test_the_health_interval_is_read_and_bounded(tmp_path):
     assert load("-", {**env, "HETEROFLOW_HEALTH_SECONDS": "120"}).health_interval == 120
     with pytest.raises(ConfigError, match="health_interval"):
         load("-", {**env, "HETEROFLOW_HEALTH_SECONDS": "1"})
+
+
+def test_the_specs_name_for_the_interval_is_read_beside_todays(tmp_path):
+    path = write(tmp_path, **BASE, data_dir=str(tmp_path / "data"))
+    assert load(path, {"HETEROFLOW_HEARTBEAT_INTERVAL_SEC": "15"}).heartbeat_interval == 15
+    both = {"HETEROFLOW_HEARTBEAT_INTERVAL": "10", "HETEROFLOW_HEARTBEAT_INTERVAL_SEC": "15"}
+    assert load(path, both).heartbeat_interval == 10  # today's name, when both are set
+    with pytest.raises(ConfigError, match="heartbeat_interval"):
+        load(path, {"HETEROFLOW_HEARTBEAT_INTERVAL_SEC": "1"})
+
+
+def test_a_variable_the_agent_does_not_read_is_named_with_what_it_likely_meant():
+    environ = {
+        "HETEROFLOW_HEARTBEAT_INTERVALS": "10",  # misspelt
+        "HETEROFLOW_SERVER_URL": "http://cp:3333",  # read
+        "HETEROFLOW_ADMIN_PASSWORD": "x",  # the server's, nothing like the agent's
+        "PATH": "/usr/bin",
+    }
+    assert unknown_environment(environ) == [
+        "HETEROFLOW_ADMIN_PASSWORD",
+        "HETEROFLOW_HEARTBEAT_INTERVALS (HETEROFLOW_HEARTBEAT_INTERVAL?)",
+    ]
+    assert unknown_environment({"HETEROFLOW_LOG_RATE_BYTES": "1024", "HETEROFLOW_AGENT_CONFIG": "-"}) == []
