@@ -5,6 +5,7 @@ from any state; a test of a service's own writes calls the service."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import factory
@@ -13,12 +14,15 @@ from django.contrib.auth import get_user_model
 from apps.alerts.choices import AlertType, Severity
 from apps.alerts.models import Alert
 from apps.core.clock import utcnow
+from apps.core.principals import Principal, PrincipalKind
 from apps.nodes.choices import NodeStatus
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation
 from apps.slices import ledger
 from apps.slices.models import Slice, SliceRequest
 from apps.tasks.models import Task, TaskGroup
+from apps.tenants import services
+from apps.tenants.choices import Role
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -184,3 +188,31 @@ def make_bound_slice(node: Node, tenant, *, card: int = 0, state: str = "request
         extra = {"status": "processing", "claimed_at": now, "deadline": now + timedelta(seconds=120)}
         make_slice_request(slice_, "create", **(extra if state == "issued" else {}))
     return slice_
+
+
+@dataclass
+class World:
+    """Two tenants with an admin, a member and a viewer each, an operator, and keys."""
+
+    operator: object = None
+    operator_key: str = ""
+    tenants: dict = field(default_factory=dict)
+    users: dict = field(default_factory=dict)  # "acme-admin" -> user
+    keys: dict = field(default_factory=dict)  # "acme-admin" -> plaintext key
+
+
+def build_world() -> World:
+    world = World()
+    world.operator = OperatorFactory(username="op")
+    world.operator_key = services.issue_platform_key(user=world.operator, name="ops").key
+    for slug in ("acme", "beta"):
+        tenant = services.create_tenant(name=slug.capitalize(), slug=slug)
+        world.tenants[slug] = tenant
+        for role in (Role.ADMIN, Role.MEMBER, Role.VIEWER):
+            label = f"{slug}-{role}"
+            user = UserFactory(username=label)
+            services.add_member(tenant, username=user.username, role=role)
+            world.users[label] = user
+            owner = Principal(PrincipalKind.TENANT_USER, user=user, tenant=tenant, role=role)
+            world.keys[label] = services.issue_tenant_key(principal=owner, tenant=tenant, owner=user, name=label).key
+    return world

@@ -10,7 +10,7 @@ from apps.core.clock import utcnow
 from apps.scheduler.models import GpuAllocation
 from apps.tasks.choices import TaskStatus
 from apps.tasks.models import Task
-from tests.factories import make_task
+from tests.factories import build_world, make_task
 from tests.headers import bearer
 from tests.nodes.payloads import gpu_stat
 from tests.nodes.payloads import heartbeat as payload
@@ -20,8 +20,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def worlds():
-    from tests.conftest import build_world
-
     world = build_world()
     yield world
     Task.objects.all().delete()

@@ -3,6 +3,7 @@ from datetime import timedelta
 from django.db.models import Q
 from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
 from rest_framework.exceptions import ValidationError
@@ -221,6 +222,23 @@ class TaskStatsView(APIView):
 LOG_RENDERERS = [FastJSONRenderer, EventStreamRenderer]
 
 
+class LogView:
+    """A log view answers a page as JSON and a follow as an event stream; anything else it
+    answers (an error, a page asked for with `format=event-stream` but no follow) is JSON,
+    whatever the client accepted."""
+
+    renderer_classes = LOG_RENDERERS
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        if isinstance(response, Response) and getattr(request, "accepted_renderer", None) is not None:
+            request.accepted_renderer, request.accepted_media_type = FastJSONRenderer(), "application/json"
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+def log_responses(serializer) -> dict:
+    return {(200, "application/json"): serializer, (200, "text/event-stream"): OpenApiTypes.STR}
+
+
 class TaskMetricsView(TaskView):
     """The readings of the cards the task holds (utilisation, memory, power,
     temperature), from the heartbeats' samples of its node over `window`, from when it
@@ -250,15 +268,13 @@ class TaskMetricsView(TaskView):
         )
 
 
-class TaskLogsView(TaskView):
+class TaskLogsView(LogView, TaskView):
     """The task's live log (apps.tasks.logs): a page of lines after `after`, the last
     `tail`, or with `follow=true` a text/event-stream of them until the task ends
     (apps.tasks.log_stream; Last-Event-ID goes on after the last line a client got).
     `Accept: text/event-stream` alone asks for the stream too."""
 
-    renderer_classes = LOG_RENDERERS
-
-    @extend_schema(parameters=[s.TaskLogsQuerySerializer], responses=s.TaskLogsSerializer)
+    @extend_schema(parameters=[s.TaskLogsQuerySerializer], responses=log_responses(s.TaskLogsSerializer))
     def get(self, request, pk):
         params = query(s.TaskLogsQuerySerializer, request)
         task = self.get_object()
@@ -439,14 +455,12 @@ class TaskGroupStopView(TaskGroupView):
         return Response(s.TaskGroupDetailSerializer(self.get_object()).data)
 
 
-class TaskGroupLogsView(TaskGroupView):
+class TaskGroupLogsView(LogView, TaskGroupView):
     """Every member's live log, each line with its rank (`rank=` for one member): a page
     merged in time order, or with `follow=true` an event stream until the group ends.
     The cursor (`next`, the events' ids) is `rank:seq,…`."""
 
-    renderer_classes = LOG_RENDERERS
-
-    @extend_schema(parameters=[s.TaskGroupLogsQuerySerializer], responses=s.TaskGroupLogsSerializer)
+    @extend_schema(parameters=[s.TaskGroupLogsQuerySerializer], responses=log_responses(s.TaskGroupLogsSerializer))
     def get(self, request, pk):
         params = query(s.TaskGroupLogsQuerySerializer, request)
         group = self.get_object()
