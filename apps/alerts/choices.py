@@ -12,6 +12,7 @@ class AlertType(models.TextChoices):
     GPU_UNHEALTHY = "GPU_UNHEALTHY"  # a card cordoned on its health readings (apps.nodes.health)
     GPU_MEMORY_DRIFT = "GPU_MEMORY_DRIFT"  # measured use the ledger does not explain (apps.nodes.drift)
     GATEWAY_REDIS_AWAY = "GATEWAY_REDIS_AWAY"  # the gateway holds its limits per process, refuses, or has none
+    GPU_DRIVER_ERROR = "GPU_DRIVER_ERROR"  # a node's GPU collector fails as a whole: degraded (apps.alerts.failures)
 
 
 class Severity(models.TextChoices):

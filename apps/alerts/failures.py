@@ -183,6 +183,8 @@ class SweepResult:
     groups_failed: list[int] = field(default_factory=list)  # requeued whole, and nothing alive could run them
     quota_recovered: list[int] = field(default_factory=list)  # tenants back under their quota
     scheduler_stalled: bool = False
+    driver_errors: list[str] = field(default_factory=list)  # nodes whose GPUs cannot be read (alert newly raised)
+    driver_recovered: list[str] = field(default_factory=list)
 
 
 def sweep(now=None) -> SweepResult:
@@ -194,6 +196,7 @@ def sweep(now=None) -> SweepResult:
     result.queue_timed_out = fail_overdue_queue(now)
     result.quota_recovered = recover_quota_alerts()
     result.scheduler_stalled = check_scheduler(now)
+    result.driver_errors, result.driver_recovered = sweep_gpu_driver_errors(now)
     return result
 
 
@@ -284,6 +287,47 @@ def sweep_offline_nodes(now=None) -> SweepResult:
         bucket = result.failed if target == S.FAILED else (result.requeued if target == S.PENDING else result.finished)
         bucket.extend(sorted(moved))
     return result
+
+
+def sweep_gpu_driver_errors(now=None) -> tuple[list[str], list[str]]:
+    """A node heard from whose GPU collector fails as a whole (`gpu_collector_error`: the
+    driver or the vendor tool; its beats make it degraded, so it takes no work) raises
+    GPU_DRIVER_ERROR; the alert recovers once its GPUs read again. Found by a partial
+    index of the failing nodes. (newly raised, recovered)"""
+    now = now or utcnow()
+    alerted = Alert.objects.filter(type=AlertType.GPU_DRIVER_ERROR, state=AlertState.ACTIVE).values("node_id")
+    failing = list(
+        Node.objects.filter(liveness.heard_from_q(now))
+        .exclude(gpu_collector_error="")
+        .exclude(pk__in=alerted)
+        .order_by("pk")
+        .values_list("pk", "gpu_collector_error")
+    )
+    raised = raise_alerts(
+        [
+            NewAlert(
+                type=AlertType.GPU_DRIVER_ERROR,
+                severity=Severity.ERROR,
+                scope=AlertScope.NODE,
+                key=alert_keys.gpu_driver_error(node_id),
+                node_id=node_id,
+                message=f"The GPUs of node {node_id} cannot be read ({error[:300]}): it is degraded and takes no "
+                "work until they can.",
+                details={"error": error},
+            )
+            for node_id, error in failing
+        ]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
+               FROM nodes AS n
+               WHERE a.type = %s AND a.state = %s AND n.id = a.node_id AND n.gpu_collector_error = ''
+               RETURNING a.node_id""",
+            [AlertState.RECOVERED, now, now, AlertType.GPU_DRIVER_ERROR, AlertState.ACTIVE],
+        )
+        recovered = sorted(node_id for (node_id,) in cursor.fetchall())
+    return [node_id for node_id, _ in failing if alert_keys.gpu_driver_error(node_id) in raised], recovered
 
 
 def sweep_stalled_tasks(now=None) -> list[LostRun]:

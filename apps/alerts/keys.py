@@ -33,6 +33,10 @@ def node_offline(node_id: str) -> str:
     return f"node-offline:{node_id}"
 
 
+def gpu_driver_error(node_id: str) -> str:
+    return f"gpu-driver-error:{node_id}"
+
+
 def task_failed(task_id: int) -> str:
     return f"task-failed:{task_id}"
 

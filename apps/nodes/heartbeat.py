@@ -422,10 +422,13 @@ def beat_params(node_id: str, payload: dict, peer_ip: str | None, now: datetime)
         "id": node_id,
         "now": now,
         "last_heartbeat_at": now,
-        # heard from just now: online or degraded, or offline at once after a farewell (the
-        # agent is stopping; its tasks are judged by the usual silence rules, so an agent
-        # restart does not disturb them)
-        "status": liveness.status_at(now, executable, now, signed_off_at=signed_off_at),
+        # heard from just now: online or degraded (not executable, or its GPU collector
+        # failing as a whole), or offline at once after a farewell (the agent is stopping;
+        # its tasks are judged by the usual silence rules, so an agent restart does not
+        # disturb them)
+        "status": liveness.status_at(
+            now, executable, now, signed_off_at=signed_off_at, gpu_failing=bool(payload.get("gpu_collector_error"))
+        ),
         "signed_off_at": signed_off_at,
         "ip": peer_ip,
         "internal_ip": payload.get("internal_ip"),

@@ -86,17 +86,23 @@ def signed_off(last_heartbeat_at: datetime, signed_off_at: datetime | None) -> b
 
 
 def status_at(
-    last_heartbeat_at: datetime | None, executable: bool, now: datetime, signed_off_at: datetime | None = None
+    last_heartbeat_at: datetime | None,
+    executable: bool,
+    now: datetime,
+    signed_off_at: datetime | None = None,
+    gpu_failing: bool = False,
 ) -> str:
     """The node state machine. Silence wins over executability; a farewell is offline at
-    once. STATUS_SQL is the same, set-wise, in the same order."""
+    once; a node that cannot run tasks, or whose GPU collector fails as a whole (the
+    driver or the vendor tool: `gpu_collector_error`), is degraded. STATUS_SQL is the
+    same, set-wise, in the same order."""
     if last_heartbeat_at is None or now >= offline_from(last_heartbeat_at):
         return NodeStatus.OFFLINE
     if signed_off(last_heartbeat_at, signed_off_at):
         return NodeStatus.OFFLINE
     if now >= suspect_from(last_heartbeat_at):
         return NodeStatus.SUSPECT
-    return NodeStatus.ONLINE if executable else NodeStatus.DEGRADED
+    return NodeStatus.ONLINE if executable and not gpu_failing else NodeStatus.DEGRADED
 
 
 def given_up(last_heartbeat_at: datetime | None, now: datetime) -> bool:
@@ -133,7 +139,7 @@ STATUS_SQL = f"""CASE
             WHEN last_heartbeat_at IS NULL OR last_heartbeat_at <= %(offline)s THEN '{NodeStatus.OFFLINE}'
             WHEN signed_off_at >= last_heartbeat_at THEN '{NodeStatus.OFFLINE}'
             WHEN last_heartbeat_at <= %(suspect)s THEN '{NodeStatus.SUSPECT}'
-            WHEN executable THEN '{NodeStatus.ONLINE}'
+            WHEN executable AND gpu_collector_error = '' THEN '{NodeStatus.ONLINE}'
             ELSE '{NodeStatus.DEGRADED}' END"""
 
 

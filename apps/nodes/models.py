@@ -131,13 +131,21 @@ class Node(TenantOwned):
             models.Index(fields=["last_heartbeat_at"], name="nodes_last_heartbeat"),
             models.Index(fields=["tenant"], name="nodes_tenant"),
             models.Index(fields=["name", "id"], name="nodes_name_id"),  # the list's order
+            # the alert sweep's driver errors: the failing nodes, not the fleet
+            models.Index(fields=["id"], condition=~Q(gpu_collector_error=""), name="nodes_gpu_collector_failing"),
         ]
 
     def __str__(self):
         return self.name
 
     def status_at(self, now: datetime) -> str:
-        return liveness.status_at(self.last_heartbeat_at, self.executable, now, signed_off_at=self.signed_off_at)
+        return liveness.status_at(
+            self.last_heartbeat_at,
+            self.executable,
+            now,
+            signed_off_at=self.signed_off_at,
+            gpu_failing=bool(self.gpu_collector_error),
+        )
 
 
 class GpuQuerySet(models.QuerySet):

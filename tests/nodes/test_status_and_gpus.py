@@ -172,3 +172,33 @@ def test_biren_models_are_named_from_their_memory_size(agents):
     agents.send("n7", payload(gpus=0, gpu_stats=stats, gpu_capabilities={}))
     assert [g.model for g in Gpu.objects.filter(node_id="n7").order_by("index")] == ["BR106M", "BR100"]
     assert Node.objects.get(pk="n7").gpu_type == "biren"
+
+
+def test_a_node_whose_gpus_cannot_be_read_is_degraded_alerted_and_recovers(agents, settings):
+    from apps.alerts.failures import sweep_gpu_driver_errors
+
+    agents.send("n-driver", payload(gpus=2))
+    assert Node.objects.get(pk="n-driver").status == "online"
+    failing = payload(gpus=0, gpu_stats=[], gpu_collector_error="nvidia-smi: Failed to initialize NVML: Driver/library")
+    assert agents.send("n-driver", failing).json()["status"] == "degraded"
+    node = Node.objects.get(pk="n-driver")
+    assert node.status == "degraded" == node.status_at(utcnow())
+    assert refresh_node_statuses(now=utcnow()) == {}  # the checker agrees: nothing to move
+    assert sweep_gpu_driver_errors() == (["n-driver"], [])
+    alert = Alert.objects.get(type="GPU_DRIVER_ERROR")
+    assert (alert.node_id, alert.state, alert.severity) == ("n-driver", "ACTIVE", "error")
+    assert "Failed to initialize NVML" in alert.message and alert.details["error"].startswith("nvidia-smi")
+    assert sweep_gpu_driver_errors() == ([], [])  # still failing: no second alert
+    agents.send("n-driver", failing)
+    assert Alert.objects.filter(type="GPU_DRIVER_ERROR").count() == 1
+    # it reads again: online with its next beat, the alert recovered by the next sweep
+    assert agents.send("n-driver", payload(gpus=2)).json()["status"] == "online"
+    assert sweep_gpu_driver_errors() == ([], ["n-driver"])
+    assert Alert.objects.get(type="GPU_DRIVER_ERROR").state == "RECOVERED"
+
+
+@pytest.mark.parametrize("executable,gpu_failing,expected", [(True, True, "degraded"), (False, True, "degraded")])
+def test_a_failing_gpu_collector_degrades_a_node_heard_from(executable, gpu_failing, expected):
+    now = utcnow()
+    assert status_at(now, executable, now, gpu_failing=gpu_failing) == expected
+    assert status_at(now - timedelta(seconds=45), executable, now, gpu_failing=gpu_failing) == "suspect"
