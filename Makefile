@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 # (each explained in docs/security.md#bandit); any new finding fails it.
 SECURITY_PATHS := apps heteroflow agent/heteroflow_agent celery_worker.py manage.py
 
-.PHONY: up test test-fast lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway bench-cli soak
+.PHONY: up test test-fast lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway bench-cli bench-logs soak
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -76,6 +76,13 @@ bench-submit: $(DEPS_STAMP)
 
 bench-gateway: $(DEPS_STAMP)
 	$(BIN)/python bench/gateway.py $(BENCH_ARGS)
+
+# Live logs under load (docs/deployment.md#live-logs): ingestion MB/s, the heartbeat's p99
+# with and without it, print-to-screen latency through a real agent and `hf logs -f`, and
+# 100 followers of one chatty task, with the worker and beat running every periodic job.
+#   make bench-logs BENCH_ARGS="--duration 30 --skip-latency --hb-rate 4"
+bench-logs: $(DEPS_STAMP)
+	$(BIN)/python bench/logs.py $(BENCH_ARGS)
 
 # hf's own times (docs/cli.md#speed): `hf --version`, and `hf ps` against a live server whose
 # tenant has 10,000 tasks.
