@@ -111,7 +111,7 @@ class AgentConfig:
     # live task logs (logs.py): batches at most this far apart; each task's output past
     # this rate is dropped (with a marker); what waits for the control plane, per task;
     # the node's own copy of each task's log (two files of half this)
-    log_ship_seconds: float = 1.0
+    log_ship_seconds: float = 0.5
     log_rate_bytes: int = 256 * 1024
     log_spool_bytes: int = 64 * 1024 * 1024
     log_keep_bytes: int = 64 * 1024 * 1024
@@ -179,7 +179,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     report_attempts = _number(raw, "report_attempts", 6, int, 1, 20, problems)
     report_deadline = _number(raw, "report_deadline_seconds", 60.0, float, 1, 600, problems)
     allow_process = _boolean(raw, "allow_process_runtime", False, problems)
-    log_ship = _number(raw, "log_ship_seconds", 1.0, float, 0.1, 10, problems)
+    log_ship = _number(raw, "log_ship_seconds", 0.5, float, 0.1, 10, problems)
     log_rate = _number(raw, "log_rate_bytes", 256 * 1024, int, 1024, 1 << 30, problems)
     log_spool = _number(raw, "log_spool_bytes", 64 * 1024 * 1024, int, 64 * 1024, 1 << 40, problems)
     log_keep = _number(raw, "log_keep_bytes", 64 * 1024 * 1024, int, 0, 1 << 40, problems)

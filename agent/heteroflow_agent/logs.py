@@ -1,5 +1,5 @@
 """Live task logs: every running task's stdout and stderr, read from its runtime and sent to
-the control plane in batches about every second (POST /api/v1/nodes/{id}/logs, gzip),
+the control plane in batches every half second (POST /api/v1/nodes/{id}/logs, gzip),
 on the agent's outbound-only channel like everything else (docs/agent.md#live-logs).
 
 Per task, under `state_dir/logs/task-{id}/`:
@@ -110,7 +110,7 @@ class LogShipper:
         rate: int = 256 * 1024,
         spool_bytes: int = 64 * 1024 * 1024,
         keep_bytes: int = 64 * 1024 * 1024,
-        ship_every: float = 1.0,
+        ship_every: float = 0.5,
         clock=time.monotonic,
         wall=time.time,
     ):

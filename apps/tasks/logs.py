@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import orjson
 from django.conf import settings
@@ -43,11 +43,13 @@ MAX_LINE_CHARS = 16_384  # a longer line is cut (the agent splits long lines bef
 MAX_PAGE = 10_000
 DEFAULT_PAGE = 1_000
 TRIM_SLACK = 1.25  # a task this far over its bound is trimmed back to it
-CHANNEL_PREFIX = "heteroflow:task-logs:"
 
 
 def channel(task_id: int) -> str:
-    return f"{CHANNEL_PREFIX}{task_id}"
+    """A task's pub/sub channel. Redis channels are one namespace for every database of
+    a server, so the name carries the deployment's database: two deployments (or test
+    runs) sharing a Redis server never hear each other's tasks."""
+    return f"heteroflow:{settings.DATABASES['default']['NAME']}:task-logs:{task_id}"
 
 
 def clean_text(text: str) -> str:
@@ -66,7 +68,7 @@ class RunBatch:
 
     task_id: int
     run: str
-    lines: list[tuple[int, datetime, int, str]]
+    lines: list[tuple[int, float, int, str]]  # at: seconds since the epoch
     dropped_bytes: int = 0
 
 
@@ -92,11 +94,12 @@ LOCK_STATES = """
     FROM task_log_state AS s JOIN tasks AS t ON t.id = s.task_id
     WHERE s.task_id = ANY(%(ids)s) AND t.node_id = %(node)s ORDER BY s.task_id FOR UPDATE OF s
 """
+# The lines as one JSON parameter, unpacked by PostgreSQL: adapting them as five arrays
+# cost the web process more than all the rest of a batch (make bench-logs).
 INSERT_LINES = """
     INSERT INTO task_log_lines (task_id, seq, at, received_at, stream, text)
-    SELECT l.task_id, l.seq, l.at, %(now)s, l.stream, l.text
-    FROM unnest(%(task_ids)s::bigint[], %(seqs)s::bigint[], %(ats)s::timestamptz[], %(streams)s::smallint[],
-                %(texts)s::text[]) AS l(task_id, seq, at, stream, text)
+    SELECT l.t, l.s, to_timestamp(l.a), %(now)s, l.k, l.x
+    FROM json_to_recordset(%(lines)s::json) AS l(t bigint, s bigint, a float8, k smallint, x text)
 """
 UPDATE_STATES = """
     UPDATE task_log_state AS s SET run = v.run, base = v.base, run_next = v.run_next, next_seq = v.next_seq,
@@ -117,7 +120,7 @@ async def ingest(conn, node_id: str, batches: list[RunBatch], now: datetime) -> 
     if not ids:
         return out
     rows = {task_id: None for task_id in ids}
-    lines: dict[str, list] = {"task_ids": [], "seqs": [], "ats": [], "streams": [], "texts": []}
+    lines: list[dict] = []
     states: dict[str, list] = {key: [] for key in ("task_ids", "runs", "bases", "run_nexts", "next_seqs", "bytes")}
     states["dropped"] = []
     async with conn.transaction():
@@ -141,11 +144,7 @@ async def ingest(conn, node_id: str, batches: list[RunBatch], now: datetime) -> 
                 if n < run_next:
                     continue  # a resend
                 seq = base + n
-                lines["task_ids"].append(batch.task_id)
-                lines["seqs"].append(seq)
-                lines["ats"].append(at)
-                lines["streams"].append(stream)
-                lines["texts"].append(text)
+                lines.append({"t": batch.task_id, "s": seq, "a": at, "k": stream, "x": text})
                 added += len(text.encode())
                 run_next = n + 1
                 stored_lines.append({"seq": seq, "at": at, "stream": STREAMS[stream], "text": text})
@@ -163,8 +162,8 @@ async def ingest(conn, node_id: str, batches: list[RunBatch], now: datetime) -> 
             states["bytes"].append(sum(added for added, _ in counts))
             states["dropped"].append(sum(dropped for _, dropped in counts))
             out.next_by_task[task_id] = run_next
-        if lines["seqs"]:
-            await cur.execute(INSERT_LINES, lines | {"now": now})
+        if lines:
+            await cur.execute(INSERT_LINES, {"lines": orjson.dumps(lines).decode(), "now": now})
         await cur.execute(UPDATE_STATES, states | {"now": now})
         bound = settings.HETEROFLOW_TASK_LOG_MAX_BYTES * TRIM_SLACK
         out.over_bound = [task_id for task_id, stored in await cur.fetchall() if stored > bound]
@@ -173,7 +172,12 @@ async def ingest(conn, node_id: str, batches: list[RunBatch], now: datetime) -> 
 
 
 def publication(lines: list[dict]) -> bytes:
-    return orjson.dumps({"lines": lines})
+    """Stored lines for the followers, `at` (seconds since the epoch here) as the API's time."""
+    return orjson.dumps({"lines": [line | {"at": iso_time(line["at"])} for line in lines]})
+
+
+def iso_time(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def ended_publication(status: str) -> bytes:

@@ -366,6 +366,25 @@ def test_an_accept_header_alone_asks_for_the_stream(plane, people, running):
     assert "via accept" in response.text and "event: end" in response.text
 
 
+def test_open_follows_hold_no_database_connection_of_the_web_process(people, running):
+    """More followers than the web process has Django connections (2 here): each is
+    served, since a follow gives its request's connection back before it streams."""
+    server, url = start_control_plane(env={"HETEROFLOW_DB_POOL_SIZE": "2"})
+    try:
+        followers = [Follower(f"{url}/api/v1/tasks/{running.pk}/logs", people[1]["logs-a"]) for _ in range(6)]
+        for follower in followers:
+            follower.start()
+        ship(url, "log-node", [{"task_id": running.pk, "run": "r", "lines": lines("to all six")}])
+        for follower in followers:
+            assert follower.wait_for(1) == ["to all six"], (follower.status, follower.error)
+        finish(running)
+        for follower in followers:
+            follower.join(15)
+            assert follower.status == 200 and follower.events[-1][0] == "end"
+    finally:
+        stop_process(server)
+
+
 def test_another_tenants_follower_gets_404(plane, people, running):
     follower = Follower(f"{plane}/api/v1/tasks/{running.pk}/logs", people[1]["logs-b"])
     follower.run()

@@ -20,7 +20,6 @@ import asyncio
 import logging
 import re
 import zlib
-from datetime import UTC, datetime
 
 from django.conf import settings
 
@@ -53,11 +52,11 @@ class LogIngestApp(AgentRoute):
         self.check_request(scope, node_id)
         body = await self.body(scope, receive)
         encoding = (header(scope, b"content-encoding") or "identity").strip().lower()
-        if encoding == "gzip":
-            body = inflate(body, self.body_limit() * INFLATE_RATIO)
-        elif encoding != "identity":
+        if encoding not in ("gzip", "identity"):
             raise HttpError(415, CoreErrorCode.UNSUPPORTED_MEDIA_TYPE, f"Content-Encoding {encoding!r}: use gzip.")
-        batches = read_batches(orjson_or_400(body))
+        # a large batch takes tens of milliseconds to inflate, parse and check: in a
+        # thread, so that the event loop goes on answering heartbeats meanwhile
+        batches = await asyncio.to_thread(self.read, body, encoding)
         try:
             done = await on_live_connection(
                 await self.pool(), lambda conn: logs.ingest(conn, node_id, batches, utcnow())
@@ -69,6 +68,11 @@ class LogIngestApp(AgentRoute):
         for task_id in done.over_bound:  # the broker is Redis too: off the event loop
             asyncio.get_running_loop().run_in_executor(None, enqueue, "tasks.trim_logs", task_id)
         return 200, {"tasks": {str(key): value for key, value in done.next_by_task.items()}, "refused": done.refused}
+
+    def read(self, body: bytes, encoding: str) -> list[logs.RunBatch]:
+        if encoding == "gzip":
+            body = inflate(body, self.body_limit() * INFLATE_RATIO)
+        return read_batches(orjson_or_400(body))
 
 
 async def publish(published: dict[int, list[dict]]) -> None:
@@ -136,6 +140,6 @@ def read_batches(payload) -> list[logs.RunBatch]:
                 raise bad(f"{where}.lines[{j}]", f"stream: one of {', '.join(logs.STREAMS)}.")
             if not isinstance(text, str):
                 raise bad(f"{where}.lines[{j}]", "text: a string.")
-            parsed.append((n, datetime.fromtimestamp(at, UTC), logs.STREAM_CODES[stream], logs.clean_text(text)))
+            parsed.append((n, float(at), logs.STREAM_CODES[stream], logs.clean_text(text)))
         batches.append(logs.RunBatch(task_id, run, parsed, dropped))
     return batches

@@ -1,5 +1,6 @@
 from datetime import timedelta
 
+from django.db import connections
 from django.db.models import Q
 from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
@@ -327,6 +328,11 @@ def logs_state(task_id: int):
 
 
 def event_stream(events) -> StreamingHttpResponse:
+    """A follow's answer. The stream reads through its own async pool, so the request's
+    Django connection goes back to its pool now: else each open follow would hold one
+    until it ends (minutes, hours), and a few dozen followers would take them all."""
+    for conn in connections.all(initialized_only=True):
+        conn.close()
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a proxy in front (nginx) must not hold events back
