@@ -951,7 +951,7 @@ def main() -> int:
     parser.add_argument("--followers", type=int, default=100)
     parser.add_argument("--chatty-lines", type=float, default=200.0, help="the followed task's lines a second")
     parser.add_argument(
-        "--ship-seconds", type=float, default=1.0, help="how often agents ship (log_ship_seconds; the agent's 1.0)"
+        "--ship-seconds", type=float, default=0.5, help="how often agents ship (log_ship_seconds; the agent's 0.5)"
     )
     parser.add_argument("--workers", type=int, default=2, help="web processes (uvicorn --workers)")
     parser.add_argument("--skip-latency", action="store_true", help="skip print-to-screen (the real agent)")

@@ -36,11 +36,26 @@ logger = logging.getLogger(__name__)
 PATH = re.compile(r"^/api/v1/nodes/(?P<node_id>[^/]+)/logs/?$")
 INFLATE_RATIO = 16  # a compressed body may grow to this many times the body limit, not more
 REDIS_TIMEOUT = 2.0
+# Batches worked on at once by one web process. Logs share the process with the
+# heartbeats, and a batch is CPU work (tens of ms for a large one): past this, a batch
+# waits its turn (the agent's next batch waits for this one's answer), so a flood of logs
+# slows logs, not beats.
+CONCURRENT_BATCHES = 1
 
 
 class LogIngestApp(AgentRoute):
     path = PATH
     what = "a log batch"
+
+    def __init__(self, fallback):
+        super().__init__(fallback)
+        self._turns: dict = {}  # event loop -> its semaphore
+
+    def turn(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if loop not in self._turns:
+            self._turns = {loop: asyncio.Semaphore(CONCURRENT_BATCHES)}  # one loop a process
+        return self._turns[loop]
 
     def pool_size(self) -> int:
         return settings.HETEROFLOW_TASK_LOG_DB_POOL_SIZE
@@ -54,16 +69,17 @@ class LogIngestApp(AgentRoute):
         encoding = (header(scope, b"content-encoding") or "identity").strip().lower()
         if encoding not in ("gzip", "identity"):
             raise HttpError(415, CoreErrorCode.UNSUPPORTED_MEDIA_TYPE, f"Content-Encoding {encoding!r}: use gzip.")
-        # a large batch takes tens of milliseconds to inflate, parse and check: in a
-        # thread, so that the event loop goes on answering heartbeats meanwhile
-        batches = await asyncio.to_thread(self.read, body, encoding)
-        try:
-            done = await on_live_connection(
-                await self.pool(), lambda conn: logs.ingest(conn, node_id, batches, utcnow())
-            )
-        except Exception:
-            logger.exception("log batch of %s not stored", node_id)
-            raise HttpError(503, CoreErrorCode.UNAVAILABLE, "The log batch could not be stored; retry.") from None
+        async with self.turn():
+            # a large batch takes tens of milliseconds to inflate, parse and check: in a
+            # thread, so that the event loop goes on answering heartbeats meanwhile
+            batches = await asyncio.to_thread(self.read, body, encoding)
+            try:
+                done = await on_live_connection(
+                    await self.pool(), lambda conn: logs.ingest(conn, node_id, batches, utcnow())
+                )
+            except Exception:
+                logger.exception("log batch of %s not stored", node_id)
+                raise HttpError(503, CoreErrorCode.UNAVAILABLE, "The log batch could not be stored; retry.") from None
         await publish(done.published)
         for task_id in done.over_bound:  # the broker is Redis too: off the event loop
             asyncio.get_running_loop().run_in_executor(None, enqueue, "tasks.trim_logs", task_id)
