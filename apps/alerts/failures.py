@@ -235,16 +235,9 @@ def sweep_offline_nodes(now=None) -> SweepResult:
         ]
     )
     result.offline = [node_id for node_id in newly_silent if alert_keys.node_offline(node_id) in raised]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
-               FROM nodes AS n
-               WHERE a.type = %s AND a.state = %s AND n.id = a.node_id
-                 AND {liveness.heard_from_sql("n.last_heartbeat_at")}
-               RETURNING a.node_id""",
-            [AlertState.RECOVERED, now, now, AlertType.NODE_OFFLINE, AlertState.ACTIVE, cutoff],
-        )
-        result.recovered = sorted(node_id for (node_id,) in cursor.fetchall())
+    result.recovered = recover_node_alerts(
+        AlertType.NODE_OFFLINE, liveness.heard_from_sql("n.last_heartbeat_at"), [cutoff], now
+    )
     # every silent node's tasks, not only the newly silent's: a move that lost a race
     # last time is tried again
     stranded = list(
@@ -289,6 +282,20 @@ def sweep_offline_nodes(now=None) -> SweepResult:
     return result
 
 
+def recover_node_alerts(alert_type: str, condition_sql: str, params: list, now) -> list[str]:
+    """The active node alerts of a type whose node (`n`) now meets `condition_sql`
+    (its %s taking `params`) move to RECOVERED; their node ids."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
+               FROM nodes AS n
+               WHERE a.type = %s AND a.state = %s AND n.id = a.node_id AND {condition_sql}
+               RETURNING a.node_id""",
+            [AlertState.RECOVERED, now, now, alert_type, AlertState.ACTIVE, *params],
+        )
+        return sorted(node_id for (node_id,) in cursor.fetchall())
+
+
 def sweep_gpu_driver_errors(now=None) -> tuple[list[str], list[str]]:
     """A node heard from whose GPU collector fails as a whole (`gpu_collector_error`: the
     driver or the vendor tool; its beats make it degraded, so it takes no work) raises
@@ -318,15 +325,7 @@ def sweep_gpu_driver_errors(now=None) -> tuple[list[str], list[str]]:
             for node_id, error in failing
         ]
     )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """UPDATE alerts AS a SET state = %s, ended_at = %s, updated_at = %s
-               FROM nodes AS n
-               WHERE a.type = %s AND a.state = %s AND n.id = a.node_id AND n.gpu_collector_error = ''
-               RETURNING a.node_id""",
-            [AlertState.RECOVERED, now, now, AlertType.GPU_DRIVER_ERROR, AlertState.ACTIVE],
-        )
-        recovered = sorted(node_id for (node_id,) in cursor.fetchall())
+    recovered = recover_node_alerts(AlertType.GPU_DRIVER_ERROR, "n.gpu_collector_error = ''", [], now)
     return [node_id for node_id, _ in failing if alert_keys.gpu_driver_error(node_id) in raised], recovered
 
 
