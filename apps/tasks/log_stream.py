@@ -193,6 +193,6 @@ async def _close(pubsub) -> None:
     if pubsub is not None:
         try:
             await pubsub.aclose()
-        except Exception:  # noqa: BLE001, S110  (closing a connection that is gone)
-            pass
+        except Exception as exc:  # noqa: BLE001  (closing a connection that is gone)
+            logger.debug("a follower's pub/sub connection did not close cleanly: %s", exc)
     return None
