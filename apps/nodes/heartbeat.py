@@ -386,7 +386,7 @@ GPU_UPSERT = f"""
         {", ".join(f"{column} = EXCLUDED.{column}" for column in CARD_COLUMNS if column != "index")}
 """
 
-NODE_FOR_UPDATE = "SELECT agent_label_keys FROM nodes WHERE id = %(id)s FOR UPDATE"
+NODE_FOR_UPDATE = "SELECT agent_label_keys, agent_version, agent_git_commit FROM nodes WHERE id = %(id)s FOR UPDATE"
 GPU_COUNT_UPDATE = "UPDATE nodes SET gpu_count = (SELECT count(*) FROM gpus WHERE node_id = %(id)s) WHERE id = %(id)s"
 
 
@@ -512,6 +512,24 @@ def label_ownership(payload: dict, previously_owned) -> dict:
 # --- the beat -------------------------------------------------------------------------
 
 
+def log_version_change(node_id: str, before: tuple[str, str], after: tuple[str, str]) -> None:
+    """Every change of a node's agent (version, commit) goes to the server's log: the
+    fleet's upgrades and rollbacks, node by node. A "-dirty" commit (built from a tree
+    with uncommitted changes) is said so."""
+    if tuple(before) == tuple(after):
+        return
+    dirty = " (built from a tree with uncommitted changes)" if after[1].endswith("-dirty") else ""
+    logger.info(
+        "node %s: agent %s (%s) -> %s (%s)%s",
+        node_id,
+        before[0] or "?",
+        before[1] or "?",
+        after[0] or "?",
+        after[1] or "?",
+        dirty,
+    )
+
+
 async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: datetime) -> BeatOutcome:
     """Apply one heartbeat. `conn` is in autocommit mode. Any database error propagates
     (the caller answers 503) and leaves nothing written."""
@@ -527,6 +545,8 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
             await cur.execute(NODE_FOR_UPDATE, {"id": node_id})
             existing = await cur.fetchone()
             structure = structure_params(payload) | label_ownership(payload, existing[0] if existing else ())
+            if existing is not None:
+                log_version_change(node_id, existing[1:], (structure["agent_version"], structure["agent_git_commit"]))
             if existing is None:
                 await cur.execute(
                     NODE_INSERT,

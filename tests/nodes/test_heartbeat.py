@@ -456,3 +456,19 @@ def test_the_retention_job_is_asked_for_once_per_period_not_per_beats(agents, mo
     assert asked == ["nodes.prune_metrics"]
     assert agents.send("node-p", payload()).status_code == 200
     assert asked == ["nodes.prune_metrics"]
+
+
+def test_every_change_of_a_nodes_agent_goes_to_the_servers_log(agents, caplog):
+    caplog.set_level("INFO", logger="apps.nodes.heartbeat")
+    agents.send("node-upgrade", payload())  # registration: nothing to compare with
+    agents.send("node-upgrade", payload())
+    assert "node node-upgrade: agent" not in caplog.text
+    agents.send("node-upgrade", payload(agent_version="2.5.0", agent_git_commit="a1b2c3d"))
+    agents.send("node-upgrade", payload(agent_version="2.5.0", agent_git_commit="a1b2c3d"))  # the same: said once
+    agents.send("node-upgrade", payload(agent_version="2.5.1", agent_git_commit="e4f5a6b-dirty"))
+    changes = [record.getMessage() for record in caplog.records if "node node-upgrade: agent" in record.getMessage()]
+    assert changes == [
+        "node node-upgrade: agent 2.4.1 (9f1c2ab) -> 2.5.0 (a1b2c3d)",
+        "node node-upgrade: agent 2.5.0 (a1b2c3d) -> 2.5.1 (e4f5a6b-dirty)"
+        " (built from a tree with uncommitted changes)",
+    ]
