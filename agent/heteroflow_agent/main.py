@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -157,11 +158,18 @@ def run_executor(
     reconcile_seconds: float = RECONCILE_SECONDS,
 ) -> None:
     reconciler = Reconciler(executor)
-    next_reconcile = time.monotonic()  # at start: adopt what an earlier agent left
+    # The first reconcile (adopting what an earlier agent left, reporting what vanished)
+    # waits for a heartbeat to get through: after the last agent's farewell the node is
+    # offline on the server, and a task reported lost then is judged with no node online
+    # to run it (failed, not requeued).
+    next_reconcile = math.inf
+    heard = False
     # Polls fall halfway between heartbeats (both start now): a task scheduled to this
     # node is seen by whichever comes first (a heartbeat answer wakes the poll).
     shift = poll_seconds / 2
     while not stop.is_set():
+        if not heard and executor.sweep.is_set():
+            heard, next_reconcile = True, time.monotonic()
         if executor.sweep.is_set() and time.monotonic() < next_reconcile:
             executor.sweep.clear()
             try:
