@@ -381,7 +381,9 @@ HETEROFLOW_GROUP_MAX_WORLD_SIZE = env.int("HETEROFLOW_GROUP_MAX_WORLD_SIZE", 1_0
 # Task groups: how the scheduler decides that a group's nodes share one private network
 # (apps/nodes/network.py). "prove": only explicit, agreeing labels count; "assume_same":
 # one VPC is assumed unless a difference is proven (docs/scheduler.md#task-groups).
-HETEROFLOW_NETWORK_DOMAIN_POLICY = env.choice("HETEROFLOW_NETWORK_DOMAIN_POLICY", "prove", ("prove", "assume_same"))
+HETEROFLOW_NETWORK_DOMAIN_POLICY = env.choice(
+    "HETEROFLOW_NETWORK_DOMAIN_POLICY", "prove", ("prove", "labels", "assume_same")
+)
 # Task groups: how long a group waits at the head of its priority before it holds the
 # cards it needs as they free up, against smaller work of its priority or lower
 # (docs/scheduler.md#no-starvation-the-reservation). 0: at once.

@@ -6,6 +6,7 @@ server must be able to tell "idle" from "unknown".
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import platform
 import socket
@@ -65,22 +66,39 @@ class LoadSampler:
         return load
 
 
-def primary_address() -> tuple[str, str]:
-    """(internal IPv4, MAC) of the first real interface that is up, skipping container
-    bridges; ("", "") when there is none."""
+@dataclass(frozen=True)
+class Address:
+    """The node's internal address: its interface's IPv4 address and prefix length (the
+    server tells a LAN by them), and that interface's MAC. Empty when there is none."""
+
+    ip: str = ""
+    prefix: int | None = None
+    mac: str = ""
+
+
+def primary_address() -> Address:
+    """The first real interface that is up, in name order, skipping container bridges."""
     try:
         addresses = psutil.net_if_addrs()
         stats = psutil.net_if_stats()
     except Exception:
-        return "", ""
+        return Address()
     for name in sorted(addresses):
         if name.startswith(VIRTUAL_INTERFACE_PREFIXES) or not getattr(stats.get(name), "isup", False):
             continue
-        ip = next((a.address for a in addresses[name] if a.family == socket.AF_INET), "")
+        inet = next((a for a in addresses[name] if a.family == socket.AF_INET), None)
         mac = next((a.address for a in addresses[name] if a.family == psutil.AF_LINK), "")
-        if ip and not ip.startswith("127."):
-            return ip, mac if mac and mac != "00:00:00:00:00:00" else ""
-    return "", ""
+        if inet and inet.address and not inet.address.startswith("127."):
+            return Address(inet.address, prefix_length(inet.netmask), mac if mac and mac != "00:00:00:00:00:00" else "")
+    return Address()
+
+
+def prefix_length(netmask: str | None) -> int | None:
+    """24 for 255.255.255.0; None when the netmask is missing or not a mask."""
+    try:
+        return ipaddress.IPv4Network(f"0.0.0.0/{netmask}").prefixlen if netmask else None
+    except ValueError:
+        return None
 
 
 @dataclass

@@ -85,7 +85,7 @@ class Heartbeat:
         if self.beats % MODELS_EVERY == 0:
             self.models = inventory.scan_models(self.config.scanned_model_dirs)
         exec_mode = "docker" if engine.available else ("process" if self.config.allow_process_runtime else "none")
-        ip, mac = collect.primary_address()
+        address = collect.primary_address()
         report = self.tasks()
         labels = {**self.config.labels, **gpus.labels, CACHED_MODELS_LABEL: cached_models_label(self.models)}
         body = {
@@ -114,10 +114,12 @@ class Heartbeat:
             "vllm_available": "vllm" in self.engines[0],
             "discovered_models": loaded.merge(self.models, self.loaded.latest(report.serving)),
         }
-        if ip:
-            body["internal_ip"] = ip
-        if mac:
-            body["mac"] = mac
+        if address.ip:
+            body["internal_ip"] = address.ip
+            if address.prefix is not None:
+                body["internal_prefix"] = address.prefix
+        if address.mac:
+            body["mac"] = address.mac
         temperatures = [gpu["temperature"] for gpu in gpus.gpus if "temperature" in gpu]
         if temperatures:
             body["gpu_temperature"] = max(temperatures)

@@ -237,3 +237,62 @@ def test_a_slow_beat_skips_the_missed_slots_instead_of_bursting():
     run(Slow(), stop, clock=lambda: clock.now)
     # on time: wait out the rest of 5 s; overran by 7 s: wait a full interval, no catch-up burst
     assert stop.waits == [4.0, 5.0, 4.0]
+
+
+def interfaces(monkeypatch, addresses: dict, up=()):
+    """psutil's view of the host's interfaces: {name: [(family, address, netmask)]},
+    family "inet" or "link"."""
+    import socket
+    from types import SimpleNamespace
+
+    from heteroflow_agent import collect
+
+    families = {"inet": socket.AF_INET, "link": collect.psutil.AF_LINK}
+    monkeypatch.setattr(
+        collect.psutil,
+        "net_if_addrs",
+        lambda: {
+            name: [
+                SimpleNamespace(family=families[family], address=address, netmask=mask)
+                for family, address, mask in rows
+            ]
+            for name, rows in addresses.items()
+        },
+    )
+    monkeypatch.setattr(
+        collect.psutil, "net_if_stats", lambda: {name: SimpleNamespace(isup=name in up) for name in addresses}
+    )
+
+
+def test_the_internal_address_travels_with_its_interfaces_prefix_length(tmp_path, monkeypatch):
+    interfaces(
+        monkeypatch,
+        {
+            "docker0": [("inet", "172.17.0.1", "255.255.0.0")],
+            "eth0": [("inet", "192.168.5.10", "255.255.255.0"), ("link", "AA:BB:CC:00:11:22", None)],
+            "eth1": [("inet", "10.9.0.3", "255.255.0.0")],
+        },
+        up=("docker0", "eth0", "eth1"),
+    )
+    body = make("http://unused", tmp_path).payload()
+    assert (body["internal_ip"], body["internal_prefix"], body["mac"]) == ("192.168.5.10", 24, "AA:BB:CC:00:11:22")
+
+
+def test_an_address_without_a_usable_netmask_is_sent_without_a_prefix(tmp_path, monkeypatch):
+    interfaces(
+        monkeypatch,
+        {"eth0": [("inet", "10.0.0.7", "255.0.255.0")], "lo": [("inet", "127.0.0.1", "255.0.0.0")]},
+        up=("eth0", "lo"),
+    )
+    body = make("http://unused", tmp_path).payload()
+    assert body["internal_ip"] == "10.0.0.7" and "internal_prefix" not in body
+
+
+def test_no_real_interface_up_sends_no_address(tmp_path, monkeypatch):
+    interfaces(
+        monkeypatch,
+        {"eth0": [("inet", "10.0.0.7", "255.255.255.0")], "lo": [("inet", "127.0.0.1", "255.0.0.0")]},
+        up=("lo",),
+    )
+    body = make("http://unused", tmp_path).payload()
+    assert "internal_ip" not in body and "internal_prefix" not in body and "mac" not in body

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.core.validators import MaxValueValidator
 from django.db import models
 from django.db.models import Exists, OuterRef, Q
 
@@ -53,6 +54,11 @@ class Node(TenantOwned):
         null=True, blank=True, help_text="Public address: the TCP source of the heartbeat."
     )
     internal_ip = models.GenericIPAddressField(null=True, blank=True)
+    # the prefix length of internal_ip's interface, as the agent reads it: nodes whose
+    # interfaces are in one subnet share a network domain (apps.nodes.network)
+    internal_prefix = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(128)], help_text="Prefix length of the internal address."
+    )
     mac = models.CharField(max_length=17, blank=True, default="")
     # host facts
     hostname = models.CharField(max_length=255, blank=True, default="")

@@ -19,6 +19,7 @@ NODE_COLUMNS = [
     "status",
     "ip",
     "internal_ip",
+    "internal_prefix",
     "mac",
     "hostname",
     "os",

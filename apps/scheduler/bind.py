@@ -18,6 +18,7 @@ from apps.core.cas import check_transition, compare_and_set
 from apps.core.clock import utcnow
 from apps.monitoring import metrics
 from apps.nodes.models import Node
+from apps.nodes.network import NODE_FIELDS as NETWORK_FIELDS
 from apps.nodes.network import same_network_domain
 from apps.scheduler.core import (
     SCHEDULABLE_STATUSES,
@@ -219,7 +220,7 @@ def bind_groups(
     hosts = {
         node.pk: node
         for node in Node.objects.filter(pk__in={d.node_id for g in groups for d in g.decisions} & live.alive).only(
-            "id", "ip", "internal_ip", "region", "labels"
+            *NETWORK_FIELDS
         )
     }
     policy = django_settings.HETEROFLOW_NETWORK_DOMAIN_POLICY

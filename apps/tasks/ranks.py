@@ -49,23 +49,25 @@ PROVEN_SAME, PROVEN_DIFFERENT = "proven_same", "proven_different"
 
 
 def network_decision(
-    gpu_type: str, domain: str, master_node: str, internal_ip: str | None, public_ip: str | None, master_port: int
+    gpu_type: str, verdict, master_node: str, internal_ip: str | None, public_ip: str | None, master_port: int
 ) -> dict:
-    """The group's network: proven one private network → the master's internal address
-    and the vendor's collective library; anything else → its public address and gloo."""
+    """The group's network, from apps.nodes.network's verdict (its `domain` and the
+    `reason` for it): proven one private network → the master's internal address and the
+    vendor's collective library; anything else → its public address and gloo."""
     vendor = gpu_type.lower()
+    domain = verdict.domain
     same = domain == PROVEN_SAME and bool(internal_ip)
     if same:
         backend = COLLECTIVE_BACKEND.get(vendor, FALLBACK_BACKEND)
-        reason = f"the nodes are proven to share one private network; {backend} for {vendor}"
+        reason = f"the nodes are proven to share one private network ({verdict.reason}); {backend} for {vendor}"
     else:
         backend = FALLBACK_BACKEND
         why = (
             "the master's node reports no internal address"
             if domain == PROVEN_SAME
-            else "the nodes are proven to be on different networks"
+            else f"the nodes are proven to be on different networks ({verdict.reason})"
             if domain == PROVEN_DIFFERENT
-            else "the nodes are not proven to share one private network"
+            else f"the nodes are not proven to share one private network ({verdict.reason})"
         )
         reason = f"{why}: public addresses and gloo"
     return {

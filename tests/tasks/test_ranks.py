@@ -3,7 +3,7 @@ hand-out where a task's own env cannot override them."""
 
 import pytest
 
-from apps.nodes.network import ZONE_LABEL, NetworkDomain
+from apps.nodes.network import ZONE_LABEL, DomainVerdict, NetworkDomain
 from apps.scheduler.services import run_cycle
 from apps.tasks.api.views import agent_task
 from apps.tasks.models import Task, TaskGroup
@@ -36,9 +36,10 @@ def test_rank_variables_follow_the_nodes_in_rank_order():
     ],
 )
 def test_the_backend_needs_proof_of_one_network(gpu_type, domain, internal, expected):
-    decision = network_decision(gpu_type, domain, "a", internal, "203.0.113.1", 8000)
+    decision = network_decision(gpu_type, DomainVerdict(domain, "the why"), "a", internal, "203.0.113.1", 8000)
     assert (decision["backend"], decision["address"], decision["master_addr"]) == expected
-    assert decision["reason"] and decision["domain"] == str(domain)
+    assert decision["domain"] == str(domain)
+    assert internal is None or "(the why)" in decision["reason"]
 
 
 @pytest.mark.django_db
@@ -74,3 +75,15 @@ def test_nodes_not_proven_on_one_network_get_public_addresses_and_gloo(world):
     network = TaskGroup.objects.get(pk=group.pk).network
     assert (network["domain"], network["backend"], network["address"]) == ("proven_different", "gloo", "public")
     assert network["master_addr"].startswith("203.0.113.")
+
+
+@pytest.mark.django_db
+def test_an_unlabelled_lan_is_one_network_by_its_subnet_and_the_decision_says_so(world):
+    acme = world.tenants["acme"]
+    make_node("n0", gpus=1, internal_ip="192.168.5.10", internal_prefix=24, ip="203.0.113.1")
+    make_node("n1", gpus=1, internal_ip="192.168.5.11", internal_prefix=24, ip="203.0.113.2")
+    group = make_group(acme, workers=2, gpus=1)
+    run_cycle()
+    network = TaskGroup.objects.get(pk=group.pk).network
+    assert (network["domain"], network["backend"], network["address"]) == ("proven_same", "nccl", "internal")
+    assert "192.168.5.0/24" in network["reason"]
