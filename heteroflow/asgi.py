@@ -1,3 +1,4 @@
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -19,3 +20,9 @@ application = GatewayApp(HeartbeatApp(LogIngestApp(TaskCreateApp(BodyLimit(djang
 from apps.monitoring import listener  # noqa: E402
 
 listener.start_for_web()  # METRICS_LISTEN_ADDR, when set
+
+# What is loaded by now lives as long as the process: out of the collector's sight, a full
+# collection walks only what requests leave behind. Without this, each full collection
+# walked the ~140,000 objects of the loaded apps (60-140 ms with the process stopped):
+# the heartbeat's and the gateway's tail latency.
+gc.freeze()
