@@ -54,6 +54,12 @@ ENVIRONMENT = {
     "image_progress_seconds": ("HETEROFLOW_IMAGE_PROGRESS_SECONDS",),
     "image_legacy_latest": ("HETEROFLOW_IMAGE_LEGACY_LATEST",),
     "image_auth_file": ("HETEROFLOW_IMAGE_AUTH_FILE",),
+    # the model cache (model_cache/): where ensured models live, its budget, the hub
+    # mirror, how often download progress is reported
+    "model_cache_dir": ("HETEROFLOW_MODEL_CACHE_DIR",),
+    "model_cache_bytes": ("HETEROFLOW_MODEL_CACHE_BYTES",),
+    "model_hub_url": ("HETEROFLOW_MODEL_HUB_URL",),
+    "model_progress_seconds": ("HETEROFLOW_MODEL_PROGRESS_SECONDS",),
 }
 # the image channel's test hook: remove a pulled image before its check (never on a real node)
 TEST_REMOVE_AFTER_PULL = "HETEROFLOW_TEST_IMAGE_REMOVE_AFTER_PULL"
@@ -115,13 +121,23 @@ class AgentConfig:
     log_rate_bytes: int = 256 * 1024
     log_spool_bytes: int = 64 * 1024 * 1024
     log_keep_bytes: int = 64 * 1024 * 1024
+    # the model cache (model_cache/): ensured models live here (scanned like the model
+    # dirs); its budget in bytes (0: none), evicting unused models least recently used
+    # first; the operator's hub mirror ("": hub models need a URL source); progress
+    # reports at most this often
+    model_cache_dir: str = DEFAULT_MODEL_DIRS[0]
+    model_cache_bytes: int = 0
+    model_hub_url: str = ""
+    model_progress_seconds: float = 2.0
 
     @property
     def scanned_model_dirs(self) -> tuple[str, ...]:
-        """`model_scan_dirs` replaces the defaults, but /data/models is always scanned."""
+        """`model_scan_dirs` replaces the defaults, but /data/models and the model cache
+        are always scanned (what ensure fetched is reported as cached)."""
         dirs = list(self.model_scan_dirs)
-        if ALWAYS_SCANNED_MODEL_DIR not in dirs:
-            dirs.append(ALWAYS_SCANNED_MODEL_DIR)
+        for always in (ALWAYS_SCANNED_MODEL_DIR, self.model_cache_dir):
+            if always not in dirs:
+                dirs.append(always)
         return tuple(dirs)
 
 
@@ -188,6 +204,15 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     image_auth_file = str(raw.get("image_auth_file") or "")
     if image_auth_file and not image_auth_file.startswith("/"):
         problems.append(f"image_auth_file {image_auth_file!r} must be an absolute path (a docker config.json)")
+    model_cache_dir = str(raw.get("model_cache_dir") or DEFAULT_MODEL_DIRS[0])
+    if not model_cache_dir.startswith("/"):
+        problems.append(f"model_cache_dir {model_cache_dir!r} must be an absolute path")
+    model_cache_bytes = _number(raw, "model_cache_bytes", 0, int, 0, 1 << 60, problems)
+    model_hub_url = str(raw.get("model_hub_url") or "").rstrip("/")
+    hub_parts = urlsplit(model_hub_url)
+    if model_hub_url and (hub_parts.scheme not in ("http", "https") or not hub_parts.netloc):
+        problems.append(f"model_hub_url {model_hub_url!r} must be an http:// or https:// URL")
+    model_progress = _number(raw, "model_progress_seconds", 2.0, float, 0, 600, problems)
     log_level = str(raw.get("log_level") or "info").lower()
     if log_level not in ("debug", "info", "warning", "error"):
         problems.append(f"log_level {log_level!r} must be debug, info, warning or error")
@@ -275,6 +300,10 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         log_rate_bytes=log_rate,
         log_spool_bytes=log_spool,
         log_keep_bytes=log_keep,
+        model_cache_dir=model_cache_dir,
+        model_cache_bytes=model_cache_bytes,
+        model_hub_url=model_hub_url,
+        model_progress_seconds=model_progress,
     )
 
 

@@ -32,6 +32,8 @@ from heteroflow_agent.delivery import Delivery, Outcome, of_attempt
 from heteroflow_agent.engines import launch
 from heteroflow_agent.engines.router import AUTO, EngineRouter, Route
 from heteroflow_agent.heartbeat import TaskReport
+from heteroflow_agent.model_cache.ensure import ModelEnsurer
+from heteroflow_agent.model_cache.store import EnsureError
 from heteroflow_agent.outcomes import OutcomeStore
 from heteroflow_agent.protocol.task_status import CONFIRMS, FAILED, RUNNING, SCHEDULED, TERMINAL, ended
 from heteroflow_agent.runtime import Runtime, RuntimeError_, TaskSpec
@@ -91,6 +93,7 @@ class Executor:
         self.sweep = threading.Event()  # set after each heartbeat that got through: look for zombies
         self.withheld: set[int] = set()  # memory-only tasks left alone for want of a confirmed slice (logged once)
         self.logs = None  # a logs.LogShipper that follows each running task's output, when set
+        self.models: ModelEnsurer | None = None  # makes a replica's model present before its engine starts
         self.mps_pipe = mps_slices.pipe_directory()
         self.mps_log = mps_slices.log_directory()
 
@@ -180,6 +183,8 @@ class Executor:
             self.active[task["id"]] = stop
         if self.logs is not None:
             self.logs.track(task["id"])
+        if self.models is not None:
+            self.models.hold(task["id"], launch.serving_of(task))
         self.pool.submit(self._work, task["id"], lambda: self.watch(task, stop, began))
 
     # --- one task -----------------------------------------------------------------------
@@ -201,6 +206,8 @@ class Executor:
                 self.active.pop(task_id, None)
                 self.health.pop(task_id, None)
                 self.serving.pop(task_id, None)
+            if self.models is not None:
+                self.models.release(task_id)  # its model may be evicted now (least recently used first)
 
     def spec_for(self, task: dict) -> TaskSpec:
         """What the runtime launches for the task, by this node's rules; a checkpoint
@@ -241,8 +248,8 @@ class Executor:
         if routed is not None:
             logger.info("task %s: engine %s (%s)", task_id, routed.image, routed.reason)
             try:
-                task = self.launched(task, routed)
-            except launch.LaunchError as exc:
+                task = self.launched(self.with_model(task), routed)
+            except (launch.LaunchError, EnsureError) as exc:
                 return Outcome(task_id, RUNNING, FAILED, None, f"could not start: {exc}"[:2000])
         try:
             spec = self.spec_for(task)
@@ -434,6 +441,21 @@ class Executor:
         if self.router is None:
             return Route(None, None, "this agent has no engine router (it runs no tasks)")
         return self.router.choose(str(serving.get("format") or ""), str(serving["engine"]))
+
+    def with_model(self, task: dict) -> dict:
+        """The task with its model made present here (model_cache.ensure) and its engine
+        pointed at the local copy; a container gets that copy mounted read-only at the
+        same path. Raises EnsureError, the reason already told to the control plane."""
+        serving = launch.serving_of(task)
+        ensured = self.models.ensure(task["id"], serving) if self.models is not None else None
+        if ensured is None:
+            return task
+        task = {**task, "serving": {**serving, "source": ensured.source}}
+        if ensured.key and getattr(self.runtime, "kind", "") == "docker":
+            entry = str(self.models.store.path_of(ensured.key))
+            mount = {"host": entry, "container": entry, "read_only": True}
+            task["volumes"] = [*(task.get("volumes") or []), mount]
+        return task
 
     def launched(self, task: dict, routed: Route) -> dict:
         """The task as the runtime starts it with the routed engine (task_spec.with_engine)."""

@@ -25,6 +25,8 @@ from heteroflow_agent.engines.router import EngineRouter
 from heteroflow_agent.executor import Executor
 from heteroflow_agent.heartbeat import Heartbeat, TaskReport
 from heteroflow_agent.logs import LogShipper
+from heteroflow_agent.model_cache.ensure import ModelEnsurer, server_report
+from heteroflow_agent.model_cache.store import ModelStore
 from heteroflow_agent.reconcile import Reconciler
 from heteroflow_agent.version import current
 
@@ -104,6 +106,12 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
             spool_bytes=cfg.log_spool_bytes,
             keep_bytes=cfg.log_keep_bytes,
             ship_every=cfg.log_ship_seconds,
+        )
+        executor.models = ModelEnsurer(
+            ModelStore(cfg.model_cache_dir, cfg.model_cache_bytes),
+            mirror=cfg.model_hub_url,
+            report=server_report(client, cfg.node_id),
+            progress_interval=cfg.model_progress_seconds,
         )
     process = runtime is not None and runtime.kind == "process"
     heartbeat = Heartbeat(

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from heteroflow_agent.config import ALWAYS_SCANNED_MODEL_DIR, ConfigError, load, unknown_environment
+from heteroflow_agent.config import ALWAYS_SCANNED_MODEL_DIR, DEFAULT_MODEL_DIRS, ConfigError, load, unknown_environment
 
 
 def write(tmp_path, **values):
@@ -82,9 +82,9 @@ def test_an_unreadable_file_is_one_clear_problem(tmp_path):
         load(path, {})
 
 
-def test_model_scan_dirs_replace_the_defaults_but_data_models_is_always_scanned(tmp_path):
+def test_model_scan_dirs_replace_the_defaults_but_data_models_and_the_model_cache_are_always_scanned(tmp_path):
     cfg = load(write(tmp_path, **BASE, data_dir=str(tmp_path), model_scan_dirs=["/srv/models"]), {})
-    assert cfg.scanned_model_dirs == ("/srv/models", ALWAYS_SCANNED_MODEL_DIR)
+    assert cfg.scanned_model_dirs == ("/srv/models", ALWAYS_SCANNED_MODEL_DIR, DEFAULT_MODEL_DIRS[0])
     cfg = load(
         None,
         {
@@ -92,9 +92,46 @@ def test_model_scan_dirs_replace_the_defaults_but_data_models_is_always_scanned(
             "HETEROFLOW_AGENT_KEY": "k",
             "HETEROFLOW_AGENT_DATA_DIR": str(tmp_path),
             "HETEROFLOW_MODEL_SCAN_DIRS": "/a,/b",
+            "HETEROFLOW_MODEL_CACHE_DIR": "/b",
         },
     )
     assert cfg.scanned_model_dirs == ("/a", "/b", ALWAYS_SCANNED_MODEL_DIR)
+
+
+def test_model_cache_keys_are_checked_together(tmp_path):
+    cfg = load(
+        write(
+            tmp_path,
+            **BASE,
+            data_dir=str(tmp_path),
+            model_cache_dir="/srv/cache",
+            model_cache_bytes=10 * 2**30,
+            model_hub_url="http://mirror.lan/models/",
+        ),
+        {},
+    )
+    assert (cfg.model_cache_dir, cfg.model_cache_bytes, cfg.model_hub_url) == (
+        "/srv/cache",
+        10 * 2**30,
+        "http://mirror.lan/models",
+    )
+    assert cfg.model_progress_seconds == 2.0
+    with pytest.raises(ConfigError) as refused:
+        load(
+            write(
+                tmp_path,
+                **BASE,
+                data_dir=str(tmp_path),
+                model_cache_dir="cache",
+                model_cache_bytes=-1,
+                model_hub_url="ftp://mirror",
+            ),
+            {},
+        )
+    assert len(refused.value.problems) == 3
+    assert any("model_cache_dir" in p for p in refused.value.problems)
+    assert any("model_cache_bytes" in p for p in refused.value.problems)
+    assert any("model_hub_url" in p for p in refused.value.problems)
 
 
 def test_dash_means_no_file_even_when_the_default_exists(tmp_path, monkeypatch):

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plumbing", ("heteroflow_agent.client", "heteroflow_agent.outcomes", "heteroflow_agent.checkpoint")),
     ("the host", ("heteroflow_agent.detect", "heteroflow_agent.collect")),
     ("runtimes and slices", ("heteroflow_agent.runtime", "heteroflow_agent.slicing")),
-    ("engines", ("heteroflow_agent.engines", "heteroflow_agent.inventory")),
+    ("engines", ("heteroflow_agent.engines", "heteroflow_agent.inventory", "heteroflow_agent.model_cache")),
     ("heartbeat", ("heteroflow_agent.heartbeat",)),
     (
         "a task's spec, delivery and log",
