@@ -4,9 +4,11 @@ periodic jobs declared there (heteroflow/beat.py).
 Start a worker with `celery -A celery_worker worker`, beat with `celery -A celery_worker beat`.
 """
 
+import gc
 import os
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "heteroflow.settings")
 
@@ -26,3 +28,10 @@ def _install_beat_schedule(sender, **kwargs):
     from heteroflow.beat import beat_schedule
 
     sender.conf.beat_schedule = beat_schedule()
+
+
+@worker_process_init.connect
+def _freeze_loaded_objects(**kwargs):
+    # as the web does (heteroflow/asgi.py): what a worker loaded lives as long as it, so a
+    # full collection during a periodic job walks only the job's objects
+    gc.freeze()
