@@ -26,6 +26,7 @@ urlpatterns = [
     path("server/hosts/", server.server_hosts, name="server-hosts"),
     # nodes
     path("nodes/", nodes.node_list, name="nodes"),
+    path("node-cards/", nodes.node_cards, name="node-cards"),  # the nodes page's refresh (JSON)
     path("nodes/monitor/", nodes.node_monitor, name="node-monitor"),
     # card health (before nodes/<id>/: "gpu-health" is not a node)
     path("nodes/gpu-health/", gpu_health.gpu_health, name="gpu-health"),

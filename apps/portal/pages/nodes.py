@@ -5,10 +5,13 @@ with the API's serializers, so a page says what the API would say."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch, Q
+from django.http import JsonResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
 from rest_framework.exceptions import ValidationError
 
 from apps.core.clock import utcnow
@@ -29,6 +32,8 @@ from apps.tasks.selectors import scheduling_summary
 from apps.tenants import policy
 from apps.tenants.models import Tenant
 
+NODES_REFRESH_SECONDS = 30  # the nodes page reads its cards again this often (spec 000)
+DIRTY_SUFFIX = "-dirty"
 SORT_LABELS = {"tasks": "Tasks", "busy": "GPUs busy", "utilization": "Utilisation", "name": "Name"}
 MONITOR_RANGES = {"1": "1 h", "6": "6 h", "24": "24 h", "72": "3 d", "168": "7 d"}
 MONITOR_LIST_LIMIT = 200
@@ -43,8 +48,44 @@ def gpus_with_state():
     return Gpu.objects.with_state().order_by("index")
 
 
-@portal_page
-def node_list(request):
+def is_dirty_build(commit: str) -> bool:
+    """An agent built from a source tree with uncommitted changes: its build marks the
+    commit so (apps.nodes.distribution.git_commit; the heartbeat logs it too)."""
+    return commit.endswith(DIRTY_SUFFIX)
+
+
+def agent_fleet(principal) -> dict:
+    """The agent versions the visible nodes run, most nodes first: per version the nodes
+    (and how many are alive) and the commits it was built from, "-dirty" builds marked.
+    More than one reported version is a mismatch; nodes that never reported one (no beat
+    yet) are listed apart and do not make one."""
+    rows = (
+        Node.objects.visible_to(principal)
+        .order_by()
+        .values_list("agent_version", "agent_git_commit")
+        .annotate(nodes=Count("id"), alive=Count("id", filter=Q(status__in=ALIVE)))
+    )
+    versions: dict[str, dict] = {}
+    for version, commit, nodes, alive in rows:
+        row = versions.setdefault(version, {"version": version, "nodes": 0, "alive": 0, "commits": []})
+        row["nodes"] += nodes
+        row["alive"] += alive
+        row["commits"].append({"commit": commit, "nodes": nodes, "dirty": is_dirty_build(commit)})
+    listed = sorted(versions.values(), key=lambda row: (row["version"] == "", -row["nodes"], row["version"]))
+    for row in listed:
+        row["commits"].sort(key=lambda commit: (-commit["nodes"], commit["commit"]))
+    reported = sum(1 for row in listed if row["version"])
+    return {
+        "versions": listed,
+        "reported_versions": reported,
+        "mismatch": reported > 1,
+        "dirty_nodes": sum(commit["nodes"] for row in listed for commit in row["commits"] if commit["dirty"]),
+    }
+
+
+def node_list_context(request) -> dict:
+    """What the nodes page shows, for the page and for its refresh (the same query
+    string: search, order, page)."""
     principal = request.principal
     q = request.GET.get("q", "").strip()[:200]
     sort = choice(request.GET.get("sort", ""), selectors.NODE_SORTS, "tasks")
@@ -59,17 +100,64 @@ def node_list(request):
         used = [gpu.memory_used_mb for gpu in present if gpu.memory_used_mb is not None]
         node.gpu_memory_total_mb = sum(totals) if totals else None
         node.gpu_memory_in_use_mb = sum(used) if used else None
-    return render(
-        request,
-        "portal/nodes.html",
+        node.agent_dirty = is_dirty_build(node.agent_git_commit)
+    return {
+        "page": page,
+        "q": q,
+        "sort": sort,
+        "sorts": SORT_LABELS,
+        "gpus": selectors.gpu_summary(principal),
+        "scheduling": scheduling_summary(principal),
+        "fleet": agent_fleet(principal),
+        "rendered_at": utcnow(),
+    }
+
+
+@portal_page
+def node_list(request):
+    context = node_list_context(request)
+    context["refresh"] = {"url": reverse("portal:node-cards"), "seconds": NODES_REFRESH_SECONDS}
+    return render(request, "portal/nodes.html", context)
+
+
+@never_cache
+@require_GET
+@portal_page
+def node_cards(request):
+    """The nodes page's refresh (static/portal/nodes.js, every NODES_REFRESH_SECONDS): the
+    page's parts for the same query string, each card rendered by the page's own template
+    (so the refresh shows exactly what a reload would), with the figures beside them."""
+    context = node_list_context(request)
+    page = context["page"]
+
+    def part(template: str, **extra) -> str:
+        return render_to_string(template, context | extra, request)
+
+    return JsonResponse(
         {
-            "page": page,
-            "q": q,
-            "sort": sort,
-            "sorts": SORT_LABELS,
-            "gpus": selectors.gpu_summary(principal),
-            "scheduling": scheduling_summary(principal),
-        },
+            "at": context["rendered_at"],
+            "refresh_seconds": NODES_REFRESH_SECONDS,
+            "summary": context["gpus"] | context["scheduling"],
+            "fleet": context["fleet"],
+            "page": {"number": page.number, "pages": page.paginator.num_pages, "count": page.paginator.count},
+            "nodes": [
+                {
+                    "id": node.pk,
+                    "name": node.name,
+                    "status": node.status,
+                    "agent_version": node.agent_version,
+                    "agent_git_commit": node.agent_git_commit,
+                    "agent_dirty": node.agent_dirty,
+                    "html": part("portal/_node_card.html", node=node),
+                }
+                for node in page
+            ],
+            "html": {
+                "strip": part("portal/_nodes_strip.html"),
+                "fleet": part("portal/_agent_fleet.html"),
+                "pagination": part("portal/_pagination.html"),
+            },
+        }
     )
 
 
