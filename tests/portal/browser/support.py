@@ -80,6 +80,12 @@ def clean_database() -> None:
     ContentType.objects.clear_cache()
 
 
+def follow_menu(page, group: str, link: str) -> None:
+    """Go to a page the way a person does: open the menu's group, click the link."""
+    page.click(f'nav.menus summary:text-is("{group}")')
+    page.click(f'nav.menus details[open] .menu-items a:text-is("{link}")')
+
+
 class Browser:
     """A signed-in context (`live`: the module's {"url", "browser"}) that records every
     CSP violation the browser reports."""

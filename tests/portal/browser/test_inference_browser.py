@@ -30,6 +30,7 @@ from tests.portal.browser.support import (
     beat,
     clean_database,
     committed,
+    follow_menu,
     sync_api,
 )
 
@@ -85,7 +86,7 @@ def shot(page, name: str) -> None:
 
 def test_a_member_deploys_scales_and_stops_a_service(page):
     page.goto("/portal/")
-    page.click("nav.sections >> text=Inference")
+    follow_menu(page, "Work", "Inference")
     expect(page.locator("h1")).to_have_text("Inference")
     page.click("text=Deploy a service")
     page.fill("#name", "chat")

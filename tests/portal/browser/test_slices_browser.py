@@ -28,6 +28,7 @@ from tests.portal.browser.support import (  # skips this module without a browse
     beat,
     clean_database,
     committed,
+    follow_menu,
     sync_api,
 )
 
@@ -93,7 +94,7 @@ def shot(page, name: str) -> None:
 def test_a_member_reads_the_carved_card_and_follows_it_to_the_node(page, live):
     rows = live["rows"]
     page.goto("/portal/")
-    page.click("nav.sections >> text=Slices")
+    follow_menu(page, "Fleet", "Slices")
     expect(page.locator("h1")).to_have_text("Slices")
     card = page.locator(f'[data-card="{NODE}/0"]')
     expect(card).to_be_visible()
