@@ -6,10 +6,13 @@
 //    never a line drawn across it;
 //  - switches the range (1 h / 6 h / 24 h / 7 d) by reading
 //    GET /api/v1/server/metrics/history?hours=N and redrawing (the links work without it);
-//  - every 30 s, while the tab is visible and auto-refresh is on, reads each host's newest
+//  - every 5 s, while the tab is visible and auto-refresh is on, reads each host's newest
 //    sample (/portal/server/hosts/), the live reading of the host that answers
 //    (GET /api/v1/server/metrics) and the health check (GET /api/v1/server/health-check),
-//    all with the session. A read that fails leaves what is shown and says so.
+//    all with the session. A read that fails leaves what is shown and marks it stale
+//    ("stale since" the first poll that failed, which reads failed); the next poll that
+//    reads everything clears the mark.
+// The cards' colours follow the limits the page gives (data.thresholds, spec 003).
 (function () {
   "use strict";
   var root = document.getElementById("server-panel");
@@ -43,7 +46,13 @@
   }
   function every(step) { return step % 3600 === 0 ? step / 3600 + " h" : step % 60 === 0 ? step / 60 + " min" : step + " s"; }
   function fixed(v, digits) { return none(v) ? DASH : v.toFixed(digits); }
-  function level(v, warn, high) { return none(v) ? "none" : v > high ? "high" : v > warn ? "warn" : "ok"; }
+  // as the template's `level` filter: "60,80" amber above 60 and red above 80, "80" red above 80
+  function level(v, reading) {
+    if (none(v)) return "none";
+    var limits = data.thresholds[reading].split(",").map(Number);
+    var high = limits[limits.length - 1], warn = limits.length > 1 ? limits[0] : null;
+    return v > high ? "high" : warn !== null && v > warn ? "warn" : "ok";
+  }
   function clock(date) { return date.toLocaleTimeString(); }
 
   // --- the cards ---------------------------------------------------------------------------
@@ -77,15 +86,15 @@
   }
 
   function fill(card, r) {
-    put(card, '[data-reading="cpu"]', pct(r.cpu_percent), level(r.cpu_percent, 70, 90));
-    put(card, '[data-reading="memory"]', pct(r.memory_percent), level(r.memory_percent, 70, 90));
+    put(card, '[data-reading="cpu"]', pct(r.cpu_percent), level(r.cpu_percent, "cpu_percent"));
+    put(card, '[data-reading="memory"]', pct(r.memory_percent), level(r.memory_percent, "memory_percent"));
     put(card, '[data-detail="memory"]', bytes(r.memory_used_bytes) + " / " + bytes(r.memory_total_bytes));
-    put(card, '[data-reading="disk"]', pct(r.disk_percent), level(r.disk_percent, 90, 97));
+    put(card, '[data-reading="disk"]', pct(r.disk_percent), level(r.disk_percent, "disk_percent"));
     put(card, '[data-detail="disk"]', bytes(r.disk_used_bytes) + " / " + bytes(r.disk_total_bytes));
     put(card, '[data-reading="net-in"]', "↓ " + rate(r.net_recv_bytes_per_second));
     put(card, '[data-reading="net-out"]', "↑ " + rate(r.net_sent_bytes_per_second));
     var t = r.cpu_temperature_celsius;
-    put(card, '[data-reading="temperature"]', none(t) ? "no sensor" : t.toFixed(0) + " °C", level(t, 60, 80));
+    put(card, '[data-reading="temperature"]', none(t) ? "no sensor" : t.toFixed(0) + " °C", level(t, "cpu_temperature_celsius"));
     put(card, '[data-reading="load"]', fixed(r.load_1, 2));
     put(card, '[data-detail="load"]', "5 min " + fixed(r.load_5, 2) + " · 15 min " + fixed(r.load_15, 2));
     put(card, '[data-reading="uptime"]', duration(r.uptime_seconds));
@@ -172,26 +181,59 @@
   }
 
   var lastRefresh = Date.now();
+  var lastGood = new Date();  // the page's own figures count as the first good read
+  var staleSince = null;
+  var staleBadge = document.getElementById("server-stale");
+  var healthTable = document.getElementById("server-checks").closest("table");
+
+  // what a failed poll leaves: the last data, marked stale in the parts it failed to read
+  function markStale(failedParts, failures) {
+    if (!failures.length) {
+      staleSince = null;
+      lastGood = new Date();
+    } else {
+      staleSince = staleSince || new Date();
+    }
+    staleBadge.hidden = !staleSince;
+    staleBadge.textContent = staleSince ? "stale since " + clock(staleSince) : "";
+    staleBadge.title = staleSince ? "Could not read: " + failures.join(", ") + ". Showing the data of " + clock(lastGood) + "." : "";
+    if (staleSince) staleBadge.dataset.staleSince = staleSince.toISOString(); else delete staleBadge.dataset.staleSince;
+    [["cards", hostsBox], ["health", healthTable]].forEach(function (part) {
+      var stale = failedParts.indexOf(part[0]) >= 0;
+      part[1].classList.toggle("stale-data", stale);
+      if (stale) part[1].dataset.stale = "true"; else delete part[1].dataset.stale;
+    });
+  }
+
+  var polling = null;  // the poll in flight: a tick that comes meanwhile does not start another
 
   function refresh() {
+    if (polling) return polling;
     lastRefresh = Date.now();
     var reads = [
-      ["stored samples", data.urls.hosts, applyHosts],
-      ["live reading", data.urls.live, applyLive],  // after the samples: it replaces its host's
-      ["health check", data.urls.health, applyHealth],
+      ["stored samples", "cards", data.urls.hosts, applyHosts],
+      ["live reading", "cards", data.urls.live, applyLive],  // after the samples: it replaces its host's
+      ["health check", "health", data.urls.health, applyHealth],
     ];
-    return Promise.allSettled(reads.map(function (read) { return getJSON(read[1]); })).then(function (results) {
-      var failed = [];
+    polling = Promise.allSettled(reads.map(function (read) { return getJSON(read[2]); })).then(function (results) {
+      var failed = [], parts = [];
       results.forEach(function (result, i) {
-        if (result.status === "fulfilled") reads[i][2](result.value);
-        else failed.push(reads[i][0] + " (" + result.reason.message + ")");
+        if (result.status === "fulfilled") reads[i][3](result.value);
+        else {
+          failed.push(reads[i][0] + " (" + result.reason.message + ")");
+          parts.push(reads[i][1]);
+        }
       });
+      markStale(parts, failed);
       var updated = document.getElementById("server-updated");
-      updated.textContent = "Cards and health check updated " + clock(new Date()) +
-        (failed.length ? ". Could not read: " + failed.join(", ") + "; showing what was read before." : ".");
+      updated.textContent = failed.length
+        ? "Could not read: " + failed.join(", ") + " at " + clock(new Date()) + "; showing what was read at " +
+          clock(lastGood) + ". Trying again every " + data.refresh_seconds + " s."
+        : "Cards and health check updated " + clock(lastGood) + ".";
       updated.classList.toggle("error", failed.length > 0);
       return failed;
-    });
+    }).finally(function () { polling = null; });
+    return polling;
   }
 
   // --- history -----------------------------------------------------------------------------
@@ -303,6 +345,8 @@
 
   window.heteroflowServerPanel = {
     refresh: refresh,
+    // the poll in flight, or nothing: resolves once what it read is shown (for tests)
+    settled: function () { return polling || Promise.resolve(); },
     switchRange: switchRange,
     // what a chart holds, for tests: [xs, line 1, line 2, ...] with null for gaps
     chartData: function (id) { var box = document.getElementById(id); return box && box._uplot ? box._uplot.data : null; },

@@ -13,7 +13,8 @@ import pytest
 from apps.core.clock import utcnow
 from apps.monitoring import checks, hostmetrics, selectors, services
 from apps.monitoring.models import ServerMetric
-from apps.portal.templatetags.portal import byte_rate, bytes_iec, duration
+from apps.portal.templatetags.portal import byte_rate, bytes_iec, duration, level
+from tests.portal.client import page
 
 pytestmark = pytest.mark.django_db
 
@@ -152,6 +153,57 @@ def test_operators_see_each_hosts_cards_the_history_and_the_health_check(client,
     assert set(summary) == {"cp-1", "cp-2", "cp-stale"}
     assert "30% / 30%" in summary["cp-1"] and "54 °C" in summary["cp-1"] and "1.0 KiB/s" in summary["cp-1"]
     assert "95% / 95%" in summary["cp-2"] and "no sensor" in summary["cp-2"]
+
+
+def level_of(card_html: str, name: str) -> str:
+    return re.search(rf'class="value ([a-z]+)" data-reading="{name}"', card_html).group(1)
+
+
+def test_the_cards_colours_follow_spec_003_and_the_script_gets_the_same_limits(client, world, samples):
+    """CPU and memory red above 80 %, disk above 90 %, with no amber step; temperature
+    amber above 60 °C and red above 80 °C."""
+    now = utcnow()
+    services.record_sample(
+        "cp-hot",
+        reading(cpu_percent=80.5, memory_percent=80.0, disk_percent=90.5, cpu_temperature_celsius=65.0),
+        now,
+    )
+    services.record_sample(
+        "cp-warm",
+        reading(cpu_percent=79.0, memory_percent=81.0, disk_percent=89.0, cpu_temperature_celsius=81.0),
+        now,
+    )
+    html = page(signed_in(client, world.operator), "/portal/")
+    hot, warm = card(html, "cp-hot"), card(html, "cp-warm")
+    assert [level_of(hot, name) for name in ("cpu", "memory", "disk", "temperature")] == ["high", "ok", "high", "warn"]
+    assert [level_of(warm, name) for name in ("cpu", "memory", "disk", "temperature")] == ["ok", "high", "ok", "high"]
+    assert level_of(card(html, "cp-1"), "cpu") == "ok"  # 30 %
+    data = panel_data(html)
+    assert data["thresholds"] == {
+        "cpu_percent": "80",
+        "memory_percent": "80",
+        "disk_percent": "90",
+        "cpu_temperature_celsius": "60,80",
+    }
+    # polled every 5 s, as the toggle says; the stale mark is there, hidden until a poll fails
+    assert data["refresh_seconds"] == 5 and "Auto-refresh (5 s)" in html
+    assert '<span class="server-stale" id="server-stale" role="status" hidden></span>' in html
+
+
+@pytest.mark.parametrize(
+    ("value", "limits", "expected"),
+    [
+        (None, "80", "none"),
+        (80.0, "80", "ok"),
+        (80.1, "80", "high"),
+        (60.0, "60,80", "ok"),
+        (60.5, "60,80", "warn"),
+        (80.0, "60,80", "warn"),
+        (80.5, "60,80", "high"),
+    ],
+)
+def test_the_level_filter_with_one_or_two_limits(value, limits, expected):
+    assert level(value, limits) == expected
 
 
 def test_the_hosts_json_the_refresh_reads(client, world, samples):

@@ -29,7 +29,15 @@ from apps.portal.access import portal_page
 # the panel's ranges: hours -> label (the API takes any 1..168; the panel offers four)
 SERVER_RANGES = {"1": "1 h", "6": "6 h", "24": "24 h", "168": "7 d"}
 DEFAULT_RANGE = "1"
-REFRESH_SECONDS = 30
+REFRESH_SECONDS = 5  # the cards and the health check are read again this often (spec 003)
+# the cards' colours (spec 003): red above the last limit, amber above the first where
+# there are two; the template's `level` filter and the script read these same limits
+THRESHOLDS = {
+    "cpu_percent": "80",
+    "memory_percent": "80",
+    "disk_percent": "90",
+    "cpu_temperature_celsius": "60,80",
+}
 # each host is sampled every 30 s: a newest sample older than three periods means its
 # worker stopped sampling it, and the card says so instead of showing old figures as now
 STALE_AFTER = timedelta(seconds=90)
@@ -102,6 +110,7 @@ def panel_context(request) -> dict:
         "hours": hours,
         "ranges": SERVER_RANGES,
         "refresh_seconds": REFRESH_SECONDS,
+        "thresholds": THRESHOLDS,
         "cards": cards["hosts"],
         "this_host": cards["this_host"],
         "this_host_sampled": cards["this_host"] in hosts,
@@ -113,6 +122,7 @@ def panel_context(request) -> dict:
             "hours": int(hours),
             "ranges": SERVER_RANGES,
             "refresh_seconds": REFRESH_SECONDS,
+            "thresholds": THRESHOLDS,
             "this_host": cards["this_host"],
             "stale_after_seconds": cards["stale_after_seconds"],
             "check_labels": CHECK_LABELS,

@@ -38,11 +38,12 @@ def get(mapping, key):
 
 @register.filter
 def level(value, limits="60,80"):
-    """ok / warn / high for threshold colouring (e.g. 60 and 80 percent)."""
+    """ok / warn / high for threshold colouring: "60,80" is amber above 60 and red above
+    80; a single limit ("80") is red above it and no amber."""
     if missing(value):
         return "none"
-    warn, high = (float(x) for x in str(limits).split(","))
-    return "high" if value > high else "warn" if value > warn else "ok"
+    *warn, high = (float(x) for x in str(limits).split(","))
+    return "high" if value > high else "warn" if warn and value > warn[0] else "ok"
 
 
 @register.simple_tag(takes_context=True)

@@ -48,11 +48,11 @@ from tests.portal.browser.support import (  # skips this module without a browse
     PASSWORD,
     SCREENSHOTS,
     WAIT_MS,
-    beat,
     clean_database,
     committed,
     sync_api,
 )
+from tests.portal.browser.support import beat as send_beat
 
 # The mark makes pytest-django set up the test database; each test then runs in a
 # transaction of its own that the server cannot see, so what a test changes for the
@@ -164,6 +164,12 @@ def build_cluster(url: str) -> dict:
     UserFactory(username="vega-dev", password=PASSWORD)
     add_member(vega, username="vega-dev", role="admin")
     # nodes register by heartbeat; gpu-a100-01 then loses card 3 (absent three beats running)
+    last_beats = {}
+
+    def beat(url, node_id, payload):
+        send_beat(url, node_id, payload)
+        last_beats[node_id] = payload
+
     a100 = [gpu_stat(i, model="NVIDIA A100-SXM4-80GB", memory_total_mb=81920) for i in range(4)]
     beat(url, "gpu-a100-01", heartbeat(gpu_stats=a100, hostname="gpu-a100-01", internal_ip="10.0.0.11"))
     for _ in range(3):
@@ -215,7 +221,21 @@ def build_cluster(url: str) -> dict:
         message="Orbit Labs asked for 12 GPUs; its quota is 8.",
     )
     assert Alert.objects.filter(type=AlertType.GPU_LOST, node_id="gpu-a100-01", gpu_index=3).exists()
-    return {"operator": operator, "member": member, "orbit": orbit, "vega": vega, "vega_task": vega_task}
+    return {
+        "operator": operator,
+        "member": member,
+        "orbit": orbit,
+        "vega": vega,
+        "vega_task": vega_task,
+        "last_beats": last_beats,
+    }
+
+
+def keep_alive(live) -> None:
+    """Each node beats again as it last did: on a loaded machine the module can outlast
+    the 45 s after which the scheduler gives a silent node up (apps/nodes/liveness.py)."""
+    for node_id, payload in live["last_beats"].items():
+        send_beat(live["url"], node_id, payload)
 
 
 @pytest.fixture(scope="module")
@@ -334,7 +354,10 @@ def test_operator_dashboard_server_panel(operator):
     expect(other.locator('[data-reading="temperature"]')).to_have_text("no sensor")
     expect(other.locator('[data-reading="net-out"]')).to_have_text("↑ 29.3 KiB/s")  # 30,000 B/s
     expect(other.locator('[data-reading="uptime"]')).to_have_text("8 d 23 h 59 min")
-    expect(other.locator('[data-reading="cpu"]')).to_have_class(re.compile(r"\b(warn|high)\b"))  # 70 to 90 %
+    # 70 to 90 %: red above 80 (spec 003), with no amber step below it
+    standby_cpu = other.locator('[data-reading="cpu"]')
+    red = float(standby_cpu.inner_text().rstrip("%")) > 80
+    expect(standby_cpu).to_have_class(re.compile(r"\bhigh\b" if red else r"\bok\b"))
     # the six-point health check and its verdict
     checks = panel.locator("#server-checks tr[data-check]")
     expect(checks).to_have_count(6)
@@ -380,8 +403,9 @@ def test_operator_dashboard_server_panel(operator):
         if hours == "168":
             operator.shot("dashboard-server-panel-7d")
 
-    # the 30 s refresh (called now): stored samples, the live reading of the host that
+    # the 5 s refresh (called now): stored samples, the live reading of the host that
     # answered, the health check; the same six checks drawn by the script
+    page.evaluate("window.heteroflowServerPanel.settled()")  # a poll of its own 5 s timer, if one is under way
     with page.expect_response(lambda r: r.url.endswith("/api/v1/server/metrics")) as live:
         page.evaluate("window.heteroflowServerPanel.refresh()")
     assert live.value.status == 200 and live.value.json()["host"] == this_host
@@ -530,7 +554,7 @@ def test_member_node_monitor_and_environment(member):
     member.shot("environment")
 
 
-def test_member_submits_a_task_and_sees_it_scheduled(member):
+def test_member_submits_a_task_and_sees_it_scheduled(member, live):
     page = member.page
     member.go("/portal/tasks/new/")
     page.fill("#image", "busybox")
@@ -545,6 +569,7 @@ def test_member_submits_a_task_and_sees_it_scheduled(member):
     page.click("#task-form button[type=submit]")
     expect(page.locator("[data-task-status]")).to_have_text("pending")
     task_id = int(re.search(r"/portal/tasks/(\d+)/", page.url).group(1))
+    keep_alive(live)
     wait_until(lambda: task_id in committed(run_cycle).bound, 20, "the task to be placed")
     task = Task.objects.select_related("node").get(pk=task_id)
     page.reload()
