@@ -90,6 +90,7 @@ class Backend:
     task_id: int
     address: str  # http://ip:port
     healthy: bool = True
+    cards: float = 0.0  # the GPUs the replica holds (a share of one: its fraction); external: 0
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,13 @@ class Service:
     def usable_backends(self) -> list[Backend]:
         return [b for b in self.backends if b.healthy]
 
+    def cards_of(self, backend_address: str) -> float:
+        """The GPUs the replica at this address holds (0 for one this service does not name)."""
+        for backend in self.backends:
+            if backend.address == backend_address:
+                return backend.cards
+        return 0.0
+
 
 KEY_SQL = """
 SELECT k.id, k.tenant_id, t.slug, k.name, k.allowed_models, k.rpm_limit, k.tpm_limit, k.concurrency_limit,
@@ -125,12 +133,24 @@ LIMIT 1
 # The replicas of a tenant's services: every running task with a host port on a node
 # with an address; it is healthy when the node's latest heartbeat says its probe passed
 # (Node.task_health). Stickiness hashes over all of them, balancing uses the healthy ones.
+# Its cards (the GPU-seconds' rate, apps.gateway.usage.ShareClock) are what the GPU ledger
+# says it holds, by the ledger's own share rule (apps.scheduler.ledger.HELD_ENERGY): a
+# whole card 1, a share its memory / the card's, at most 1, the whole card where the
+# card's size is unknown; a replica the ledger has no row for (not bound through the
+# scheduler) counts what it asked for, a share as the whole card.
 ROUTES_SQL = """
 SELECT s.group_id, m.name, s.state, COALESCE(r.priority, 0), COALESCE(r.weight, 100),
        t.id, t.host_port, host(COALESCE(n.ip, n.internal_ip)),
        EXISTS (SELECT 1 FROM jsonb_array_elements(
                  CASE WHEN jsonb_typeof(n.task_health) = 'array' THEN n.task_health ELSE '[]'::jsonb END) h
-               WHERE h->>'task_id' = t.id::text AND h->>'healthy' = 'true')
+               WHERE h->>'task_id' = t.id::text AND h->>'healthy' = 'true'),
+       COALESCE(
+         (SELECT sum(CASE WHEN a.memory_mb IS NULL THEN 1.0
+                          ELSE COALESCE(LEAST(1.0, a.memory_mb::float8 / NULLIF(g.memory_total_mb, 0)), 1.0) END)
+          FROM gpu_allocations a LEFT JOIN gpus g ON g.node_id = a.node_id AND g.index = a.gpu_index
+          WHERE a.task_id = t.id),
+         CASE WHEN t.gpu_required > 0 THEN t.gpu_required WHEN t.gpu_memory_mb IS NOT NULL THEN 1 ELSE 0 END
+       )::float8
 FROM inference_services s
 JOIN task_groups g ON g.id = s.group_id
 JOIN inference_models m ON m.id = s.model_id
@@ -168,10 +188,10 @@ def address(ip: str, port: int) -> str:
 def services_from_rows(rows) -> dict[str, list[Service]]:
     """Model name → the services serving it, each with its replicas."""
     by_id: dict[int, tuple] = {}
-    for service_id, model, state, priority, weight, task_id, port, ip, healthy in rows:
+    for service_id, model, state, priority, weight, task_id, port, ip, healthy, cards in rows:
         entry = by_id.setdefault(service_id, (model, state, priority, weight, []))
         if task_id is not None and ip is not None:
-            entry[4].append(Backend(task_id, address(ip, port), bool(healthy)))
+            entry[4].append(Backend(task_id, address(ip, port), bool(healthy), cards or 0.0))
     routes: dict[str, list[Service]] = {}
     for service_id, (model, state, priority, weight, backends) in by_id.items():
         routes.setdefault(model, []).append(Service(service_id, model, state, tuple(backends), priority, weight))

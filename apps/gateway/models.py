@@ -144,8 +144,9 @@ class UsageQuerySet(ScopedQuerySet):
 
 class UsageBucket(TenantOwned):
     """What one key used of one model (served by one service) in one minute: requests,
-    errors, prompt and completion tokens. Written in batches off the request path: an
-    upsert that adds to the minute's row."""
+    errors, prompt and completion tokens, GPU-seconds (each request's share of its
+    replica's cards while it held them, apps.gateway.usage.ShareClock). Written in
+    batches off the request path: an upsert that adds to the minute's row."""
 
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
     key = models.ForeignKey(EndpointKey, null=True, on_delete=models.SET_NULL, related_name="usage")
@@ -156,6 +157,11 @@ class UsageBucket(TenantOwned):
     errors = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
+    # a database default too: a gateway process of the release before, still writing
+    # during a rolling upgrade, leaves it out of its upsert
+    gpu_seconds = models.FloatField(
+        default=0.0, db_default=0.0, help_text="the requests' shares of their replicas' cards, in GPU-seconds"
+    )
 
     objects = UsageQuerySet.as_manager()
 

@@ -21,7 +21,8 @@ def usage_rows(buckets, *, key=None, model="", service=None, since=None, until=N
 
 
 def usage_totals(buckets) -> list[dict]:
-    """Per key and model over the buckets given: requests, errors, tokens, minutes used."""
+    """Per key and model over the buckets given: requests, errors, tokens, GPU-seconds,
+    minutes used."""
     return list(
         buckets.order_by()
         .values("tenant__slug", "key_id", "key__name", "model")
@@ -30,6 +31,7 @@ def usage_totals(buckets) -> list[dict]:
             errors=Sum("errors"),
             prompt_tokens=Sum("prompt_tokens"),
             completion_tokens=Sum("completion_tokens"),
+            gpu_seconds=Sum("gpu_seconds"),
             minutes=Count("id"),
         )
         .order_by("tenant__slug", "key__name", "model")
@@ -37,7 +39,8 @@ def usage_totals(buckets) -> list[dict]:
 
 
 def usage_per_minute(buckets, since) -> list[dict]:
-    """Requests, errors and tokens per minute since `since` (already scoped), oldest first."""
+    """Requests, errors, tokens and GPU-seconds per minute since `since` (already scoped),
+    oldest first."""
     return list(
         buckets.filter(minute__gte=since)
         .order_by()
@@ -47,6 +50,7 @@ def usage_per_minute(buckets, since) -> list[dict]:
             errors=Sum("errors"),
             prompt_tokens=Sum("prompt_tokens"),
             completion_tokens=Sum("completion_tokens"),
+            gpu_seconds=Sum("gpu_seconds"),
         )
         .order_by("minute")
     )

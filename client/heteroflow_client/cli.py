@@ -1006,6 +1006,7 @@ def usage(since, until, model) -> None:
                 ("ERRORS", lambda t: t.get("errors")),
                 ("PROMPT TOKENS", lambda t: t.get("prompt_tokens")),
                 ("COMPLETION TOKENS", lambda t: t.get("completion_tokens")),
+                ("GPU-SECONDS", lambda t: f"{t.get('gpu_seconds') or 0:.2f}"),
             ],
             empty="no endpoint usage",
         )

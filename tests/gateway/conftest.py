@@ -92,9 +92,10 @@ class Tenancy:
             tenant=self.tenant, name=name, source_kind="path", source="/m", format="gguf"
         )
 
-    def service(self, model: str, upstreams, *, state="running", healthy=True) -> InferenceService:
+    def service(self, model: str, upstreams, *, state="running", healthy=True, gpus=1) -> InferenceService:
         """A service of `model` whose replicas (ranks in order) are these stand-ins,
-        running on this tenant's local node, healthy (or not: `healthy` a bool or a list)."""
+        running on this tenant's local node, healthy (or not: `healthy` a bool or a list),
+        each asking for `gpus` cards."""
         registered = self.model(model)
         n = len(upstreams)
         group = TaskGroup.objects.create(
@@ -103,7 +104,7 @@ class Tenancy:
             kind="inference",
             placement="replicas",
             world_size=max(n, 1),
-            gpus_per_worker=1,
+            gpus_per_worker=max(gpus, 1),
             gpu_type="nvidia",
             image="auto",
         )
@@ -122,7 +123,7 @@ class Tenancy:
                 status="running",
                 node=self.node,
                 host_port=upstream.port,
-                gpu_required=1,
+                gpu_required=gpus,
             )
             health.append({"task_id": task.id, "healthy": ok})
         self.node.task_health = health

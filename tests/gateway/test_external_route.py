@@ -1,5 +1,6 @@
 """A request through the route to an operator-declared external backend: the tenant
-secret as its bearer token, the model listed, metered without a service."""
+secret as its bearer token, the model listed, metered without a service (and without
+GPU-seconds)."""
 
 import openai
 import pytest
@@ -26,3 +27,4 @@ def test_a_request_reaches_an_external_backend_with_the_tenants_secret(gateway, 
     gateway.call(gateway.app.meter.flush())
     bucket = UsageBucket.objects.get(key=row)
     assert (bucket.model, bucket.service_id, bucket.requests, bucket.prompt_tokens) == ("gpt-x", None, 1, 7)
+    assert bucket.gpu_seconds == 0.0  # not a replica of ours: no cards

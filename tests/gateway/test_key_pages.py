@@ -62,10 +62,13 @@ def test_the_usage_page_shows_the_tenants_usage_only(client, world):
     mine = EndpointKey.objects.create(tenant=acme, name="mine", key_hash="a" * 64, display_prefix="sk-hf-a")
     theirs = EndpointKey.objects.create(tenant=beta, name="theirs", key_hash="b" * 64, display_prefix="sk-hf-b")
     now = utcnow().replace(second=0, microsecond=0)
-    UsageBucket.objects.create(tenant=acme, key=mine, model="qwen", minute=now, requests=4, completion_tokens=9)
+    UsageBucket.objects.create(
+        tenant=acme, key=mine, model="qwen", minute=now, requests=4, completion_tokens=9, gpu_seconds=2.5
+    )
     UsageBucket.objects.create(tenant=acme, key=mine, model="qwen", minute=now - timedelta(minutes=1), requests=2)
     UsageBucket.objects.create(tenant=beta, key=theirs, model="qwen", minute=now, requests=7)
     signed_in(client, world.users["acme-viewer"])
     html = page(client, "/portal/gateway-usage/")
     assert 'data-usage="mine/qwen"' in html and "theirs" not in html
     assert html.count("data-minute=") == 2 and "Peak 4 requests" in html
+    assert "<td data-gpu-seconds>2.50</td>" in html and "2.50 GPU-seconds" in html

@@ -31,6 +31,7 @@ def usage(world):
             errors=1,
             prompt_tokens=10,
             completion_tokens=5,
+            gpu_seconds=1.25,
         )
     UsageBucket.objects.create(tenant=acme, key=k2, model="llama", minute=T0, requests=1, prompt_tokens=3)
     UsageBucket.objects.create(tenant=beta, key=kb, model="qwen", minute=T0, requests=9)
@@ -43,6 +44,8 @@ def test_a_tenant_reads_its_usage_with_totals(api, world, usage):
     totals = {(t["key_name"], t["model"]): t for t in body["totals"]}
     assert (totals[("k1", "qwen")]["requests"], totals[("k1", "qwen")]["completion_tokens"]) == (6, 15)
     assert totals[("k1", "qwen")]["minutes"] == 3 and totals[("k2", "llama")]["prompt_tokens"] == 3
+    assert totals[("k1", "qwen")]["gpu_seconds"] == 3.75 and totals[("k2", "llama")]["gpu_seconds"] == 0.0
+    assert {row["gpu_seconds"] for row in body["results"] if row["model"] == "qwen"} == {1.25}
 
 
 def test_filters_and_paging(api, world, usage):

@@ -59,7 +59,7 @@ from apps.gateway.limits import (
     retry_after,
 )
 from apps.gateway.prober import Prober
-from apps.gateway.usage import Meter, usage_of_body, usage_of_stream
+from apps.gateway.usage import Meter, ShareClock, ShareClocks, usage_of_body, usage_of_stream
 from apps.monitoring.metrics import record_gateway_request, record_gateway_tokens, record_gateway_without_redis
 
 logger = logging.getLogger(__name__)
@@ -194,6 +194,7 @@ class GatewayApp(ThinRoute):
         super().__init__(fallback)
         self.catalog = catalog or Catalog()
         self.meter = Meter(self.catalog)
+        self.clocks = ShareClocks()  # each replica's GPU-seconds shared among its requests in flight
         self.prober = Prober(self.catalog, self.client)
         self._client: aiohttp.ClientSession | None = None
         self._client_loop = None
@@ -332,6 +333,7 @@ class GatewayApp(ThinRoute):
                 self.local.divisor = divisor
                 self.redis_returned()
             self.local.clean(time.time())
+            self.clocks.clean()
             await asyncio.sleep(REDIS_AWAY_RETRY_SECONDS if self.catalog.redis_away else PROCESS_BEAT_SECONDS)
 
     def redis_lost(self) -> None:
@@ -625,6 +627,7 @@ class GatewayApp(ThinRoute):
 
     async def finish(self, call: Call) -> None:
         key, service, request_id, outcome = call.key, call.service, call.request_id, call.outcome
+        self.let_go(outcome, counted=True)
         total_tokens = outcome.prompt_tokens + outcome.completion_tokens
         self.local.ended(key, time.time(), total_tokens)
         if outcome.shared:  # admitted through Redis: its counts there go back
@@ -659,12 +662,14 @@ class GatewayApp(ThinRoute):
         response = None
         outcome.backend = backend
         for attempt in (1, 2):
+            self.hold(outcome, backend, service.cards_of(backend))
             try:
                 response = await client.post(
                     backend + call.path, data=call.body, headers=headers, allow_redirects=False
                 )
                 break
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                self.let_go(outcome, counted=False)  # it never reached the replica
                 self.catalog.quarantine(backend)
                 others = [b.address for b in self.catalog.usable(service.usable_backends()) if b.address != backend]
                 if attempt == 2 or not others:
@@ -698,6 +703,22 @@ class GatewayApp(ThinRoute):
                 response.release()  # the connection goes back to the pool
             else:
                 response.close()  # cut: the backend sees its client leave and stops
+
+    def hold(self, outcome: Outcome, backend: str, cards: float) -> None:
+        """The request is sent to `backend`: it shares the replica's cards from now on."""
+        if cards:
+            outcome.clock = self.clocks.of(backend)
+            outcome.gpu_start = outcome.clock.start(time.monotonic(), cards)
+
+    def let_go(self, outcome: Outcome, *, counted: bool) -> None:
+        """The request no longer holds its replica (it ended, however it ended; or its
+        connection was refused: `counted` False, it held nothing)."""
+        clock = outcome.clock
+        if clock is not None:
+            outcome.clock = None
+            spent = clock.end(time.monotonic(), outcome.gpu_start)
+            if counted:
+                outcome.gpu_seconds += spent
 
     async def whole(self, call: Call, response: aiohttp.ClientResponse) -> None:
         outcome = call.outcome
@@ -785,6 +806,9 @@ class Outcome:
         "prompt_tokens",
         "completion_tokens",
         "chunks",
+        "clock",
+        "gpu_start",
+        "gpu_seconds",
     )
 
     def __init__(self):
@@ -797,6 +821,9 @@ class Outcome:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.chunks = 0
+        self.clock: ShareClock | None = None  # the replica's share clock while the request holds it
+        self.gpu_start = 0.0  # its reading when the request was sent
+        self.gpu_seconds = 0.0
 
 
 def in_thread(write, *args) -> None:

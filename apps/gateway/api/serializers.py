@@ -108,6 +108,7 @@ class UsageBucketSerializer(serializers.ModelSerializer):
             "errors",
             "prompt_tokens",
             "completion_tokens",
+            "gpu_seconds",
         ]
 
 
@@ -120,6 +121,7 @@ class UsageTotalSerializer(serializers.Serializer):
     errors = serializers.IntegerField()
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
+    gpu_seconds = serializers.FloatField(help_text="the requests' shares of their replicas' cards")
     minutes = serializers.IntegerField()
 
 
