@@ -331,6 +331,14 @@ HETEROFLOW_GATEWAY_EXTERNAL_ALLOWED = env.list("HETEROFLOW_GATEWAY_EXTERNAL_ALLO
 # last_request_at, last_used_at and usage rows are written this often per process (and at
 # shutdown): what a SIGKILL loses is at most this long's worth.
 HETEROFLOW_GATEWAY_FLUSH_SECONDS = env.float("HETEROFLOW_GATEWAY_FLUSH_SECONDS", 2.0, low=0.1, high=600.0)
+# The largest limits an endpoint key may have, platform-wide (0: no maximum). A key set
+# above one is refused (400); a key with no limit of its own, or one set above it before
+# the maximum was lowered, is held to it.
+HETEROFLOW_GATEWAY_KEY_MAX_RPM = env.int("HETEROFLOW_GATEWAY_KEY_MAX_RPM", 0, low=0, high=10_000_000) or None
+HETEROFLOW_GATEWAY_KEY_MAX_TPM = env.int("HETEROFLOW_GATEWAY_KEY_MAX_TPM", 0, low=0, high=10_000_000_000) or None
+HETEROFLOW_GATEWAY_KEY_MAX_CONCURRENCY = (
+    env.int("HETEROFLOW_GATEWAY_KEY_MAX_CONCURRENCY", 0, low=0, high=100_000) or None
+)
 # While Redis is away: `local` (each process enforces its share of every limit, the limit
 # divided by the gateway processes it last counted), `closed` (503) or `open` (no limits).
 HETEROFLOW_GATEWAY_LIMITS_WITHOUT_REDIS = env.choice(

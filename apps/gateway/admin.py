@@ -2,10 +2,11 @@
 rotated through the API or the portal (the secret is shown once there); here they are
 read, limited and revoked."""
 
+from django import forms
 from django.contrib import admin
 from django.db import transaction
 
-from apps.gateway import catalog
+from apps.gateway import catalog, services
 from apps.gateway.models import EndpointKey, ExternalBackend, ServiceRoute, TenantLimits, UsageBucket
 
 
@@ -23,8 +24,25 @@ class AnnouncingAdmin(admin.ModelAdmin):
             catalog.changed()
 
 
+class EndpointKeyForm(forms.ModelForm):
+    """A key's limits bounded here as through the API (services.key_limit_problems): only
+    the limits changed are checked, so a key above a bound lowered since stays editable."""
+
+    class Meta:
+        model = EndpointKey
+        fields = "__all__"
+
+    def clean(self):
+        cleaned = super().clean()
+        changed = {name: cleaned.get(name) for name in services.LIMIT_FIELDS if name in self.changed_data}
+        for name, problems in services.key_limit_problems(self.instance.tenant, changed).items():
+            self.add_error(name, problems)
+        return cleaned
+
+
 @admin.register(EndpointKey)
 class EndpointKeyAdmin(AnnouncingAdmin):
+    form = EndpointKeyForm
     list_display = [
         "name",
         "display_prefix",

@@ -54,6 +54,23 @@ def _announce() -> None:
         logger.warning("could not announce a gateway change; other processes see it within their TTL")
 
 
+# The platform's largest limit per key, by the key's field (None: no maximum).
+KEY_MAX_SETTINGS = {
+    "rpm_limit": "HETEROFLOW_GATEWAY_KEY_MAX_RPM",
+    "tpm_limit": "HETEROFLOW_GATEWAY_KEY_MAX_TPM",
+    "concurrency_limit": "HETEROFLOW_GATEWAY_KEY_MAX_CONCURRENCY",
+}
+
+
+def held_key_limit(own: int | None, field: str) -> int | None:
+    """A key's limit as admission holds it: its own, at most the platform's per-key
+    maximum (which is also the limit of a key with none of its own)."""
+    most = getattr(settings, KEY_MAX_SETTINGS[field])
+    if most is None:
+        return own
+    return most if own is None else min(own, most)
+
+
 @dataclass(frozen=True)
 class KeyInfo:
     id: int
@@ -61,6 +78,7 @@ class KeyInfo:
     tenant_slug: str
     name: str
     allowed_models: frozenset[str]  # empty: all
+    # the key's limits as admission holds them (held_key_limit); the tenant's below
     rpm_limit: int | None
     tpm_limit: int | None
     concurrency_limit: int | None
@@ -313,9 +331,9 @@ class Catalog:
                 tenant_slug=row[2],
                 name=row[3],
                 allowed_models=frozenset(row[4] or ()),
-                rpm_limit=row[5],
-                tpm_limit=row[6],
-                concurrency_limit=row[7],
+                rpm_limit=held_key_limit(row[5], "rpm_limit"),
+                tpm_limit=held_key_limit(row[6], "tpm_limit"),
+                concurrency_limit=held_key_limit(row[7], "concurrency_limit"),
                 expires_at=row[8],
                 revoked=row[9],
                 grace_until=row[10],

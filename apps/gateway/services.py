@@ -1,6 +1,12 @@
 """Every change to the gateway's tables: endpoint keys (create, change, rotate, revoke)
 and tenant limits. Each change tells the gateway processes to drop what they cached
-(`catalog.changed`, once the transaction commits)."""
+(`catalog.changed`, once the transaction commits).
+
+A key's limits are its tenant's admins' to set, within the operator's bounds: the
+tenant's limits (TenantLimits) and the platform's largest per-key limits
+(HETEROFLOW_GATEWAY_KEY_MAX_*). A key limit above either is refused; an empty one means
+"the bound" (admission holds every key to both, so a bound lowered later holds the keys
+set above it before)."""
 
 from __future__ import annotations
 
@@ -24,6 +30,11 @@ from apps.tenants import policy
 
 LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "concurrency_limit")
 CHANGEABLE = ("name", "allowed_models", *LIMIT_FIELDS, "expires_at")
+LIMIT_WORDS = {
+    "rpm_limit": "requests per minute",
+    "tpm_limit": "tokens per minute",
+    "concurrency_limit": "concurrent requests",
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,38 @@ def _check_models(tenant, names) -> list[str]:
     return names
 
 
+def key_limit_problems(tenant, limits: dict) -> dict[str, list[str]]:
+    """Why the key limits given (field → value; None: none of its own) may not be set on a
+    key of `tenant`: each above the tenant's limit or the platform's per-key maximum,
+    with the smaller of the two named."""
+    given = {field: value for field, value in limits.items() if field in LIMIT_FIELDS and value is not None}
+    if not given:
+        return {}
+    tenant_limits = TenantLimits.objects.filter(tenant=tenant).first()
+    problems = {}
+    for field, value in given.items():
+        tenants = getattr(tenant_limits, field) if tenant_limits is not None else None
+        platform = getattr(settings, catalog.KEY_MAX_SETTINGS[field])
+        words = LIMIT_WORDS[field]
+        if tenants is not None and value > tenants and (platform is None or tenants <= platform):
+            problems[field] = [
+                f"At most {tenants}: the tenant's limit of {words}, set by the platform's operators. "
+                "Leave it empty for the tenant's limit."
+            ]
+        elif platform is not None and value > platform:
+            problems[field] = [
+                f"At most {platform}: the platform's largest {words} per key "
+                f"({catalog.KEY_MAX_SETTINGS[field]}). Leave it empty for the maximum."
+            ]
+    return problems
+
+
+def _check_key_limits(tenant, limits: dict) -> None:
+    problems = key_limit_problems(tenant, limits)
+    if problems:
+        raise ValidationError(problems)
+
+
 def create_key(
     principal,
     *,
@@ -56,6 +99,7 @@ def create_key(
 ) -> IssuedEndpointKey:
     policy.check_may_manage_endpoint_keys(principal, tenant)
     allowed = _check_models(tenant, allowed_models)
+    _check_key_limits(tenant, {"rpm_limit": rpm_limit, "tpm_limit": tpm_limit, "concurrency_limit": concurrency_limit})
     key = keys.generate()
     with transaction.atomic():
         endpoint_key = EndpointKey.objects.create(
@@ -84,6 +128,7 @@ def update_key(principal, endpoint_key: EndpointKey, **fields) -> EndpointKey:
         raise ValidationError({"non_field_errors": ["A revoked key cannot be changed."]})
     if "allowed_models" in fields:
         fields["allowed_models"] = _check_models(endpoint_key.tenant, fields["allowed_models"])
+    _check_key_limits(endpoint_key.tenant, fields)  # only the limits changed: one set above a bound lowered since stays
     with transaction.atomic():
         EndpointKey.objects.filter(pk=endpoint_key.pk).update(**fields)
         record_audit(
@@ -149,7 +194,8 @@ def revoke_key(principal, endpoint_key: EndpointKey) -> EndpointKey:
 
 
 def set_tenant_limits(principal, tenant, **limits) -> TenantLimits:
-    """A tenant's limits over all its keys: operators only."""
+    """A tenant's limits over all its keys: operators only. Lowering one below a key's
+    own needs no change to the key: admission holds every request to both."""
     if not principal.is_operator:
         raise PermissionDenied("Only platform operators set a tenant's gateway limits.")
     unknown = set(limits) - set(LIMIT_FIELDS)

@@ -1,6 +1,7 @@
 """The endpoint keys' management API: shown once and stored hashed, strict bodies that
 write nothing when refused, scoping (another tenant's key is 404), who may change what,
-rotation with a grace period, revocation; an endpoint key cannot call the management API."""
+rotation with a grace period, revocation; an endpoint key cannot call the management API;
+a key's limits bounded by the tenant's and the platform's per-key maximum."""
 
 from datetime import timedelta
 
@@ -8,8 +9,10 @@ import pytest
 import time_machine
 
 from apps.core.clock import utcnow
+from apps.core.principals import Principal, PrincipalKind
 from apps.gateway import keys
 from apps.gateway.models import EndpointKey
+from apps.gateway.services import set_tenant_limits
 from apps.inference.models import Model
 from tests.headers import bearer
 
@@ -143,3 +146,68 @@ def test_expired_keys_read_inactive(api, world, models):
     )
     with time_machine.travel(utcnow() + timedelta(hours=2)):
         assert api.get(f"{URL}/{made.json()['id']}", **bearer(world.keys["acme-member"])).json()["active"] is False
+
+
+@pytest.fixture
+def operator(world):
+    return Principal(PrincipalKind.OPERATOR, user=world.operator)
+
+
+def test_a_keys_limits_may_not_exceed_the_tenants(api, world, models, operator):
+    set_tenant_limits(operator, world.tenants["acme"], rpm_limit=100, concurrency_limit=4)
+    admin = world.keys["acme-admin"]
+    response = post(api, admin, {"name": "x", "rpm_limit": 101, "concurrency_limit": 5})
+    assert response.status_code == 400, response.json()
+    fields = response.json()["error"]["fields"]
+    assert fields["rpm_limit"] == [
+        "At most 100: the tenant's limit of requests per minute, set by the platform's operators. "
+        "Leave it empty for the tenant's limit."
+    ]
+    assert "At most 4" in fields["concurrency_limit"][0] and "tpm_limit" not in fields
+    operator_asks = post(api, world.operator_key, {"name": "x", "tenant": "acme", "rpm_limit": 500})
+    assert operator_asks.status_code == 400  # the bound is the operator's own: it holds for them too
+    assert not EndpointKey.objects.exists()
+    at_the_limit = post(api, admin, {"name": "x", "rpm_limit": 100, "tpm_limit": 10**9})  # no tenant tpm limit
+    assert at_the_limit.status_code == 201, at_the_limit.json()
+    empty = post(api, admin, {"name": "y"})  # empty: the tenant's limits
+    assert empty.status_code == 201 and empty.json()["rpm_limit"] is None
+
+
+def test_a_change_above_the_tenants_limit_writes_nothing_and_a_lowered_limit_leaves_keys_editable(
+    api, world, models, operator
+):
+    admin = world.keys["acme-admin"]
+    made = post(api, admin, {"name": "x", "rpm_limit": 100, "tpm_limit": 5000}).json()
+    detail = f"{URL}/{made['id']}"
+    set_tenant_limits(operator, world.tenants["acme"], rpm_limit=10, tpm_limit=1000)  # lowered below the key's
+    refused = api.patch(detail, {"name": "renamed", "rpm_limit": 50}, format="json", **bearer(admin))
+    assert refused.status_code == 400 and set(refused.json()["error"]["fields"]) == {"rpm_limit"}
+    row = EndpointKey.objects.get()
+    assert (row.name, row.rpm_limit, row.tpm_limit) == ("x", 100, 5000)
+    renamed = api.patch(detail, {"name": "renamed"}, format="json", **bearer(admin))  # its limits untouched
+    assert renamed.status_code == 200 and renamed.json()["rpm_limit"] == 100
+    lowered = api.patch(detail, {"rpm_limit": 10, "tpm_limit": None}, format="json", **bearer(admin))
+    assert lowered.status_code == 200 and (lowered.json()["rpm_limit"], lowered.json()["tpm_limit"]) == (10, None)
+
+
+def test_the_platforms_largest_per_key_limits_bound_every_key(api, world, models, operator, settings):
+    settings.HETEROFLOW_GATEWAY_KEY_MAX_TPM = 1000
+    admin = world.keys["acme-admin"]
+    response = post(api, admin, {"name": "x", "tpm_limit": 1001})
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"]["tpm_limit"] == [
+        "At most 1000: the platform's largest tokens per minute per key (HETEROFLOW_GATEWAY_KEY_MAX_TPM). "
+        "Leave it empty for the maximum."
+    ]
+    set_tenant_limits(operator, world.tenants["acme"], tpm_limit=500)  # the smaller bound is named
+    assert (
+        "At most 500: the tenant's"
+        in post(api, admin, {"name": "x", "tpm_limit": 800}).json()["error"]["fields"]["tpm_limit"][0]
+    )
+    set_tenant_limits(operator, world.tenants["acme"], tpm_limit=5000)
+    assert (
+        "At most 1000: the platform's"
+        in post(api, admin, {"name": "x", "tpm_limit": 2000}).json()["error"]["fields"]["tpm_limit"][0]
+    )
+    assert not EndpointKey.objects.exists()
+    assert post(api, admin, {"name": "x", "tpm_limit": 1000}).status_code == 201

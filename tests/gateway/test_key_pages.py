@@ -1,5 +1,6 @@
 """The portal's endpoint keys page: create (the secret shown once), the API's words on a
-bad form with nothing written, rotate, revoke, scoping, viewers only look."""
+bad form with nothing written (a limit above the tenant's included), rotate, revoke,
+scoping, viewers only look; the usage page."""
 
 from datetime import timedelta
 
@@ -7,7 +8,7 @@ import pytest
 
 from apps.core.clock import utcnow
 from apps.gateway import keys
-from apps.gateway.models import EndpointKey, UsageBucket
+from apps.gateway.models import EndpointKey, TenantLimits, UsageBucket
 from tests.portal.client import page, signed_in
 
 pytestmark = pytest.mark.django_db
@@ -39,6 +40,15 @@ def test_a_bad_form_says_why_and_writes_nothing(client, world):
     signed_in(client, world.users["acme-member"])
     response = client.post(URL, {"name": "", "rpm_limit": "0", "allowed_models": "nope"})
     assert response.status_code == 400
+    assert not EndpointKey.objects.exists()
+
+
+def test_a_limit_above_the_tenants_is_the_fields_error_and_writes_nothing(client, world):
+    TenantLimits.objects.create(tenant=world.tenants["acme"], concurrency_limit=3)
+    signed_in(client, world.users["acme-member"])
+    response = client.post(URL, {"name": "app", "concurrency_limit": "4"})
+    assert response.status_code == 400
+    assert "At most 3: the tenant&#x27;s limit of concurrent requests" in response.content.decode()
     assert not EndpointKey.objects.exists()
 
 

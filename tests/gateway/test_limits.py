@@ -1,7 +1,9 @@
 """Limits through the route: requests, tokens and concurrent requests per key and per
 tenant, 429 with Retry-After at the window's reset, held across two gateway processes
-(two route instances with their own caches and pools, one Redis); a sleeping service is
-asked to wake, and a request waits for it when the setting says so."""
+(two route instances with their own caches and pools, one Redis); the smaller of a key's
+and its tenant's limit holds (an operator lowering the tenant's below the key's), and
+the platform's per-key maximum; a sleeping service is asked to wake, and a request waits
+for it when the setting says so."""
 
 import threading
 import time
@@ -68,6 +70,38 @@ def test_a_tenants_limit_covers_all_its_keys(gateway, upstreams, tenancy):
         chat(gateway.url, key)
     with pytest.raises(openai.RateLimitError, match="this tenant"):
         chat(gateway.url, keys[0])
+
+
+@pytest.mark.usefixtures("one_minute")
+def test_a_tenant_limit_lowered_below_a_keys_holds_at_once(gateway, upstreams, tenancy):
+    """The key was set to 10 requests a minute; the operator then gives the tenant 2: the
+    key's own row is not changed, admission takes the smaller."""
+    tenancy.service("qwen", [upstreams["a"]])
+    row, key = tenancy.key(rpm_limit=10)
+    chat(gateway.url, key)  # the key is cached with no tenant limit
+    operator = Principal(PrincipalKind.OPERATOR, user=OperatorFactory(username="gw-lowering-op"))
+    set_tenant_limits(operator, tenancy.tenant, rpm_limit=2)
+    for _ in range(2):
+        chat(gateway.url, key)
+    with pytest.raises(openai.RateLimitError, match="this tenant"):
+        chat(gateway.url, key)
+    row.refresh_from_db()
+    assert row.rpm_limit == 10 and len(upstreams["a"].app.requests) == 3
+
+
+@pytest.mark.usefixtures("one_minute")
+def test_the_platforms_per_key_maximum_holds_keys_with_no_limit_or_one_set_before(
+    gateway, upstreams, tenancy, settings
+):
+    tenancy.service("qwen", [upstreams["a"]])
+    _, set_before = tenancy.key(name="before", rpm_limit=50)
+    settings.HETEROFLOW_GATEWAY_KEY_MAX_RPM = 2
+    _, unlimited = tenancy.key(name="none")
+    for key in (set_before, unlimited):
+        chat(gateway.url, key)
+        chat(gateway.url, key)
+        with pytest.raises(openai.RateLimitError, match="this API key"):
+            chat(gateway.url, key)
 
 
 @pytest.mark.usefixtures("one_minute")
