@@ -126,6 +126,9 @@ class Heartbeat:
         used = [gpu["memory_used_mb"] for gpu in gpus.gpus if "memory_used_mb" in gpu]
         if used:
             body["gpu_memory_used_mb"] = sum(used)
+        index_basis = getattr(gpus, "index_basis", None)
+        if index_basis:  # how the server tells the cards apart (a card that drops out, renumbered)
+            body["gpu_index_basis"] = index_basis
         health = getattr(gpus, "health", None)
         if health:  # read every 30 s by the detector; absent: this vendor reports none
             body["gpu_health"] = health

@@ -187,7 +187,7 @@ class Detector:
         if not cards and not failures:  # rows, but none that can be trusted to be a card
             return self._failed(result, f"no card could be identified in the output of {self._tool_name()}")
         self._note("")
-        result.gpus = [self._stat(index, card, tool.vendor, row) for index, card in cards]
+        result.gpus = _unique_identities([self._stat(index, card, tool.vendor, row) for index, card in cards])
         result.collect_failures = failures
         nvidia = tool.vendor == "nvidia"
         mps = nvidia and not container and slicing.mps_daemon_alive(self.root)
@@ -353,6 +353,8 @@ class Detector:
         stat: dict = {"index": index, "vendor": vendor}
         if card.uuid:
             stat["uuid"] = card.uuid.strip()[:128]
+        if card.pci_bus_id:
+            stat["pci_bus_id"] = card.pci_bus_id
         if card.model and card.model.strip():
             stat["model"] = card.model.strip()[:200]
         if card.memory_total_mb is not None and card.memory_total_mb >= 0:
@@ -372,3 +374,19 @@ class Detector:
             stat["compute_capability"] = card.compute_capability[:20]
         stat["metrics_available"] = [name for name in METRICS if name in stat]
         return stat
+
+
+def _unique_identities(stats: list[dict]) -> list[dict]:
+    """The cards as read, less any UUID or PCI address that more than one of them shows:
+    the server tells cards apart by these, and one shared by two cards (a tool printing
+    a placeholder) would make it name the wrong one. Such a card is then known by its
+    index alone, as a tool that prints no identity leaves it."""
+    for field in ("uuid", "pci_bus_id"):
+        values = [stat[field] for stat in stats if stat.get(field)]
+        shared = {value for value in values if values.count(value) > 1}
+        if shared:
+            log.warning("gpu detect: %s shared by several cards, not sent: %s", field, ", ".join(sorted(shared)))
+            for stat in stats:
+                if stat.get(field) in shared:
+                    del stat[field]
+    return stats

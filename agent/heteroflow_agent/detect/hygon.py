@@ -2,7 +2,8 @@
 
 hy-smi sometimes prints banner lines around its JSON; the JSON is cut out of the text
 before parsing. Cards are matched by position in the spec's matrix (no per-card
-failure attribution): the "cardN" keys are re-numbered when a card drops off. Outside a
+failure attribution): the "cardN" keys are re-numbered when a card drops off, so
+`--showbus` is asked for too, and each card's PCI address ("PCI Bus") names it. Outside a
 container, `hy-smi virtual -show-device-info` says which cards the vDCU tool (HAMi's
 hygon-hami slices) can carve: `hami_capable` in the capabilities.
 """
@@ -45,7 +46,16 @@ def parse_devices(text: str) -> list[dict]:
 class HygonTool(VendorTool):
     vendor = "hygon"
     tools = ("hy-smi",)
-    args = ("--showproductname", "--showuse", "--showtemp", "--showpower", "--showmeminfo", "vram", "--json")
+    args = (
+        "--showproductname",
+        "--showbus",
+        "--showuse",
+        "--showtemp",
+        "--showpower",
+        "--showmeminfo",
+        "vram",
+        "--json",
+    )
 
     def parse(self, text: str) -> list[Card]:
         return parse_rocm_json(text)

@@ -13,9 +13,11 @@ Attribution (the spec's lost-GPU matrix):
   against that card; a one-card node, or every card failing at once, looks like the
   tool failing and is reported as a collector error (Ascend, Kunlun, Cambricon; AMD by
   the same reasoning).
-- none: the output is matched by position, so a card that disappears cannot be told
-  apart from its neighbours; nothing is reported per card and a lost card is found
-  when the agent restarts and detects again.
+- none: the output is matched by position, and the tool renumbers the cards after one
+  that disappears; nothing is reported per card. Each card's UUID or PCI address, where
+  the tool prints one, is sent with it, and the server names the card that went by it;
+  without either, which card went cannot be told (the heartbeat's gpu_index_basis says
+  the indices are positions).
 """
 
 from __future__ import annotations

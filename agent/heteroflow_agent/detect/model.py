@@ -20,6 +20,9 @@ class Card:
     key: str  # the tool's own identity for the card: UUID, "npu-chip", card number
     index: int | None = None  # the tool's own index, when it prints one
     uuid: str = ""
+    # where the card sits: "0000:3f:00.0" (parsing.pci_bus_id), "" when the tool prints none.
+    # With the UUID, what tells a card from its neighbours when a tool renumbers them.
+    pci_bus_id: str = ""
     model: str = ""
     memory_total_mb: int | None = None
     memory_used_mb: int | None = None
@@ -32,7 +35,7 @@ class Card:
     def read_anything(self) -> bool:
         """Whether anything at all was read for this card (a bare heading is no card)."""
         values = (self.utilization, self.temperature, self.power_w, self.memory_total_mb, self.memory_used_mb)
-        return bool(self.model or self.uuid) or any(v is not None for v in values)
+        return bool(self.model or self.uuid or self.pci_bus_id) or any(v is not None for v in values)
 
 
 @dataclass
@@ -76,12 +79,24 @@ class Detection:
     def collection_failed(self) -> bool:
         return bool(self.collector_error)
 
+    @property
+    def index_basis(self) -> str:
+        """What a card's index means (the heartbeat's `gpu_index_basis`). "stable": the
+        detector gives each card its index when first seen and keeps it while the agent
+        runs (the vendors whose tool names each card: full or partial attribution).
+        "position": the index is the card's place in the tool's list now, and the tool
+        renumbers the cards after one that drops out; the server then tells cards apart by
+        their UUID or PCI address, and where a card has neither, says that a card that
+        went missing cannot be told."""
+        return "position" if self.failure_attribution == "none" else "stable"
+
     def heartbeat_fields(self) -> dict:
         """The heartbeat keys this detection fills, shaped as the schema wants them."""
         fields = {
             "gpu_stats": [dict(g) for g in self.gpus],
             "gpu_collect_failures": [dict(f) for f in self.collect_failures],
             "gpu_capabilities": {k: dict(v) for k, v in self.capabilities.items()},
+            "gpu_index_basis": self.index_basis,
             "labels": dict(self.labels),
             "is_container": self.is_container,
         }

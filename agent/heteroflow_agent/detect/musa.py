@@ -4,7 +4,8 @@
          Physical       |16x(16x)            |42C   YES
 
 The row gives index, name, bus id, utilisation and memory used(total); the line below
-it gives the temperature. Matched by position in the spec's matrix.
+it gives the temperature. Matched by position in the spec's matrix: the tool renumbers
+its cards when one drops out, so the bus id is kept (`pci_bus_id`) to name each card.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 
 from .base import VendorTool
 from .model import Card
-from .parsing import BUS_ID, number, to_mib
+from .parsing import BUS_ID, number, pci_bus_id, to_mib
 
 _ROW = re.compile(r"^\s*(\d+)\s+(\S.*?)\s*\|\s*(\S+)\s*\|\s*(\S+)\s+(\S+)\s*$")
 _MEMORY = re.compile(r"^(\S+?)\((\S+?)\)$")
@@ -27,7 +28,7 @@ def parse_mthreads_gmi(text: str) -> list[Card]:
         if not row or not BUS_ID.match(row.group(3)):
             continue
         index = int(row.group(1))
-        card = Card(key=str(index), index=index, model=row.group(2))
+        card = Card(key=str(index), index=index, model=row.group(2), pci_bus_id=pci_bus_id(row.group(3)))
         card.utilization = number(row.group(4)) if row.group(4).endswith("%") else None
         memory = _MEMORY.match(row.group(5))
         if memory:

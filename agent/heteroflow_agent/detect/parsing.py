@@ -152,3 +152,21 @@ def pipe_cells(line: str) -> list[str]:
 
 
 BUS_ID = re.compile(r"^[0-9A-Fa-f]{2,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
+_BUS_IN_TEXT = re.compile(
+    r"(?<![0-9A-Za-z:])(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])(?![0-9A-Za-z])"
+)
+
+
+def pci_bus_id(text) -> str:
+    """The first PCI address in `text`, written one way whatever the tool's width:
+    "0000:3f:00.0" (domain of four hex digits, lower case). Tools print "00000000:3f:00.0"
+    (nvidia-smi's clones), "0000:0f:00.0", "00:2e:00.0" (efsmi's two-digit domain), or the
+    address inside more text ("0000:05:00.0 --> SN: ... --> OAM ID: 1", hy-smi). "" when
+    there is none ("N/A"), or the domain does not fit four digits."""
+    match = _BUS_IN_TEXT.search(str(text or ""))
+    if not match:
+        return ""
+    domain = int(match.group(1) or "0", 16)
+    if domain > 0xFFFF:
+        return ""
+    return f"{domain:04x}:{match.group(2).lower()}:{match.group(3).lower()}.{match.group(4)}"

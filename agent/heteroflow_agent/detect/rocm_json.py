@@ -2,7 +2,8 @@
 
 Keys are matched loosely because the two tools and their versions name the same value
 differently: "GPU use (%)" / "DCU use (%)" / "HCU use (%)", "VRAM Total Memory (B)" /
-"vram Total Memory (MiB)".
+"vram Total Memory (MiB)". `--showbus` adds "PCI Bus": the address alone on rocm-smi and
+older hy-smi, "0000:05:00.0 --> SN: ... --> OAM ID: 1" on hy-smi for HCU cards.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 
 from .model import Card
-from .parsing import extract_json, number, to_mib
+from .parsing import extract_json, number, pci_bus_id, to_mib
 
 _MISSING = {"", "N/A", "NA", "-", "UNKNOWN", "NONE"}
 
@@ -45,6 +46,7 @@ def parse_rocm_json(text: str) -> list[Card]:
         card = Card(key=str(index), index=index)
         card.model = _find(info, r"^card series$", r"^device name$", r"^card model$")[0] or ""
         card.uuid = _find(info, r"^unique id$")[0] or ""
+        card.pci_bus_id = pci_bus_id(_find(info, r"^pci bus$")[0])
         card.utilization = number(_find(info, r"^(gpu|dcu|hcu) use \(%\)$")[0])
         card.temperature = number(
             _find(

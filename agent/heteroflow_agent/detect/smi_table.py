@@ -5,6 +5,8 @@ brsmi):
     | 36C   56W / 350W        | 858/65536 MiB    |             |
 
 Row one: index and name, bus id, utilisation. Row two: temperature and power, memory.
+The bus id is kept (`pci_bus_id`): these tools renumber their cards when one drops out,
+and the bus id is what still names each card then.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import re
 
 from .model import Card
-from .parsing import BUS_ID, number, pipe_cells, to_mib
+from .parsing import BUS_ID, number, pci_bus_id, pipe_cells, to_mib
 
 _MEMORY = re.compile(r"^\s*(\S+?)(?:\s*MiB)?\s*/\s*(\S+?)\s*MiB\s*$", re.IGNORECASE)
 _POWER = re.compile(r"(\S+?)\s*/\s*\S+W\b")  # "56W / 350W": usage before the slash, cap after
@@ -39,7 +41,7 @@ def parse_two_row_table(text: str) -> list[Card]:
         if len(head) < 2 or not head[0].isdigit() or not bus or not BUS_ID.match(bus[0]):
             continue
         index = int(head[0])
-        card = Card(key=str(index), index=index, model=" ".join(head[1:]))
+        card = Card(key=str(index), index=index, model=" ".join(head[1:]), pci_bus_id=pci_bus_id(bus[0]))
         util = cells[2].split()
         card.utilization = number(util[0]) if util and util[0].endswith("%") else None
         if number_ + 1 < len(lines) and lines[number_ + 1].lstrip().startswith("|"):

@@ -194,7 +194,14 @@ def test_module_level_detect_keeps_its_detector(host):
 def test_heartbeat_fields_leave_out_an_empty_collector_error(host):
     fields = host.detector().detect().heartbeat_fields()
     assert "gpu_collector_error" not in fields
-    assert set(fields) == {"gpu_stats", "gpu_collect_failures", "gpu_capabilities", "labels", "is_container"}
+    assert set(fields) == {
+        "gpu_stats",
+        "gpu_collect_failures",
+        "gpu_capabilities",
+        "gpu_index_basis",
+        "labels",
+        "is_container",
+    }
 
 
 def test_a_bug_costs_the_gpu_part_of_one_beat_not_the_beat(host, monkeypatch, validate):
