@@ -16,7 +16,7 @@ from apps.core.authentication import principal_for_session
 from apps.core.errors import Conflict
 from apps.nodes import gpu_health_services, services
 from apps.nodes.carbon import MAX_FACTOR_G_PER_KWH
-from apps.nodes.choices import CORDON_LABEL, GpuState
+from apps.nodes.choices import CORDON_LABEL, CardIdentity, GpuState
 from apps.nodes.images_protocol import reference_error
 from apps.nodes.models import EmissionFactor, Gpu, ImageRequest, Node, WatchedImage
 
@@ -24,7 +24,10 @@ from apps.nodes.models import EmissionFactor, Gpu, ImageRequest, Node, WatchedIm
 def gpu_state(gpu: Gpu) -> str:
     """The card's state (read with Gpu.objects.with_state()), a lost one with since when and why."""
     if gpu.state == GpuState.LOST:
-        return f"LOST since {gpu.lost_at:%Y-%m-%d %H:%M} ({gpu.get_lost_basis_display() or 'unknown basis'})"
+        lost = f"LOST since {gpu.lost_at:%Y-%m-%d %H:%M} ({gpu.get_lost_basis_display() or 'unknown basis'})"
+        if gpu.matched_by == CardIdentity.POSITION:
+            lost += "; which card cannot be told: this is the position that went missing"
+        return lost
     return gpu.state
 
 
@@ -308,7 +311,7 @@ class GpuAdmin(admin.ModelAdmin):
         "lost_basis",
     ]
     list_filter = [LostFilter, CordonFilter, "vendor", "lost_basis"]
-    search_fields = ["node__id", "node__name", "model", "uuid"]
+    search_fields = ["node__id", "node__name", "model", "uuid", "pci_bus_id"]
     list_select_related = ["node"]
     actions = ["forget_lost", "cordon", "uncordon"]
     readonly_fields = [field.name for field in Gpu._meta.fields] + ["state_shown"]

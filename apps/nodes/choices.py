@@ -37,12 +37,29 @@ class GpuState(models.TextChoices):
 class CordonSource(models.TextChoices):
     HEALTH = "health"  # the server's judgement of the card's health readings
     OPERATOR = "operator"
+    # the agent reports the card under another index than the row's (its tool renumbered
+    # the cards after one dropped out: apps.nodes.card_identity); a task placed on the row
+    # would start on the card the agent now has under that index
+    RENUMBERED = "renumbered"
 
 
 class LostBasis(models.TextChoices):
     HEARTBEAT_ABSENT = "heartbeat_absent"
     AGENT_COLLECT_FAILURE = "agent_collect_failure"
     MIXED = "mixed"
+
+
+class CardIdentity(models.TextChoices):
+    """How the heartbeat tells a card apart from its neighbours (apps.nodes.card_identity):
+    by its UUID or its PCI address when the agent reports one, else by its index. A card
+    of an agent that numbers its cards by position (the tool renumbers them when one drops
+    out) and reports neither is known only by its position: when such a card goes missing,
+    which one failed cannot be told."""
+
+    UUID = "uuid"
+    PCI_BUS_ID = "pci_bus_id", "PCI bus id"
+    INDEX = "index"
+    POSITION = "position"
 
 
 class ExecMode(models.TextChoices):

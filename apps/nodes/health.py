@@ -162,8 +162,11 @@ def merged_evidence(stored: dict | None, reasons: list[dict], now: datetime) -> 
 # The lock order of every writer of node and card rows (docs/architecture.md#lock-order):
 # the node's row first, then its cards by index.
 NODE = "SELECT 1 FROM nodes WHERE id = %(id)s FOR NO KEY UPDATE"
+# A card's reading is the one the beat sent under the index the agent reports the card
+# under now (`reported_index`: the row's own index unless the tool renumbered its cards;
+# apps.nodes.card_identity); a card the beat left out has none.
 CARDS = (
-    "SELECT index, uuid, vendor, model, health, cordon_evidence FROM gpus WHERE node_id = %(id)s "
+    "SELECT index, reported_index, uuid, vendor, model, health, cordon_evidence FROM gpus WHERE node_id = %(id)s "
     "ORDER BY index FOR UPDATE"
 )
 # A card already cordoned (by an earlier judgement or an operator) keeps its cordon: its
@@ -238,8 +241,8 @@ async def apply_beat_health(cur, node_id: str, readings: list[dict], readings_ha
     async with cur.connection.transaction():
         await cur.execute(NODE, {"id": node_id})
         await cur.execute(CARDS, {"id": node_id})
-        for index, uuid, vendor, model, stored, evidence in await cur.fetchall():
-            reading = by_index.get(index)
+        for index, reported_index, uuid, vendor, model, stored, evidence in await cur.fetchall():
+            reading = by_index.get(reported_index)
             if reading is None or reading == stored:
                 continue
             reasons = judge(stored, reading, fatal_xids)

@@ -17,6 +17,14 @@ A beat carrying `gpu_health` whose hash differs from the node's `health_hash` ta
 one more step after the beat (apps.nodes.health): the cards' health readings change
 rarely, so a steady beat pays one column compare for them.
 
+Which row each card of a beat is: the slow path matches the beat's cards to the node's
+rows by UUID or PCI address where both carry one (apps.nodes.card_identity), so a vendor
+tool that renumbers its cards after one drops out does not shift the others' names; each
+row keeps the index the agent reports it under now (`reported_index`), and the steady
+beat reads the readings by that. A card known only by its position (no identity, and an
+agent that says its indices are positions) that goes missing is judged lost with the
+note that which card it was cannot be told.
+
 Labels merge by key, except those the agent owns: an agent that sends
 `owned_label_keys` may remove a label it set itself, by leaving it out of a later beat
 (`nodes.agent_label_keys` remembers which keys those are). Leaving a key out changes the
@@ -41,8 +49,8 @@ from psycopg.types.json import Jsonb, set_json_dumps
 
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
-from apps.nodes import drift, energy, health, liveness
-from apps.nodes.choices import CORDON_LABEL, LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS
+from apps.nodes import card_identity, drift, energy, health, liveness
+from apps.nodes.choices import CORDON_LABEL, LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS, CardIdentity, CordonSource
 from apps.nodes.normalize import gpu_model
 
 logger = logging.getLogger(__name__)
@@ -93,7 +101,8 @@ class CardFact(NamedTuple):
     sql_type: str
 
 
-# A card's, in the order structure_hash hashes them (index and vendor are always sent).
+# A card's, in the order structure_hash hashes them (index and vendor are always sent;
+# pci_bus_id, newer, is hashed only when sent).
 CARD_FACTS = (
     CardFact("index", None, "int"),
     CardFact("uuid", "", "text"),
@@ -101,7 +110,11 @@ CARD_FACTS = (
     CardFact("model", "", "text"),
     CardFact("memory_total_mb", None, "bigint"),
     CardFact("compute_capability", "", "text"),
+    CardFact("pci_bus_id", "", "text"),
 )
+# Where the slow path placed each card (apps.nodes.card_identity): written with its facts.
+CARD_PLACEMENT = (("reported_index", "int"), ("matched_by", "text"))
+INDEX_BASIS = "gpu_index_basis"  # how the agent numbers its cards: hashed only when sent
 
 STRUCTURAL_KEYS = tuple(fact.key for fact in NODE_FACTS)
 CPU_MODEL, CPU_SOCKETS = (fact.key for fact in CPU_FACTS)
@@ -127,6 +140,7 @@ def structure_hash(payload: dict) -> str:
             g.get("memory_total_mb"),
             g.get("compute_capability", ""),
         )
+        + ((g["pci_bus_id"],) if "pci_bus_id" in g else ())  # only when sent, as below
         for g in payload.get("gpu_stats", ())
     )
     facts = [payload.get(key) for key in STRUCTURAL_KEYS]
@@ -134,6 +148,8 @@ def structure_hash(payload: dict) -> str:
         facts.append(sorted(payload["owned_label_keys"]))
     if CPU_MODEL in payload or CPU_SOCKETS in payload:  # likewise
         facts.append([payload.get(CPU_MODEL), payload.get(CPU_SOCKETS)])
+    if INDEX_BASIS in payload:  # likewise; the cards are matched again when it changes
+        facts.append(payload[INDEX_BASIS])
     document = orjson.dumps([facts, gpus], option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(document, digest_size=16).hexdigest()
 
@@ -152,6 +168,7 @@ class GpuChange:
     index: int
     lost: bool
     basis: str
+    identified: bool = True  # False: a card known only by its position; which one went cannot be told
 
 
 @dataclass
@@ -246,7 +263,7 @@ WITH node AS (
     FROM (
         SELECT g2.id, g2.lost_at IS NOT NULL AS was_lost,
                CASE WHEN %(collector_error)s THEN 'skip'
-                    WHEN g2.index = ANY(%(failed)s::int[]) THEN 'failed'
+                    WHEN g2.reported_index = ANY(%(failed)s::int[]) THEN 'failed'
                     WHEN r.i IS NULL THEN 'absent'
                     ELSE 'present' END AS kind,
                r.u, r.m, r.t, r.p, r.a,
@@ -256,27 +273,45 @@ WITH node AS (
                nd.dt, extract(epoch FROM %(now)s - g2.power_at)::float8 AS since,
                {drift.DRIFT_COLUMNS}
         FROM gpus AS g2 CROSS JOIN node AS nd
-        LEFT JOIN readings AS r ON r.i = g2.index AND NOT (g2.index = ANY(%(failed)s::int[]))
+        LEFT JOIN readings AS r ON r.i = g2.reported_index AND NOT (g2.reported_index = ANY(%(failed)s::int[]))
         {drift.LEDGER_JOIN}
         WHERE g2.node_id = %(id)s
     ) AS s
     WHERE g.id = s.id
     RETURNING g.index, s.was_lost, g.lost_at IS NOT NULL AS is_lost, g.lost_basis,
-              s.drift, s.drift_was, s.explained, g.memory_drift_since, g.memory_used_mb
+              s.drift, s.drift_was, s.explained, g.memory_drift_since, g.memory_used_mb,
+              g.matched_by, g.uuid, g.pci_bus_id, s.kind, s.u, s.t, s.p
 ), metric AS (
     INSERT INTO node_metrics (node_id, at, cpu_used, memory_used, gpus)
     SELECT %(id)s, %(now)s, %(cpu_used)s, %(memory_used)s,
            (SELECT COALESCE(jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
-                                'i', r.i, 'u', r.u, 'm', r.m, 't', r.t, 'p', r.p))),
+                                'i', j.index, 'u', j.u, 'm', j.memory_used_mb, 't', j.t, 'p', j.p)) ORDER BY j.index),
                             '[]'::jsonb)
-            FROM readings AS r WHERE NOT (r.i = ANY(%(failed)s::int[])))
+            FROM judged AS j WHERE j.kind = 'present')
     FROM node
 ), raised AS (
     INSERT INTO alerts (type, severity, scope, state, key, node_id, gpu_index, message, details, created_at, updated_at)
     SELECT '{AlertType.GPU_LOST}', '{Severity.ERROR}', '{AlertScope.GPU}', 'ACTIVE',
-           {alert_keys.gpu_lost_sql("%(id)s", "j.index")}, %(id)s, j.index,
-           format('GPU %%s of node %%s is lost (%%s).', j.index, %(id)s, j.lost_basis),
-           jsonb_build_object('basis', j.lost_basis), %(now)s, %(now)s
+           {alert_keys.gpu_lost_sql("%(id)s", "j.index")}, %(id)s,
+           CASE WHEN j.matched_by = '{CardIdentity.POSITION}' THEN NULL ELSE j.index END,
+           CASE j.matched_by
+               WHEN '{CardIdentity.UUID}' THEN
+                   format('GPU %%s of node %%s (UUID %%s) is lost (%%s).', j.index, %(id)s, j.uuid, j.lost_basis)
+               WHEN '{CardIdentity.PCI_BUS_ID}' THEN
+                   format('GPU %%s of node %%s (PCI %%s) is lost (%%s).', j.index, %(id)s, j.pci_bus_id, j.lost_basis)
+               WHEN '{CardIdentity.POSITION}' THEN
+                   format('A GPU of node %%s is lost (%%s), and which one cannot be told: its tool renumbers '
+                          || 'the cards after one drops out and prints no UUID or PCI address, so position %%s, '
+                          || 'the one that went missing, need not be the card that failed.',
+                          %(id)s, j.lost_basis, j.index)
+               ELSE format('GPU %%s of node %%s is lost (%%s).', j.index, %(id)s, j.lost_basis) END,
+           jsonb_build_object('basis', j.lost_basis, 'matched_by', j.matched_by,
+                              'identified', j.matched_by <> '{CardIdentity.POSITION}')
+           || CASE j.matched_by WHEN '{CardIdentity.UUID}' THEN jsonb_build_object('uuid', j.uuid)
+                                WHEN '{CardIdentity.PCI_BUS_ID}' THEN jsonb_build_object('pci_bus_id', j.pci_bus_id)
+                                WHEN '{CardIdentity.POSITION}' THEN jsonb_build_object('position', j.index)
+                                ELSE '{{}}'::jsonb END,
+           %(now)s, %(now)s
     FROM judged AS j WHERE j.is_lost AND NOT j.was_lost
       AND (SELECT 1 FROM alerts WHERE state = 'ACTIVE'
            AND key = {alert_keys.gpu_lost_sql("%(id)s", "j.index")} LIMIT 1) IS NULL
@@ -292,7 +327,8 @@ WITH node AS (
             SELECT id FROM alerts WHERE state = 'ACTIVE' AND key = k.key FOR UPDATE SKIP LOCKED) AS a)
 )
 SELECT EXISTS (SELECT 1 FROM node), (SELECT oh FROM node),
-       (SELECT COALESCE(jsonb_agg(jsonb_build_array(j.index, j.is_lost, j.lost_basis)), '[]'::jsonb)
+       (SELECT COALESCE(jsonb_agg(jsonb_build_array(j.index, j.is_lost, j.lost_basis,
+                                                    j.matched_by <> '{CardIdentity.POSITION}')), '[]'::jsonb)
         FROM judged AS j WHERE j.was_lost <> j.is_lost),
        ARRAY(SELECT t.id FROM tasks AS t WHERE t.node_id = %(id)s AND t.status = 'scheduled'
              ORDER BY t.priority DESC, t.created_at, t.id LIMIT 50)
@@ -376,15 +412,47 @@ NODE_INSERT = (
     + ") ON CONFLICT (id) DO NOTHING"
 )
 
+_UPSERTED = CARD_COLUMNS + tuple(column for column, _ in CARD_PLACEMENT)
+_UPSERTED_TYPES = [f"{fact.key} {fact.sql_type}" for fact in CARD_FACTS] + [f"{c} {t}" for c, t in CARD_PLACEMENT]
 GPU_UPSERT = f"""
-    INSERT INTO gpus (node_id, {", ".join(CARD_COLUMNS)}, metrics_available,
+    INSERT INTO gpus (node_id, {", ".join(_UPSERTED)}, metrics_available,
                       absent_streak, absent_basis, present_streak, lost_basis, updated_at)
-    SELECT %(id)s, {", ".join(f"u.{column}" for column in CARD_COLUMNS)}, '[]'::jsonb,
+    SELECT %(id)s, {", ".join(f"u.{column}" for column in _UPSERTED)}, '[]'::jsonb,
            0, 0, 0, '', %(now)s
     FROM jsonb_to_recordset(%(gpus)s::jsonb)
-         AS u({", ".join(f"{fact.key} {fact.sql_type}" for fact in CARD_FACTS)})
+         AS u({", ".join(_UPSERTED_TYPES)})
     ON CONFLICT (node_id, index) DO UPDATE SET
-        {", ".join(f"{column} = EXCLUDED.{column}" for column in CARD_COLUMNS if column != "index")}
+        {", ".join(f"{column} = EXCLUDED.{column}" for column in _UPSERTED if column != "index")}
+"""
+# The node's rows as the slow path matches the beat's cards to them, locked in the
+# documented order (the node's row first, then its cards by index).
+GPUS_FOR_UPDATE = "SELECT index, uuid, pci_bus_id FROM gpus WHERE node_id = %(id)s ORDER BY index FOR UPDATE"
+# The rows the upsert does not write: a card only a collect failure names (its row, at the
+# index the agent gave the failure), and a card the beat left out (null).
+GPU_REPORTED_UPDATE = """
+    UPDATE gpus AS g SET reported_index = p.r
+    FROM jsonb_to_recordset(%(reported)s::jsonb) AS p(i int, r int)
+    WHERE g.node_id = %(id)s AND g.index = p.i AND g.reported_index IS DISTINCT FROM p.r
+"""
+# A card the agent now reports under another index than its row's takes no new work: the
+# agent starts a task on the index the scheduler gave it, which is another card now. It is
+# cordoned (source `renumbered`; a card already cordoned keeps its cordon), and uncordoned
+# when the indices agree again (the card that dropped out is back, or replaced) or when an
+# operator says so. Its running tasks are left alone, as by any cordon.
+GPU_RENUMBERED_CORDON = f"""
+    UPDATE gpus SET
+        cordoned_at = CASE WHEN reported_index <> index THEN %(now)s END,
+        cordon_source = CASE WHEN reported_index <> index THEN '{CordonSource.RENUMBERED}' ELSE '' END,
+        cordon_reason = CASE WHEN reported_index <> index
+            THEN format('The agent reports this card under index %%s now (its tool renumbered the cards after '
+                        || 'one dropped out): a task placed on GPU %%s would start on another card.',
+                        reported_index, index)
+            ELSE '' END,
+        cordon_evidence = CASE WHEN reported_index <> index
+            THEN jsonb_build_object('reported_index', reported_index, 'at', %(now)s) ELSE '{{}}'::jsonb END
+    WHERE node_id = %(id)s AND (
+        (reported_index <> index AND cordoned_at IS NULL)
+        OR (cordon_source = '{CordonSource.RENUMBERED}' AND reported_index IS NOT DISTINCT FROM index))
 """
 
 NODE_FOR_UPDATE = "SELECT agent_label_keys, agent_version, agent_git_commit FROM nodes WHERE id = %(id)s FOR UPDATE"
@@ -466,15 +534,53 @@ def card_facts(stat: dict) -> dict:
     return card
 
 
-def structure_params(payload: dict) -> dict:
+def placed_cards(payload: dict, placement: card_identity.Placement) -> list[dict]:
+    """The beat's cards as their rows keep them: at the row's index, with the index the
+    agent reports each under and how each is told apart (apps.nodes.card_identity)."""
+    uuids, buses = card_identity.unique_identities(payload)
+    basis = payload.get(INDEX_BASIS)
+    return [
+        card_facts(stat)
+        | {
+            "index": placement.rows[stat["index"]],
+            "reported_index": stat["index"],
+            "matched_by": card_identity.identity_kind(stat, basis, uuids=uuids, buses=buses),
+        }
+        for stat in payload.get("gpu_stats", ())
+    ]
+
+
+def rows_reported(payload: dict, placement: card_identity.Placement) -> list[dict]:
+    """GPU_REPORTED_UPDATE's rows: those only a collect failure placed, and the unreported."""
+    stats = {stat["index"] for stat in payload.get("gpu_stats", ())}
+    failed = [{"i": row, "r": index} for index, row in placement.rows.items() if index not in stats]
+    return failed + [{"i": row, "r": None} for row in placement.unreported]
+
+
+def placed_capabilities(capabilities: dict, placement: card_identity.Placement) -> dict:
+    """gpu_capabilities keyed by the cards' rows, not the agent's indices (the same but
+    after a renumbering); a key that names no reported card is kept as sent."""
+    placed = {}
+    for key, value in capabilities.items():
+        row = placement.rows.get(int(key)) if key.isdigit() else None
+        placed[str(row) if row is not None else key] = value
+    return placed
+
+
+def structure_params(payload: dict, placement: card_identity.Placement | None = None) -> dict:
     """The slow path's parameters: the structural facts as the node's and its cards' rows
-    keep them, and what is derived from them."""
+    keep them, and what is derived from them. `placement`: where the beat's cards go
+    among the node's rows (apps.nodes.card_identity); without it (a node with no rows yet)
+    each card goes to its own index."""
+    if placement is None:
+        placement = card_identity.place([], card_identity.reported_cards(payload))
     params = {
         fact.key: Jsonb(payload.get(fact.key, fact.default)) if fact.json else payload.get(fact.key, fact.default)
         for fact in COPIED_FACTS
     }
     params["mac"] = params["mac"].lower().replace("-", ":")
-    gpus = [card_facts(stat) for stat in payload.get("gpu_stats", ())]
+    params["gpu_capabilities"] = Jsonb(placed_capabilities(payload.get("gpu_capabilities", {}), placement))
+    gpus = placed_cards(payload, placement)
     vendors = [card["vendor"] for card in gpus]
     models = {card["model"] for card in gpus}
     return params | {
@@ -483,6 +589,7 @@ def structure_params(payload: dict) -> dict:
         "cpu_tdp_w_model": energy.cpu_tdp_w_model(params[CPU_MODEL], params[CPU_SOCKETS]),
         "labels": Jsonb(agent_labels(payload)),
         "gpus": orjson.dumps(gpus).decode(),
+        "reported": orjson.dumps(rows_reported(payload, placement)).decode(),
     }
 
 
@@ -546,7 +653,10 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
         async with conn.transaction():
             await cur.execute(NODE_FOR_UPDATE, {"id": node_id})
             existing = await cur.fetchone()
-            structure = structure_params(payload) | label_ownership(payload, existing[0] if existing else ())
+            await cur.execute(GPUS_FOR_UPDATE, {"id": node_id})
+            rows = [card_identity.Row(*row) for row in await cur.fetchall()]
+            placement = card_identity.place(rows, card_identity.reported_cards(payload))
+            structure = structure_params(payload, placement) | label_ownership(payload, existing[0] if existing else ())
             if existing is not None:
                 log_version_change(node_id, existing[1:], (structure["agent_version"], structure["agent_git_commit"]))
             if existing is None:
@@ -571,6 +681,8 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
             else:
                 await cur.execute(FULL_NODE_UPDATE, params | structure)
             await cur.execute(GPU_UPSERT, {"id": node_id, "now": now, "gpus": structure["gpus"]})
+            await cur.execute(GPU_REPORTED_UPDATE, {"id": node_id, "reported": structure["reported"]})
+            await cur.execute(GPU_RENUMBERED_CORDON, {"id": node_id, "now": now})
             await cur.execute(GPU_COUNT_UPDATE, {"id": node_id})
             # The structure now matches: the beat itself is the same statement as always.
             await raw.execute(BEAT_SQL, beat_values(params))
@@ -582,5 +694,5 @@ async def ingest(conn, node_id: str, payload: dict, peer_ip: str | None, now: da
         if beat_health_hash != old_health_hash:
             outcome.health_changed = True
             await health.apply_beat_health(cur, node_id, payload["gpu_health"], beat_health_hash, now)
-    outcome.gpu_changes = [GpuChange(index, lost, basis) for index, lost, basis in changes]
+    outcome.gpu_changes = [GpuChange(*change) for change in changes]
     return outcome

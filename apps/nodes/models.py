@@ -10,6 +10,7 @@ from apps.core.models import TenantOwned
 from apps.core.scoping import ScopedQuerySet
 from apps.nodes import liveness
 from apps.nodes.choices import (
+    CardIdentity,
     CordonSource,
     ExecMode,
     ImageAction,
@@ -172,6 +173,15 @@ class Gpu(models.Model):
     model = models.CharField(max_length=200, blank=True, default="")
     memory_total_mb = models.BigIntegerField(null=True, blank=True)
     compute_capability = models.CharField(max_length=20, blank=True, default="")
+    # which card this row is (apps.nodes.card_identity): its PCI address as the agent
+    # reports it, how the beat matches it, and the index the agent reports it under now
+    # (not the row's index after the vendor's tool renumbered its cards; null: the agent
+    # did not report it when its cards were last matched)
+    pci_bus_id = models.CharField(max_length=16, blank=True, default="", db_default="")
+    matched_by = models.CharField(
+        max_length=12, choices=CardIdentity.choices, default=CardIdentity.INDEX, db_default=CardIdentity.INDEX
+    )
+    reported_index = models.PositiveSmallIntegerField(null=True, blank=True)
     # latest readings; null = not read (never 0 for "unknown")
     utilization = models.FloatField(null=True, blank=True)
     memory_used_mb = models.BigIntegerField(null=True, blank=True)

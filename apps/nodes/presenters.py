@@ -9,6 +9,7 @@ from __future__ import annotations
 import orjson
 from django.db import connection
 
+from apps.nodes.choices import CardIdentity
 from apps.nodes.gpu_health_selectors import health_summary_sql
 from apps.nodes.gpu_state import state_sql
 from apps.tasks.choices import ACTIVE
@@ -57,7 +58,7 @@ NODE_COLUMNS = [
     "registered_at",
     "last_heartbeat_at",
 ]
-NODE_COMPUTED = ["tenant", "gpu_used", "gpus_lost", "gpus"]
+NODE_COMPUTED = ["tenant", "gpu_used", "gpus_lost", "gpus_lost_unidentified", "gpu_loss_note", "gpus"]
 GPU_COLUMNS = [
     "index",
     "uuid",
@@ -65,6 +66,9 @@ GPU_COLUMNS = [
     "model",
     "memory_total_mb",
     "compute_capability",
+    "pci_bus_id",
+    "matched_by",
+    "reported_index",
     "utilization",
     "memory_used_mb",
     "temperature",
@@ -95,6 +99,17 @@ def _select(alias: str, column: str) -> str:
     return f"{alias}.{column}"
 
 
+# What a node says when cards known only by their position are lost (apps.nodes.card_identity):
+# the lost rows are the positions that went missing, not necessarily the cards that failed.
+LOSS_NOTE = (
+    "CASE WHEN COALESCE(g.lost_unidentified, 0) = 0 THEN '' "
+    "WHEN g.lost_unidentified = 1 THEN 'A GPU of this node is lost, and which one cannot be told' "
+    "ELSE g.lost_unidentified || ' GPUs of this node are lost, and which ones cannot be told' END "
+    "|| CASE WHEN COALESCE(g.lost_unidentified, 0) = 0 THEN '' ELSE ': its tool renumbers the cards after one "
+    "drops out and prints no UUID or PCI address, so the lost index is the position that went missing, not "
+    "necessarily the card that failed.' END"
+)
+
 # Built with the text `json` functions (several times faster than jsonb for output).
 # {source} is a relation of (id, ord): the nodes to show, in order.
 PAGE_JSON = f"""
@@ -104,11 +119,15 @@ FROM (
     FROM {{source}} AS p(id, ord)
     JOIN LATERAL (
         SELECT {", ".join(_select("n", c) for c in NODE_COLUMNS)}, t.slug AS tenant,
-               COALESCE(u.used, 0) AS gpu_used, COALESCE(g.lost, 0) AS gpus_lost, COALESCE(g.gpus, '[]'::json) AS gpus
+               COALESCE(u.used, 0) AS gpu_used, COALESCE(g.lost, 0) AS gpus_lost,
+               COALESCE(g.lost_unidentified, 0) AS gpus_lost_unidentified, {LOSS_NOTE} AS gpu_loss_note,
+               COALESCE(g.gpus, '[]'::json) AS gpus
         FROM nodes AS n
         LEFT JOIN tenants AS t ON t.id = n.tenant_id
         LEFT JOIN LATERAL (
-            SELECT json_agg(row_to_json(x) ORDER BY x.index) AS gpus, count(*) FILTER (WHERE x.state = 'lost') AS lost
+            SELECT json_agg(row_to_json(x) ORDER BY x.index) AS gpus, count(*) FILTER (WHERE x.state = 'lost') AS lost,
+                   count(*) FILTER (WHERE x.state = 'lost' AND x.matched_by = '{CardIdentity.POSITION}')
+                       AS lost_unidentified
             FROM (
                 SELECT {", ".join(_select("gpus", c) for c in GPU_COLUMNS)}, {state_sql("gpus")} AS state,
                        gpus.cordoned_at IS NOT NULL AS cordoned, {health_summary_sql("gpus", _timestamp)} AS health

@@ -41,6 +41,8 @@ def test_a_change_of_any_fact_takes_the_slow_path(key):
 @pytest.mark.parametrize("key", sorted(CARD_FACTS))
 def test_a_change_of_any_card_fact_takes_the_slow_path(key):
     beat = payload(gpus=2)
+    for stat in beat["gpu_stats"]:  # a newer agent's card fact
+        stat["pci_bus_id"] = f"0000:{stat['index'] + 16:02x}:00.0"
     other = copy.deepcopy(beat)
     other["gpu_stats"][1][key] = 7 if key == "index" else changed(beat["gpu_stats"][1][key])
     assert heartbeat.structure_hash(other) != heartbeat.structure_hash(beat)
@@ -56,7 +58,7 @@ def test_a_reading_keeps_the_steady_path():
 def test_the_slow_path_writes_every_fact_and_what_it_derives():
     params = heartbeat.structure_params(payload(gpus=2))
     written = set(heartbeat.STRUCTURE_COLUMNS) - {"structure_hash"}  # the beat's own parameter
-    assert set(params) == written | set(heartbeat.MERGED_COLUMNS) | {"gpus"}
+    assert set(params) == written | set(heartbeat.MERGED_COLUMNS) | {"gpus", "reported"}
     assert FACTS <= set(heartbeat.NODE_INSERT_COLUMNS)
     assert all(f"u.{key}" in heartbeat.GPU_UPSERT for key in CARD_FACTS)
 

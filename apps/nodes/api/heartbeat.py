@@ -100,7 +100,9 @@ class HeartbeatApp(AgentRoute):
             logger.exception("heartbeat of %s not applied", node_id)
             raise HttpError(503, CoreErrorCode.UNAVAILABLE, "The heartbeat could not be recorded; retry.") from None
         self.after_beat()
-        lost = [[change.index, change.basis] for change in outcome.gpu_changes if change.lost]
+        # A card known only by its position is left out: which card went cannot be told, so
+        # neither can which tasks were on it (the GPU_LOST alert says so).
+        lost = [[change.index, change.basis] for change in outcome.gpu_changes if change.lost and change.identified]
         if lost:  # rare: a trace on the cards' tasks, written by a job off the loop
             asyncio.get_running_loop().run_in_executor(None, enqueue, "nodes.record_card_losses", node_id, lost)
         return 200, {

@@ -4,7 +4,7 @@ from rest_framework import serializers
 
 from apps.core.pagination import PageQuerySerializer
 from apps.core.serializers import StrictSerializer
-from apps.nodes.choices import CordonSource, ExecMode, GpuState, GpuVendor, NodeStatus
+from apps.nodes.choices import CardIdentity, CordonSource, ExecMode, GpuState, GpuVendor, NodeStatus
 from apps.nodes.models import Gpu, Node
 from apps.nodes.presenters import GPU_COLUMNS, GPU_COMPUTED, NODE_COLUMNS, NODE_COMPUTED
 from apps.slices.api.serializers import SliceOnCardSerializer
@@ -33,6 +33,18 @@ class GpuSerializer(serializers.ModelSerializer):
     health = GpuHealthSummarySerializer(
         read_only=True, allow_null=True, help_text="null: the card never reported health."
     )
+    matched_by = serializers.ChoiceField(
+        choices=CardIdentity.choices,
+        read_only=True,
+        help_text="How the heartbeat tells this card from its neighbours; position: when it is lost, "
+        "which card failed cannot be told.",
+    )
+    reported_index = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="The index the agent reports the card under now: not index after the vendor's tool "
+        "renumbered its cards; null: not in the agent's list.",
+    )
 
     class Meta:
         model = Gpu
@@ -47,6 +59,13 @@ class NodeSerializer(serializers.ModelSerializer):
     )
     gpu_used = serializers.IntegerField(read_only=True, help_text="GPUs held by active tasks.")
     gpus_lost = serializers.IntegerField(read_only=True)
+    gpus_lost_unidentified = serializers.IntegerField(
+        read_only=True,
+        help_text="Lost GPUs known only by their position: which cards failed cannot be told (docs/nodes.md).",
+    )
+    gpu_loss_note = serializers.CharField(
+        read_only=True, help_text="Says so when gpus_lost_unidentified is not 0; empty otherwise."
+    )
     gpus = GpuSerializer(many=True, read_only=True)
 
     class Meta:
