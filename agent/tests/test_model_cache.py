@@ -210,7 +210,8 @@ def test_without_checksums_the_sizes_alone_are_checked(tmp_path, mirror):
 
 
 def test_a_model_the_mirror_does_not_have_fails_clearly(tmp_path, mirror):
-    with pytest.raises(EnsureError, match=r"manifest.json: HTTP 404"):
+    every_reason_names_the_model = r"^model org/absent: cannot read http://.*/org/absent/manifest.json: HTTP 404"
+    with pytest.raises(EnsureError, match=every_reason_names_the_model):
         ensurer(tmp_path, mirror).ensure(1, hub("org/absent"))
 
 

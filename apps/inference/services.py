@@ -260,6 +260,7 @@ def replica_spec(service: InferenceService, group: TaskGroup, model: Model, rank
             "engine": service.engine,
             "model": model.name,
             "format": model.format,
+            "source_kind": model.source_kind,  # the agent ensures the model by it before the engine starts
             "source": model.source,
             "args": list(service.engine_args or []),
         },

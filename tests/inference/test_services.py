@@ -49,6 +49,7 @@ def test_a_member_creates_a_service_with_its_group_replicas_and_decision(world):
         "engine": "vllm",
         "model": "qwen3-8b",
         "format": "safetensors",
+        "source_kind": "path",
         "source": "/models/qwen3-8b",
         "args": ["--max-model-len", "4096"],
     }

@@ -71,8 +71,10 @@ class ModelEnsurer:
         try:
             ensured = self._ensure(task_id, serving)
         except EnsureError as exc:
+            if not str(exc).startswith(f"model {name}"):  # every reason names the model
+                exc = type(exc)(f"model {name}: {exc}")
             self.report(task_id, "failed", {"model": name, "message": str(exc)[:2000]})
-            raise
+            raise exc from None
         if ensured is not None and ensured.fetched:
             self.report(
                 task_id,

@@ -5,7 +5,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.pagination import PageQuerySerializer
-from apps.core.serializers import StrictSerializer
+from apps.core.serializers import AgentPayloadSerializer, StrictSerializer
+from apps.inference import model_ensure
 from apps.inference.autoscale import PolicyError, parse_policy
 from apps.inference.choices import Engine, ModelFormat, ServiceStatus, SourceKind
 from apps.inference.error_codes import InferenceErrorCode
@@ -523,5 +524,27 @@ class ServiceListQuerySerializer(PageQuerySerializer):
 
 class DecisionListQuerySerializer(PageQuerySerializer):
     source = serializers.ChoiceField(
-        choices=[(s, s) for s in ("autoscaler", "window", "sleep", "wake", "rebuild", "user")], required=False
+        choices=[(s, s) for s in ("autoscaler", "window", "sleep", "wake", "rebuild", "user", "ensure")], required=False
     )
+
+
+class ModelEnsureReportSerializer(AgentPayloadSerializer):
+    """What the agent reports while it makes a replica's model present
+    (apps.inference.model_ensure)."""
+
+    channel = "model_ensure"
+
+    node_id = serializers.CharField(max_length=128)
+    state = serializers.ChoiceField(choices=model_ensure.STATES)
+    model = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    bytes_done = serializers.IntegerField(min_value=0, required=False, default=0)
+    bytes_total = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
+    bytes_per_second = serializers.FloatField(min_value=0, required=False, default=0.0)
+    eta_seconds = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
+    seconds = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
+    message = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+    def validate(self, attrs):
+        if attrs["state"] == model_ensure.FAILED and not attrs["message"].strip():
+            raise serializers.ValidationError({"message": ["A failure says why."]})
+        return attrs

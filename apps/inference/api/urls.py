@@ -15,4 +15,9 @@ urlpatterns = [
         views.ServiceDecisionsView.as_view(),
         name="inference-service-decisions",
     ),
+    path(
+        "inference-replicas/<int:task_id>/model-ensure",
+        views.ModelEnsureReportView.as_view(),
+        name="inference-replica-model-ensure",
+    ),
 ]

@@ -1,12 +1,17 @@
+from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from apps.core.clock import utcnow
+from apps.core.permissions import IsAgent
 from apps.core.views import ScopedAPIView
-from apps.inference import model_deletion, selectors, services
+from apps.inference import model_deletion, model_ensure, selectors, services
 from apps.inference.api import serializers as s
 from apps.inference.models import InferenceService, Model, ServiceDecision
+from apps.tasks.choices import TaskKind
+from apps.tasks.models import Task
 
 
 def shown(models, **context) -> dict:
@@ -183,3 +188,21 @@ class ServiceDecisionsView(ServiceView):
             decisions = decisions.filter(source=params.validated_data["source"])
         page = self.paginate_queryset(decisions)
         return self.get_paginated_response(s.DecisionSerializer(page, many=True).data)
+
+
+class ModelEnsureReportView(APIView):
+    """The agent of a replica's node reports on making its model present: download
+    progress, the end of a download, or why it failed (apps.inference.model_ensure).
+    204; 404 when the task is not an inference task on that node."""
+
+    permission_classes = [IsAgent]
+
+    @extend_schema(request=s.ModelEnsureReportSerializer, responses={204: None})
+    def post(self, request, task_id):
+        serializer = s.ModelEnsureReportSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        node_id, state = data.pop("node_id"), data.pop("state")
+        task = get_object_or_404(Task, pk=task_id, node_id=node_id, kind=TaskKind.INFERENCE)
+        model_ensure.report(task, node_id, state, data)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -19,7 +19,7 @@ from rest_framework.exceptions import ValidationError
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404, visible
-from apps.inference import selectors, services
+from apps.inference import model_ensure, selectors, services
 from apps.inference.api.serializers import ServiceCreateSerializer, window_status
 from apps.inference.choices import Engine, ServiceStatus
 from apps.inference.models import InferenceService, Model, ServiceDecision
@@ -188,6 +188,20 @@ def replicas_shown(service) -> list[dict]:
     return rows
 
 
+def fetching_lines(replicas: list[dict]) -> list[dict]:
+    """The replicas whose node downloads their model now, each with its figures and
+    the share done (whole percent; None while the total is not known)."""
+    found = model_ensure.progress_of([r["task_id"] for r in replicas])
+    lines = []
+    for row in replicas:
+        figures = found.get(row["task_id"])
+        if figures:
+            total = figures.get("bytes_total")
+            percent = int(100 * (figures.get("bytes_done") or 0) / total) if total else None
+            lines.append({**figures, "rank": row["rank"], "task_id": row["task_id"], "percent": percent})
+    return lines
+
+
 @portal_page
 def service_detail(request, pk):
     principal = request.principal
@@ -204,6 +218,7 @@ def service_detail(request, pk):
             "group": service.group,
             "replicas": replicas,
             "healthy": sum(1 for r in replicas if r.get("healthy")),
+            "fetching": fetching_lines(replicas),
             "decisions": decisions,
             "page": decisions,
             "window": service.window,
