@@ -83,7 +83,7 @@ class Node(TenantOwned):
     gpu_temperature = models.FloatField(null=True, blank=True)
     gpu_memory_used_mb = models.BigIntegerField(null=True, blank=True)
     # GPUs, summarised for lists and filters
-    gpu_type = models.CharField(max_length=20, blank=True, default="", db_index=True)
+    gpu_type = models.CharField(max_length=20, blank=True, default="")  # indexed below
     gpu_model = models.CharField(max_length=200, blank=True, default="")
     gpu_count = models.PositiveIntegerField(default=0)
     gpu_collector_error = models.TextField(blank=True, default="")
@@ -136,8 +136,9 @@ class Node(TenantOwned):
         indexes = [
             models.Index(fields=["status"], name="nodes_status"),
             models.Index(fields=["last_heartbeat_at"], name="nodes_last_heartbeat"),
-            models.Index(fields=["tenant"], name="nodes_tenant"),
             models.Index(fields=["name", "id"], name="nodes_name_id"),  # the list's order
+            # the list's filter (a plain index: db_index would add a LIKE twin each beat writes)
+            models.Index(fields=["gpu_type"], name="nodes_gpu_type"),
             # the alert sweep's driver errors: the failing nodes, not the fleet
             models.Index(fields=["id"], condition=~Q(gpu_collector_error=""), name="nodes_gpu_collector_failing"),
         ]
@@ -166,7 +167,9 @@ class GpuQuerySet(models.QuerySet):
 
 
 class Gpu(models.Model):
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    # no index of its own: the (node, index) unique constraint leads with it, and every
+    # index a beat's card update must write costs it (docs/architecture.md#hot-paths)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus", db_index=False)
     index = models.PositiveIntegerField()
     uuid = models.CharField(max_length=128, blank=True, default="")
     vendor = models.CharField(max_length=20, default="")
