@@ -113,3 +113,12 @@ class WatchedImageKind(models.TextChoices):
     ENGINE = "engine", "inference engine"
     BASE = "base", "base image"
     TRAINING = "training", "training image"
+
+
+# An agent built from a source tree with uncommitted changes marks its commit so
+# (apps.nodes.distribution.git_commit); the heartbeat logs it, the nodes page flags it.
+DIRTY_BUILD_SUFFIX = "-dirty"
+
+
+def is_dirty_build(commit: str) -> bool:
+    return commit.endswith(DIRTY_BUILD_SUFFIX)

@@ -37,6 +37,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from apps.nodes.choices import DIRTY_BUILD_SUFFIX
+
 SUPPORTED_ARCHES = ("x86_64", "aarch64")
 ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "x64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 # The oldest CPython the served wheels are chosen for. The agent's pinned requests
@@ -370,7 +372,7 @@ def git_commit(source: Path) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     commit = head.stdout.strip()
-    return commit + "-dirty" if status.returncode != 0 or status.stdout.strip() else commit
+    return commit + DIRTY_BUILD_SUFFIX if status.returncode != 0 or status.stdout.strip() else commit
 
 
 def _source_ignore(source: Path):

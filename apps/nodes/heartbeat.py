@@ -50,7 +50,14 @@ from psycopg.types.json import Jsonb, set_json_dumps
 from apps.alerts import keys as alert_keys
 from apps.alerts.choices import AlertScope, AlertType, Severity
 from apps.nodes import card_identity, drift, energy, health, liveness
-from apps.nodes.choices import CORDON_LABEL, LOST_AFTER_BEATS, RECOVERED_AFTER_BEATS, CardIdentity, CordonSource
+from apps.nodes.choices import (
+    CORDON_LABEL,
+    LOST_AFTER_BEATS,
+    RECOVERED_AFTER_BEATS,
+    CardIdentity,
+    CordonSource,
+    is_dirty_build,
+)
 from apps.nodes.normalize import gpu_model
 
 logger = logging.getLogger(__name__)
@@ -627,7 +634,7 @@ def log_version_change(node_id: str, before: tuple[str, str], after: tuple[str, 
     with uncommitted changes) is said so."""
     if tuple(before) == tuple(after):
         return
-    dirty = " (built from a tree with uncommitted changes)" if after[1].endswith("-dirty") else ""
+    dirty = " (built from a tree with uncommitted changes)" if is_dirty_build(after[1]) else ""
     logger.info(
         "node %s: agent %s (%s) -> %s (%s)%s",
         node_id,

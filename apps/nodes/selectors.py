@@ -2,7 +2,7 @@ from django.db.models import Avg, Count, Exists, F, OuterRef, Q, Subquery
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
-from apps.nodes.choices import ALIVE, NodeStatus
+from apps.nodes.choices import ALIVE, NodeStatus, is_dirty_build
 from apps.nodes.models import Gpu, Node
 from apps.scheduler.models import GpuAllocation
 from apps.tasks.choices import ACTIVE
@@ -127,3 +127,32 @@ def nodes_by_liveness(principal, tab: str):
     if tab == "offline":
         return nodes.filter(status=NodeStatus.OFFLINE)
     return nodes
+
+
+def agent_fleet(principal) -> dict:
+    """The agent versions the visible nodes run, most nodes first: per version the nodes
+    (and how many are alive) and the commits it was built from, "-dirty" builds marked.
+    More than one reported version is a mismatch; nodes that never reported one (no beat
+    yet) are listed apart and do not make one."""
+    rows = (
+        Node.objects.visible_to(principal)
+        .order_by()
+        .values_list("agent_version", "agent_git_commit")
+        .annotate(nodes=Count("id"), alive=Count("id", filter=Q(status__in=ALIVE)))
+    )
+    versions: dict[str, dict] = {}
+    for version, commit, nodes, alive in rows:
+        row = versions.setdefault(version, {"version": version, "nodes": 0, "alive": 0, "commits": []})
+        row["nodes"] += nodes
+        row["alive"] += alive
+        row["commits"].append({"commit": commit, "nodes": nodes, "dirty": is_dirty_build(commit)})
+    listed = sorted(versions.values(), key=lambda row: (row["version"] == "", -row["nodes"], row["version"]))
+    for row in listed:
+        row["commits"].sort(key=lambda commit: (-commit["nodes"], commit["commit"]))
+    reported = sum(1 for row in listed if row["version"])
+    return {
+        "versions": listed,
+        "reported_versions": reported,
+        "mismatch": reported > 1,
+        "dirty_nodes": sum(commit["nodes"] for row in listed for commit in row["commits"] if commit["dirty"]),
+    }

@@ -5,7 +5,7 @@ with the API's serializers, so a page says what the API would say."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Prefetch
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
@@ -19,7 +19,7 @@ from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404
 from apps.nodes import metrics, selectors, services
 from apps.nodes.api.serializers import LocationSerializer, TenantAssignmentSerializer
-from apps.nodes.choices import ALIVE, IMAGE_CHECK_MAX_REFERENCES
+from apps.nodes.choices import ALIVE, IMAGE_CHECK_MAX_REFERENCES, is_dirty_build
 from apps.nodes.images import node_alive, watched_by_vendor, watched_for
 from apps.nodes.model_cache import node_models
 from apps.nodes.models import Gpu, Node
@@ -33,7 +33,6 @@ from apps.tenants import policy
 from apps.tenants.models import Tenant
 
 NODES_REFRESH_SECONDS = 30  # the nodes page reads its cards again this often (spec 000)
-DIRTY_SUFFIX = "-dirty"
 SORT_LABELS = {"tasks": "Tasks", "busy": "GPUs busy", "utilization": "Utilisation", "name": "Name"}
 MONITOR_RANGES = {"1": "1 h", "6": "6 h", "24": "24 h", "72": "3 d", "168": "7 d"}
 MONITOR_LIST_LIMIT = 200
@@ -46,41 +45,6 @@ IMAGE_CHECK_WAIT_MS = 120_000  # and stops following a check its node's agent ha
 def gpus_with_state():
     """A node's cards, each with its `state` read in the same query."""
     return Gpu.objects.with_state().order_by("index")
-
-
-def is_dirty_build(commit: str) -> bool:
-    """An agent built from a source tree with uncommitted changes: its build marks the
-    commit so (apps.nodes.distribution.git_commit; the heartbeat logs it too)."""
-    return commit.endswith(DIRTY_SUFFIX)
-
-
-def agent_fleet(principal) -> dict:
-    """The agent versions the visible nodes run, most nodes first: per version the nodes
-    (and how many are alive) and the commits it was built from, "-dirty" builds marked.
-    More than one reported version is a mismatch; nodes that never reported one (no beat
-    yet) are listed apart and do not make one."""
-    rows = (
-        Node.objects.visible_to(principal)
-        .order_by()
-        .values_list("agent_version", "agent_git_commit")
-        .annotate(nodes=Count("id"), alive=Count("id", filter=Q(status__in=ALIVE)))
-    )
-    versions: dict[str, dict] = {}
-    for version, commit, nodes, alive in rows:
-        row = versions.setdefault(version, {"version": version, "nodes": 0, "alive": 0, "commits": []})
-        row["nodes"] += nodes
-        row["alive"] += alive
-        row["commits"].append({"commit": commit, "nodes": nodes, "dirty": is_dirty_build(commit)})
-    listed = sorted(versions.values(), key=lambda row: (row["version"] == "", -row["nodes"], row["version"]))
-    for row in listed:
-        row["commits"].sort(key=lambda commit: (-commit["nodes"], commit["commit"]))
-    reported = sum(1 for row in listed if row["version"])
-    return {
-        "versions": listed,
-        "reported_versions": reported,
-        "mismatch": reported > 1,
-        "dirty_nodes": sum(commit["nodes"] for row in listed for commit in row["commits"] if commit["dirty"]),
-    }
 
 
 def node_list_context(request) -> dict:
@@ -108,7 +72,7 @@ def node_list_context(request) -> dict:
         "sorts": SORT_LABELS,
         "gpus": selectors.gpu_summary(principal),
         "scheduling": scheduling_summary(principal),
-        "fleet": agent_fleet(principal),
+        "fleet": selectors.agent_fleet(principal),
         "rendered_at": utcnow(),
     }
 
