@@ -447,7 +447,9 @@ class Executor:
         pointed at the local copy; a container gets that copy mounted read-only at the
         same path. Raises EnsureError, the reason already told to the control plane."""
         serving = launch.serving_of(task)
-        ensured = self.models.ensure(task["id"], serving) if self.models is not None else None
+        ensured = (
+            self.models.ensure(task["id"], serving, task.get("registry_auth")) if self.models is not None else None
+        )
         if ensured is None:
             return task
         task = {**task, "serving": {**serving, "source": ensured.source}}

@@ -26,6 +26,7 @@ from heteroflow_agent.executor import Executor
 from heteroflow_agent.heartbeat import Heartbeat, TaskReport
 from heteroflow_agent.logs import LogShipper
 from heteroflow_agent.model_cache.ensure import ModelEnsurer, server_report
+from heteroflow_agent.model_cache.image import ImageExporter
 from heteroflow_agent.model_cache.store import ModelStore
 from heteroflow_agent.reconcile import Reconciler
 from heteroflow_agent.version import current
@@ -110,6 +111,7 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
         executor.models = ModelEnsurer(
             ModelStore(cfg.model_cache_dir, cfg.model_cache_bytes),
             mirror=cfg.model_hub_url,
+            images=ImageExporter(runtime) if runtime.kind == "docker" else None,
             report=server_report(client, cfg.node_id),
             progress_interval=cfg.model_progress_seconds,
         )

@@ -267,9 +267,9 @@ def test_a_serving_without_a_source_kind_is_launched_as_it_is(tmp_path):
     assert models.ensure(1, {"engine": "llama.cpp", "source": "/anywhere/x.gguf"}) is None
 
 
-def test_an_image_source_fails_saying_it_is_not_fetched_yet(tmp_path):
+def test_an_image_model_on_a_node_without_a_container_engine_fails_saying_so(tmp_path):
     models = ModelEnsurer(ModelStore(tmp_path / "cache"), report=Reports())
-    with pytest.raises(EnsureError, match="from an image"):
+    with pytest.raises(EnsureError, match=r"^model m comes in an image .* no container engine to pull it"):
         models.ensure(1, {"model": "m", "source_kind": "image", "source": "registry.lan/models/m:1"})
 
 

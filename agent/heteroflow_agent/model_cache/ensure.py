@@ -5,8 +5,9 @@ By the model's source kind (`serving.source_kind`, from the model registry):
   replica fails before its engine starts, saying which path is missing;
 - `hub`: downloaded from the operator's mirror (fetch.py) into the model cache, room
   made under the budget first (store.py), progress reported while it downloads;
-- `image`: not ensured by this agent yet: the replica fails saying so (the engine would
-  otherwise be handed an image reference as its model path).
+- `image`: the image is pulled and its model folder copied out (image.py) into the
+  model cache, room made and progress reported as for a hub model; a node without a
+  container engine fails it, saying so.
 A serving without `source_kind` (a task made by hand, or an older server) is launched
 as it is, as before.
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from heteroflow_agent.client import ServerClient, ServerError
 from heteroflow_agent.model_cache.fetch import Fetcher, model_base
+from heteroflow_agent.model_cache.image import ImageExporter
 from heteroflow_agent.model_cache.progress import Progress, ProgressThrottle
 from heteroflow_agent.model_cache.store import MARKER, EnsureError, ModelStore, entry_key, tree_size
 
@@ -53,23 +55,26 @@ class ModelEnsurer:
         *,
         mirror: str = "",
         fetcher: Fetcher | None = None,
+        images: ImageExporter | None = None,
         report: Report | None = None,
         progress_interval: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.store, self.mirror = store, mirror
         self.fetcher = fetcher or Fetcher()
+        self.images = images  # None: no container engine here, image models cannot be fetched
         self.report = report or (lambda task_id, state, fields: None)
         self.progress_interval, self.clock = progress_interval, clock
 
-    def ensure(self, task_id: int, serving: Mapping) -> Ensured | None:
+    def ensure(self, task_id: int, serving: Mapping, credentials: dict | None = None) -> Ensured | None:
         """Make the serving's model present and hold it for the task. None when the
         serving names no source kind (launched as it is). Raises EnsureError, after
         telling the control plane why; a download's end is told too (its progress line
-        goes, its decision is written)."""
+        goes, its decision is written). `credentials`: the task's registry credentials,
+        for an image model."""
         name = str(serving.get("model") or serving.get("source") or "")
         try:
-            ensured = self._ensure(task_id, serving)
+            ensured = self._ensure(task_id, serving, credentials)
         except EnsureError as exc:
             if not str(exc).startswith(f"model {name}"):  # every reason names the model
                 exc = type(exc)(f"model {name}: {exc}")
@@ -83,7 +88,7 @@ class ModelEnsurer:
             )
         return ensured
 
-    def _ensure(self, task_id: int, serving: Mapping) -> Ensured | None:
+    def _ensure(self, task_id: int, serving: Mapping, credentials: dict | None) -> Ensured | None:
         kind = str(serving.get("source_kind") or "")
         source = str(serving.get("source") or "")
         name = str(serving.get("model") or source)
@@ -100,7 +105,7 @@ class ModelEnsurer:
         if kind == HUB:
             return self._hub(task_id, name, source, str(serving.get("format") or ""))
         if kind == IMAGE:
-            raise EnsureError(f"model {name}: models from an image ({source}) are not fetched by this agent yet")
+            return self._image(task_id, name, source, str(serving.get("format") or ""), credentials)
         raise EnsureError(f"model {name}: unknown source kind {kind!r} (path, hub or image)")
 
     def hold(self, task_id: int, serving: Mapping) -> None:
@@ -135,7 +140,7 @@ class ModelEnsurer:
             try:
                 throttle = ProgressThrottle(
                     total,
-                    lambda progress: self._progress(task_id, name, source, progress),
+                    lambda progress: self._progress(task_id, name, progress),
                     done=present,
                     interval=self.progress_interval,
                     clock=self.clock,
@@ -153,8 +158,46 @@ class ModelEnsurer:
             logger.info("model %s: %d bytes fetched from %s in %.1f s", name, total - present, base, seconds)
             return Ensured(loadable(folder, format), key, True, total - present, seconds)
 
-    def _progress(self, task_id: int, name: str, source: str, progress: Progress) -> None:
-        self.report(task_id, "fetching", {"model": name, "source": source, **progress.as_payload()})
+    # --- image ------------------------------------------------------------------------
+
+    def _image(self, task_id: int, name: str, source: str, format: str, credentials: dict | None) -> Ensured:
+        if self.images is None:
+            raise EnsureError(
+                f"model {name} comes in an image ({source}) and this node has no container engine to pull it"
+            )
+        key = entry_key(IMAGE, source)
+        folder = self.store.path_of(key)
+        with self.store.key_lock(key):
+            if self.store.complete(key):
+                self.store.hold(task_id, key)
+                return Ensured(loadable(folder, format), key)
+            began = self.clock()
+            bound = self.images.size_of(source, credentials)  # the image's size: the model's is at most that
+            evicted = self.store.make_room(key, bound, name)
+            if evicted:
+                logger.info("model %s: evicted %s to make room", name, ", ".join(evicted))
+            self.store.hold(task_id, key)
+            try:
+                throttle = ProgressThrottle(
+                    bound,
+                    lambda progress: self._progress(task_id, name, progress),
+                    interval=self.progress_interval,
+                    clock=self.clock,
+                )
+                self.images.export(source, folder, throttle.advance)
+                throttle.total = throttle.done  # the archive's real size, for the last report
+                throttle.finish()
+                size = tree_size(folder)
+                self.store.mark_complete(key, source_kind=IMAGE, source=source, size_bytes=size)
+            except BaseException:
+                self.store.release(task_id)
+                raise
+            seconds = self.clock() - began
+            logger.info("model %s: %d bytes copied out of %s in %.1f s", name, size, source, seconds)
+            return Ensured(loadable(folder, format), key, True, size, seconds)
+
+    def _progress(self, task_id: int, name: str, progress: Progress) -> None:
+        self.report(task_id, "fetching", {"model": name, **progress.as_payload()})
 
 
 def loadable(folder: Path, format: str) -> str:
