@@ -144,6 +144,22 @@ def test_node_detail_shows_cards_labels_models_and_lost_cards(client, world, clu
     assert 'id="location-form"' not in html and "Delete node" not in html  # operators' tools are hidden
 
 
+def test_a_lost_card_known_only_by_its_position_says_which_one_cannot_be_told(client, world, cluster):
+    from apps.nodes.choices import CardIdentity
+    from apps.nodes.models import Gpu
+
+    Gpu.objects.filter(node_id="shared-1", index=1).update(
+        pci_bus_id="0000:3f:00.0", matched_by=CardIdentity.PCI_BUS_ID
+    )
+    viewer = signed_in(client, world.users["acme-viewer"])
+    html = page(viewer, "/portal/nodes/shared-1/")
+    assert "PCI <code>0000:3f:00.0</code>" in html.split('data-gpu="1"')[1].split("</tr>")[0]
+    assert "data-unidentified" not in html  # the lost card 3 is known by its index
+    Gpu.objects.filter(node_id="shared-1", index=3).update(matched_by=CardIdentity.POSITION)
+    lost_row = page(viewer, "/portal/nodes/shared-1/").split('data-gpu="3"')[1].split("</tr>")[0]
+    assert "data-unidentified" in lost_row and "cannot be told" in lost_row
+
+
 def test_location_and_tenant_are_for_operators(client, world, cluster):
     member = signed_in(client, world.users["acme-admin"])
     assert member.post("/portal/nodes/shared-1/location/", {"region": "x", "zone": "", "rack": ""}).status_code == 403
