@@ -183,8 +183,13 @@ def insert_rows(objs, *, batch_size: int = 1000, using: str = DEFAULT_DB_ALIAS) 
     with conn.cursor() as cursor:
         cursor.execute(head + ", ".join([row] * len(rows)) + tail, [value for values in rows for value in values])
         returned = cursor.fetchall() if returning else [()] * len(rows)
+    # each returned value as the ORM would give it (a jsonb db_default comes back as text)
+    columns = [field.get_col(model._meta.db_table) for field in returning]
+    converters = [[*conn.ops.get_db_converters(column), *column.get_db_converters(conn)] for column in columns]
     for obj, values in zip(objs, returned, strict=True):
-        for field, value in zip(returning, values, strict=True):
+        for field, column, convert, value in zip(returning, columns, converters, values, strict=True):
+            for converter in convert:
+                value = converter(value, column, conn)
             setattr(obj, field.attname, value)
         obj._state.adding = False
         obj._state.db = using

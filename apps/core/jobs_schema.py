@@ -96,6 +96,13 @@ def field_schema(field: serializers.Field) -> dict[str, Any]:
             schema["minItems"] = field.min_length
     elif isinstance(field, serializers.DictField):
         schema = {"type": "object", "additionalProperties": field_schema(field.child)}
+        # a field that names its keys' spelling and bounds (the node label selectors)
+        if getattr(field, "key_pattern", None):
+            schema["propertyNames"] = {"pattern": field.key_pattern}
+        if getattr(field, "max_keys", None):
+            schema["maxProperties"] = field.max_keys
+        if not field.allow_empty:
+            schema["minProperties"] = 1
     else:  # JSONField and anything else: any JSON value
         schema = {}
     if getattr(field, "allow_null", False):
@@ -164,12 +171,46 @@ def only_for_inference(what: str) -> dict[str, Any]:
     return {"not": {}, "errorMessage": f"only inference tasks (task_kind: inference) have {what}"}
 
 
+# apps.tasks.api.serializers.image_problems and constraints_problems (what JSON Schema can
+# say of them: a label both asked for and avoided is the server's to refuse)
+PROCESS_RUNTIME = "process"
+RUNTIME_RULES = [
+    {
+        "if": {"not": {"properties": {"runtime": {"const": PROCESS_RUNTIME}}, "required": ["runtime"]}},
+        "then": {"required": ["image"], "properties": {"image": {"minLength": 1, "pattern": r"\S"}}},
+    },
+    {
+        "if": {"properties": {"runtime": {"const": PROCESS_RUNTIME}}, "required": ["runtime"]},
+        "then": {
+            "properties": {
+                "volumes": {
+                    "maxItems": 0,
+                    "errorMessage": "the process runtime cannot mount volumes (no container to mount them in)",
+                }
+            }
+        },
+    },
+]
+NOT_A_SERVICE = {
+    "const": False,
+    "errorMessage": "only an inference service's replicas have a service to keep apart from",
+}
+
+
+def constraint_rules(schema: dict) -> None:
+    """The runtime's image and volume rules, and no same_service outside a service."""
+    schema.setdefault("allOf", []).extend(copy.deepcopy(RUNTIME_RULES))
+    schema["required"] = [name for name in schema.get("required", []) if name != "image"]
+    schema["properties"]["anti_affinity"]["properties"]["same_service"] |= NOT_A_SERVICE
+
+
 def task_rules(schema: dict) -> None:
     """TaskCreateSerializer.validate and ArraySerializer.validate_count."""
     properties = schema["properties"]
     properties["array"]["properties"]["count"]["maximum"] = settings.HETEROFLOW_TASK_BATCH_MAX
     schema["required"] = [name for name in schema.get("required", []) if name != "array"]
-    schema["allOf"] = [
+    constraint_rules(schema)
+    schema["allOf"] += [
         {
             "if": {"properties": {"task_kind": {"const": "training"}}, "required": ["task_kind"]},
             "then": {
@@ -189,8 +230,9 @@ def task_rules(schema: dict) -> None:
 
 
 def group_rules(schema: dict) -> None:
-    """TaskGroupCreateSerializer.validate_world_size."""
+    """TaskGroupCreateSerializer.validate_world_size and validate."""
     schema["properties"]["world_size"]["maximum"] = settings.HETEROFLOW_GROUP_MAX_WORLD_SIZE
+    constraint_rules(schema)
 
 
 def service_rules(schema: dict) -> None:

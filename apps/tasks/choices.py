@@ -24,6 +24,25 @@ class TaskKind(models.TextChoices):
     INFERENCE = "inference"
 
 
+class TaskRuntime(models.TextChoices):
+    """Which of a node's runtimes a task accepts (the node's `exec_mode` says which it
+    has): `auto` whichever the node has (a container engine's, else the process
+    runtime's, where the image is ignored), `container` only a container engine,
+    `process` only the process runtime (a command on the host; no image needed)."""
+
+    AUTO = "auto"
+    CONTAINER = "container"
+    PROCESS = "process"
+
+
+# Hard placement constraints (Task.affinity, Task.anti_affinity; a group's, for its
+# members): at most this many labels in one selector. A label's key is spelled as the
+# agents and the node API spell node labels.
+MAX_SELECTOR_LABELS = 16
+NODE_LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$"
+NODE_LABEL_VALUE_MAX = 4096
+
+
 # What one task may ask for, wherever a task is described (a task, a group's worker, an
 # inference service's replica, the scheduler's dry runs): the API refuses more. The
 # database checks the same priority bounds (the task_priority_0_100 constraints).

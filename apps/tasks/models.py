@@ -11,7 +11,16 @@ from django.db.models import Q, Value
 
 from apps.core.models import TenantOwned
 from apps.core.scoping import ScopedQuerySet
-from apps.tasks.choices import HOLDING, GroupKind, GroupPlacement, GroupStrategy, TaskKind, TaskStatus, group_status
+from apps.tasks.choices import (
+    HOLDING,
+    GroupKind,
+    GroupPlacement,
+    GroupStrategy,
+    TaskKind,
+    TaskRuntime,
+    TaskStatus,
+    group_status,
+)
 
 
 class TaskQuerySet(ScopedQuerySet):
@@ -59,6 +68,30 @@ class TaskGroup(TenantOwned):
     checkpoint_path = models.CharField(max_length=1024, blank=True, default="")
     priority = models.PositiveSmallIntegerField(default=50)
     labels = models.JSONField(default=dict, blank=True, help_text="scheduling hints, as for tasks")
+    # hard placement constraints, beside the soft scoring hints in `labels`
+    # (apps.scheduler.core.filters): which runtime every member accepts, the node labels it
+    # needs and the ones (or the siblings) it avoids
+    runtime = models.CharField(
+        max_length=10,
+        choices=TaskRuntime.choices,
+        default=TaskRuntime.AUTO,
+        db_default=TaskRuntime.AUTO,
+        help_text="auto: the node's runtime; container: only nodes with a container engine; "
+        "process: only nodes that run processes (no image needed)",
+    )
+    affinity = models.JSONField(
+        default=dict,
+        db_default=Value({}, output_field=models.JSONField()),
+        blank=True,
+        help_text='{"nodes_with_labels": {"key": "value", ...}}: only nodes with every one of them',
+    )
+    anti_affinity = models.JSONField(
+        default=dict,
+        db_default=Value({}, output_field=models.JSONField()),
+        blank=True,
+        help_text='{"labels": {...}}: never nodes with any of them; {"same_service": true}: '
+        "no two replicas of one inference service on a node",
+    )
     # decided at bind: the backend and addresses the workers use, and why
     network = models.JSONField(default=dict, blank=True, help_text='{"backend", "address", "reason", ...}')
     schedule_reason = models.JSONField(default=dict, blank=True, help_text="why the last cycle did not place it")
@@ -144,6 +177,30 @@ class Task(TenantOwned):
     priority = models.PositiveSmallIntegerField(default=50)
     preemptible = models.BooleanField(default=False)
     labels = models.JSONField(default=dict, blank=True, help_text="scheduling hints")
+    # hard placement constraints, beside the soft scoring hints in `labels`
+    # (apps.scheduler.core.filters): which runtime the task accepts, the node labels it
+    # needs and the ones (or the siblings) it avoids
+    runtime = models.CharField(
+        max_length=10,
+        choices=TaskRuntime.choices,
+        default=TaskRuntime.AUTO,
+        db_default=TaskRuntime.AUTO,
+        help_text="auto: the node's runtime; container: only nodes with a container engine; "
+        "process: only nodes that run processes (no image needed)",
+    )
+    affinity = models.JSONField(
+        default=dict,
+        db_default=Value({}, output_field=models.JSONField()),
+        blank=True,
+        help_text='{"nodes_with_labels": {"key": "value", ...}}: only nodes with every one of them',
+    )
+    anti_affinity = models.JSONField(
+        default=dict,
+        db_default=Value({}, output_field=models.JSONField()),
+        blank=True,
+        help_text='{"labels": {...}}: never nodes with any of them; {"same_service": true}: '
+        "no two replicas of one inference service on a node",
+    )
     timeout_seconds = models.PositiveIntegerField(default=7_200)
     checkpoint_path = models.CharField(max_length=1024, blank=True, default="")
     resume_from_checkpoint = models.CharField(max_length=1024, blank=True, default="")

@@ -213,6 +213,18 @@ def create_task(*, tenant, created_by=None, **fields) -> Task:
 
 
 INSERT_BATCH = 1000  # rows per INSERT statement of a batch
+# a group member's hard placement constraints are its group's (an inference service's
+# replicas, a training group's workers), unless its spec says otherwise
+MEMBER_CONSTRAINTS = ("runtime", "affinity", "anti_affinity")
+
+
+def with_group_constraints(spec: dict) -> dict:
+    """The spec of a group's member with the group's runtime, affinity and anti-affinity
+    where it names none."""
+    group = spec.get("group")
+    if group is None or all(name in spec for name in MEMBER_CONSTRAINTS):
+        return spec
+    return {**{name: getattr(group, name) for name in MEMBER_CONSTRAINTS}, **spec}
 
 
 def create_tasks(tenant, specs, *, created_by=None, before_insert=None) -> list[Task]:
@@ -226,7 +238,7 @@ def create_tasks(tenant, specs, *, created_by=None, before_insert=None) -> list[
     lock once the quota check has passed, just before the insert, in the same
     transaction (create_group writes the group row there, so a refused group writes
     nothing)."""
-    tasks = [Task(tenant=tenant, created_by=created_by, **spec) for spec in specs]
+    tasks = [Task(tenant=tenant, created_by=created_by, **with_group_constraints(spec)) for spec in specs]
     if not tasks:
         return []
     ask = asked((task.gpu_required, task.gpu_memory_mb) for task in tasks)

@@ -119,6 +119,22 @@ ACCEPTED = {
         "serving": {"model": "m", "format": "gguf", "source": "/models/m.gguf"},
     },
     "an array": {**TASK, "array": {"count": 3}},
+    "a process task without an image": {
+        **{key: value for key, value in TASK.items() if key != "image"},
+        "runtime": "process",
+    },
+    "a task with hard constraints": {
+        **TASK,
+        "runtime": "container",
+        "affinity": {"nodes_with_labels": {"gpu-pool": "a100", "topology.example/zone": "z1"}},
+        "anti_affinity": {"labels": {"maintenance": "soon"}, "same_service": False},
+    },
+    "a group with hard constraints": {
+        **GROUP,
+        "runtime": "container",
+        "affinity": {"nodes_with_labels": {"fabric": "ib"}},
+        "anti_affinity": {"labels": {"maintenance": "soon"}},
+    },
     "a group": GROUP,
     "a group with everything": {
         **GROUP,
@@ -187,6 +203,24 @@ REFUSED = {
     "a port out of range": ({**TASK, "ports": [70000]}, "ports[0]"),
     "an array too large": ({**TASK, "array": {"count": 10**9}}, "array.count"),
     "an unknown group vendor": ({**GROUP, "gpu_type": "tpu"}, "gpu_type"),
+    "no image for a container": (
+        {**{key: value for key, value in TASK.items() if key != "image"}, "runtime": "container"},
+        "image",
+    ),
+    "volumes under the process runtime": (
+        {**TASK, "runtime": "process", "volumes": [{"host": "/a", "container": "/b"}]},
+        "volumes",
+    ),
+    "an unknown runtime": ({**TASK, "runtime": "vm"}, "runtime"),
+    "a misspelt selector": ({**TASK, "affinity": {"nodes_with_label": {"a": "b"}}}, "affinity.nodes_with_label"),
+    "an empty selector": ({**TASK, "affinity": {"nodes_with_labels": {}}}, "affinity.nodes_with_labels"),
+    "a label key nodes cannot have": (
+        {**TASK, "anti_affinity": {"labels": {"-bad": "x"}}},
+        "anti_affinity.labels",
+    ),
+    "same_service on a task": ({**TASK, "anti_affinity": {"same_service": True}}, "anti_affinity.same_service"),
+    "same_service on a group": ({**GROUP, "anti_affinity": {"same_service": True}}, "anti_affinity.same_service"),
+    "a group without an image": ({key: value for key, value in GROUP.items() if key != "image"}, "image"),
     "an unknown strategy": ({**GROUP, "strategy": "zero"}, "strategy"),
     "no workers": ({**GROUP, "world_size": 0}, "world_size"),
     "too many workers": ({**GROUP, "world_size": 10**6}, "world_size"),

@@ -17,11 +17,15 @@ from apps.tasks.choices import (
     DEFAULT_PRIORITY,
     MAX_GPUS_PER_TASK,
     MAX_PRIORITY,
+    MAX_SELECTOR_LABELS,
     MIN_PRIORITY,
+    NODE_LABEL_KEY,
+    NODE_LABEL_VALUE_MAX,
     GroupKind,
     GroupStatus,
     GroupStrategy,
     TaskKind,
+    TaskRuntime,
     TaskStatus,
 )
 from apps.tasks.models import Task, TaskGroup
@@ -89,11 +93,119 @@ class ServingSerializer(StrictSerializer):
     )
 
 
-class TaskCreateSerializer(StrictSerializer):
+class NodeLabelsField(serializers.DictField):
+    """Node labels a placement constraint names, {"key": "value", ...}: keys spelled as
+    node labels are (`key_pattern`), at least one and at most MAX_SELECTOR_LABELS
+    (`max_keys`; the job file's schema reads both)."""
+
+    key_pattern = NODE_LABEL_KEY
+    max_keys = MAX_SELECTOR_LABELS
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("child", serializers.CharField(max_length=NODE_LABEL_VALUE_MAX, allow_blank=True))
+        kwargs.setdefault("allow_empty", False)
+        super().__init__(**kwargs)
+        self.error_messages["empty"] = "Name at least one label, or leave this out."
+
+    def to_internal_value(self, data):
+        labels = super().to_internal_value(data)
+        problems = [f"{key!r} is not a node label's name" for key in labels if not re.match(self.key_pattern, key)]
+        if len(labels) > self.max_keys:
+            problems.append(f"At most {self.max_keys} labels.")
+        if problems:
+            raise serializers.ValidationError(problems)
+        return dict(labels)
+
+
+class AffinitySerializer(StrictSerializer):
+    """Hard node affinity: the task goes only to nodes that carry every one of these
+    labels, with these values (a filter, not a preference: with none, it waits)."""
+
+    nodes_with_labels = NodeLabelsField(required=False, help_text="only nodes with every one of these labels")
+
+
+class AntiAffinitySerializer(StrictSerializer):
+    """Hard anti-affinity: never on a node with any of `labels`; with `same_service`, never
+    on a node that already holds another replica of the same inference service (beside
+    the replica-spread score, which only prefers apart)."""
+
+    same_service = serializers.BooleanField(
+        required=False, default=False, help_text="an inference service's replicas: no two on one node"
+    )
+    labels = NodeLabelsField(required=False, help_text="never a node with any of these labels")
+
+
+def constraints_problems(attrs: dict, *, replicas: bool) -> dict:
+    """The placement constraints of a task, a group or a service, checked together and
+    stored as asked (`same_service` only when true, nothing for an empty selector);
+    `replicas`: the body describes an inference service's replicas, the only members
+    `same_service` can keep apart. Returns the problems by field ({} when none)."""
+    problems: dict = {}
+    for name in ("affinity", "anti_affinity"):
+        if name in attrs:
+            attrs[name] = {key: value for key, value in dict(attrs[name]).items() if value}
+    wanted = attrs.get("affinity", {}).get("nodes_with_labels", {})
+    avoided = attrs.get("anti_affinity", {}).get("labels", {})
+    both = sorted(f"{key}={value}" for key, value in avoided.items() if wanted.get(key) == value)
+    if both:
+        problems.setdefault("anti_affinity", {})["labels"] = [
+            f"Asked for and avoided at once, so no node could take it: {', '.join(both)}."
+        ]
+    if attrs.get("anti_affinity", {}).get("same_service") and not replicas:
+        problems.setdefault("anti_affinity", {})["same_service"] = [
+            "Only an inference service's replicas have a service to keep apart from; "
+            "use anti_affinity.labels to keep this off nodes."
+        ]
+    return problems
+
+
+IMAGE_REQUIRED = "This field is required (it may be left out only with runtime process)."
+
+
+def image_problems(attrs: dict) -> dict:
+    """A task (or a group's workers) under the process runtime needs no image and can
+    mount no volume (there is no container to mount it in); any other needs an image."""
+    problems: dict = {}
+    if attrs.get("runtime") == TaskRuntime.PROCESS:
+        if attrs.get("volumes"):
+            problems["volumes"] = [
+                "The process runtime cannot mount volumes (no container to mount them in); "
+                "use host paths in the command, or runtime container."
+            ]
+    elif not attrs.get("image"):
+        problems["image"] = [IMAGE_REQUIRED]
+    return problems
+
+
+class ImageUnlessProcess:
+    """Names a missing image with the other fields' errors (a body with several problems
+    gets them all at once), though whether it is missing depends on `runtime`."""
+
+    def to_internal_value(self, data):
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError as error:
+            if isinstance(error.detail, dict) and isinstance(data, dict) and "image" not in error.detail:
+                image = data.get("image")
+                if data.get("runtime") != TaskRuntime.PROCESS and not (isinstance(image, str) and image.strip()):
+                    error.detail["image"] = [serializers.ErrorDetail(IMAGE_REQUIRED, code="required")]
+            raise
+
+
+RUNTIME_HELP = (
+    "which runtime it accepts: auto (the default) whatever the node has; container only nodes with a "
+    "container engine; process only nodes that run processes (then no image is needed)"
+)
+
+
+class TaskCreateSerializer(ImageUnlessProcess, StrictSerializer):
     tenant = serializers.CharField(required=False, help_text="Tenant slug; operators only, defaults to yours.")
     name = serializers.CharField(max_length=200)
     kind = serializers.ChoiceField(choices=TaskKind.choices, default=TaskKind.JOB)
-    image = serializers.CharField(max_length=500)
+    runtime = serializers.ChoiceField(choices=TaskRuntime.choices, default=TaskRuntime.AUTO, help_text=RUNTIME_HELP)
+    image = serializers.CharField(
+        max_length=500, required=False, allow_blank=True, default="", help_text="required unless runtime is process"
+    )
     command = serializers.ListField(
         child=serializers.CharField(max_length=10_000), required=False, default=list, max_length=1000
     )
@@ -115,6 +227,8 @@ class TaskCreateSerializer(StrictSerializer):
     labels = serializers.DictField(
         child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
     )
+    affinity = AffinitySerializer(required=False, help_text="hard: only nodes with these labels")
+    anti_affinity = AntiAffinitySerializer(required=False, help_text="hard: never nodes with these labels")
     timeout_seconds = serializers.IntegerField(min_value=1, max_value=31 * 86_400, required=False)
     checkpoint_path = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
     resume_from_checkpoint = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
@@ -142,6 +256,9 @@ class TaskCreateSerializer(StrictSerializer):
             if attrs["kind"] != TaskKind.INFERENCE:
                 raise serializers.ValidationError({"serving": ["Only inference tasks have a serving spec."]})
             attrs["serving"] = dict(attrs["serving"])
+        problems = image_problems(attrs) | constraints_problems(attrs, replicas=False)
+        if problems:
+            raise serializers.ValidationError(problems)
         return attrs
 
 
@@ -200,6 +317,9 @@ class TaskSerializer(serializers.ModelSerializer):
             "priority",
             "preemptible",
             "labels",
+            "runtime",
+            "affinity",
+            "anti_affinity",
             "timeout_seconds",
             "checkpoint_path",
             "resume_from_checkpoint",
@@ -466,7 +586,7 @@ class TaskEventSerializer(serializers.Serializer):
 # --- task groups ---------------------------------------------------------------------------
 
 
-class TaskGroupCreateSerializer(StrictSerializer):
+class TaskGroupCreateSerializer(ImageUnlessProcess, StrictSerializer):
     """A task group: `world_size` workers of `gpus_per_worker` cards of exactly `gpu_type`
     each, all running the same image and command (POST /api/v1/task-groups)."""
 
@@ -494,7 +614,12 @@ class TaskGroupCreateSerializer(StrictSerializer):
             "invalid_choice": '"{input}" is not a known GPU vendor: one of ' + ", ".join(GpuVendor.values) + "."
         },
     )
-    image = serializers.CharField(max_length=500)
+    runtime = serializers.ChoiceField(
+        choices=TaskRuntime.choices, default=TaskRuntime.AUTO, help_text="every worker's: " + RUNTIME_HELP
+    )
+    image = serializers.CharField(
+        max_length=500, required=False, allow_blank=True, default="", help_text="required unless runtime is process"
+    )
     command = serializers.ListField(
         child=serializers.CharField(max_length=10_000), required=False, default=list, max_length=1000
     )
@@ -505,11 +630,21 @@ class TaskGroupCreateSerializer(StrictSerializer):
     labels = serializers.DictField(
         child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
     )
+    affinity = AffinitySerializer(required=False, help_text="hard, every worker's: only nodes with these labels")
+    anti_affinity = AntiAffinitySerializer(
+        required=False, help_text="hard, every worker's: never nodes with these labels"
+    )
     timeout_seconds = serializers.IntegerField(
         min_value=1, max_value=31 * 86_400, required=False, help_text="each worker's; default as for tasks"
     )
 
     validate_env = TaskCreateSerializer.validate_env  # a task's rule for its env, word for word
+
+    def validate(self, attrs):
+        problems = image_problems(attrs) | constraints_problems(attrs, replicas=False)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return attrs
 
     def validate_kind(self, kind):
         if kind != GroupKind.TRAINING:
@@ -579,6 +714,9 @@ class TaskGroupSerializer(serializers.ModelSerializer):
             "checkpoint_path",
             "priority",
             "labels",
+            "runtime",
+            "affinity",
+            "anti_affinity",
             "network",
             "schedule_reason",
             "reservation",
