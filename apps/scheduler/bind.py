@@ -22,6 +22,7 @@ from apps.nodes.network import NODE_FIELDS as NETWORK_FIELDS
 from apps.nodes.network import same_network_domain
 from apps.scheduler.core import (
     SCHEDULABLE_STATUSES,
+    BindFound,
     Decision,
     GroupDecision,
     PluginSettings,
@@ -92,18 +93,27 @@ USABLE_CARDS = f"""
     SELECT node_id, index FROM gpus
     WHERE node_id = ANY(%(alive)s) AND lost_at IS NULL AND cordoned_at IS NULL AND {CARD_UNDER_LOAD_SQL}
 """
-LIVE_HOLDERS = "SELECT node_id, gpu_index, tenant_id, memory_mb FROM gpu_allocations WHERE node_id = ANY(%(alive)s)"
+LIVE_HOLDERS = (
+    "SELECT node_id, gpu_index, task_id, tenant_id, memory_mb FROM gpu_allocations WHERE node_id = ANY(%(alive)s)"
+)
+# Why bind refuses a decision the live rows contradict: its node no longer takes work, or
+# its cards are no longer there for it (missing, lost, cordoned, loaded, taken), or a
+# holder there is one its tenant may not share with. The first two are what placement
+# would have said on the live rows, and may be answered by preemption, as a placement
+# failure is (apps.scheduler.preemption.PREEMPTION_TRIGGERS); the third never is.
+NODE_GONE, CARDS_GONE, NOT_SHAREABLE = "NoSchedulableNodes", "InsufficientResources", "NoTenantEligibleGPU"
 
 
 @dataclass
 class LiveCards:
     """The nodes and cards a bind checks its decisions against, read under the node locks
     (`alive`: the nodes locked and still fit to take work; `usable`: their cards that may
-    take a placement; `holders`: the ledger's (tenant, memory MB or None) on each card)."""
+    take a placement; `holders`: the ledger's (task id, tenant, memory MB or None) on each
+    card)."""
 
     alive: set[str]
     usable: set[tuple[str, int]]
-    holders: dict[tuple[str, int], list[tuple[int | None, int | None]]]
+    holders: dict[tuple[str, int], list[tuple[int, int | None, int | None]]]
 
     @classmethod
     def read(cls, node_ids: Sequence[str], settings: PluginSettings) -> LiveCards:
@@ -117,34 +127,64 @@ class LiveCards:
             usable = set(cursor.fetchall())
             cursor.execute(LIVE_HOLDERS, params)
             holders = defaultdict(list)
-            for node_id, index, tenant_id, memory in cursor.fetchall():
-                holders[(node_id, index)].append((tenant_id, memory))
+            for node_id, index, task_id, tenant_id, memory in cursor.fetchall():
+                holders[(node_id, index)].append((task_id, tenant_id, memory))
         return cls(alive, usable, holders)
 
-    def still_holds(self, decision: Decision, task: TaskReq, may_share) -> bool:
-        """Whether the live rows still admit the decision: its node alive, its cards usable,
-        and (a share) every holder there one the task's tenant may share with, or (whole
-        cards) nobody on them."""
+    def refusal(self, decision: Decision, task: TaskReq, may_share) -> str | None:
+        """Why the live rows no longer admit the decision (NODE_GONE, CARDS_GONE,
+        NOT_SHAREABLE), None when they do: its node alive, its cards usable, and (a
+        share) every holder there one the task's tenant may share with, or (whole cards)
+        nobody on them."""
         if decision.node_id not in self.alive:
-            return False
+            return NODE_GONE
         if any((decision.node_id, index) not in self.usable for index in decision.gpu_indices):
-            return False
+            return CARDS_GONE
         cards = [self.holders.get((decision.node_id, index), ()) for index in decision.gpu_indices]
         if decision.memory_mb is None:
-            return not any(cards)
-        return not any(
-            memory is None or not may_share(task.tenant_id, tenant_id) for card in cards for tenant_id, memory in card
+            return CARDS_GONE if any(cards) else None
+        if any(memory is None for card in cards for _, _, memory in card):
+            return CARDS_GONE
+        if any(not may_share(task.tenant_id, tenant_id) for card in cards for _, tenant_id, _ in card):
+            return NOT_SHAREABLE
+        return None
+
+    def still_holds(self, decision: Decision, task: TaskReq, may_share) -> bool:
+        """Whether the live rows still admit the decision (no refusal)."""
+        return self.refusal(decision, task, may_share) is None
+
+    def found(self, node_id: str) -> BindFound:
+        """The node as read here, for preemption planning after a refusal on it."""
+        return BindFound(
+            node_id in self.alive,
+            frozenset(index for node, index in self.usable if node == node_id),
+            {index: tuple(found) for (node, index), found in self.holders.items() if node == node_id},
         )
 
 
 @dataclass
 class Bound:
     """What a bind has won so far: the decisions, their compare-and-set rows (id, seconds
-    it waited) and the slices carved for the memory-only ones (by task id)."""
+    it waited) and the slices carved for the memory-only ones (by task id); and the
+    single tasks' decisions the live rows refused, with why (LiveCards.refusal)."""
 
     decisions: list[Decision] = field(default_factory=list)
     rows: list[tuple] = field(default_factory=list)
     carves: dict[int, slice_ledger.Carve] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class BindOutcome:
+    """A cycle's bind: the task ids bound and lost (members of groups included), and of
+    the lost single tasks, those whose node had changed under the decision (`refused`:
+    task id -> NODE_GONE, CARDS_GONE or NOT_SHAREABLE), with their nodes as bind found
+    them (`found`, node id -> BindFound), for preemption."""
+
+    bound: list[int] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+    found: dict[str, BindFound] = field(default_factory=dict)
 
 
 def bind_all(
@@ -154,14 +194,25 @@ def bind_all(
     settings: PluginSettings | None = None,
     groups: Sequence[GroupDecision] = (),
 ) -> tuple[list[int], list[int]]:
+    """bind_decisions, answering (bound, lost) task ids."""
+    outcome = bind_decisions(decisions, tasks, may_share, settings, groups)
+    return outcome.bound, outcome.lost
+
+
+def bind_decisions(
+    decisions: list[Decision],
+    tasks: dict[int, TaskReq],
+    may_share,
+    settings: PluginSettings | None = None,
+    groups: Sequence[GroupDecision] = (),
+) -> BindOutcome:
     """Bind a cycle's decisions in one transaction: lock their nodes and read them as they
     are now (LiveCards), bind the single tasks (bind_singles) and then each task group
     whole or not at all (bind_groups), and write the ledger rows of every winner
-    (write_ledger). A task group's members' TaskReq are in `tasks`. Returns (bound,
-    lost), task ids (members of groups included)."""
+    (write_ledger). A task group's members' TaskReq are in `tasks`."""
     members = [d for g in groups for d in g.decisions]
     if not decisions and not members:
-        return [], []
+        return BindOutcome()
     check_transition(TRANSITIONS, [S.PENDING], S.SCHEDULED)  # before any lock is taken
     with transaction.atomic():
         live = LiveCards.read({d.node_id for d in (*decisions, *members)}, settings or PluginSettings())
@@ -172,7 +223,13 @@ def bind_all(
         write_ledger(bound, tasks, now)
     won = {d.task_id for d in bound.decisions}
     every = [*decisions, *members]
-    return [d.task_id for d in every if d.task_id in won], [d.task_id for d in every if d.task_id not in won]
+    on = {d.task_id: d.node_id for d in decisions if d.task_id in bound.refused}
+    return BindOutcome(
+        [d.task_id for d in every if d.task_id in won],
+        [d.task_id for d in every if d.task_id not in won],
+        bound.refused,
+        {node_id: live.found(node_id) for node_id in sorted(set(on.values()))},
+    )
 
 
 def bind_singles(decisions: list[Decision], tasks: dict[int, TaskReq], may_share, live: LiveCards, now) -> Bound:
@@ -183,7 +240,14 @@ def bind_singles(decisions: list[Decision], tasks: dict[int, TaskReq], may_share
     tasks a host port (one whose node has none left drops); move the rest pending →
     scheduled in one multi-row compare-and-set, and carve the winners' slices (with the
     agent's create requests)."""
-    still_valid = [d for d in decisions if live.still_holds(d, tasks[d.task_id], may_share)]
+    refused = {}
+    still_valid = []
+    for d in decisions:
+        why = live.refusal(d, tasks[d.task_id], may_share)
+        if why is None:
+            still_valid.append(d)
+        else:
+            refused[d.task_id] = why
     carves = slice_ledger.plan_carves(
         [
             slice_ledger.CarveAsk(
@@ -194,10 +258,10 @@ def bind_singles(decisions: list[Decision], tasks: dict[int, TaskReq], may_share
             for index in d.gpu_indices
         ]
     )
-    refused = {task_id: plan for task_id, plan in carves.items() if isinstance(plan, Refusal)}
-    if refused:
-        still_valid = [d for d in still_valid if d.task_id not in refused]
-        explain_refusals(refused, now)
+    unplannable = {task_id: plan for task_id, plan in carves.items() if isinstance(plan, Refusal)}
+    if unplannable:
+        still_valid = [d for d in still_valid if d.task_id not in unplannable]
+        explain_refusals(unplannable, now)
     ports = assign_host_ports(still_valid, tasks, live.alive)
     still_valid = [d for d in still_valid if d.task_id in ports]
     rows = bind_rows(still_valid, ports, now)
@@ -205,7 +269,7 @@ def bind_singles(decisions: list[Decision], tasks: dict[int, TaskReq], may_share
     winners = [d for d in still_valid if d.task_id in won]
     planned = {d.task_id: carves[d.task_id] for d in winners if d.task_id in carves}
     slice_ledger.carve(list(planned.values()), now)
-    return Bound(winners, rows, planned)
+    return Bound(winners, rows, planned, refused)
 
 
 def bind_groups(

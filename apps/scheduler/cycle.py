@@ -13,17 +13,22 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from apps.core.clock import utcnow
-from apps.scheduler.bind import EXPLAIN, bind_all
+from apps.scheduler.bind import CARDS_GONE, EXPLAIN, NODE_GONE, BindOutcome, bind_decisions
 from apps.scheduler.core import (
+    CONSTRAINT_REASONS,
     Decision,
     Failure,
     GroupDecision,
     GroupFailure,
     GroupReq,
+    NodeSnap,
     PreemptionPlan,
     TaskReq,
+    as_bind_found,
+    constraint_words,
     memory_detail,
     place_queue,
+    rejections,
 )
 from apps.scheduler.plugins import plugin_settings, sharing_rule
 from apps.scheduler.preemption import preempt_for
@@ -104,11 +109,18 @@ def _run_cycle(batch_size: int, gpu_rows: GpuRowCache | None) -> CycleResult:
     tasks = {task.id: task for task in batch}
     for group, _ in groups:
         tasks.update((member, group.worker(rank)) for rank, member in enumerate(group.members))
-    result.bound, result.lost_races = bind_all(decisions, tasks, may_share, settings, groups=placement.groups)
+    outcome = bind_decisions(decisions, tasks, may_share, settings, groups=placement.groups)
+    result.bound, result.lost_races = outcome.bound, outcome.lost
     bound = set(result.bound)
     result.groups_bound = [g.group_id for g in placement.groups if g.decisions[0].task_id in bound]
     clock.lap("bind")
-    result.preemptions = preempt_for(failures, tasks, nodes, settings, may_share)
+    if outcome.refused:
+        # a decision bind refused because its node had changed is the failure placement
+        # would have met on the live rows: preemption considers it like one, once, in
+        # this cycle, on its node as bind found it (never by deciding and binding again)
+        failures = refused_at_bind(failures, outcome, decisions, queue)
+        nodes = as_bound(nodes, outcome)
+    result.preemptions = preempt_for(failures, tasks, nodes, settings, may_share, placement.siblings)
     clock.lap("preempt")
     now = utcnow().isoformat()
     for failure in failures:
@@ -150,6 +162,33 @@ def _run_cycle(batch_size: int, gpu_rows: GpuRowCache | None) -> CycleResult:
     return result
 
 
+def refused_at_bind(
+    failures: list[Failure], outcome: BindOutcome, decisions: list[Decision], queue: list
+) -> list[Failure]:
+    """The placement failures and the decisions bind refused because the node had changed
+    (each a Failure with bind's reason and a message naming the node), in queue order."""
+    on = {decision.task_id: decision.node_id for decision in decisions}
+    refused = [
+        Failure(task_id, code, {}, refusal_message(code, on[task_id])) for task_id, code in outcome.refused.items()
+    ]
+    position = {item.id: index for index, item in enumerate(queue) if isinstance(item, TaskReq)}
+    return sorted([*failures, *refused], key=lambda failure: position.get(failure.task_id, len(position)))
+
+
+def refusal_message(code: str, node_id: str) -> str:
+    if code == NODE_GONE:
+        return f"placed on {node_id}, which took no more work by the time it was bound"
+    if code == CARDS_GONE:
+        return f"placed on {node_id}, whose chosen cards were taken or became unusable before it was bound"
+    return f"placed on {node_id}, whose cards came to hold a tenant's work it may not share with before it was bound"
+
+
+def as_bound(nodes: list[NodeSnap], outcome: BindOutcome) -> list[NodeSnap]:
+    """The snapshot with the nodes of the refused decisions as bind found them."""
+    lost = set(outcome.lost)
+    return [as_bind_found(node, outcome.found[node.id], lost) if node.id in outcome.found else node for node in nodes]
+
+
 class PhaseClock:
     def __init__(self, into: dict[str, float]):
         self.into = into
@@ -167,20 +206,34 @@ def dry_run(request: TaskReq | GroupReq) -> Decision | Failure | GroupDecision |
     return explain_now(request)[0]
 
 
-def explain_now(request: TaskReq | GroupReq) -> tuple[Decision | Failure | GroupDecision | GroupFailure, list[dict]]:
-    """dry_run, and for a task kept off by what the cards' readings say is in use
-    (`memory_in_use` among its reasons) the cards where that is so, with the ledger's
-    and the measured free memory, the reserve and what it needs (core.memory_detail, on
-    the same snapshot; computed here, for the explanation, never in the cycle)."""
+def explain_now(request: TaskReq | GroupReq) -> tuple[Decision | Failure | GroupDecision | GroupFailure, dict]:
+    """dry_run, and for a task that does not fit what the explanation adds to its reason
+    (computed here, on the same snapshot, never in the cycle): `nodes`, each node the
+    chain removes with the filter that removed it (core.rejections); `message`, in
+    words, how its runtime, node labels or service kept nodes off, naming a wanted label
+    no node has (core.constraint_words); and, when what the cards' readings say is in use
+    keeps it off (`memory_in_use`), `cards`: where, with the ledger's and the measured
+    free memory, the reserve and what it needs (core.memory_detail)."""
     exclude = request.id if isinstance(request, GroupReq) else None
     nodes, settings, may_share = load_nodes(), plugin_settings(), sharing_rule()
+    siblings = replicas_on_nodes([request]) if isinstance(request, TaskReq) else {}
     placement = place_queue(
-        [request], nodes, settings, may_share, held=standing_reservations(request.priority, exclude=exclude)
+        [request],
+        nodes,
+        settings,
+        may_share,
+        held=standing_reservations(request.priority, exclude=exclude),
+        siblings=siblings,
     )
     outcomes = [*placement.decisions, *placement.failures, *placement.groups, *placement.group_failures]
     outcome = outcomes[0]
-    cards: list[dict] = []
-    if isinstance(outcome, Failure) and "memory_in_use" in outcome.removed:
+    detail: dict = {}
+    if isinstance(outcome, Failure):
         # the placement took nothing (it failed): the snapshot is as it was read
-        cards = memory_detail(request, nodes, settings, may_share)
-    return outcome, cards
+        apart = siblings.get(request.replica_of) if request.replica_of is not None else None
+        detail["nodes"] = rejections(request, nodes, settings, may_share, apart)
+        if CONSTRAINT_REASONS & set(outcome.removed):
+            detail["message"] = "; ".join(constraint_words(request, nodes, outcome.removed))
+        if "memory_in_use" in outcome.removed:
+            detail["cards"] = memory_detail(request, nodes, settings, may_share)
+    return outcome, detail

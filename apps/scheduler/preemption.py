@@ -4,6 +4,7 @@ requeues what was not confirmed in time."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 
 from django.db import connection
@@ -28,8 +29,10 @@ from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task
 from apps.tasks.services import move_tasks, requeue_preempted
 
-# Placement failures that may be answered by preemption (a tenant-sharing failure is not:
-# evicting another tenant's task to share its card would defeat the sharing rule).
+# Failures that may be answered by preemption, at placement or at bind (a decision whose
+# node no longer takes work, or whose cards were taken meanwhile: apps.scheduler.bind's
+# NODE_GONE and CARDS_GONE). A tenant-sharing failure is not: evicting another tenant's
+# task to share its card would defeat the sharing rule.
 PREEMPTION_TRIGGERS = ("InsufficientResources", "NoSchedulableNodes")
 OCCUPANTS_SQL = """
     SELECT t.id, t.node_id, t.status, t.kind, t.preemptible, t.priority, extract(epoch FROM t.created_at)
@@ -52,12 +55,19 @@ def load_occupants(stage: str) -> list[Occupant]:
 
 
 def preempt_for(
-    failures: list[Failure], tasks: dict[int, TaskReq], nodes: list[NodeSnap], settings: PluginSettings, may_share
+    failures: list[Failure],
+    tasks: dict[int, TaskReq],
+    nodes: list[NodeSnap],
+    settings: PluginSettings,
+    may_share,
+    siblings: Mapping[int, Mapping[str, int]] | None = None,
 ) -> dict[int, PreemptionPlan]:
-    """The preempt plugin, after placement: for each task that did not fit (in queue
-    order), plan the minimal eviction, then move every planned victim running →
+    """The preempt plugin, after placement and bind: for each task that did not fit, or
+    whose decision bind refused because its node had changed (in queue order, each
+    once), plan the minimal eviction, then move every planned victim running →
     preempting in one CAS. Nothing is released here: the cards stay counted until the
-    agent confirms the stop (or the watchdog forces it)."""
+    agent confirms the stop (or the watchdog forces it). `siblings`: the services'
+    replicas by node as placement left them (a replica's plan keeps its anti-affinity)."""
     hopeful = [f for f in failures if f.code in PREEMPTION_TRIGGERS and tasks[f.task_id].kind != TaskKind.TRAINING]
     if not hopeful or settings.preempt_stage not in VICTIM_STATUSES or settings.preempt_stage == "disabled":
         return {}
@@ -67,7 +77,9 @@ def preempt_for(
     plans: dict[int, PreemptionPlan] = {}
     taken: set[int] = set()
     for failure in hopeful:
-        plan = plan_preemption(tasks[failure.task_id], nodes, by_node, settings, may_share, taken)
+        task = tasks[failure.task_id]
+        apart = (siblings or {}).get(task.replica_of) if task.replica_of is not None else None
+        plan = plan_preemption(task, nodes, by_node, settings, may_share, taken, apart)
         if plan is not None:
             plans[plan.task_id] = plan
             taken.update(plan.victims)

@@ -13,6 +13,7 @@ from django.db import connection
 from apps.scheduler.core import (
     GroupReq,
     TaskReq,
+    constraints,
 )
 from apps.tasks.choices import HOLDING, TERMINAL, GroupPlacement
 from apps.tasks.choices import TaskStatus as S
@@ -29,7 +30,8 @@ GROUP_BATCH_SIZE = 20  # pending task groups considered per cycle, in queue orde
 # any group, costs what it did.
 SINGLE_SQL = "(group_id IS NULL OR group_id IN (SELECT id FROM task_groups WHERE placement = 'replicas'))"
 QUEUE_SQL = f"""
-    SELECT id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at, group_id
+    SELECT id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at, group_id,
+           runtime, affinity, anti_affinity
     FROM tasks WHERE status = 'pending' AND {SINGLE_SQL} {{after}}
     ORDER BY priority DESC, created_at, id LIMIT %s
 """
@@ -79,11 +81,33 @@ def next_batch_ordered(size: int = BATCH_SIZE) -> list[tuple[TaskReq, tuple]]:
                 labels=orjson.loads(labels) if labels else {},
                 kind=kind,
                 replica_of=group_id,
+                **constraints(runtime, _json(affinity), _json(anti_affinity)),
             ),
             (-priority, created, task_id),
         )
-        for task_id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created, group_id in rows
+        for (
+            task_id,
+            tenant_id,
+            gpu_required,
+            gpu_memory_mb,
+            gpu_type,
+            priority,
+            labels,
+            kind,
+            created,
+            group_id,
+            runtime,
+            affinity,
+            anti_affinity,
+        ) in rows
     ]
+
+
+def _json(value) -> dict:
+    """A jsonb column as the cursor gives it (text), most often the empty object."""
+    if not value or value == "{}":
+        return {}
+    return orjson.loads(value) if isinstance(value, (str, bytes)) else value
 
 
 # Where the services' replicas already hold a node (for the replica-spread score).
@@ -146,6 +170,7 @@ WAITING_GROUPS_SQL = """
     WITH waiting AS (
         SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind,
                g.created_at, array_agg(t.id ORDER BY t.rank) AS members, g.reservation,
+               g.runtime, g.affinity, g.anti_affinity,
                coalesce((g.schedule_reason->'workers'->>'reach')::int, g.world_size) >= g.world_size AS in_reach
         FROM task_groups g JOIN tasks t ON t.group_id = g.id AND NOT (t.status = ANY(%(ended)s))
         WHERE g.placement = 'gang'
@@ -183,7 +208,7 @@ WAITING_GROUPS_SQL = """
         )
     )
     SELECT w.id, w.tenant_id, w.gpus_per_worker, w.gpu_type, w.strategy, w.priority, w.labels, w.kind, w.created_at,
-           w.members, w.reservation, w.id IN (SELECT id FROM heads)
+           w.members, w.reservation, w.id IN (SELECT id FROM heads), w.runtime, w.affinity, w.anti_affinity
     FROM waiting w
     WHERE w.id IN (SELECT id FROM heads) OR w.id IN (SELECT id FROM after_cursor) OR w.id IN (SELECT id FROM wrapped)
 """
@@ -209,7 +234,8 @@ def group_window(size: int = GROUP_BATCH_SIZE) -> GroupWindow:
         cursor.execute(WAITING_GROUPS_SQL, {"ended": list(TERMINAL), "size": size, "row": GROUP_CURSOR_ROW})
         rows = cursor.fetchall()
     window = GroupWindow()
-    for gid, tenant_id, per_worker, gpu_type, strategy, prio, labels, kind, created, members, stored, head in rows:
+    for row in rows:
+        gid, tenant_id, per_worker, gpu_type, strategy, prio, labels, kind, created, members, stored, head = row[:12]
         group = GroupReq(
             id=gid,
             tenant_id=tenant_id,
@@ -220,6 +246,7 @@ def group_window(size: int = GROUP_BATCH_SIZE) -> GroupWindow:
             priority=prio,
             labels=orjson.loads(labels) if labels else {},
             kind=kind,
+            **group_constraints(*row[12:]),
         )
         window.entries.append((group, (-prio, created, members[0])))
         if head:
@@ -243,6 +270,7 @@ def pending_request(task: Task) -> TaskReq | None:
         labels=task.labels or {},
         kind=task.kind,
         replica_of=task.group_id,
+        **constraints(task.runtime, task.affinity, task.anti_affinity),
     )
 
 
@@ -265,4 +293,13 @@ def waiting_group(group: TaskGroup) -> GroupReq | None:
         priority=group.priority,
         labels=group.labels or {},
         kind=group.kind,
+        **group_constraints(group.runtime, group.affinity, group.anti_affinity),
     )
+
+
+def group_constraints(runtime: str, affinity, anti_affinity) -> dict:
+    """GroupReq's constraint fields (a task's, less `same_service`: a gang's workers are
+    placed together, not kept apart)."""
+    found = constraints(runtime, _json(affinity), _json(anti_affinity))
+    del found["same_service_apart"]
+    return found

@@ -29,7 +29,7 @@ from apps.tasks.choices import HOLDING
 # A node the failure policy has given up takes nothing, whatever its status still shows
 # (apps/nodes/liveness.py): a task requeued from it would be placed straight back on it.
 NODES_SQL = f"""
-    SELECT id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used
+    SELECT id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used, exec_mode
     FROM nodes WHERE status = ANY(%s) AND executable AND {liveness.not_given_up_sql("last_heartbeat_at")}
 """
 GPUS_SQL = f"""
@@ -119,8 +119,21 @@ def load_nodes(reuse_seconds: float = 0.0, gpu_rows: GpuRowCache | None = None) 
                 cpu_used,
                 memory_used,
                 [],
+                exec_mode=exec_mode,
             )
-            for node_id, status, executable, tenant_id, labels, region, zone, rack, cpu_used, memory_used in node_rows
+            for (
+                node_id,
+                status,
+                executable,
+                tenant_id,
+                labels,
+                region,
+                zone,
+                rack,
+                cpu_used,
+                memory_used,
+                exec_mode,
+            ) in node_rows
         }
         rows = gpu_rows.fresh(nodes, reuse_seconds) if gpu_rows is not None else None
         if rows is None:

@@ -45,9 +45,10 @@ def test_unknown_use_blocks_a_60_gb_task_admits_a_40_gb_one_and_raises_the_drift
         assert result.bound == [] and result.failed[big.pk]["removed_by"] == {"memory_in_use": 1}
         big.refresh_from_db()
         assert big.schedule_reason["removed_by"] == {"memory_in_use": 1}
-        outcome, cards = services.explain_now(services.pending_request(big))
+        outcome, detail = services.explain_now(services.pending_request(big))
         assert outcome.removed == {"memory_in_use": 1}
-        assert cards == [
+        assert detail["nodes"] == [{"node_id": "n1", "filter": "memory_in_use"}]
+        assert detail["cards"] == [
             {
                 "node_id": "n1",
                 "gpu_index": 0,

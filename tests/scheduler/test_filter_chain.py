@@ -93,7 +93,11 @@ def test_the_built_in_chain_and_its_order():
     assert core.FILTERS == (
         core.node_available,
         core.tenant_visible,
+        core.runtime_mode,  # what the node is: its exec_mode, its labels
+        core.node_affinity,
+        core.label_anti_affinity,
         core.under_load,
+        core.same_service,  # per node: the cycle's own placements move the answer
         core.host_port,
         core.reserved_cards,  # before capacity: a card held for a group is why, not a lack of cards
         core.gpu_capacity,

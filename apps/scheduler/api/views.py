@@ -8,8 +8,18 @@ from apps.core.permissions import IsOperator
 from apps.core.serializers import StrictSerializer
 from apps.core.views import ScopedAPIView
 from apps.scheduler import cycle, plugins, queue
-from apps.scheduler.core import Decision, GroupDecision, GroupFailure, GroupReq, TaskReq
-from apps.tasks.choices import DEFAULT_PRIORITY, MAX_GPUS_PER_TASK, MAX_PRIORITY, MIN_PRIORITY, GroupKind, GroupStrategy
+from apps.scheduler.core import Decision, GroupDecision, GroupFailure, GroupReq, TaskReq, constraints
+from apps.scheduler.queue import group_constraints
+from apps.tasks.api.serializers import RUNTIME_HELP, AffinitySerializer, AntiAffinitySerializer, constraints_problems
+from apps.tasks.choices import (
+    DEFAULT_PRIORITY,
+    MAX_GPUS_PER_TASK,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    GroupKind,
+    GroupStrategy,
+    TaskRuntime,
+)
 from apps.tasks.models import Task, TaskGroup
 from apps.tenants import policy
 
@@ -74,6 +84,21 @@ class DryRunSerializer(StrictSerializer):
     labels = serializers.DictField(
         child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
     )
+    runtime = serializers.ChoiceField(choices=TaskRuntime.choices, default=TaskRuntime.AUTO, help_text=RUNTIME_HELP)
+    affinity = AffinitySerializer(required=False, help_text="as a task's: only nodes with these labels")
+    anti_affinity = AntiAffinitySerializer(required=False, help_text="as a task's: never nodes with these labels")
+
+    def validate(self, attrs):
+        problems = constraints_problems(attrs, replicas=False)
+        if problems:
+            raise ValidationError(problems)
+        return attrs
+
+
+def constrained(data: dict) -> dict:
+    """A dry run's validated body with its runtime and constraints as the core takes them."""
+    found = constraints(data.pop("runtime"), data.pop("affinity", {}), data.pop("anti_affinity", {}))
+    return {**data, **found}
 
 
 class CardMemory(serializers.Serializer):
@@ -85,6 +110,11 @@ class CardMemory(serializers.Serializer):
     needed_mb = serializers.IntegerField()
 
 
+class NodeRejection(serializers.Serializer):
+    node_id = serializers.CharField()
+    filter = serializers.CharField(help_text="the filter that removed it, as counted in removed_by")
+
+
 class DryRunAnswer(serializers.Serializer):
     placed = serializers.BooleanField()
     node_id = serializers.CharField(allow_null=True)
@@ -92,12 +122,14 @@ class DryRunAnswer(serializers.Serializer):
     score = serializers.FloatField(allow_null=True)
     reason = serializers.DictField(
         allow_null=True,
-        help_text="as a task's schedule_reason; with `memory_in_use` among its reasons, `cards`: where the "
-        "cards' readings, not the ledger, keep the task off (CardMemory each)",
+        help_text="as a task's schedule_reason, and: `nodes`, each node removed with the filter that removed it "
+        "(NodeRejection, node id order, at most 100); `message`, in words, how its runtime, node labels or "
+        "service kept nodes off; with `memory_in_use` among its reasons, `cards`: where the cards' readings, "
+        "not the ledger, keep the task off (CardMemory each)",
     )
 
 
-def task_answer(outcome, cards: list[dict]) -> dict:
+def task_answer(outcome, detail: dict) -> dict:
     if isinstance(outcome, Decision):
         return {
             "placed": True,
@@ -106,9 +138,7 @@ def task_answer(outcome, cards: list[dict]) -> dict:
             "score": outcome.score,
             "reason": None,
         }
-    reason = outcome.as_reason()
-    if cards:
-        reason["cards"] = cards
+    reason = outcome.as_reason() | detail
     return {"placed": False, "node_id": None, "gpu_indices": [], "score": None, "reason": reason}
 
 
@@ -123,7 +153,7 @@ class DryRunView(APIView):
         tenant = policy.acting_tenant(
             request.auth, data.pop("tenant", None), required="Required: the slug of the tenant the task would run for."
         )
-        return Response(task_answer(*cycle.explain_now(TaskReq(id=0, tenant_id=tenant.pk, **data))))
+        return Response(task_answer(*cycle.explain_now(TaskReq(id=0, tenant_id=tenant.pk, **constrained(data)))))
 
 
 class TaskExplainAnswer(serializers.Serializer):
@@ -168,6 +198,13 @@ class GroupDryRunSerializer(StrictSerializer):
     labels = serializers.DictField(
         child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
     )
+    runtime = serializers.ChoiceField(
+        choices=TaskRuntime.choices, default=TaskRuntime.AUTO, help_text="every worker's: " + RUNTIME_HELP
+    )
+    affinity = AffinitySerializer(required=False, help_text="every worker's: only nodes with these labels")
+    anti_affinity = AntiAffinitySerializer(required=False, help_text="every worker's: never nodes with these labels")
+
+    validate = DryRunSerializer.validate
 
 
 class GroupWorker(serializers.Serializer):
@@ -206,6 +243,8 @@ class GroupDryRunView(APIView):
             request.auth, data.pop("tenant", None), required="Required: the slug of the tenant the group would run for."
         )
         world_size = data.pop("world_size")
+        found = group_constraints(data.pop("runtime"), data.pop("affinity", {}), data.pop("anti_affinity", {}))
+        data.update(found)
         group = GroupReq(id=0, tenant_id=tenant.pk, members=tuple(range(1, world_size + 1)), **data)
         return Response(group_answer(cycle.dry_run(group)))
 

@@ -3,14 +3,14 @@ explanation, `fits`, group placement and preemption planning all run this chain.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from apps.scheduler import nvlink
-from apps.scheduler.core.fleet import FleetView, in_service, needed_cards, rdma_state, vendor_matches
+from apps.scheduler.core.fleet import FleetView, has_label, in_service, needed_cards, rdma_state, runs, vendor_matches
 from apps.scheduler.core.snapshot import PluginSettings, TaskReq
 from apps.scheduler.load import overloaded
-from apps.tasks.choices import TaskKind
+from apps.tasks.choices import TaskKind, TaskRuntime
 
 # --- the filter chain -------------------------------------------------------------------
 
@@ -25,9 +25,12 @@ class Ask:
     vendor: str  # gpu_type in lower case; "" any
     rdma_required: bool
     nvlink_required: bool
+    # a replica's: node id -> how many of its service's other replicas the node holds
+    # (those bound, and those placed earlier in the cycle); None: not known here
+    siblings: Mapping[str, int] | None = None
 
     @classmethod
-    def of(cls, task: TaskReq, settings: PluginSettings) -> Ask:
+    def of(cls, task: TaskReq, settings: PluginSettings, siblings: Mapping[str, int] | None = None) -> Ask:
         need = needed_cards(task)
         return cls(
             task,
@@ -36,6 +39,7 @@ class Ask:
             task.gpu_type.lower(),
             required(task, "rdma", settings),
             required(task, "nvlink", settings),
+            siblings,
         )
 
 
@@ -69,6 +73,50 @@ def tenant_visible(ask: Ask, fleet: FleetView) -> Verdicts:
     """A dedicated node takes only its tenant's tasks; a shared one (no tenant) anyone's."""
     tenant = ask.task.tenant_id
     return fleet.verdicts(("tenant", tenant), lambda node: "tenant" if node.tenant_id not in (None, tenant) else None)
+
+
+def runtime_mode(ask: Ask, fleet: FleetView) -> Verdicts | None:
+    """`runtime: container` removes the nodes that run only processes, `runtime: process`
+    the nodes that do not run processes (by the node's exec_mode); `auto` passes all."""
+    runtime = ask.task.runtime
+    if runtime == TaskRuntime.AUTO:
+        return None
+    return fleet.verdicts(("runtime", runtime), lambda node: None if runs(node, runtime) else "runtime")
+
+
+def node_affinity(ask: Ask, fleet: FleetView) -> Verdicts | None:
+    """`affinity.nodes_with_labels`: only the nodes that carry every one of the labels."""
+    wanted = ask.task.affinity_labels
+    if not wanted:
+        return None
+    pairs = tuple(sorted(wanted.items()))
+    return fleet.verdicts(
+        ("affinity", pairs),
+        lambda node: None if all(has_label(node, key, value) for key, value in pairs) else "affinity",
+    )
+
+
+def label_anti_affinity(ask: Ask, fleet: FleetView) -> Verdicts | None:
+    """`anti_affinity.labels`: never a node that carries any of the labels."""
+    avoided = ask.task.anti_affinity_labels
+    if not avoided:
+        return None
+    pairs = tuple(sorted(avoided.items()))
+    return fleet.verdicts(
+        ("anti_affinity", pairs),
+        lambda node: "anti_affinity" if any(has_label(node, key, value) for key, value in pairs) else None,
+    )
+
+
+def same_service(ask: Ask, fleet: FleetView) -> Check | None:
+    """`anti_affinity.same_service` (a replica): never a node that holds another replica
+    of its service, bound or placed earlier in the cycle (a check per node: the cycle's
+    placements change the answer). The replica-spread score only prefers apart."""
+    siblings = ask.siblings
+    if not ask.task.same_service_apart or not siblings:
+        return None
+    nodes = fleet.nodes
+    return lambda position: "same_service" if siblings.get(nodes[position].id) else None
 
 
 def under_load(ask: Ask, fleet: FleetView) -> Verdicts:
@@ -172,7 +220,11 @@ Filter = Callable[[Ask, FleetView], "Check | Verdicts | None"]
 FILTERS: tuple[Filter, ...] = (
     node_available,
     tenant_visible,
+    runtime_mode,
+    node_affinity,
+    label_anti_affinity,
     under_load,
+    same_service,
     host_port,
     reserved_cards,
     gpu_capacity,
@@ -232,9 +284,18 @@ REASON_ORDER = {
             "ports",
             "cordoned",
             "memory_in_use",
+            "runtime",
+            "affinity",
+            "anti_affinity",
+            "same_service",
         )
     )
 }
+# The filters that answer from what the node is (its exec_mode, its labels), whatever its
+# cards: a node they remove could never take the task, however much is freed on it (the
+# groups' reach counts with them; explain says why in words).
+NODE_CONSTRAINTS: tuple[Filter, ...] = (runtime_mode, node_affinity, label_anti_affinity)
+CONSTRAINT_REASONS = frozenset({"runtime", "affinity", "anti_affinity", "same_service"})
 
 
 def explained(removed: dict[str, int]) -> dict[str, int]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from apps.nodes.choices import CORDON_LABEL, NodeStatus
+from apps.nodes.choices import CORDON_LABEL, ExecMode, NodeStatus
 from apps.scheduler import nvlink
 from apps.scheduler.core.snapshot import GpuSnap, NodeSnap, PluginSettings, TaskReq
 from apps.scheduler.load import card_under_load
+from apps.tasks.choices import TaskRuntime
 
 if TYPE_CHECKING:
     from apps.scheduler.core.filters import Ask
@@ -27,6 +28,27 @@ SCHEDULABLE_STATUSES = frozenset({NodeStatus.ONLINE, NodeStatus.SUSPECT})
 def in_service(node: NodeSnap) -> bool:
     """Whether the node may take new tasks at all (before capacity and load)."""
     return node.status in SCHEDULABLE_STATUSES and node.executable and not node.labels.get(CORDON_LABEL)
+
+
+# What a node's agent can run, by its exec_mode: a container engine's containers, or
+# commands on the host (the process runtime). A node runs one or the other.
+RUNS_PROCESSES = frozenset({ExecMode.PROCESS, ExecMode.BAREMETAL})
+
+
+def runs(node: NodeSnap, runtime: str) -> bool:
+    """Whether the node can run a task that accepts `runtime` (TaskRuntime): `container`
+    not on a node that runs only processes, `process` only there, `auto` anywhere."""
+    if runtime == TaskRuntime.CONTAINER:
+        return node.exec_mode not in RUNS_PROCESSES
+    if runtime == TaskRuntime.PROCESS:
+        return node.exec_mode in RUNS_PROCESSES
+    return True
+
+
+def has_label(node: NodeSnap, key: str, value: str) -> bool:
+    """The node carries the label `key` with this value (as text: the labels are JSON)."""
+    labels = node.labels
+    return key in labels and (labels[key] == value or str(labels[key]) == value)
 
 
 def reserve_mb(gpu: GpuSnap, settings: PluginSettings) -> int:

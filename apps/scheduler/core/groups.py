@@ -8,10 +8,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from apps.scheduler import nvlink
-from apps.scheduler.core.filters import Ask, Chain, explained, node_available, tenant_visible, under_load
+from apps.scheduler.core.filters import (
+    NODE_CONSTRAINTS,
+    Ask,
+    Chain,
+    explained,
+    node_available,
+    tenant_visible,
+    under_load,
+)
 from apps.scheduler.core.fleet import FleetView, rdma_state, vendor_matches
 from apps.scheduler.core.snapshot import Decision, GpuSnap, NodeSnap, TaskReq
-from apps.tasks.choices import GroupKind, GroupStrategy, TaskKind
+from apps.tasks.choices import GroupKind, GroupStrategy, TaskKind, TaskRuntime
 
 # --- task groups: all workers or none ---------------------------------------------------
 
@@ -37,6 +45,10 @@ class GroupReq:
     priority: int = 50
     labels: dict = field(default_factory=dict)
     kind: str = GroupKind.TRAINING
+    # every worker's hard constraints (TaskReq's)
+    runtime: str = TaskRuntime.AUTO
+    affinity_labels: dict = field(default_factory=dict)
+    anti_affinity_labels: dict = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -52,6 +64,9 @@ class GroupReq:
             self.priority,
             self.labels,
             self.kind,
+            runtime=self.runtime,
+            affinity_labels=self.affinity_labels,
+            anti_affinity_labels=self.anti_affinity_labels,
         )
 
 
@@ -298,11 +313,13 @@ def _group_failure(group: GroupReq, fleet: FleetView, removed: dict[str, int], p
 
 def group_reach(group: GroupReq, fleet: FleetView, *, count_loaded: bool = True) -> list[tuple[int, int]]:
     """(position, workers) for each node that could take workers of the group if its
-    cards of the type were all free: in service and visible to the tenant (by the chain's
-    own availability and tenant filters; with `count_loaded` False, not above the load
-    thresholds either, and not `rdma: false` for an `rdma: required` group)."""
+    cards of the type were all free: in service, visible to the tenant and matching the
+    group's runtime and node labels (by the chain's own availability, tenant and
+    constraint filters; with `count_loaded` False, not above the load thresholds either,
+    and not `rdma: false` for an `rdma: required` group)."""
     ask = Ask.of(group.worker(), fleet.settings)
     gates = [node_available(ask, fleet), tenant_visible(ask, fleet)]
+    gates += [verdicts for make in NODE_CONSTRAINTS if (verdicts := make(ask, fleet)) is not None]
     if not count_loaded:
         gates.append(under_load(ask, fleet))
     gate = fleet.gate(gates)

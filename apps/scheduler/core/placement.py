@@ -13,7 +13,9 @@ from apps.scheduler.core.filters import Ask, Chain, explained
 from apps.scheduler.core.fleet import (
     NEUTRAL,
     FleetView,
+    has_label,
     reserve_mb,
+    runs,
     score_replica_spread,
     score_topology,
     shareable_cards,
@@ -29,7 +31,7 @@ from apps.scheduler.core.groups import (
 )
 from apps.scheduler.core.snapshot import Decision, Failure, GpuSnap, NodeSnap, PluginSettings, TaskReq
 from apps.slices import planning
-from apps.tasks.choices import TaskKind
+from apps.tasks.choices import TaskKind, TaskRuntime
 
 
 def pick_cards(cards: Sequence[GpuSnap], count: int) -> list[GpuSnap]:
@@ -76,6 +78,9 @@ class Placement:
     failures: list[Failure] = field(default_factory=list)
     groups: list[GroupDecision] = field(default_factory=list)
     group_failures: list[GroupFailure] = field(default_factory=list)
+    # for each service with a replica in the queue: node id -> its replicas there, those
+    # bound before the cycle and those it placed (preemption planning reads it)
+    siblings: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 def place_queue(
@@ -97,9 +102,11 @@ def place_queue(
     `siblings`: for the services whose replicas are in the queue (TaskReq.replica_of),
     how many of their other replicas each node holds already (group id -> node id ->
     count); the replicas placed in this cycle are added as they land, so the
-    `replica-spread` score keeps a service's replicas apart."""
+    `replica-spread` score keeps a service's replicas apart (and `same_service` keeps
+    them off each other's nodes)."""
     placement = Placement()
-    spread: dict[int, dict[str, int]] = {group: dict(on) for group, on in (siblings or {}).items()}
+    spread = placement.siblings
+    spread.update((group, dict(on)) for group, on in (siblings or {}).items())
     decisions, failures = placement.decisions, placement.failures
     fleet = FleetView(nodes, settings, may_share)
     if held:
@@ -119,9 +126,9 @@ def place_queue(
                 outcome.reservation = hold_for_group(task, fleet, reserving[task.id])
             placement.group_failures.append(outcome)
             continue
-        ask = Ask.of(task, settings)
         service = task.replica_of
         here = None if service is None else spread.setdefault(service, {})
+        ask = Ask.of(task, settings, here)
         best, removed, examined = search(ask, fleet, start, limit, here)
         # the next task starts where this one stopped looking, so sampling rotates
         start = (start + examined) % total if total else 0
@@ -269,6 +276,64 @@ def memory_detail(
         if len(found) >= limit:
             break
     return found[:limit]
+
+
+def rejections(
+    task: TaskReq,
+    nodes: Sequence[NodeSnap],
+    settings: PluginSettings,
+    may_share,
+    siblings: Mapping[str, int] | None = None,
+    limit: int = 100,
+) -> list[dict]:
+    """For the explanation only (never the cycle): each node the chain removes for the
+    task, in node id order, with the filter that removed it (the reason counted in
+    `removed_by`), at most `limit`."""
+    fleet = FleetView(nodes, settings, may_share, scores=False)
+    chain = Chain.of(Ask.of(task, settings, siblings), fleet)
+    found = []
+    for position in sorted(range(len(fleet.nodes)), key=lambda position: fleet.nodes[position].id):
+        reason = chain.rejection(position)
+        if reason is not None:
+            found.append({"node_id": fleet.nodes[position].id, "filter": reason})
+            if len(found) >= limit:
+                break
+    return found
+
+
+def constraint_words(task: TaskReq, nodes: Sequence[NodeSnap], removed: Mapping[str, int]) -> list[str]:
+    """For the explanation only: in words, how the task's hard constraints (its runtime,
+    its node labels, its service's other replicas) kept the nodes counted in `removed`
+    off, naming a wanted label that no node of the snapshot carries at all."""
+    words = []
+
+    def nodes_word(count: int) -> str:
+        return f"{count} node{'s' if count != 1 else ''}"
+
+    if removed.get("runtime"):
+        if task.runtime == TaskRuntime.PROCESS:
+            able = sum(1 for node in nodes if runs(node, task.runtime))
+            words.append(
+                f"runtime process: {nodes_word(removed['runtime'])} run tasks only in containers"
+                + ("" if able else "; no schedulable node runs processes (an agent with the process runtime)")
+            )
+        else:
+            words.append(f"runtime container: {nodes_word(removed['runtime'])} run only processes, no containers")
+    if removed.get("affinity"):
+        wanted = task.affinity_labels
+        absent = [f"{key}={value}" for key, value in wanted.items() if not any(has_label(n, key, value) for n in nodes)]
+        if absent:
+            plural = "s" if len(absent) > 1 else ""
+            words.append(f"affinity: no schedulable node has the label{plural} {', '.join(absent)}")
+        else:
+            labels = ", ".join(f"{key}={value}" for key, value in wanted.items())
+            words.append(f"affinity: {nodes_word(removed['affinity'])} lack at least one of {labels}")
+    if removed.get("anti_affinity"):
+        labels = ", ".join(f"{key}={value}" for key, value in task.anti_affinity_labels.items())
+        words.append(f"anti-affinity: {nodes_word(removed['anti_affinity'])} carry a label it avoids ({labels})")
+    if removed.get("same_service"):
+        words.append(f"anti-affinity: {nodes_word(removed['same_service'])} already hold a replica of its service")
+    return words
 
 
 def _card_detail(node: NodeSnap, gpu: GpuSnap, ledger_free: int, reserve: int, needed: int) -> dict:

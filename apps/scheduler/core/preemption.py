@@ -3,7 +3,7 @@ lower-priority preemptible tasks makes room (on the same chain as placement)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from apps.scheduler.core.filters import Ask, Chain
@@ -74,6 +74,44 @@ def _card_without(gpu: GpuSnap, gone: set[int]) -> GpuSnap:
     return replace(gpu, holders=[holder for holder in gpu.holders if holder[0] not in gone], memory_used_mb=used)
 
 
+@dataclass(frozen=True)
+class BindFound:
+    """A node as bind found it under its lock (apps.scheduler.bind.LiveCards), for the
+    decisions there it refused: whether the node still takes work (`alive`), its cards
+    that may take a placement (`usable`, by index) and the ledger's holders on its cards
+    (index -> (task id, tenant, memory MB or None for the whole card))."""
+
+    alive: bool
+    usable: frozenset[int]
+    holders: Mapping[int, Sequence[tuple[int, int | None, int | None]]]
+
+
+def as_bind_found(node: NodeSnap, found: BindFound, refused: set[int]) -> NodeSnap:
+    """The snapshot's node brought to what bind found (a copy, for preemption planning
+    after a decision there was refused because the node changed): out of service when it
+    takes no more work; a card no longer usable cordoned (it takes no placement); each
+    card's holders those of the snapshot less the refused decisions (`refused`, task ids:
+    the cycle put them there, bind did not), plus the ledger's it did not know (whoever
+    took the card meanwhile)."""
+    if not found.alive:
+        return replace(node, executable=False)
+    cards = []
+    for gpu in node.gpus:
+        kept = [holder for holder in gpu.holders if holder[0] not in refused]
+        known = {holder[0] for holder in kept}
+        kept += [holder for holder in found.holders.get(gpu.index, ()) if holder[0] not in known]
+        undone = sum(memory or 0 for task_id, _, memory in gpu.holders if task_id in refused)
+        cards.append(
+            replace(
+                gpu,
+                holders=kept,
+                placed_mb=max(gpu.placed_mb - undone, 0),
+                cordoned=gpu.cordoned or gpu.index not in found.usable,
+            )
+        )
+    return replace(node, gpus=cards)
+
+
 def occupants_by_node(occupants: Sequence[Occupant]) -> dict[str, list[Occupant]]:
     by_node: dict[str, list[Occupant]] = {}
     for occupant in occupants:
@@ -88,6 +126,7 @@ def plan_preemption(
     settings: PluginSettings,
     may_share: Callable[[int, int], bool],
     taken: set[int] = frozenset(),
+    siblings: Mapping[str, int] | None = None,
 ) -> PreemptionPlan | None:
     """After a failed placement: the node where evicting the fewest lower-priority
     preemptible tasks makes room. Per node, victims are taken in the order priority
@@ -96,7 +135,9 @@ def plan_preemption(
     Cards already being freed (tasks in preempting, or victims chosen this cycle for a
     task ahead in the queue: `taken`) count first and cost nothing: if they are enough,
     the plan has no victims and the task waits for them. None: evicting every candidate
-    would not be enough anywhere, so nobody is evicted."""
+    would not be enough anywhere, so nobody is evicted. `siblings`: a replica's, as
+    placement had them (its service's replicas by node), so it is never planned beside
+    one it must stay apart from."""
     if (
         task.kind == TaskKind.TRAINING
         or settings.preempt_stage not in VICTIM_STATUSES
@@ -106,7 +147,7 @@ def plan_preemption(
     occupied = [node for node in nodes if by_node.get(node.id)]
     # the chain, on each node as it would be without the tasks `gone`
     fleet = FleetView(occupied, settings, may_share, scores=False)
-    chain = Chain.of(Ask.of(task, settings), fleet)
+    chain = Chain.of(Ask.of(task, settings, siblings), fleet)
 
     def fits_without(position: int, gone: set[int]) -> bool:
         fleet.nodes[position] = _without(occupied[position], gone)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from apps.nodes.choices import ExecMode
 from apps.slices import planning
 from apps.slices.planning import MigModel
-from apps.tasks.choices import TaskKind
+from apps.tasks.choices import TaskKind, TaskRuntime
 
 
 @dataclass(slots=True)
@@ -137,6 +138,7 @@ class NodeSnap:
     memory_used: float | None = None
     gpus: list[GpuSnap] = field(default_factory=list)
     ports_free: int | None = None  # host ports left for inference services; None: not limited
+    exec_mode: str = ExecMode.DOCKER  # how its agent runs tasks (the `runtime` filter reads it)
 
     def usable_gpus(self) -> list[GpuSnap]:
         """The cards present (for the node's utilisation; what may take a new placement
@@ -163,11 +165,30 @@ class TaskReq:
     # a replica of an inference service: the id of its TaskGroup (placement "replicas"),
     # whose members are placed one by one like single tasks and spread over nodes
     replica_of: int | None = None
+    # hard constraints (filters, never scores): the runtime it accepts, the node labels
+    # it needs (all of them) and those it avoids (any of them), and whether a replica
+    # stays off the nodes holding another replica of its service
+    runtime: str = TaskRuntime.AUTO
+    affinity_labels: dict = field(default_factory=dict)
+    anti_affinity_labels: dict = field(default_factory=dict)
+    same_service_apart: bool = False
 
     @property
     def memory_only(self) -> bool:
         """Only gpu_memory_mb, no whole cards: a share of one card (the slicing path)."""
         return self.gpu_required == 0 and bool(self.gpu_memory_mb)
+
+
+def constraints(runtime: str, affinity: dict | None, anti_affinity: dict | None) -> dict:
+    """TaskReq's constraint fields from a task's (or a group's) stored `runtime`,
+    `affinity` and `anti_affinity`."""
+    affinity, anti_affinity = affinity or {}, anti_affinity or {}
+    return {
+        "runtime": runtime or TaskRuntime.AUTO,
+        "affinity_labels": affinity.get("nodes_with_labels") or {},
+        "anti_affinity_labels": anti_affinity.get("labels") or {},
+        "same_service_apart": bool(anti_affinity.get("same_service")),
+    }
 
 
 @dataclass(frozen=True)
@@ -210,5 +231,10 @@ class Failure:
     code: str  # NoSchedulableNodes | InsufficientResources | NoTenantEligibleGPU
     removed: dict[str, int]  # removal reason -> nodes the chain removed for it
 
+    message: str = ""  # said when the code alone would not say it (a decision refused at bind)
+
     def as_reason(self) -> dict:
-        return {"code": self.code, "removed_by": self.removed}
+        reason = {"code": self.code, "removed_by": self.removed}
+        if self.message:
+            reason["message"] = self.message
+        return reason
