@@ -104,6 +104,7 @@ def main() -> int:
         "HETEROFLOW_AGENT_LOG_LEVEL": "warning",
         # a node that runs tasks: the executor polls its task channel every 5 s too
         "HETEROFLOW_ALLOW_PROCESS_RUNTIME": "true",
+        "HETEROFLOW_PROCESS_RUN_AS_ROOT": "true",  # where the bench runs as root: its tasks are its own
     }
     agent = subprocess.Popen([sys.executable, "-m", "heteroflow_agent"], cwd=scratch, env=env, start_new_session=True)
     process = psutil.Process(agent.pid)

@@ -487,6 +487,7 @@ def start_agent(world: World, data_dir: Path, ship_seconds: float) -> subprocess
         "HETEROFLOW_HEARTBEAT_INTERVAL": "5",
         "HETEROFLOW_MODEL_SCAN_DIRS": str(data_dir / "models"),
         "HETEROFLOW_ALLOW_PROCESS_RUNTIME": "true",
+        "HETEROFLOW_PROCESS_RUN_AS_ROOT": "true",  # where the bench runs as root: its tasks are its own
         "HETEROFLOW_LOG_SHIP_SECONDS": f"{ship_seconds:g}",
     }
     with open(data_dir.with_name("agent.log"), "ab") as log:

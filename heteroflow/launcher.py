@@ -256,6 +256,9 @@ def up(args) -> int:
                 "HETEROFLOW_AGENT_CONFIG": "-",  # never an installed agent's /etc/heteroflow-agent config
                 # a newcomer's first task runs even without a container engine
                 "HETEROFLOW_ALLOW_PROCESS_RUNTIME": os.environ.get("HETEROFLOW_ALLOW_PROCESS_RUNTIME", "true"),
+                # ...as whoever ran `make up` on this machine, root included (an installed
+                # node's agent refuses root unless its operator allows it: docs/agent.md)
+                "HETEROFLOW_PROCESS_RUN_AS_ROOT": os.environ.get("HETEROFLOW_PROCESS_RUN_AS_ROOT", "true"),
             }
             supervisor.start("agent", agent, agent_env)
         else:

@@ -100,6 +100,8 @@ def start_agent(url: str, data_dir: Path, *, container_engine: bool = False, **e
         # no container engine on the test machines unless DOCKER_HOST says so: the
         # operator allows plain processes
         "HETEROFLOW_ALLOW_PROCESS_RUNTIME": "true",
+        # the test machines run as root, and the tests' tasks are the tests' own
+        "HETEROFLOW_PROCESS_RUN_AS_ROOT": "true",
         **extra,
     }
     # its output goes to a file, so a test can wait for a line while it runs

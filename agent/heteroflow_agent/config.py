@@ -38,6 +38,10 @@ ENVIRONMENT = {
     "node_id": ("HETEROFLOW_NODE_ID",),
     "data_dir": ("HETEROFLOW_AGENT_DATA_DIR",),
     "allow_process_runtime": ("HETEROFLOW_ALLOW_PROCESS_RUNTIME",),
+    # who the process runtime's tasks run as (runtime/process.py: an agent running as root
+    # refuses to run them as root unless process_run_as_root says so)
+    "process_user": ("HETEROFLOW_PROCESS_USER",),
+    "process_run_as_root": ("HETEROFLOW_PROCESS_RUN_AS_ROOT",),
     "model_scan_dirs": ("HETEROFLOW_MODEL_SCAN_DIRS",),  # comma-separated
     "log_level": ("HETEROFLOW_AGENT_LOG_LEVEL",),
     "reconcile_interval": ("HETEROFLOW_RECONCILE_SECONDS",),
@@ -76,6 +80,8 @@ KNOWN_KEYS = set(ENVIRONMENT) | {
     "engine_images",
 }
 ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$", re.IGNORECASE)
+# a user name as useradd takes it (a trailing $ for machine accounts), or a numeric uid
+PROCESS_USER = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?|[0-9]{1,10})$")
 
 
 class ConfigError(ValueError):
@@ -92,6 +98,10 @@ class AgentConfig:
     data_dir: Path
     heartbeat_interval: int = 5
     allow_process_runtime: bool = False
+    # the process runtime's tasks run as this user ("": the agent's own, refused when that
+    # is root unless process_run_as_root)
+    process_user: str = ""
+    process_run_as_root: bool = False
     model_scan_dirs: tuple[str, ...] = DEFAULT_MODEL_DIRS
     labels: dict = field(default_factory=dict)
     connect_timeout: float = 5.0
@@ -195,6 +205,10 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     report_attempts = _number(raw, "report_attempts", 6, int, 1, 20, problems)
     report_deadline = _number(raw, "report_deadline_seconds", 60.0, float, 1, 600, problems)
     allow_process = _boolean(raw, "allow_process_runtime", False, problems)
+    process_user = str(raw.get("process_user") or "").strip()
+    if process_user and not PROCESS_USER.match(process_user):
+        problems.append(f"process_user {process_user!r} must be a user name or a numeric uid")
+    process_as_root = _boolean(raw, "process_run_as_root", False, problems)
     log_ship = _number(raw, "log_ship_seconds", 0.5, float, 0.1, 10, problems)
     log_rate = _number(raw, "log_rate_bytes", 256 * 1024, int, 1024, 1 << 30, problems)
     log_spool = _number(raw, "log_spool_bytes", 64 * 1024 * 1024, int, 64 * 1024, 1 << 40, problems)
@@ -280,6 +294,8 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         data_dir=data_dir,
         heartbeat_interval=interval,
         allow_process_runtime=allow_process,
+        process_user=process_user,
+        process_run_as_root=process_as_root,
         model_scan_dirs=tuple(dirs),
         labels=dict(labels),
         connect_timeout=connect_timeout,

@@ -51,8 +51,12 @@ class Heartbeat:
         on_scheduled: Callable[[list[int]], None] | None = None,
         on_delivered: Callable[[], None] | None = None,
         process_engines: Callable[[], tuple[list[str], dict[str, str]]] | None = None,
+        process_refusal: str = "",
     ):
         self.config, self.client = config, client
+        # why the process runtime runs no tasks though allowed (it would run them as root):
+        # the node says so rather than take tasks nobody starts
+        self.process_refusal = process_refusal
         self.detect_gpus = detect_gpus
         self.engine = engine or collect.ContainerEngine()
         self.tasks = tasks
@@ -84,7 +88,8 @@ class Heartbeat:
                 self.engines = inventory.engines_from_tags(self.engine.image_tags(), vendor, self.images)
         if self.beats % MODELS_EVERY == 0:
             self.models = inventory.scan_models(self.config.scanned_model_dirs)
-        exec_mode = "docker" if engine.available else ("process" if self.config.allow_process_runtime else "none")
+        processes = self.config.allow_process_runtime and not self.process_refusal
+        exec_mode = "docker" if engine.available else ("process" if processes else "none")
         address = collect.primary_address()
         report = self.tasks()
         labels = {**self.config.labels, **gpus.labels, CACHED_MODELS_LABEL: cached_models_label(self.models)}
@@ -95,7 +100,7 @@ class Heartbeat:
             "docker_available": engine.available,
             "executable": exec_mode != "none",
             "exec_mode": exec_mode,
-            "error_message": "" if exec_mode != "none" else engine.error,
+            "error_message": "" if exec_mode != "none" else (self.process_refusal or engine.error),
             "is_container": gpus.is_container,  # detected once, with the slicing capabilities
             "agent_version": self.version.version,
             "agent_git_commit": self.version.git_commit,

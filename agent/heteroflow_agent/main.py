@@ -42,20 +42,34 @@ TEST_REMOVE_AFTER_PULL = agent_config.TEST_REMOVE_AFTER_PULL
 
 def choose_runtime(cfg: agent_config.AgentConfig, engine: ContainerEngine):
     """docker when a container engine answers, else the process runtime when the
-    operator allowed it, else none (the node reports itself not executable)."""
+    operator allowed it (its tasks run as `process_user`), else none (the node reports
+    itself not executable). Returns (the runtime or None, why the process runtime refuses
+    to run tasks as configured: "" when it does not)."""
     state = engine.state()
     if state.available:
         from heteroflow_agent.runtime.docker import DockerRuntime
 
-        return DockerRuntime()
+        return DockerRuntime(), ""
     if cfg.allow_process_runtime:
-        from heteroflow_agent.runtime.process import ProcessRuntime
+        from heteroflow_agent.runtime.process import ProcessRuntime, ProcessUserRefused, task_user
 
-        return ProcessRuntime(cfg.data_dir / "process-tasks")
+        try:
+            user = task_user(cfg.process_user, allow_root=cfg.process_run_as_root)
+        except ProcessUserRefused as refused:
+            logger.error("the process runtime will run no tasks: %s", refused)
+            return None, str(refused)
+        if user is None and os.geteuid() == 0:
+            logger.warning("process-runtime tasks run as root (process_run_as_root is set)")
+        elif user is not None:
+            logger.info("process-runtime tasks run as %s (uid %s)", user.name, user.uid)
+        runtime = ProcessRuntime(cfg.data_dir / "process-tasks", user=user)
+        if problem := runtime.reach_problem():
+            logger.warning("%s", problem)
+        return runtime, ""
     logger.warning(
         "no container engine (%s) and the process runtime is not allowed: this node will run no tasks", state.error
     )
-    return None
+    return None, ""
 
 
 def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
@@ -71,7 +85,7 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
     )
     detector = Detector(timeout=cfg.tool_timeout, health_every=cfg.health_interval)
     engine = ContainerEngine()
-    runtime = choose_runtime(cfg, engine)
+    runtime, process_refusal = choose_runtime(cfg, engine)
     executor = None
     if runtime is not None:
         reports = delivery.report_client(
@@ -126,6 +140,7 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
         on_scheduled=(lambda ids: executor.wake.set()) if executor else None,
         on_delivered=executor.sweep.set if executor else None,
         process_engines=(lambda: launch.installed_engines(cfg.engine_python or sys.executable)) if process else None,
+        process_refusal=process_refusal,
     )
     if executor is not None:
         # the probe's latest result, read each time the router is asked (never frozen)

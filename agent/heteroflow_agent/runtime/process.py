@@ -12,8 +12,13 @@ What a container gave and what takes its place here:
   refused (RuntimeError_) rather than run with paths that do not exist for it.
 - ipc_host, shm_size_mb, host_port: nothing to do, the task is on the host already.
 - logs: stdout and stderr go to one file under the state directory.
-- no isolation: the task runs as the agent's user, with no resource limits, and sees
-  the host's GPUs unless the spec's env (CUDA_VISIBLE_DEVICES...) says otherwise.
+- user: the operator's unprivileged user (`process_user`, HETEROFLOW_PROCESS_USER; see
+  task_user), to which the supervisor switches before the command starts (its groups
+  as the system lists them, HOME, USER and LOGNAME its own); the task's own working
+  directory is given to it. Without one the task runs as the agent's user, and an agent
+  running as root refuses that unless the operator allows it (`process_run_as_root`).
+- no isolation: no resource limits, and the task sees the host's GPUs unless the spec's
+  env (CUDA_VISIBLE_DEVICES...) says otherwise; all tasks run as the same user.
 
 Each task is started through a small supervisor (`supervise.py`, detached in a session
 of its own) that runs the command, waits for it and writes its exit code to the task's
@@ -21,8 +26,8 @@ state directory. So the outcome survives the agent: a new agent (a new ProcessRu
 the same state directory) lists the task, tells whether it runs and how it ended, stops
 it and reads its log. State directory layout:
 
-    STATE_DIR/                  0700
-      task-{id}/                0700, one per task, removed by remove()
+    STATE_DIR/                  0700 (0711 with a task user: it may pass, not list)
+      task-{id}/                0700 (0711 likewise), one per task, removed by remove()
         task.json               by the runtime, before the command starts: the command, the
                                 working directory, the supervisor (pid, start ticks)
         command.json            by the supervisor, as the command starts: its pid (= its
@@ -30,7 +35,11 @@ it and reads its log. State directory layout:
         exit.json               by the supervisor, when the command has ended: exit_code
                                 (128+N for signal N), signal, finished_at
         output.log              stdout and stderr of the command
-        work/                   the working directory, when the spec names none
+        work/                   the working directory, when the spec names none (the
+                                task user's, 0700)
+
+The records and the log stay the agent's (0600): a task run as another user can neither
+read nor forge them (its output reaches the log through the descriptor it inherits).
 
 A process is named by (pid, start ticks since boot from /proc/PID/stat): the same datum
 psutil's create_time is computed from, but compared exactly and immune to wall-clock
@@ -64,6 +73,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from heteroflow_agent.runtime import supervise
@@ -111,14 +121,71 @@ def _identified(process: dict | None, *, alive: bool) -> bool:
     return supervise.is_alive(stat) if alive else True
 
 
-def _base_environment() -> dict[str, str]:
-    env = {"PATH": os.environ.get("PATH") or DEFAULT_PATH, "LANG": "C.UTF-8"}
+@dataclass(frozen=True)
+class TaskUser:
+    """The user the process runtime's tasks run as, when it is not the agent's own: the
+    supervisor (the agent's user, root) switches to it before the command starts."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+    groups: tuple[int, ...]  # every group the system lists it in, its primary one included
+
+
+class ProcessUserRefused(RuntimeError_):
+    """The process runtime will not run tasks as configured; the message tells the
+    operator what to set."""
+
+
+ROOT_REFUSED = (
+    "the agent runs as root and would run process-runtime tasks as root: name an unprivileged user for "
+    "them (HETEROFLOW_PROCESS_USER, or process_user in the agent's configuration, e.g. a dedicated "
+    "heteroflow-task account), run the agent itself as an unprivileged user (User= in its systemd unit), "
+    "or allow root explicitly (HETEROFLOW_PROCESS_RUN_AS_ROOT=true)"
+)
+
+
+def task_user(name: str, *, allow_root: bool = False, euid: int | None = None) -> TaskUser | None:
+    """Who the process runtime's tasks run as, from the operator's `process_user` (a name
+    or a uid; "" none) and `process_run_as_root`, for an agent of effective uid `euid`
+    (its own by default). None: as the agent's own user (it is not root; or it is and
+    root is allowed; or the user named is the agent's own). Raises ProcessUserRefused:
+    tasks would run as root without the operator's leave, the user does not exist, or
+    an agent that is not root names another user (only root can switch)."""
+    euid = os.geteuid() if euid is None else euid
+    if not name:
+        if euid == 0 and not allow_root:
+            raise ProcessUserRefused(ROOT_REFUSED)
+        return None
     try:
-        user = pwd.getpwuid(os.getuid())
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except (KeyError, OverflowError):
+        raise ProcessUserRefused(f"process_user {name!r}: no such user on this host") from None
+    if entry.pw_uid == 0 and not allow_root:
+        raise ProcessUserRefused(f"process_user {name!r} is root (uid 0): {ROOT_REFUSED}")
+    if entry.pw_uid == euid:
+        return None
+    if euid != 0:
+        raise ProcessUserRefused(
+            f"process_user {name!r}: only an agent running as root can run tasks as another user (this one "
+            f"runs as uid {euid}); leave process_user out to run them as the agent's own user"
+        )
+    groups = tuple(sorted(set(os.getgrouplist(entry.pw_name, entry.pw_gid))))
+    return TaskUser(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir or "/", groups)
+
+
+def _base_environment(user: TaskUser | None = None) -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH") or DEFAULT_PATH, "LANG": "C.UTF-8"}
+    if user is not None:
+        env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
+        return env
+    try:
+        own = pwd.getpwuid(os.getuid())
     except KeyError:
         env["HOME"] = "/"
     else:
-        env.update(HOME=user.pw_dir or "/", USER=user.pw_name, LOGNAME=user.pw_name)
+        env.update(HOME=own.pw_dir or "/", USER=own.pw_name, LOGNAME=own.pw_name)
     return env
 
 
@@ -229,10 +296,39 @@ def _wait_until(predicate, timeout: float) -> bool:
 class ProcessRuntime(Runtime):
     kind = "process"
 
-    def __init__(self, state_dir: Path):
+    def __init__(self, state_dir: Path, user: TaskUser | None = None):
+        """`user`: whom its tasks run as (task_user); None, the agent's own user."""
         self.state_dir = Path(state_dir)
+        self.user = user
         self._lock = threading.Lock()
         self._starting: set[int] = set()
+
+    def reach_problem(self) -> str:
+        """With a task user: the first directory above the state directory it cannot pass
+        (its tasks then find their working directory by relative paths only), in words;
+        "" when there is none (or no user)."""
+        user = self.user
+        if user is None:
+            return ""
+        for directory in reversed(self.state_dir.resolve().parents):
+            try:
+                info = os.stat(directory)
+            except OSError:
+                break  # not made yet: the runtime makes it, passable
+            mode = info.st_mode
+            if info.st_uid == user.uid:
+                passes = mode & 0o100
+            elif info.st_gid in user.groups:
+                passes = mode & 0o010
+            else:
+                passes = mode & 0o001
+            if not passes:
+                return (
+                    f"{user.name} cannot pass {directory} (mode {mode & 0o777:04o}): its tasks will reach their "
+                    "working directory only by relative paths; let others pass (chmod o+x) the directories above "
+                    "the agent's data directory"
+                )
+        return ""
 
     # --- Runtime --------------------------------------------------------------------
 
@@ -356,7 +452,7 @@ class ProcessRuntime(Runtime):
             raise RuntimeError_("the task has no command (the process runtime has no image entrypoint)")
         if any("\0" in part for part in command):
             raise RuntimeError_("the command contains a NUL character")
-        env = _base_environment()
+        env = _base_environment(self.user)
         for key, value in (spec.env or {}).items():
             if not isinstance(key, str) or not key or "=" in key or "\0" in key:
                 raise RuntimeError_(f"bad environment variable name {key!r}")
@@ -372,13 +468,19 @@ class ProcessRuntime(Runtime):
         return command, env, cwd
 
     def _start(self, spec: TaskSpec, command: list[str], env: dict[str, str], cwd: str | None) -> None:
+        # with a task user, the directories on the way to its working directory let it
+        # pass (so its absolute paths resolve) but not list them
+        passable = 0o711 if self.user is not None else 0o700
         try:
             self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self.user is not None:
+                os.chmod(self.state_dir, passable)
         except OSError as error:
             raise RuntimeError_(f"cannot create the state directory {self.state_dir}: {error}") from error
         directory = self.state_dir / spec.name
         try:
             directory.mkdir(mode=0o700)
+            os.chmod(directory, passable)
         except FileExistsError:
             raise RuntimeError_(f"{spec.name} exists already (remove it first)") from None
         except OSError as error:
@@ -389,6 +491,8 @@ class ProcessRuntime(Runtime):
             if cwd is None:
                 work = directory / supervise.WORK_DIR
                 work.mkdir(mode=0o700)
+                if self.user is not None:
+                    os.chown(work, self.user.uid, self.user.gid)
                 cwd = str(work)
             self._launch(spec, directory, command, env, cwd, launched)
         except BaseException as error:
@@ -449,9 +553,13 @@ class ProcessRuntime(Runtime):
                     "labels": dict(spec.labels or {}),
                     "started_at": time.time(),
                     "supervisor": supervisor,
+                    "user": {"name": self.user.name, "uid": self.user.uid} if self.user is not None else None,
                 },
             )
-            channel.write(json.dumps({"go": {"command": command, "env": env, "cwd": cwd}}).encode() + b"\n")
+            go = {"command": command, "env": env, "cwd": cwd}
+            if self.user is not None:
+                go["user"] = {"uid": self.user.uid, "gid": self.user.gid, "groups": list(self.user.groups)}
+            channel.write(json.dumps({"go": go}).encode() + b"\n")
             channel.flush()
             reply = _receive(channel)
             if reply is None:

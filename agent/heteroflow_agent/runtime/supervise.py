@@ -9,7 +9,9 @@ an agent upgrade could change. The conversation with the runtime, one JSON objec
 over the inherited socket:
 
     supervisor -> runtime   {"hello": PID}            after detaching (see below)
-    runtime -> supervisor   {"go": {"command": [...], "env": {...}, "cwd": "..."}}
+    runtime -> supervisor   {"go": {"command": [...], "env": {...}, "cwd": "...",
+                                    "user": {"uid", "gid", "groups"} (when tasks run as
+                                    another user than the agent's)}}
                             (sent once the runtime has recorded the supervisor in task.json;
                             EOF instead: the supervisor exits, nothing was started)
     supervisor -> runtime   {"started": {...}} or {"error": "why"}
@@ -21,7 +23,11 @@ same situation for a task this agent started and for one it adopted after a rest
 The command runs in a session (and process group) of its own, pgid = sid = its pid, with
 stdout and stderr on the supervisor's own (the task's log file), and with a parent-death
 signal: if the supervisor is killed, the command is killed with it (nobody would be left
-to record its outcome). The supervisor forwards SIGTERM, SIGINT and SIGHUP to the
+to record its outcome). With a `user`, the command runs as that user: its groups, then
+its gid, then its uid are set in the child after it has entered its working directory
+and before the command starts (the parent-death signal is set after the switch, which
+would clear it); the supervisor stays the agent's user, so the task can neither stop it
+nor write its records. The supervisor forwards SIGTERM, SIGINT and SIGHUP to the
 command's group and keeps waiting. When the command's main process ends, what is left of
 its session is killed (a container's end, too), then `exit.json` is written atomically:
 the exit code, 128 + N for a signal N, like a shell.
@@ -233,6 +239,10 @@ def supervise(task_dir: str, fd: int) -> int:
         signal.signal(signum, forward)
 
     command, env, cwd = list(go["command"]), dict(go["env"]), str(go["cwd"])
+    user = go.get("user")
+    switch = {}
+    if isinstance(user, dict):
+        switch = {"user": int(user["uid"]), "group": int(user["gid"]), "extra_groups": list(user.get("groups", []))}
     try:
         child = subprocess.Popen(
             command,
@@ -242,6 +252,7 @@ def supervise(task_dir: str, fd: int) -> int:
             close_fds=True,
             start_new_session=True,
             preexec_fn=_set_parent_death_signal(os.getpid()),
+            **switch,
         )
     except (OSError, subprocess.SubprocessError, ValueError, TypeError) as error:
         if isinstance(error, OSError):
