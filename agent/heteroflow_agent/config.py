@@ -63,6 +63,7 @@ ENVIRONMENT = {
     "model_cache_dir": ("HETEROFLOW_MODEL_CACHE_DIR",),
     "model_cache_bytes": ("HETEROFLOW_MODEL_CACHE_BYTES",),
     "model_hub_url": ("HETEROFLOW_MODEL_HUB_URL",),
+    "model_hub_api": ("HETEROFLOW_MODEL_HUB_API",),
     "model_progress_seconds": ("HETEROFLOW_MODEL_PROGRESS_SECONDS",),
 }
 # the image channel's test hook: remove a pulled image before its check (never on a real node)
@@ -138,6 +139,7 @@ class AgentConfig:
     model_cache_dir: str = DEFAULT_MODEL_DIRS[0]
     model_cache_bytes: int = 0
     model_hub_url: str = ""
+    model_hub_api: str = "manifest"  # or "huggingface" (HF_ENDPOINT alone sets both)
     model_progress_seconds: float = 2.0
 
     @property
@@ -223,6 +225,13 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         problems.append(f"model_cache_dir {model_cache_dir!r} must be an absolute path")
     model_cache_bytes = _number(raw, "model_cache_bytes", 0, int, 0, 1 << 60, problems)
     model_hub_url = str(raw.get("model_hub_url") or "").rstrip("/")
+    model_hub_api = str(raw.get("model_hub_api") or "").lower()
+    if not model_hub_url and environ.get("HF_ENDPOINT"):
+        # a Hugging Face–compatible endpoint, named the way huggingface_hub reads it
+        model_hub_url, model_hub_api = environ["HF_ENDPOINT"].rstrip("/"), model_hub_api or "huggingface"
+    model_hub_api = model_hub_api or "manifest"
+    if model_hub_api not in ("manifest", "huggingface"):
+        problems.append(f"model_hub_api {model_hub_api!r} must be manifest or huggingface")
     hub_parts = urlsplit(model_hub_url)
     if model_hub_url and (hub_parts.scheme not in ("http", "https") or not hub_parts.netloc):
         problems.append(f"model_hub_url {model_hub_url!r} must be an http:// or https:// URL")
@@ -319,6 +328,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         model_cache_dir=model_cache_dir,
         model_cache_bytes=model_cache_bytes,
         model_hub_url=model_hub_url,
+        model_hub_api=model_hub_api,
         model_progress_seconds=model_progress,
     )
 

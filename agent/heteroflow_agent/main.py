@@ -125,6 +125,7 @@ def build(cfg: agent_config.AgentConfig) -> tuple[Heartbeat, Executor | None]:
         executor.models = ModelEnsurer(
             ModelStore(cfg.model_cache_dir, cfg.model_cache_bytes),
             mirror=cfg.model_hub_url,
+            hub_api=cfg.model_hub_api,
             images=ImageExporter(runtime) if runtime.kind == "docker" else None,
             report=server_report(client, cfg.node_id),
             progress_interval=cfg.model_progress_seconds,

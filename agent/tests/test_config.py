@@ -134,6 +134,18 @@ def test_model_cache_keys_are_checked_together(tmp_path):
     assert any("model_hub_url" in p for p in refused.value.problems)
 
 
+def test_hf_endpoint_alone_names_a_hugging_face_compatible_mirror(tmp_path):
+    environ = {"HETEROFLOW_SERVER_URL": "http://h:1", "HETEROFLOW_AGENT_KEY": "k"}
+    environ["HETEROFLOW_AGENT_DATA_DIR"] = str(tmp_path)
+    cfg = load(None, {**environ, "HF_ENDPOINT": "http://hf-mirror.lan/"})
+    assert (cfg.model_hub_url, cfg.model_hub_api) == ("http://hf-mirror.lan", "huggingface")
+    own = load(None, {**environ, "HF_ENDPOINT": "http://hf.lan", "HETEROFLOW_MODEL_HUB_URL": "http://m.lan"})
+    assert (own.model_hub_url, own.model_hub_api) == ("http://m.lan", "manifest")  # the agent's own key wins
+    assert load(None, environ).model_hub_api == "manifest"
+    with pytest.raises(ConfigError, match="model_hub_api 'git' must be manifest or huggingface"):
+        load(None, {**environ, "HETEROFLOW_MODEL_HUB_API": "git"})
+
+
 def test_dash_means_no_file_even_when_the_default_exists(tmp_path, monkeypatch):
     from heteroflow_agent import config
 

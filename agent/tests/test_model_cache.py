@@ -41,6 +41,13 @@ class Mirror:
 
             def do_GET(self):
                 owner.requests.append((self.path, self.headers.get("Range", "")))
+                if self.path.startswith("/api/models/") and self.path.endswith("/revision/main?blobs=true"):
+                    return self._huggingface_listing(self.path[len("/api/models/") : -len("/revision/main?blobs=true")])
+                if "/resolve/main/" in self.path:
+                    model, _, name = self.path.strip("/").partition("/resolve/main/")
+                    if name in owner.files.get(model, {}):
+                        return self._file(name, owner.files[model][name])
+                    return self._send(404, b"not here")
                 model, _, name = self.path.strip("/").rpartition("/")
                 files = owner.files.get(model)
                 if files is not None and name == "manifest.json":
@@ -55,6 +62,19 @@ class Mirror:
                     if self.path.startswith(prefix) and self.path[len(prefix) :] in model_files:
                         return self._file(self.path[len(prefix) :], model_files[self.path[len(prefix) :]])
                 self._send(404, b"not here")
+
+            def _huggingface_listing(self, model):
+                """As the Hub answers: large files (.gguf here) are LFS, with a sha256; the
+                others only a git blob id."""
+                if model not in owner.files:
+                    return self._send(404, b'{"error": "Repository not found"}')
+                siblings = []
+                for p, data in owner.files[model].items():
+                    sibling = {"rfilename": p, "size": len(data), "blobId": "0" * 40}
+                    if p.endswith(".gguf"):
+                        sibling["lfs"] = {"sha256": owner.lies.get(p) or sha(data), "size": len(data)}
+                    siblings.append(sibling)
+                self._send(200, json.dumps({"id": model, "siblings": siblings}).encode())
 
             def _file(self, path, data):
                 start = 0
@@ -243,6 +263,34 @@ def test_a_url_source_needs_no_mirror(tmp_path, mirror):
 def test_a_bad_listing_is_refused_before_anything_is_written(listing, problem):
     with pytest.raises(EnsureError, match=problem):
         parse_manifest(listing, "http://mirror/org/x")
+
+
+# --- a Hugging Face–compatible endpoint ---------------------------------------------------
+
+
+def test_a_hugging_face_compatible_endpoint_lists_the_files_and_checks_the_large_ones(tmp_path, mirror):
+    mirror.files["org/tiny"] = files = gguf_model()
+    mirror.cut["tiny.gguf"] = 150_000
+    models = ensurer(tmp_path, mirror, hub_api="huggingface")
+
+    ensured = models.ensure(1, hub("org/tiny"))
+
+    assert Path(ensured.source).read_bytes() == files["tiny.gguf"]
+    assert (Path(ensured.source).parent / "README.md").read_bytes() == files["README.md"]
+    assert mirror.requests[0][0] == "/api/models/org/tiny/revision/main?blobs=true"
+    first, resumed = mirror.file_requests("tiny.gguf")
+    assert first == "" and resumed.startswith("bytes=")
+    assert all("/org/tiny/resolve/main/" in path for path, _ in mirror.requests[1:])
+
+
+def test_a_hugging_face_checksum_mismatch_fails_and_an_unknown_repository_says_so(tmp_path, mirror):
+    mirror.files["org/tiny"] = gguf_model()
+    mirror.lies["tiny.gguf"] = "f" * 64
+    models = ensurer(tmp_path, mirror, hub_api="huggingface")
+    with pytest.raises(EnsureError, match="tiny.gguf: checksum mismatch"):
+        models.ensure(1, hub("org/tiny"))
+    with pytest.raises(EnsureError, match=r"api/models/org/absent/revision/main\?blobs=true: HTTP 404"):
+        models.ensure(2, hub("org/absent"))
 
 
 # --- path and the others ----------------------------------------------------------------

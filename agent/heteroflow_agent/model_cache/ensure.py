@@ -3,7 +3,8 @@
 By the model's source kind (`serving.source_kind`, from the model registry):
 - `path`: the weights are on shared (or local) storage: the path must exist, else the
   replica fails before its engine starts, saying which path is missing;
-- `hub`: downloaded from the operator's mirror (fetch.py) into the model cache, room
+- `hub`: downloaded from the operator's mirror (fetch.py: a manifest listing, or a
+  Hugging Face–compatible endpoint) into the model cache, room
   made under the budget first (store.py), progress reported while it downloads;
 - `image`: the image is pulled and its model folder copied out (image.py) into the
   model cache, room made and progress reported as for a hub model; a node without a
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from heteroflow_agent.client import ServerClient, ServerError
-from heteroflow_agent.model_cache.fetch import Fetcher, model_base
+from heteroflow_agent.model_cache.fetch import MANIFEST_API, Fetcher, hub_of
 from heteroflow_agent.model_cache.image import ImageExporter
 from heteroflow_agent.model_cache.progress import Progress, ProgressThrottle
 from heteroflow_agent.model_cache.store import MARKER, EnsureError, ModelStore, entry_key, tree_size
@@ -54,13 +55,14 @@ class ModelEnsurer:
         store: ModelStore,
         *,
         mirror: str = "",
+        hub_api: str = MANIFEST_API,
         fetcher: Fetcher | None = None,
         images: ImageExporter | None = None,
         report: Report | None = None,
         progress_interval: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.store, self.mirror = store, mirror
+        self.store, self.mirror, self.hub_api = store, mirror, hub_api
         self.fetcher = fetcher or Fetcher()
         self.images = images  # None: no container engine here, image models cannot be fetched
         self.report = report or (lambda task_id, state, fields: None)
@@ -128,8 +130,8 @@ class ModelEnsurer:
                 self.store.hold(task_id, key)
                 return Ensured(loadable(folder, format), key)
             began = self.clock()
-            base = model_base(self.mirror, source)
-            files = self.fetcher.listing(base)
+            hub = hub_of(self.mirror, source, self.hub_api)
+            files = self.fetcher.listing(hub)
             total = sum(f.size for f in files)
             present = sum(_present(folder, f.path, f.size) for f in files)
             evicted = self.store.make_room(key, total - _on_disk(folder), name)
@@ -148,14 +150,14 @@ class ModelEnsurer:
                 for item in files:
                     if (folder / item.path).is_file() and (folder / item.path).stat().st_size == item.size:
                         continue
-                    self.fetcher.download(base, item, folder, throttle.advance)
+                    self.fetcher.download(hub.files_url, item, folder, throttle.advance)
                 throttle.finish()
                 self.store.mark_complete(key, source_kind=HUB, source=source, size_bytes=total)
             except BaseException:
                 self.store.release(task_id)
                 raise
             seconds = self.clock() - began
-            logger.info("model %s: %d bytes fetched from %s in %.1f s", name, total - present, base, seconds)
+            logger.info("model %s: %d bytes fetched from %s in %.1f s", name, total - present, hub.files_url, seconds)
             return Ensured(loadable(folder, format), key, True, total - present, seconds)
 
     # --- image ------------------------------------------------------------------------

@@ -1,12 +1,15 @@
-"""A hub model from the operator's plain HTTP(S) mirror.
+"""A hub model from the operator's mirror, over plain HTTP(S), with one of two listings
+(docs/inference.md, "The hub mirror"):
 
-The mirror's listing (docs/inference.md, "The hub mirror"): for a model whose source is
-`org/name`, `<mirror>/org/name/manifest.json` holds
-
-    {"files": [{"path": "model.gguf", "size": 1234, "sha256": "<64 hex>"}, ...]}
-
-(`sha256` optional) and each file is served at `<mirror>/org/name/<path>`. A source
-that is itself an http(s) URL is the model's base, no mirror needed.
+- `manifest`: for a model whose source is `org/name`, `<mirror>/org/name/manifest.json`
+  holds `{"files": [{"path": "model.gguf", "size": 1234, "sha256": "<64 hex>"}, ...]}`
+  (`sha256` optional) and each file is served at `<mirror>/org/name/<path>`. A source
+  that is itself an http(s) URL is the model's base, no mirror needed;
+- `huggingface`: a Hugging Face–compatible endpoint (what HF_ENDPOINT names): the
+  listing is `<endpoint>/api/models/org/name/revision/main?blobs=true` (its `siblings`:
+  `rfilename`, `size`, and `lfs.sha256` for the large files), each file
+  `<endpoint>/org/name/resolve/main/<path>`. Read with this module's own HTTP, not
+  huggingface_hub (not a dependency of the agent), so it resumes and checks the same way.
 
 Each file is downloaded to `<path>.part` and renamed when whole. A `.part` left by a cut
 connection (or a restarted agent) is resumed with an HTTP Range request; a server that
@@ -46,26 +49,61 @@ class ListedFile:
     sha256: str  # "": the listing gives none
 
 
-def model_base(mirror: str, source: str) -> str:
-    """The URL the model's listing and files sit under."""
+MANIFEST_API, HUGGINGFACE_API = "manifest", "huggingface"
+HUB_APIS = (MANIFEST_API, HUGGINGFACE_API)
+
+
+@dataclass(frozen=True)
+class Hub:
+    """Where a hub model's listing is, and the URL its files' paths are under."""
+
+    listing_url: str
+    files_url: str
+    api: str
+
+
+def hub_of(mirror: str, source: str, api: str = MANIFEST_API) -> Hub:
     if source.startswith(("http://", "https://")):
-        return source.rstrip("/")
+        base = source.rstrip("/")
+        return Hub(f"{base}/{MANIFEST}", base, MANIFEST_API)
     if not mirror:
         raise EnsureError(
-            f"hub model {source!r}: this node has no model mirror (set model_hub_url in the agent config, "
-            "or register the model with an http(s) URL as its source)"
+            f"hub model {source!r}: this node has no model mirror (set model_hub_url, or HF_ENDPOINT, in the "
+            "agent's environment or config)"
         )
-    return f"{mirror.rstrip('/')}/{source.strip('/')}"
+    mirror, repository = mirror.rstrip("/"), source.strip("/")
+    if api == HUGGINGFACE_API:
+        return Hub(
+            f"{mirror}/api/models/{repository}/revision/main?blobs=true",
+            f"{mirror}/{repository}/resolve/main",
+            api,
+        )
+    return Hub(f"{mirror}/{repository}/{MANIFEST}", f"{mirror}/{repository}", MANIFEST_API)
 
 
-def parse_manifest(data, base: str) -> list[ListedFile]:
+def parse_huggingface(data, where: str) -> list[ListedFile]:
+    """A Hugging Face model listing's files, checked as a manifest's are."""
+    siblings = data.get("siblings") if isinstance(data, dict) else None
+    if not isinstance(siblings, list):
+        raise EnsureError(f"{where}: expected a model with 'siblings' (a Hugging Face–compatible endpoint?)")
+    files = []
+    for sibling in siblings:
+        lfs = (sibling.get("lfs") if isinstance(sibling, dict) else None) or {}
+        if not isinstance(sibling, dict) or not isinstance(lfs, dict):
+            raise EnsureError(f"{where}: a sibling {sibling!r} is not an object")
+        size = sibling.get("size", lfs.get("size"))
+        files.append({"path": sibling.get("rfilename"), "size": size, "sha256": lfs.get("sha256") or ""})
+    return parse_manifest({"files": files}, where)
+
+
+def parse_manifest(data, where: str) -> list[ListedFile]:
     """The listing's files, every entry checked: a relative path inside the model (no
     '..', not absolute), a size, a sha256 of 64 hex digits when given."""
     files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, list) or not files:
-        raise EnsureError(f"{base}/{MANIFEST}: expected {{'files': [{{'path', 'size', 'sha256'}}, ...]}}")
+        raise EnsureError(f"{where}: expected {{'files': [{{'path', 'size', 'sha256'}}, ...]}}")
     if len(files) > MAX_FILES:
-        raise EnsureError(f"{base}/{MANIFEST}: {len(files)} files, at most {MAX_FILES}")
+        raise EnsureError(f"{where}: {len(files)} files, at most {MAX_FILES}")
     listed, seen = [], set()
     for item in files:
         path = item.get("path") if isinstance(item, dict) else None
@@ -80,13 +118,13 @@ def parse_manifest(data, base: str) -> list[ListedFile]:
             or pure.name.endswith(".part")
             or pure.name.startswith(".heteroflow")
         ):
-            raise EnsureError(f"{base}/{MANIFEST}: file path {path!r} must be relative, inside the model")
+            raise EnsureError(f"{where}: file path {path!r} must be relative, inside the model")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise EnsureError(f"{base}/{MANIFEST}: {path}: size {size!r} must be a whole number of bytes")
+            raise EnsureError(f"{where}: {path}: size {size!r} must be a whole number of bytes")
         if digest and not SHA256.match(digest):
-            raise EnsureError(f"{base}/{MANIFEST}: {path}: sha256 {digest!r} must be 64 hex digits")
+            raise EnsureError(f"{where}: {path}: sha256 {digest!r} must be 64 hex digits")
         if str(pure) in seen:
-            raise EnsureError(f"{base}/{MANIFEST}: {path} is listed twice")
+            raise EnsureError(f"{where}: {path} is listed twice")
         seen.add(str(pure))
         listed.append(ListedFile(str(pure), size, digest))
     return listed
@@ -98,8 +136,8 @@ class Fetcher:
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "heteroflow-agent"
 
-    def listing(self, base: str) -> list[ListedFile]:
-        url = f"{base}/{MANIFEST}"
+    def listing(self, hub: Hub) -> list[ListedFile]:
+        url = hub.listing_url
         try:
             answer = self.session.get(url, timeout=self.timeout)
         except requests.RequestException as exc:
@@ -110,7 +148,7 @@ class Fetcher:
             data = answer.json()
         except ValueError:
             raise EnsureError(f"{url} is not JSON") from None
-        return parse_manifest(data, base)
+        return parse_huggingface(data, url) if hub.api == HUGGINGFACE_API else parse_manifest(data, url)
 
     def download(self, base: str, item: ListedFile, folder: Path, advance: Callable[[int], None]) -> None:
         """`item` into `folder`, resumed from its .part; `advance(n)` for each n bytes
