@@ -354,7 +354,7 @@ def test_a_model_in_use_is_never_evicted_and_a_model_that_cannot_fit_fails_clear
     models.ensure(1, hub("org/a"))
 
     held = entry_key("hub", "org/a")
-    with pytest.raises(NoRoom, match=r"org/big needs 200000 more bytes.*budget is 300000.*" + held):
+    with pytest.raises(NoRoom, match=r"org/big needs 200000 bytes.*budget is 300000.*" + held):
         models.ensure(2, hub("org/big"))
 
     assert models.store.complete(entry_key("hub", "org/a"))
@@ -364,6 +364,15 @@ def test_a_model_in_use_is_never_evicted_and_a_model_that_cannot_fit_fails_clear
     models.release(1)
     models.ensure(2, hub("org/big"))
     assert not (tmp_path / "cache" / entry_key("hub", "org/a")).exists()
+
+
+def test_a_download_in_progress_counts_at_its_full_size_until_it_ends(tmp_path):
+    store = ModelStore(tmp_path / "cache", 300_000)
+    assert store.make_room("a", 200_000, "org/a") == []  # reserved, nothing on disk yet
+    with pytest.raises(NoRoom, match=r"org/b needs 200000 bytes.*200000 are held.*\(a\)"):
+        store.make_room("b", 200_000, "org/b")
+    store.settle("a")  # its fetch failed: the room is free again
+    assert store.make_room("b", 200_000, "org/b") == []
 
 
 def test_an_adopted_replica_holds_its_model(tmp_path, mirror):

@@ -30,7 +30,7 @@ from heteroflow_agent.client import ServerClient, ServerError
 from heteroflow_agent.model_cache.fetch import MANIFEST_API, Fetcher, hub_of
 from heteroflow_agent.model_cache.image import ImageExporter
 from heteroflow_agent.model_cache.progress import Progress, ProgressThrottle
-from heteroflow_agent.model_cache.store import MARKER, EnsureError, ModelStore, entry_key, tree_size
+from heteroflow_agent.model_cache.store import EnsureError, ModelStore, entry_key, tree_size
 
 logger = logging.getLogger("heteroflow_agent.model_cache")
 
@@ -134,7 +134,7 @@ class ModelEnsurer:
             files = self.fetcher.listing(hub)
             total = sum(f.size for f in files)
             present = sum(_present(folder, f.path, f.size) for f in files)
-            evicted = self.store.make_room(key, total - _on_disk(folder), name)
+            evicted = self.store.make_room(key, total, name)
             if evicted:
                 logger.info("model %s: evicted %s to make room", name, ", ".join(evicted))
             folder.mkdir(parents=True, exist_ok=True)
@@ -156,6 +156,8 @@ class ModelEnsurer:
             except BaseException:
                 self.store.release(task_id)
                 raise
+            finally:
+                self.store.settle(key)
             seconds = self.clock() - began
             logger.info("model %s: %d bytes fetched from %s in %.1f s", name, total - present, hub.files_url, seconds)
             return Ensured(loadable(folder, format), key, True, total - present, seconds)
@@ -194,6 +196,8 @@ class ModelEnsurer:
             except BaseException:
                 self.store.release(task_id)
                 raise
+            finally:
+                self.store.settle(key)
             seconds = self.clock() - began
             logger.info("model %s: %d bytes copied out of %s in %.1f s", name, size, source, seconds)
             return Ensured(loadable(folder, format), key, True, size, seconds)
@@ -220,10 +224,6 @@ def _present(folder: Path, path: str, size: int) -> int:
         except OSError:
             continue
     return 0
-
-
-def _on_disk(folder: Path) -> int:
-    return tree_size(folder) if folder.is_dir() and not (folder / MARKER).exists() else 0
 
 
 def server_report(client: ServerClient, node_id: str) -> Report:

@@ -7,7 +7,9 @@ The cache has a budget (bytes; 0: none). Making room for a model evicts the entr
 running replica uses, least recently used first (an entry's `last_used` is written
 when a replica starts and when it ends using it); an entry in use is never evicted,
 nor the one being made room for. When even that is not enough, NoRoom says how much is
-held by what.
+held by what. A download in progress counts at its full size from the moment room is
+made for it (its reservation, until it is complete or fails), so two models fetched at
+once cannot both fit only on paper.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class ModelStore:
         self.lock = threading.Lock()  # room is made, and uses counted, one at a time
         self.key_locks: dict[str, threading.Lock] = {}
         self.uses: dict[int, str] = {}  # task id -> the entry its replica uses
+        self.reserved: dict[str, int] = {}  # entry -> its full size, while it is being fetched
 
     def path_of(self, key: str) -> Path:
         return self.root / key
@@ -146,37 +149,47 @@ class ModelStore:
 
     # --- the budget -------------------------------------------------------------------
 
-    def make_room(self, key: str, needed: int, name: str) -> list[str]:
-        """Evict what must go for `needed` more bytes of entry `key` to fit the budget.
-        Returns the evicted entries' keys. Raises NoRoom (nothing evicted) when even
+    def make_room(self, key: str, total: int, name: str) -> list[str]:
+        """Evict what must go for entry `key`, `total` bytes when complete, to fit the
+        budget, and reserve those bytes for it until `settle(key)`. Returns the evicted
+        entries' keys. Raises NoRoom (nothing evicted, nothing reserved) when even
         evicting every entry not in use would not be enough."""
-        if self.budget <= 0 or needed <= 0:
-            return []
         with self.lock:
-            busy = set(self.uses.values()) | {key}
-            entries = self.entries()
-            used = sum(e.size_bytes for e in entries)
-            if used + needed <= self.budget:
+            entries = [e for e in self.entries() if e.key != key]
+            here = {e.key for e in entries}
+            sizes = {e.key: max(e.size_bytes, self.reserved.get(e.key, 0)) for e in entries}
+            sizes |= {k: size for k, size in self.reserved.items() if k not in here and k != key}
+            if self.budget <= 0 or sum(sizes.values()) + total <= self.budget:
+                self.reserved[key] = total
                 return []
+            busy = set(self.uses.values()) | set(self.reserved)
             evictable = sorted((e for e in entries if e.key not in busy), key=lambda e: (e.last_used, e.key))
-            freeable = sum(e.size_bytes for e in evictable)
-            if used - freeable + needed > self.budget:
-                held = sorted(e.key for e in entries if e.key in busy and e.key != key)
+            held = sum(sizes.values()) - sum(sizes[e.key] for e in evictable)
+            if held + total > self.budget:
+                holders = sorted(k for k in sizes if k in busy)
                 raise NoRoom(
-                    f"model {name} needs {needed} more bytes, the model cache budget is {self.budget} bytes "
-                    f"and {used - freeable} are held by models in use or being fetched"
-                    + (f" ({', '.join(held)})" if held else "")
+                    f"model {name} needs {total} bytes, the model cache budget is {self.budget} bytes "
+                    f"and {held} are held by models in use or being fetched"
+                    + (f" ({', '.join(holders)})" if holders else "")
                     + ": raise model_cache_bytes or free the node"
                 )
+            used = sum(sizes.values())
             evicted = []
             for entry in evictable:
-                if used + needed <= self.budget:
+                if used + total <= self.budget:
                     break
                 logger.info("model cache: evicting %s (%d bytes, least recently used)", entry.key, entry.size_bytes)
                 shutil.rmtree(entry.path, ignore_errors=True)
-                used -= entry.size_bytes
+                used -= sizes[entry.key]
                 evicted.append(entry.key)
+            self.reserved[key] = total
             return evicted
+
+    def settle(self, key: str) -> None:
+        """The fetch of `key` ended (complete or failed): its reservation goes; a complete
+        entry counts by its marker from now on."""
+        with self.lock:
+            self.reserved.pop(key, None)
 
     # --- the marker -------------------------------------------------------------------
 
