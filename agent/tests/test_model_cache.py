@@ -17,7 +17,7 @@ import pytest
 
 from heteroflow_agent.model_cache.ensure import ModelEnsurer, server_report
 from heteroflow_agent.model_cache.fetch import Fetcher, parse_manifest
-from heteroflow_agent.model_cache.progress import ProgressThrottle
+from heteroflow_agent.model_cache.progress import ProgressThrottle, QueuedReports
 from heteroflow_agent.model_cache.store import EnsureError, ModelStore, NoRoom, entry_key
 
 
@@ -439,8 +439,31 @@ def test_reports_go_to_the_control_plane_and_a_refusal_does_not_stop_the_downloa
     send = server_report(ServerClient(server.url, "k", attempts=1), "node-1")
     send(5, "fetching", {"bytes_done": 1, "bytes_total": 2})
     send(5, "ready", {"bytes_done": 2})
+    assert send.flush(10)
     bodies = [r["json"] for r in server.requests]
     assert bodies == [
         {"node_id": "node-1", "state": "fetching", "bytes_done": 1, "bytes_total": 2},
         {"node_id": "node-1", "state": "ready", "bytes_done": 2},
     ]
+
+
+def test_reports_never_hold_up_the_download_and_only_the_latest_figures_wait():
+    sent, on_its_way, release = [], threading.Event(), threading.Event()
+
+    def slow_control_plane(task_id, state, fields):
+        on_its_way.set()
+        release.wait(10)
+        sent.append((task_id, state, fields["bytes_done"]))
+
+    reports = QueuedReports(slow_control_plane)
+    reports(1, "fetching", {"bytes_done": 1})
+    assert on_its_way.wait(10)
+    for done in range(2, 6):  # while the first is on its way, the others queue
+        reports(1, "fetching", {"bytes_done": done})
+    reports(2, "fetching", {"bytes_done": 7})
+    reports(1, "ready", {"bytes_done": 10})
+    assert not reports.flush(0.05)  # nothing above waited for the control plane
+    release.set()
+    assert reports.flush(10)
+    # of those that queued, only the newest figures of each replica, and every end, in order
+    assert sent == [(1, "fetching", 1), (1, "fetching", 5), (2, "fetching", 7), (1, "ready", 10)]

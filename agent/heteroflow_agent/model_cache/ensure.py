@@ -29,7 +29,7 @@ from pathlib import Path
 from heteroflow_agent.client import ServerClient, ServerError
 from heteroflow_agent.model_cache.fetch import MANIFEST_API, Fetcher, hub_of
 from heteroflow_agent.model_cache.image import ImageExporter
-from heteroflow_agent.model_cache.progress import Progress, ProgressThrottle
+from heteroflow_agent.model_cache.progress import Progress, ProgressThrottle, QueuedReports
 from heteroflow_agent.model_cache.store import EnsureError, ModelStore, entry_key, tree_size
 
 logger = logging.getLogger("heteroflow_agent.model_cache")
@@ -226,9 +226,10 @@ def _present(folder: Path, path: str, size: int) -> int:
     return 0
 
 
-def server_report(client: ServerClient, node_id: str) -> Report:
+def server_report(client: ServerClient, node_id: str) -> QueuedReports:
     """Ensure's reports to the control plane (POST .../inference-replicas/{task}/model-ensure),
-    best effort: one attempt each, a report that does not get through is logged and the
+    best effort, from their own thread (progress.QueuedReports: the download never waits
+    for them): one attempt each, a report that does not get through is logged and the
     download goes on (the next one carries the newer figures)."""
 
     def send(task_id: int, state: str, fields: dict) -> None:
@@ -245,4 +246,4 @@ def server_report(client: ServerClient, node_id: str) -> Report:
         if response.status_code not in (200, 201, 204):
             logger.info("task %s: model %s report refused: HTTP %d", task_id, state, response.status_code)
 
-    return send
+    return QueuedReports(send)
