@@ -33,7 +33,7 @@ from heteroflow_agent.engines import launch
 from heteroflow_agent.engines.router import AUTO, EngineRouter, Route
 from heteroflow_agent.heartbeat import TaskReport
 from heteroflow_agent.model_cache.ensure import ModelEnsurer
-from heteroflow_agent.model_cache.store import EnsureError
+from heteroflow_agent.model_cache.store import EnsureCancelled, EnsureError
 from heteroflow_agent.outcomes import OutcomeStore
 from heteroflow_agent.protocol.task_status import CONFIRMS, FAILED, RUNNING, SCHEDULED, TERMINAL, ended
 from heteroflow_agent.runtime import Runtime, RuntimeError_, TaskSpec
@@ -248,7 +248,9 @@ class Executor:
         if routed is not None:
             logger.info("task %s: engine %s (%s)", task_id, routed.image, routed.reason)
             try:
-                task = self.launched(self.with_model(task), routed)
+                task = self.launched(self.with_model(task, stop), routed)
+            except EnsureCancelled:
+                return None  # the agent is stopping mid-fetch: the next one finds the task lost, it is requeued
             except (launch.LaunchError, EnsureError) as exc:
                 return Outcome(task_id, RUNNING, FAILED, None, f"could not start: {exc}"[:2000])
         try:
@@ -442,13 +444,17 @@ class Executor:
             return Route(None, None, "this agent has no engine router (it runs no tasks)")
         return self.router.choose(str(serving.get("format") or ""), str(serving["engine"]))
 
-    def with_model(self, task: dict) -> dict:
+    def with_model(self, task: dict, stop: threading.Event | None = None) -> dict:
         """The task with its model made present here (model_cache.ensure) and its engine
         pointed at the local copy; a container gets that copy mounted read-only at the
-        same path. Raises EnsureError, the reason already told to the control plane."""
+        same path. Raises EnsureError, the reason already told to the control plane
+        (EnsureCancelled once `stop` is set: the agent is stopping)."""
         serving = launch.serving_of(task)
+        cancelled = stop.is_set if stop is not None else None
         ensured = (
-            self.models.ensure(task["id"], serving, task.get("registry_auth")) if self.models is not None else None
+            self.models.ensure(task["id"], serving, task.get("registry_auth"), cancelled)
+            if self.models is not None
+            else None
         )
         if ensured is None:
             return task

@@ -18,7 +18,7 @@ import pytest
 from heteroflow_agent.model_cache.ensure import ModelEnsurer, server_report
 from heteroflow_agent.model_cache.fetch import Fetcher, parse_manifest
 from heteroflow_agent.model_cache.progress import ProgressThrottle, QueuedReports
-from heteroflow_agent.model_cache.store import EnsureError, ModelStore, NoRoom, entry_key
+from heteroflow_agent.model_cache.store import EnsureCancelled, EnsureError, ModelStore, NoRoom, entry_key
 
 
 class Mirror:
@@ -204,6 +204,29 @@ def test_a_part_left_by_an_earlier_agent_is_resumed_not_downloaded_again(tmp_pat
     assert mirror.file_requests("tiny.gguf") == ["bytes=12345-"]
     first = reports.sent[0][2]
     assert first["bytes_done"] >= 12_345 and first["bytes_total"] == sum(len(d) for d in files.values())
+
+
+def test_a_fetch_cancelled_by_a_stopping_agent_is_not_a_failure_and_resumes_later(tmp_path, mirror):
+    mirror.files["org/tiny"] = files = gguf_model(1_000_000)
+    reports = Reports()
+    models = ensurer(tmp_path, mirror, reports, budget=10_000_000)
+    arrived = []
+
+    def stopping_after_some_bytes():
+        arrived.append(1)
+        return len(arrived) > 3
+
+    with pytest.raises(EnsureCancelled):
+        models.ensure(1, hub("org/tiny"), cancelled=stopping_after_some_bytes)
+
+    assert "failed" not in reports.states() and "ready" not in reports.states()
+    assert models.store.in_use() == set() and models.store.reserved == {}
+    part = tmp_path / "cache" / entry_key("hub", "org/tiny") / "tiny.gguf.part"
+    kept = part.stat().st_size
+    assert 0 < kept < len(files["tiny.gguf"])
+    ensured = models.ensure(2, hub("org/tiny"))
+    assert Path(ensured.source).read_bytes() == files["tiny.gguf"]
+    assert mirror.file_requests("tiny.gguf")[-1] == f"bytes={kept}-"
 
 
 def test_a_checksum_mismatch_deletes_the_part_and_fails_naming_the_file(tmp_path, mirror):

@@ -105,3 +105,14 @@ def test_an_adopted_replica_holds_its_model_again(tmp_path, mirror):
     release.set()
     executor.close()
     assert executor.models.store.in_use() == set()
+
+
+def test_an_agent_stopping_mid_fetch_reports_nothing_and_leaves_the_task_to_the_next(tmp_path, mirror):
+    reports = Reports()
+    executor = executor_on(ProcessStub(), tmp_path, mirror, reports)
+    stop = threading.Event()
+    stop.set()  # the agent is stopping as the first bytes arrive
+    assert executor.run(replica(hub("org/tiny")), stop) is None
+    assert "failed" not in reports.states()
+    assert executor.models.store.in_use() == set()
+    executor.close()

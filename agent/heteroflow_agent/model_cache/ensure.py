@@ -30,7 +30,7 @@ from heteroflow_agent.client import ServerClient, ServerError
 from heteroflow_agent.model_cache.fetch import MANIFEST_API, Fetcher, hub_of
 from heteroflow_agent.model_cache.image import ImageExporter
 from heteroflow_agent.model_cache.progress import Progress, ProgressThrottle, QueuedReports
-from heteroflow_agent.model_cache.store import EnsureError, ModelStore, entry_key, tree_size
+from heteroflow_agent.model_cache.store import EnsureCancelled, EnsureError, ModelStore, entry_key, tree_size
 
 logger = logging.getLogger("heteroflow_agent.model_cache")
 
@@ -68,15 +68,24 @@ class ModelEnsurer:
         self.report = report or (lambda task_id, state, fields: None)
         self.progress_interval, self.clock = progress_interval, clock
 
-    def ensure(self, task_id: int, serving: Mapping, credentials: dict | None = None) -> Ensured | None:
+    def ensure(
+        self,
+        task_id: int,
+        serving: Mapping,
+        credentials: dict | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Ensured | None:
         """Make the serving's model present and hold it for the task. None when the
         serving names no source kind (launched as it is). Raises EnsureError, after
         telling the control plane why; a download's end is told too (its progress line
         goes, its decision is written). `credentials`: the task's registry credentials,
-        for an image model."""
+        for an image model. `cancelled`: asked as bytes arrive; once true, the fetch
+        stops with EnsureCancelled (not reported: the agent is stopping)."""
         name = str(serving.get("model") or serving.get("source") or "")
         try:
-            ensured = self._ensure(task_id, serving, credentials)
+            ensured = self._ensure(task_id, serving, credentials, cancelled)
+        except EnsureCancelled:
+            raise
         except EnsureError as exc:
             if not str(exc).startswith(f"model {name}"):  # every reason names the model
                 exc = type(exc)(f"model {name}: {exc}")
@@ -90,7 +99,9 @@ class ModelEnsurer:
             )
         return ensured
 
-    def _ensure(self, task_id: int, serving: Mapping, credentials: dict | None) -> Ensured | None:
+    def _ensure(
+        self, task_id: int, serving: Mapping, credentials: dict | None, cancelled: Callable[[], bool] | None
+    ) -> Ensured | None:
         kind = str(serving.get("source_kind") or "")
         source = str(serving.get("source") or "")
         name = str(serving.get("model") or source)
@@ -105,9 +116,9 @@ class ModelEnsurer:
                 )
             return Ensured(source)
         if kind == HUB:
-            return self._hub(task_id, name, source, str(serving.get("format") or ""))
+            return self._hub(task_id, name, source, str(serving.get("format") or ""), cancelled)
         if kind == IMAGE:
-            return self._image(task_id, name, source, str(serving.get("format") or ""), credentials)
+            return self._image(task_id, name, source, str(serving.get("format") or ""), credentials, cancelled)
         raise EnsureError(f"model {name}: unknown source kind {kind!r} (path, hub or image)")
 
     def hold(self, task_id: int, serving: Mapping) -> None:
@@ -122,7 +133,7 @@ class ModelEnsurer:
 
     # --- hub --------------------------------------------------------------------------
 
-    def _hub(self, task_id: int, name: str, source: str, format: str) -> Ensured:
+    def _hub(self, task_id: int, name: str, source: str, format: str, cancelled) -> Ensured:
         key = entry_key(HUB, source)
         folder = self.store.path_of(key)
         with self.store.key_lock(key):
@@ -150,7 +161,7 @@ class ModelEnsurer:
                 for item in files:
                     if (folder / item.path).is_file() and (folder / item.path).stat().st_size == item.size:
                         continue
-                    self.fetcher.download(hub.files_url, item, folder, throttle.advance)
+                    self.fetcher.download(hub.files_url, item, folder, advancing(throttle, cancelled))
                 throttle.finish()
                 self.store.mark_complete(key, source_kind=HUB, source=source, size_bytes=total)
             except BaseException:
@@ -164,7 +175,7 @@ class ModelEnsurer:
 
     # --- image ------------------------------------------------------------------------
 
-    def _image(self, task_id: int, name: str, source: str, format: str, credentials: dict | None) -> Ensured:
+    def _image(self, task_id: int, name: str, source: str, format: str, credentials: dict | None, cancelled) -> Ensured:
         if self.images is None:
             raise EnsureError(
                 f"model {name} comes in an image ({source}) and this node has no container engine to pull it"
@@ -188,7 +199,7 @@ class ModelEnsurer:
                     interval=self.progress_interval,
                     clock=self.clock,
                 )
-                self.images.export(source, folder, throttle.advance)
+                self.images.export(source, folder, advancing(throttle, cancelled))
                 throttle.total = throttle.done  # the archive's real size, for the last report
                 throttle.finish()
                 size = tree_size(folder)
@@ -204,6 +215,17 @@ class ModelEnsurer:
 
     def _progress(self, task_id: int, name: str, progress: Progress) -> None:
         self.report(task_id, "fetching", {"model": name, **progress.as_payload()})
+
+
+def advancing(throttle: ProgressThrottle, cancelled: Callable[[], bool] | None) -> Callable[[int], None]:
+    """The throttle's advance, stopping the fetch once `cancelled()` says so."""
+
+    def advance(count: int) -> None:
+        if cancelled is not None and cancelled():
+            raise EnsureCancelled("the agent is stopping: the fetch is left to resume")
+        throttle.advance(count)
+
+    return advance
 
 
 def loadable(folder: Path, format: str) -> str:

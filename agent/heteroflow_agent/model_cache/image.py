@@ -63,6 +63,8 @@ class ImageExporter:
                     for chunk in stream:
                         out.write(chunk)
                         advance(len(chunk))
+            except EnsureError:  # cancelled: the agent is stopping
+                raise
             except OSError as exc:
                 raise EnsureError(f"cannot copy {image}'s model into the model cache: {exc}") from None
             except Exception as exc:  # the engine's stream broke off

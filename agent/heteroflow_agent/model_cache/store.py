@@ -40,6 +40,11 @@ class NoRoom(EnsureError):
     pass
 
 
+class EnsureCancelled(EnsureError):
+    """The agent is stopping: the fetch was left where it was (a download's .part stays,
+    resumed by the next ensure). Not a failure of the model: nothing is reported."""
+
+
 @dataclass(frozen=True)
 class Entry:
     key: str
