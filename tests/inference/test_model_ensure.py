@@ -54,14 +54,25 @@ def test_progress_shows_on_the_service_page_and_its_end_is_a_decision(api, clien
     line = html.split('data-fetching="0">', 1)[1].split("</p>", 1)[0]
     assert "fetching model tiny on gpu-01: 50.0\xa0MB of 200.0\xa0MB (25%), 10.0\xa0MB/s, about 15 s left" in line
 
+    member = bearer(world.keys["acme-member"])
+    (shown,) = api.get(f"/api/v1/inference-services/{service.pk}", **member).json()["members"]
+    assert shown["model_fetch"] == {
+        "model": "tiny",
+        "node_id": "gpu-01",
+        "bytes_done": 50 * 2**20,
+        "bytes_total": 200 * 2**20,
+        "bytes_per_second": 10.0 * 2**20,
+        "eta_seconds": 15.0,
+    }
+
     assert post(api, task, state="ready", model="tiny", bytes_done=200 * 2**20, seconds=20.5).status_code == 204
 
     assert "data-fetching" not in page(viewer, f"/portal/inference/{service.pk}/")
+    assert api.get(f"/api/v1/inference-services/{service.pk}", **member).json()["members"][0]["model_fetch"] is None
     decision = ServiceDecision.objects.get(service=service, source="ensure")
     assert decision.action == "model_fetched"
     where = f"replica 0 (task {task.pk}) on node gpu-01"
     assert decision.reason == f"model tiny fetched for {where}: 209715200 bytes in 20.5 s"
-    member = bearer(world.keys["acme-member"])
     listed = api.get(f"/api/v1/inference-services/{service.pk}/decisions?source=ensure", **member)
     assert [d["action"] for d in listed.json()["results"]] == ["model_fetched"]
 

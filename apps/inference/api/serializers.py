@@ -388,9 +388,20 @@ class ServiceScaleSerializer(StrictSerializer):
     replicas = serializers.IntegerField(min_value=0, help_text="between the service's min_replicas and max_replicas")
 
 
+class ModelFetchSerializer(serializers.Serializer):
+    """A replica's model download as its node last reported it (apps.inference.model_ensure)."""
+
+    model = serializers.CharField()
+    node_id = serializers.CharField()
+    bytes_done = serializers.IntegerField()
+    bytes_total = serializers.IntegerField(allow_null=True)
+    bytes_per_second = serializers.FloatField()
+    eta_seconds = serializers.FloatField(allow_null=True, help_text="at the last speed; null: not known yet")
+
+
 class ReplicaSerializer(serializers.Serializer):
     """One replica (apps.inference.selectors.replicas_of's row): its task, where it runs
-    and whether it answers."""
+    and whether it answers, and its model's download while its node fetches it."""
 
     task_id = serializers.IntegerField()
     rank = serializers.IntegerField(help_text="the replica slot")
@@ -403,6 +414,9 @@ class ReplicaSerializer(serializers.Serializer):
     )
     address = serializers.CharField(allow_null=True, help_text="http://ip:port, what the gateway sends requests to")
     started_at = serializers.DateTimeField(allow_null=True)
+    model_fetch = ModelFetchSerializer(
+        allow_null=True, default=None, help_text="its node downloading its model now; null: not downloading"
+    )
 
 
 class DecisionSerializer(serializers.ModelSerializer):

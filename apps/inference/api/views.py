@@ -89,7 +89,12 @@ def service_answer(service: InferenceService, **extra) -> Response:
 
 
 def services_replicas(service: InferenceService) -> list:
-    return list(selectors.replicas_of(service))
+    """replicas_of's rows, each with its model's download while its node fetches it."""
+    rows = [dict(row) for row in selectors.replicas_of(service)]
+    fetching = model_ensure.progress_of([row["task_id"] for row in rows])
+    for row in rows:
+        row["model_fetch"] = fetching.get(row["task_id"])
+    return rows
 
 
 class ServiceListView(ScopedAPIView, generics.ListAPIView):
