@@ -247,10 +247,12 @@ class Executor:
             return Outcome(task_id, RUNNING, FAILED, None, f"could not start: {routed.reason}"[:2000])
         if routed is not None:
             logger.info("task %s: engine %s (%s)", task_id, routed.image, routed.reason)
+            fetch = FetchWatch(stop, lambda: self._server_status(task_id), self.stop_poll_seconds)
             try:
-                task = self.launched(self.with_model(task, stop), routed)
+                with fetch:
+                    task = self.launched(self.with_model(task, fetch), routed)
             except EnsureCancelled:
-                return None  # the agent is stopping mid-fetch: the next one finds the task lost, it is requeued
+                return fetch.abandoned(task_id)
             except (launch.LaunchError, EnsureError) as exc:
                 return Outcome(task_id, RUNNING, FAILED, None, f"could not start: {exc}"[:2000])
         try:
@@ -444,13 +446,12 @@ class Executor:
             return Route(None, None, "this agent has no engine router (it runs no tasks)")
         return self.router.choose(str(serving.get("format") or ""), str(serving["engine"]))
 
-    def with_model(self, task: dict, stop: threading.Event | None = None) -> dict:
+    def with_model(self, task: dict, cancelled=None) -> dict:
         """The task with its model made present here (model_cache.ensure) and its engine
         pointed at the local copy; a container gets that copy mounted read-only at the
         same path. Raises EnsureError, the reason already told to the control plane
-        (EnsureCancelled once `stop` is set: the agent is stopping)."""
+        (EnsureCancelled once `cancelled()` says so: see FetchWatch)."""
         serving = launch.serving_of(task)
-        cancelled = stop.is_set if stop is not None else None
         ensured = (
             self.models.ensure(task["id"], serving, task.get("registry_auth"), cancelled)
             if self.models is not None
@@ -492,6 +493,47 @@ class Executor:
             for stop in self.active.values():
                 stop.set()
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class FetchWatch:
+    """While a replica's model is fetched, whether to give the fetch up: the agent is
+    stopping, or the server no longer wants the task (stopping or stopped, ended, or gone:
+    three 404s), its intent polled every `every` seconds from a thread of its own so that
+    the download never waits for the control plane. The fetch asks as bytes arrive."""
+
+    def __init__(self, stop: threading.Event, server_status, every: float):
+        self.stop, self.server_status, self.every = stop, server_status, every
+        self.intent = None  # the server's, once it no longer wants the task
+        self.unwanted, self.done = threading.Event(), threading.Event()
+
+    def __enter__(self) -> FetchWatch:
+        threading.Thread(target=self._poll, name="fetch-watch", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+
+    def __call__(self) -> bool:
+        return self.stop.is_set() or self.unwanted.is_set()
+
+    def _poll(self) -> None:
+        gone = 0
+        while not self.done.wait(self.every):
+            intent = self.server_status()
+            gone = gone + 1 if intent == 404 else 0
+            if intent in TERMINAL or intent in CONFIRMS or gone >= GONE_AFTER_404S:
+                self.intent = intent
+                self.unwanted.set()
+                return
+
+    def abandoned(self, task_id: int) -> Outcome | None:
+        """What a given-up fetch reports: the stop the server asked for, confirmed (nothing
+        was started); nothing when the agent is stopping (the next one finds the task lost
+        and the server requeues it) or the server ended or deleted it."""
+        if self.intent in CONFIRMS:
+            logger.info("task %s: %s on the server while its model was fetched; not started", task_id, self.intent)
+            return Outcome(task_id, self.intent, CONFIRMS[self.intent], None, "")
+        return None
 
 
 def health_probe(task: dict) -> dict | None:

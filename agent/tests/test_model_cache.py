@@ -30,6 +30,7 @@ class Mirror:
     def __init__(self):
         self.files: dict[str, dict[str, bytes]] = {}
         self.cut: dict[str, int] = {}
+        self.hold: dict[str, tuple[int, threading.Event]] = {}  # path -> (after n bytes, wait for)
         self.lies: dict[str, str] = {}  # path -> a wrong sha256 for the manifest
         self.without_checksums = False
         self.requests: list[tuple[str, str]] = []
@@ -86,6 +87,12 @@ class Mirror:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                held = owner.hold.pop(path, None)
+                if held is not None:  # a slow mirror: part of it, then the rest when released
+                    self.wfile.write(body[: held[0]])
+                    self.wfile.flush()
+                    held[1].wait(30)
+                    body = body[held[0] :]
                 cut = owner.cut.pop(path, None)
                 if cut is not None:
                     self.wfile.write(body[:cut])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 from agent.tests.test_model_cache import Mirror, Reports, hub
@@ -115,4 +116,39 @@ def test_an_agent_stopping_mid_fetch_reports_nothing_and_leaves_the_task_to_the_
     assert executor.run(replica(hub("org/tiny")), stop) is None
     assert "failed" not in reports.states()
     assert executor.models.store.in_use() == set()
+    executor.close()
+
+
+def test_a_replica_stopped_on_the_server_while_its_model_downloads_is_confirmed_stopped_not_started(
+    tmp_path, mirror, server
+):
+    mirror.files["org/big"] = {"big.gguf": b"GGUF" + os.urandom(1_000_000)}
+    released = threading.Event()
+    mirror.hold["big.gguf"] = (300_000, released)  # a slow mirror: the download is under way
+    server.default = (200, {"status": "stopping"}, {})  # the task's intent on the server
+    reports = Reports()
+    executor = Executor("n1", ServerClient(server.url, "k"), runtime=ProcessStub(), workers=2, engine_python="/opt/py")
+    executor.stop_poll_seconds = 0.05
+    executor.router = EngineRouter("virtual", lambda: ([LLAMACPP], {LLAMACPP: "0.3"}), runtime="process")
+    executor.models = ModelEnsurer(ModelStore(tmp_path / "cache"), mirror=mirror.url, report=reports)
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(executor.run(replica(hub("org/big")), threading.Event())))
+    worker.start()
+    try:
+        # the watch asked the server, heard "stopping" and ended; then the bytes come again
+        deadline = time.monotonic() + 10
+        while not any(r["path"].startswith("/api/v1/tasks/12?") for r in server.requests):
+            assert time.monotonic() < deadline, "the server was never asked"
+            time.sleep(0.01)
+        for thread in threading.enumerate():
+            if thread.name == "fetch-watch":
+                thread.join(10)
+    finally:
+        released.set()
+        worker.join(30)
+    (stopped,) = outcome
+    assert (stopped.from_status, stopped.status) == ("stopping", "stopped")
+    assert "failed" not in reports.states()
+    part = tmp_path / "cache" / entry_key("hub", "org/big") / "big.gguf.part"
+    assert part.exists() and not (part.parent / "big.gguf").exists()  # kept for a later replica
     executor.close()
