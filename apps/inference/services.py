@@ -25,7 +25,7 @@ from apps.inference.error_codes import InferenceErrorCode
 from apps.inference.models import InferenceService, Model, ServiceDecision
 from apps.inference.selectors import registered_on
 from apps.nodes.models import Node
-from apps.tasks.choices import TERMINAL, GroupKind, GroupPlacement, TaskKind, TaskStatus
+from apps.tasks.choices import TERMINAL, GroupKind, GroupPlacement, TaskKind, TaskRuntime, TaskStatus
 from apps.tasks.models import Task, TaskGroup
 from apps.tasks.services import (
     REPLICA_REQUEUE_FROM,
@@ -303,6 +303,10 @@ def create_service(principal, data: dict) -> InferenceService:
         env=env,
         priority=data.get("priority", 50),
         labels=data.get("labels") or {},
+        # the replicas' hard placement constraints (apps.tasks.services.with_group_constraints)
+        runtime=data.get("runtime") or TaskRuntime.AUTO,
+        affinity=data.get("affinity") or {},
+        anti_affinity=data.get("anti_affinity") or {},
     )
     service = InferenceService(
         group=group,

@@ -87,6 +87,13 @@ WINDOW = {"days": ["mon"], "ranges": [{"start": "09:00", "end": "18:00"}], "time
         ({"engine_args": "--ctx 4096"}, "engine_args", 'Expected a list of items but got type "str".'),
         ({"priority": 101}, "priority", "less than or equal to 100"),
         ({"name": ""}, "name", "may not be blank"),
+        ({"runtime": "vm"}, "runtime", "not a valid choice"),
+        ({"affinity": {"nodes": {"a": "b"}}}, "affinity", "Unknown field."),
+        (
+            {"affinity": {"nodes_with_labels": {"pool": "a"}}, "anti_affinity": {"labels": {"pool": "a"}}},
+            "anti_affinity",
+            "Asked for and avoided at once, so no node could take it: pool=a.",
+        ),
     ],
 )
 def test_a_bad_body_is_400_naming_the_field_and_writes_nothing(api, world, models, change, field, words):
@@ -442,3 +449,25 @@ def test_the_list_and_the_detail_take_a_fixed_number_of_queries(api, world, mode
         decide(service)
     with django_assert_max_num_queries(len(one.captured_queries)):
         assert len(api.get(f"{URL}/{service.pk}", **key).json()["decisions"]) == 20
+
+
+def test_the_replicas_take_the_services_hard_constraints(api, world, models):
+    body = BODY | {
+        "min_replicas": 2,
+        "runtime": "container",
+        "affinity": {"nodes_with_labels": {"pool": "serving"}},
+        "anti_affinity": {"same_service": True, "labels": {"maintenance": "yes"}},
+    }
+    response = post(api, world.keys["acme-member"], body)
+    assert response.status_code == 201, response.content
+    service = response.json()
+    assert (service["runtime"], service["affinity"], service["anti_affinity"]) == (
+        "container",
+        {"nodes_with_labels": {"pool": "serving"}},
+        {"same_service": True, "labels": {"maintenance": "yes"}},
+    )
+    replicas = Task.objects.filter(group_id=service["id"])
+    assert replicas.count() == 2
+    assert [(t.runtime, t.affinity, t.anti_affinity) for t in replicas] == [
+        ("container", body["affinity"], body["anti_affinity"])
+    ] * 2

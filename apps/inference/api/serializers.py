@@ -14,8 +14,15 @@ from apps.inference.models import InferenceService, Model, ServiceDecision
 from apps.inference.sleep import SleepPolicy, validate_sleep_policy
 from apps.inference.windows import WindowError, inside, next_boundary, parse_window, validate_window
 from apps.nodes.choices import GpuVendor
-from apps.tasks.api.serializers import EnvValueField, TaskCreateSerializer
-from apps.tasks.choices import DEFAULT_PRIORITY, MAX_GPUS_PER_TASK, MAX_PRIORITY, MIN_PRIORITY
+from apps.tasks.api.serializers import (
+    RUNTIME_HELP,
+    AffinitySerializer,
+    AntiAffinitySerializer,
+    EnvValueField,
+    TaskCreateSerializer,
+    constraints_problems,
+)
+from apps.tasks.choices import DEFAULT_PRIORITY, MAX_GPUS_PER_TASK, MAX_PRIORITY, MIN_PRIORITY, TaskRuntime
 from apps.tenants import policy
 
 # What clients put in "model": letters, digits and . _ - : / (hub-style "org/name",
@@ -295,6 +302,14 @@ class ServiceCreateSerializer(StrictSerializer):
     labels = serializers.DictField(
         child=serializers.CharField(max_length=1024, allow_blank=True), required=False, default=dict
     )
+    runtime = serializers.ChoiceField(
+        choices=TaskRuntime.choices, default=TaskRuntime.AUTO, help_text="every replica's: " + RUNTIME_HELP
+    )
+    affinity = AffinitySerializer(required=False, help_text="hard, every replica's: only nodes with these labels")
+    anti_affinity = AntiAffinitySerializer(
+        required=False,
+        help_text="hard, every replica's: never nodes with these labels; same_service: no two replicas on one node",
+    )
 
     validate_env = TaskCreateSerializer.validate_env  # a task's rule for its env, word for word
 
@@ -353,6 +368,7 @@ class ServiceCreateSerializer(StrictSerializer):
         window = attrs["window"]
         if window and window.get("action") == "scale" and high >= low and window["scale_to"] > high:
             errors["window"] = [f"scale_to ({window['scale_to']}) is above max_replicas ({high})."]
+        errors |= constraints_problems(attrs, replicas=True)
         if errors:
             raise serializers.ValidationError(errors)
         model = self.tenant_model(attrs)
@@ -462,6 +478,9 @@ class ServiceSerializer(serializers.ModelSerializer):
     env = serializers.JSONField(source="group.env", read_only=True)
     priority = serializers.IntegerField(source="group.priority", read_only=True)
     labels = serializers.JSONField(source="group.labels", read_only=True)
+    runtime = serializers.CharField(source="group.runtime", read_only=True)
+    affinity = serializers.JSONField(source="group.affinity", read_only=True)
+    anti_affinity = serializers.JSONField(source="group.anti_affinity", read_only=True)
     created_by = serializers.CharField(source="group.created_by.username", read_only=True, allow_null=True)
 
     class Meta:
@@ -483,6 +502,9 @@ class ServiceSerializer(serializers.ModelSerializer):
             "env",
             "priority",
             "labels",
+            "runtime",
+            "affinity",
+            "anti_affinity",
             "min_replicas",
             "max_replicas",
             "replicas",
