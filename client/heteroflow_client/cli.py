@@ -453,6 +453,10 @@ REMOVED = {
     "cordoned": "whose free cards are cordoned",
     "memory_in_use": "whose cards' measured memory use leaves too little",
     "reserved": "whose cards are held for a waiting task group",
+    "runtime": "that cannot run its runtime",
+    "affinity": "without the labels it asks for",
+    "anti_affinity": "with a label it avoids",
+    "same_service": "already holding a replica of its service",
 }
 
 
