@@ -30,6 +30,7 @@ from redis import asyncio as aioredis
 from apps.core.db import check_idle_connection, libpq_params, on_live_connection
 from apps.core.redis import client as redis_client
 from apps.gateway.external import normal_base
+from apps.scheduler.ledger import card_share_sql
 
 logger = logging.getLogger(__name__)
 
@@ -156,15 +157,14 @@ LIMIT 1
 # whole card 1, a share its memory / the card's, at most 1, the whole card where the
 # card's size is unknown; a replica the ledger has no row for (not bound through the
 # scheduler) counts what it asked for, a share as the whole card.
-ROUTES_SQL = """
+ROUTES_SQL = f"""
 SELECT s.group_id, m.name, s.state, COALESCE(r.priority, 0), COALESCE(r.weight, 100),
        t.id, t.host_port, host(COALESCE(n.ip, n.internal_ip)),
        EXISTS (SELECT 1 FROM jsonb_array_elements(
                  CASE WHEN jsonb_typeof(n.task_health) = 'array' THEN n.task_health ELSE '[]'::jsonb END) h
                WHERE h->>'task_id' = t.id::text AND h->>'healthy' = 'true'),
        COALESCE(
-         (SELECT sum(CASE WHEN a.memory_mb IS NULL THEN 1.0
-                          ELSE COALESCE(LEAST(1.0, a.memory_mb::float8 / NULLIF(g.memory_total_mb, 0)), 1.0) END)
+         (SELECT sum({card_share_sql("a", "g")})
           FROM gpu_allocations a LEFT JOIN gpus g ON g.node_id = a.node_id AND g.index = a.gpu_index
           WHERE a.task_id = t.id),
          CASE WHEN t.gpu_required > 0 THEN t.gpu_required WHEN t.gpu_memory_mb IS NOT NULL THEN 1 ELSE 0 END

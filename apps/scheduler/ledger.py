@@ -29,6 +29,18 @@ ALLOCATE = (
     "AS v(task_id, node_id, gpu_index, tenant_id, memory_mb)\n"
 )
 
+
+def card_share_sql(allocation: str, card: str) -> str:
+    """SQL for the share of its card a ledger row holds: a whole card 1; a share its
+    memory_mb over the card's memory_total_mb, at most 1 (the whole card while the card's
+    size is not known: LEAST ignores a null). The energy of a task and the GPU-seconds of
+    the gateway's requests (apps.gateway.catalog) both count by it."""
+    return (
+        f"CASE WHEN {allocation}.memory_mb IS NULL THEN 1.0 "
+        f"ELSE LEAST(1.0, {allocation}.memory_mb::float8 / NULLIF({card}.memory_total_mb, 0)) END"
+    )
+
+
 # Per held card of the tasks in %(tasks)s: `wh`, the accumulator's growth since bind
 # times the share (a whole card 1; a share its memory_mb / the card's memory_total_mb,
 # at most 1); `measured`, whether the card measured power while held (its accumulator
@@ -37,9 +49,7 @@ ALLOCATE = (
 # kept), a share of a card of unknown size, or a card since forgotten, is not counted.
 HELD_ENERGY = f"""
     SELECT a.task_id,
-           GREATEST(0, g.energy_wh - a.energy_wh_at_bind)
-             * CASE WHEN a.memory_mb IS NULL THEN 1.0
-                    ELSE LEAST(1.0, a.memory_mb::float8 / NULLIF(g.memory_total_mb, 0)) END AS wh,
+           GREATEST(0, g.energy_wh - a.energy_wh_at_bind) * {card_share_sql("a", "g")} AS wh,
            (g.energy_wh > a.energy_wh_at_bind OR g.power_at >= a.created_at) AS measured,
            {factor_sql("n", "ef")} AS factor
     FROM gpu_allocations AS a
