@@ -34,7 +34,7 @@ class ImageExporter:
         """Pull the image when it is not here; its size (an upper bound of the model's)."""
         try:
             self.runtime.ensure_image(image, credentials)
-            found = self.runtime._client().images.get(image)
+            found = self.runtime.engine_client().images.get(image)
         except RuntimeError_ as exc:
             raise EnsureError(f"cannot pull {image}: {exc}") from None
         except Exception as exc:  # the SDK's errors: the engine lost the image meanwhile, say
@@ -44,7 +44,7 @@ class ImageExporter:
     def export(self, image: str, folder: Path, advance: Callable[[int], None]) -> None:
         """Copy the image's model folder into `folder` (made anew), `advance(n)` for each
         n bytes of the archive read."""
-        client = self.runtime._client()
+        client = self.runtime.engine_client()
         try:
             labels = client.images.get(image).labels or {}
             inside = labels.get(PATH_LABEL) or DEFAULT_PATH

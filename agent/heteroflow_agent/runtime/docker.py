@@ -202,7 +202,9 @@ class DockerRuntime(Runtime):
 
         return os.environ.get("DOCKER_HOST") or "the default Docker socket"
 
-    def _client(self):
+    def engine_client(self):
+        """The docker SDK client of the container engine, made once (model_cache.image
+        copies an image's model folder out with it)."""
         with self._lock:
             if self._docker is None:
                 try:
@@ -230,7 +232,7 @@ class DockerRuntime(Runtime):
         """The managed container of the task, or None."""
         import docker.errors
 
-        client = self._client()
+        client = self.engine_client()
         with self._errors(f"cannot inspect {task_name(task_id)}"):
             try:
                 container = client.containers.get(task_name(task_id))
@@ -242,7 +244,7 @@ class DockerRuntime(Runtime):
 
     def available(self) -> tuple[bool, str]:
         try:
-            client = self._client()
+            client = self.engine_client()
             with self._errors(f"the container engine at {self._engine_name()} does not answer"):
                 client.ping()
         except RuntimeError_ as exc:
@@ -282,7 +284,7 @@ class DockerRuntime(Runtime):
 
     def image_present(self, image: str) -> bool:
         """Whether the engine holds `image` under exactly that reference."""
-        client = self._client()
+        client = self.engine_client()
         with self._errors("cannot list the engine's images"):
             images = client.api.images()
         return image_present(image, images)
@@ -291,7 +293,7 @@ class DockerRuntime(Runtime):
         import docker.errors
         import docker.types
 
-        client = self._client()
+        client = self.engine_client()
         name = spec.name
         self._clear_leftover(spec.task_id)
         labels = {str(k): str(v) for k, v in spec.labels.items()}
@@ -433,7 +435,7 @@ class DockerRuntime(Runtime):
         logger.info("removed %s", task_name(task_id))
 
     def tasks(self) -> dict[int, TaskState]:
-        client = self._client()
+        client = self.engine_client()
         with self._errors("cannot list the task containers"):
             containers = client.containers.list(
                 all=True, filters={"label": f"{MANAGED_LABEL}=true"}, ignore_removed=True
@@ -452,7 +454,7 @@ class DockerRuntime(Runtime):
         it has ended, refuse while it runs, never touch one that is not ours."""
         import docker.errors
 
-        client = self._client()
+        client = self.engine_client()
         name = task_name(task_id)
         with self._errors(f"cannot inspect {name}"):
             try:
@@ -506,7 +508,7 @@ class DockerRuntime(Runtime):
         slash, colon = source.rfind("/"), source.rfind(":")
         if colon > slash:
             source = source[:colon]  # the repository as the user wrote it
-        client = self._client()
+        client = self.engine_client()
         api = docker.APIClient(
             timeout=max(1.0, self._pull_attempt_timeout), version=client.api.api_version, **self._client_kwargs()
         )
