@@ -23,6 +23,38 @@ from apps.tasks.choices import (
 )
 
 
+# A task's and a group's hard placement constraints are the same fields (a group's are
+# every member's): one definition of each.
+def runtime_field() -> models.CharField:
+    return models.CharField(
+        max_length=10,
+        choices=TaskRuntime.choices,
+        default=TaskRuntime.AUTO,
+        db_default=TaskRuntime.AUTO,
+        help_text="auto: the node's runtime; container: only nodes with a container engine; "
+        "process: only nodes that run processes (no image needed)",
+    )
+
+
+def affinity_field() -> models.JSONField:
+    return models.JSONField(
+        default=dict,
+        db_default=Value({}, output_field=models.JSONField()),
+        blank=True,
+        help_text='{"nodes_with_labels": {"key": "value", ...}}: only nodes with every one of them',
+    )
+
+
+def anti_affinity_field() -> models.JSONField:
+    return models.JSONField(
+        default=dict,
+        db_default=Value({}, output_field=models.JSONField()),
+        blank=True,
+        help_text='{"labels": {...}}: never nodes with any of them; {"same_service": true}: '
+        "no two replicas of one inference service on a node",
+    )
+
+
 class TaskQuerySet(ScopedQuerySet):
     tenant_field = "tenant"
 
@@ -71,27 +103,9 @@ class TaskGroup(TenantOwned):
     # hard placement constraints, beside the soft scoring hints in `labels`
     # (apps.scheduler.core.filters): which runtime every member accepts, the node labels it
     # needs and the ones (or the siblings) it avoids
-    runtime = models.CharField(
-        max_length=10,
-        choices=TaskRuntime.choices,
-        default=TaskRuntime.AUTO,
-        db_default=TaskRuntime.AUTO,
-        help_text="auto: the node's runtime; container: only nodes with a container engine; "
-        "process: only nodes that run processes (no image needed)",
-    )
-    affinity = models.JSONField(
-        default=dict,
-        db_default=Value({}, output_field=models.JSONField()),
-        blank=True,
-        help_text='{"nodes_with_labels": {"key": "value", ...}}: only nodes with every one of them',
-    )
-    anti_affinity = models.JSONField(
-        default=dict,
-        db_default=Value({}, output_field=models.JSONField()),
-        blank=True,
-        help_text='{"labels": {...}}: never nodes with any of them; {"same_service": true}: '
-        "no two replicas of one inference service on a node",
-    )
+    runtime = runtime_field()
+    affinity = affinity_field()
+    anti_affinity = anti_affinity_field()
     # decided at bind: the backend and addresses the workers use, and why
     network = models.JSONField(default=dict, blank=True, help_text='{"backend", "address", "reason", ...}')
     schedule_reason = models.JSONField(default=dict, blank=True, help_text="why the last cycle did not place it")
@@ -180,27 +194,9 @@ class Task(TenantOwned):
     # hard placement constraints, beside the soft scoring hints in `labels`
     # (apps.scheduler.core.filters): which runtime the task accepts, the node labels it
     # needs and the ones (or the siblings) it avoids
-    runtime = models.CharField(
-        max_length=10,
-        choices=TaskRuntime.choices,
-        default=TaskRuntime.AUTO,
-        db_default=TaskRuntime.AUTO,
-        help_text="auto: the node's runtime; container: only nodes with a container engine; "
-        "process: only nodes that run processes (no image needed)",
-    )
-    affinity = models.JSONField(
-        default=dict,
-        db_default=Value({}, output_field=models.JSONField()),
-        blank=True,
-        help_text='{"nodes_with_labels": {"key": "value", ...}}: only nodes with every one of them',
-    )
-    anti_affinity = models.JSONField(
-        default=dict,
-        db_default=Value({}, output_field=models.JSONField()),
-        blank=True,
-        help_text='{"labels": {...}}: never nodes with any of them; {"same_service": true}: '
-        "no two replicas of one inference service on a node",
-    )
+    runtime = runtime_field()
+    affinity = affinity_field()
+    anti_affinity = anti_affinity_field()
     timeout_seconds = models.PositiveIntegerField(default=7_200)
     checkpoint_path = models.CharField(max_length=1024, blank=True, default="")
     resume_from_checkpoint = models.CharField(max_length=1024, blank=True, default="")
