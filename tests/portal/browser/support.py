@@ -5,6 +5,8 @@ live control plane sees."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,12 +23,15 @@ if not os.path.exists(CHROMIUM):
 
 from django.contrib.contenttypes.models import ContentType  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
+from django.db import connection, connections  # noqa: E402
 
+from apps.inference.models import InferenceService  # noqa: E402
 from apps.nodes.models import Node  # noqa: E402
 from apps.tasks.models import Task  # noqa: E402
 from apps.tenants.models import Tenant  # noqa: E402
 from tests.headers import AGENT_HTTP  # noqa: E402
+from tests.live import start_control_plane, stop_process  # noqa: E402
+from tests.nodes.image_support import seed_default_watched_images  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 SCREENSHOTS = REPO / "test-artefacts" / "screenshots"
@@ -66,10 +71,42 @@ def beat(url: str, node_id: str, payload: dict) -> None:
     assert response.status_code == 200, response.text
 
 
+@contextmanager
+def live_portal(seed: Callable[[str], dict | None], *, env: dict | None = None) -> Iterator[dict]:
+    """A browser module's world: a control plane on the test database (tests/live.py), the
+    data `seed(url)` commits, and Chromium. Yields {"url", "browser", "servers"} and what
+    `seed` returned; a test that restarts the server appends the new one to "servers".
+    Afterwards the last server stops and the database is cleaned, however the module
+    ended. Run it with the database unblocked (django_db_blocker.unblock())."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    server, url = start_control_plane(env=env)
+    servers = [server]
+    # Playwright's sync API keeps an event loop in this thread; the tests' own database
+    # calls are plain synchronous ones between browser steps (set after the server
+    # started: it must not inherit this)
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        seeded = seed(url) or {}
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                yield {"url": url, "browser": browser, "servers": servers, **seeded}
+            finally:
+                browser.close()
+                # while Playwright's loop runs, Django keeps the tests' connection apart
+                # from this thread's own: close it, or it outlives the run
+                connections.close_all()
+    finally:
+        stop_process(servers[-1])
+        clean_database()
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
 def clean_database() -> None:
     """Remove what the module committed: tenants through the ORM (which drops their
     schemas), then every public table, as a transactional test's teardown does (the live
-    log lines with them: tests/flush.py)."""
+    log lines with them: tests/flush.py); then what the migrations seed, again."""
+    InferenceService.objects.all().delete()  # a service holds its model: first
     Task.objects.all().delete()
     Node.objects.all().delete()
     with connection.cursor() as cursor:
@@ -78,6 +115,7 @@ def clean_database() -> None:
         tenant.delete(force_drop=True)
     call_command("flush", interactive=False, verbosity=0)  # post_migrate puts the content types back
     ContentType.objects.clear_cache()
+    seed_default_watched_images()
 
 
 def follow_menu(page, group: str, link: str) -> None:

@@ -6,24 +6,19 @@ confirmation before a stop, a select that sends its form)."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
-from django.db import connections
 
 from apps.tasks.services import create_task
 from apps.tenants.services import add_member, create_tenant
 from tests.factories import OperatorFactory, UserFactory
-from tests.live import start_control_plane, stop_process
 from tests.nodes.payloads import heartbeat
 from tests.portal.browser.support import (  # skips this module without a browser
-    CHROMIUM,
-    CHROMIUM_ARGS,
     PASSWORD,
     Browser,
     beat,
-    clean_database,
+    live_portal,
     sync_api,
 )
 
@@ -56,29 +51,19 @@ OPERATOR_PAGES = [
 MEMBER_PAGES = ["/portal/", "/portal/nodes/", "/portal/tasks/", "/portal/keys/"]
 
 
+def seed(url: str) -> dict:
+    OperatorFactory(username="csp-ops", password=PASSWORD)
+    tenant = create_tenant(name="Csp Labs", slug="csp")
+    UserFactory(username="csp-dev", password=PASSWORD)
+    add_member(tenant, username="csp-dev", role="admin")
+    beat(url, "csp-node-01", heartbeat(gpus=2, hostname="csp-node-01", internal_ip="10.0.0.31"))
+    return {"task": create_task(tenant=tenant, name="csp-job", image="busybox", gpu_required=1)}
+
+
 @pytest.fixture(scope="module")
 def live(django_db_setup, django_db_blocker):
-    with django_db_blocker.unblock():
-        server, url = start_control_plane()
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-        try:
-            OperatorFactory(username="csp-ops", password=PASSWORD)
-            tenant = create_tenant(name="Csp Labs", slug="csp")
-            UserFactory(username="csp-dev", password=PASSWORD)
-            add_member(tenant, username="csp-dev", role="admin")
-            beat(url, "csp-node-01", heartbeat(gpus=2, hostname="csp-node-01", internal_ip="10.0.0.31"))
-            task = create_task(tenant=tenant, name="csp-job", image="busybox", gpu_required=1)
-            with sync_api.sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                try:
-                    yield {"url": url, "browser": browser, "task": task}
-                finally:
-                    browser.close()
-                    connections.close_all()
-        finally:
-            stop_process(server)
-            clean_database()
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    with django_db_blocker.unblock(), live_portal(seed) as world:
+        yield world
 
 
 @pytest.fixture(scope="module")

@@ -11,29 +11,25 @@ the default watched images are put back (the clean-up flushes the tables)."""
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import pytest
 import requests
-from django.db import connections
 
 from apps.core.clock import utcnow
 from apps.nodes.models import ImageRequest, Node
 from tests.factories import OperatorFactory
 from tests.headers import AGENT_HTTP
-from tests.live import start_control_plane, stop_process, wait_until
+from tests.live import wait_until
 from tests.nodes.image_support import DIGEST, claim, completed, item, progress, seed_default_watched_images
 from tests.nodes.payloads import heartbeat
 from tests.portal.browser.support import (  # skips this module without a browser
-    CHROMIUM,
-    CHROMIUM_ARGS,
     PASSWORD,
     SCREENSHOTS,
     WAIT_MS,
     beat,
-    clean_database,
     committed,
+    live_portal,
     sync_api,
 )
 
@@ -49,29 +45,17 @@ def add_offline_node():
     )
 
 
+def seed(url: str) -> None:
+    committed(seed_default_watched_images)
+    committed(OperatorFactory, username="img-ops", password=PASSWORD)
+    beat(url, NODE, heartbeat(gpus=2, hostname=NODE))
+    committed(add_offline_node)
+
+
 @pytest.fixture(scope="module")
 def live(django_db_setup, django_db_blocker):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with django_db_blocker.unblock():
-        server, url = start_control_plane()
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-        try:
-            committed(seed_default_watched_images)
-            committed(OperatorFactory, username="img-ops", password=PASSWORD)
-            beat(url, NODE, heartbeat(gpus=2, hostname=NODE))
-            committed(add_offline_node)
-            with sync_api.sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                try:
-                    yield {"url": url, "browser": browser}
-                finally:
-                    browser.close()
-                    connections.close_all()
-        finally:
-            stop_process(server)
-            clean_database()
-            seed_default_watched_images()
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    with django_db_blocker.unblock(), live_portal(seed) as world:
+        yield world
 
 
 @pytest.fixture(scope="module")

@@ -9,28 +9,23 @@ The data the server must see is committed once for the module and removed at the
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
-from django.db import connections
 
 from apps.inference.models import InferenceService, Model
 from apps.scheduler.services import run_cycle
 from apps.tenants.services import add_member, create_tenant
 from tests.factories import UserFactory
-from tests.live import start_control_plane, stop_process
 from tests.nodes.payloads import heartbeat
 from tests.portal.browser.support import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     PASSWORD,
     SCREENSHOTS,
     WAIT_MS,
     beat,
-    clean_database,
     committed,
     follow_menu,
+    live_portal,
     sync_api,
 )
 
@@ -38,32 +33,18 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db]
 expect = sync_api.expect
 
 
+def seed(url: str) -> None:
+    orbit = create_tenant(name="Orbit Labs", slug="orbit")
+    UserFactory(username="orbit-dev", password=PASSWORD)
+    add_member(orbit, username="orbit-dev", role="member")
+    Model.objects.create(tenant=orbit, name="qwen3-8b", source_kind="path", source="/models/qwen3-8b", format="gguf")
+    beat(url, "gpu-h100-09", heartbeat(gpus=4, hostname="gpu-h100-09", internal_ip="10.0.0.19"))
+
+
 @pytest.fixture(scope="module")
 def live(django_db_setup, django_db_blocker):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with django_db_blocker.unblock():
-        server, url = start_control_plane()
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-        try:
-            orbit = create_tenant(name="Orbit Labs", slug="orbit")
-            UserFactory(username="orbit-dev", password=PASSWORD)
-            add_member(orbit, username="orbit-dev", role="member")
-            Model.objects.create(
-                tenant=orbit, name="qwen3-8b", source_kind="path", source="/models/qwen3-8b", format="gguf"
-            )
-            beat(url, "gpu-h100-09", heartbeat(gpus=4, hostname="gpu-h100-09", internal_ip="10.0.0.19"))
-            with sync_api.sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                try:
-                    yield {"url": url, "browser": browser}
-                finally:
-                    browser.close()
-                    connections.close_all()
-        finally:
-            stop_process(server)
-            InferenceService.objects.all().delete()  # a service holds its model: first
-            clean_database()
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    with django_db_blocker.unblock(), live_portal(seed) as world:
+        yield world
 
 
 @pytest.fixture(scope="module")

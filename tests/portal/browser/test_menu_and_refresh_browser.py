@@ -10,28 +10,23 @@ answering it 500 in the browser (page.route), as a control plane being restarted
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connections
 
 from apps.core.clock import utcnow
 from apps.monitoring import hostmetrics
 from apps.monitoring import services as monitoring_services
 from apps.tenants.services import add_member, create_tenant
 from tests.factories import OperatorFactory, UserFactory
-from tests.live import start_control_plane, stop_process
 from tests.nodes.payloads import heartbeat
 from tests.portal.browser.support import (  # skips this module without a browser
-    CHROMIUM,
-    CHROMIUM_ARGS,
     PASSWORD,
     SCREENSHOTS,
     Browser,
     beat,
-    clean_database,
+    live_portal,
     sync_api,
 )
 
@@ -77,30 +72,20 @@ def store_hot_host() -> None:
     )
 
 
+def seed(url: str) -> None:
+    OperatorFactory(username="ui-ops", password=PASSWORD)
+    tenant = create_tenant(name="Luna Labs", slug="luna")
+    UserFactory(username="luna-dev", password=PASSWORD)
+    add_member(tenant, username="luna-dev", role="member")
+    for node_id in NODES:
+        beat(url, node_id, node_beat(node_id, agent_version="2.4.1", agent_git_commit="9f1c2ab"))
+    store_hot_host()
+
+
 @pytest.fixture(scope="module")
 def live(django_db_setup, django_db_blocker):
-    with django_db_blocker.unblock():
-        server, url = start_control_plane()
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-        try:
-            OperatorFactory(username="ui-ops", password=PASSWORD)
-            tenant = create_tenant(name="Luna Labs", slug="luna")
-            UserFactory(username="luna-dev", password=PASSWORD)
-            add_member(tenant, username="luna-dev", role="member")
-            for node_id in NODES:
-                beat(url, node_id, node_beat(node_id, agent_version="2.4.1", agent_git_commit="9f1c2ab"))
-            store_hot_host()
-            with sync_api.sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                try:
-                    yield {"url": url, "browser": browser}
-                finally:
-                    browser.close()
-                    connections.close_all()
-        finally:
-            stop_process(server)
-            clean_database()
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    with django_db_blocker.unblock(), live_portal(seed) as world:
+        yield world
 
 
 @pytest.fixture(scope="module")

@@ -9,26 +9,20 @@ The data the server must see is committed once for the module and removed at the
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from django.db import connections
 
 from apps.nodes.models import Node
 from apps.tenants.services import add_member, create_tenant
 from tests.factories import UserFactory, make_bound_slice, make_slice
-from tests.live import start_control_plane, stop_process
 from tests.nodes.payloads import heartbeat
 from tests.portal.browser.support import (  # skips this module without a browser
-    CHROMIUM,
-    CHROMIUM_ARGS,
     PASSWORD,
     SCREENSHOTS,
     WAIT_MS,
     beat,
-    clean_database,
     committed,
     follow_menu,
+    live_portal,
     sync_api,
 )
 
@@ -51,26 +45,15 @@ def carve() -> dict:
     return {"mine": mine.pk, "mine_task": mine.task_id, "theirs_task": theirs.task_id}
 
 
+def seed(url: str) -> dict:
+    beat(url, NODE, heartbeat(gpus=2, hostname=NODE, internal_ip="10.0.0.23"))
+    return {"rows": committed(carve)}
+
+
 @pytest.fixture(scope="module")
 def live(django_db_setup, django_db_blocker):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with django_db_blocker.unblock():
-        server, url = start_control_plane()
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-        try:
-            beat(url, NODE, heartbeat(gpus=2, hostname=NODE, internal_ip="10.0.0.23"))
-            rows = committed(carve)
-            with sync_api.sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                try:
-                    yield {"url": url, "browser": browser, "rows": rows}
-                finally:
-                    browser.close()
-                    connections.close_all()
-        finally:
-            stop_process(server)
-            clean_database()
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    with django_db_blocker.unblock(), live_portal(seed) as world:
+        yield world
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,10 @@ The data the server must see is committed once for the module and removed at the
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 import requests
-from django.db import connections
 
 from apps.nodes.models import Node
 from apps.tasks.models import Task
@@ -30,14 +28,12 @@ from tests.headers import AGENT_HTTP
 from tests.live import start_control_plane, stop_process
 from tests.nodes.payloads import gpu_stat, heartbeat
 from tests.portal.browser.support import (  # skips this module without a browser
-    CHROMIUM,
-    CHROMIUM_ARGS,
     PASSWORD,
     SCREENSHOTS,
     Browser,
     beat,
-    clean_database,
     committed,
+    live_portal,
     sync_api,
 )
 
@@ -90,30 +86,20 @@ class Agent:
         sent.extend(texts)
 
 
+def seed(url: str) -> dict:
+    beat(url, NODE, heartbeat(gpus=2, hostname=NODE, internal_ip="10.0.0.41"))
+    rows = committed(setup)
+    agent = Agent(url)
+    agent.ship(rows["task"], BOOT)
+    return {"rows": rows, "agent": agent}
+
+
 @pytest.fixture(scope="module")
 def live(django_db_setup, django_db_blocker):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with django_db_blocker.unblock():
-        # followers look at the task's status every second (5 s by default)
-        server, url = start_control_plane(env=SERVER_ENV)
-        servers = [server]  # a test restarts it
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-        try:
-            beat(url, NODE, heartbeat(gpus=2, hostname=NODE, internal_ip="10.0.0.41"))
-            rows = committed(setup)
-            agent = Agent(url)
-            agent.ship(rows["task"], BOOT)
-            with sync_api.sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                try:
-                    yield {"url": url, "browser": browser, "rows": rows, "agent": agent, "servers": servers}
-                finally:
-                    browser.close()
-                    connections.close_all()
-        finally:
-            stop_process(servers[-1])
-            clean_database()
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    # followers look at the task's status every second (5 s by default); a test restarts
+    # the server (live["servers"])
+    with django_db_blocker.unblock(), live_portal(seed, env=SERVER_ENV) as world:
+        yield world
 
 
 @pytest.fixture

@@ -16,14 +16,13 @@ end, so the module leaves the test database as it found it."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import requests
-from django.db import connection, connections  # noqa: E402
+from django.db import connection  # noqa: E402
 
 from apps.alerts.choices import AlertScope, AlertType, Severity  # noqa: E402
 from apps.alerts.models import Alert  # noqa: E402
@@ -40,16 +39,14 @@ from apps.tenants.models import ApiKey  # noqa: E402
 from apps.tenants.services import add_member, create_tenant  # noqa: E402
 from tests.factories import OperatorFactory, UserFactory  # noqa: E402
 from tests.headers import bearer_http  # noqa: E402
-from tests.live import start_control_plane, stop_process, wait_until  # noqa: E402
+from tests.live import wait_until  # noqa: E402
 from tests.nodes.payloads import gpu_stat, heartbeat  # noqa: E402
 from tests.portal.browser.support import (  # skips this module without a browser
-    CHROMIUM,
-    CHROMIUM_ARGS,
     PASSWORD,
     SCREENSHOTS,
     WAIT_MS,
-    clean_database,
     committed,
+    live_portal,
     sync_api,
 )
 from tests.portal.browser.support import beat as send_beat
@@ -240,28 +237,8 @@ def keep_alive(live) -> None:
 
 @pytest.fixture(scope="module")
 def live(django_db_setup, django_db_blocker):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with django_db_blocker.unblock():
-        server, url = start_control_plane()
-        # Playwright's sync API keeps an event loop in this thread; the test's own database
-        # calls are plain synchronous ones between browser steps. (Set after the server
-        # started: it must not inherit this.)
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-        try:
-            data = build_cluster(url)
-            with sync_api.sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                try:
-                    yield {"url": url, "browser": browser, **data}
-                finally:
-                    browser.close()
-                    # while Playwright's loop runs, Django keeps the tests' connection
-                    # apart from this thread's own: close it, or it outlives the run
-                    connections.close_all()
-        finally:
-            stop_process(server)
-            clean_database()
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    with django_db_blocker.unblock(), live_portal(build_cluster) as world:
+        yield world
 
 
 class Person:
