@@ -57,7 +57,8 @@ class InferenceService(models.Model):
     `replicas` (each replica a task of the group, rank = replica slot, with a host port),
     plus what keeps it serving: the replica bounds, the engine, the autoscaling, window and
     sleep policies (each parsed by its pure module), and the state those modules read and
-    write. The group carries tenant, name, gpu_type, GPUs per replica (`gpus_per_worker`),
+    write. The group carries tenant, name, gpu_type, GPUs per replica (`gpus_per_worker`;
+    1 for a memory-share service, whose replicas ask 0 whole cards: `memory_share`),
     image, env, priority and labels; `group.world_size` is not the replica count:
     `replicas` is."""
 
@@ -70,6 +71,13 @@ class InferenceService(models.Model):
     )
     engine = models.CharField(max_length=20, default="auto", help_text='an engine name, or "auto": the agent\'s router')
     gpu_memory_mb = models.PositiveBigIntegerField(null=True, blank=True, help_text="GPU memory per replica")
+    # gpus_per_replica 0: each replica is a memory-only task (gpu_required 0, gpu_memory_mb)
+    # on a share of one card, placed and sliced as such a task is. Stored here, not as the
+    # group's gpus_per_worker 0: a group's sizes are positive (task_group_sizes_positive),
+    # and its 1 is true of the replicas, each on one card.
+    memory_share = models.BooleanField(
+        default=False, help_text="replicas share cards by gpu_memory_mb (gpus_per_replica 0)"
+    )
     memory_request_mb = models.PositiveBigIntegerField(null=True, blank=True, help_text="host memory per replica")
     engine_args = models.JSONField(default=list, blank=True, help_text="extra engine arguments (argv list)")
     health_probe = models.JSONField(null=True, blank=True, help_text="as for tasks; default: GET /v1/models")
@@ -104,6 +112,10 @@ class InferenceService(models.Model):
             ),
             models.CheckConstraint(
                 condition=models.Q(replicas__lte=models.F("max_replicas")), name="inference_service_replicas_le_max"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(memory_share=False) | models.Q(gpu_memory_mb__gte=1),
+                name="inference_service_share_has_memory",
             ),
         ]
 

@@ -209,6 +209,11 @@ def _policy_errors(data: dict) -> dict[str, list[str]]:
         errors["min_replicas"] = ["At least 1 (going to zero is sleeping's job)."]
     if high < low:
         errors["max_replicas"] = [f"Must not be below min_replicas ({low})."]
+    if data.get("gpus_per_replica", 1) == 0 and not data.get("gpu_memory_mb"):
+        errors["gpu_memory_mb"] = [
+            "Required with gpus_per_replica 0: each replica's share of one card, in MB "
+            "(docs/inference.md#memory-share-replicas)."
+        ]
     try:
         autoscale.parse_policy({**(data.get("autoscaling") or {}), "min_replicas": max(low, 1), "max_replicas": high})
     except autoscale.PolicyError as exc:
@@ -236,6 +241,14 @@ def _model_of(tenant, model) -> Model:
     return found
 
 
+def replica_resources(service: InferenceService) -> str:
+    """What one replica holds, in words: "2 nvidia GPUs" or "8192 MB of one nvidia GPU"."""
+    group = service.group
+    if service.memory_share:
+        return f"{service.gpu_memory_mb} MB of one {group.gpu_type} GPU"
+    return f"{group.gpus_per_worker} {group.gpu_type} GPUs"
+
+
 def replica_spec(service: InferenceService, group: TaskGroup, model: Model, rank: int) -> dict:
     """The Task fields of the replica in slot `rank`: an inference task of the group with
     the service's engine, model and resources (the scheduler gives it a host port at bind,
@@ -247,7 +260,8 @@ def replica_spec(service: InferenceService, group: TaskGroup, model: Model, rank
         "name": member_name(group.name, rank),
         "image": group.image,
         "env": group.env,
-        "gpu_required": group.gpus_per_worker,
+        # a memory-share replica is a memory-only task: a slice of one card (apps.slices)
+        "gpu_required": 0 if service.memory_share else group.gpus_per_worker,
         "gpu_type": group.gpu_type,
         "gpu_memory_mb": service.gpu_memory_mb,
         "memory_request_mb": service.memory_request_mb,
@@ -272,7 +286,9 @@ def create_service(principal, data: dict) -> InferenceService:
     its group (kind inference, placement replicas), the service row and `min_replicas`
     replica tasks, all in one transaction and all or nothing against the tenant's quota
     (min_replicas × gpus_per_replica GPUs, checked under the tenant's lock as
-    create_group does; Conflict quota_exceeded and nothing written), and the decision
+    create_group does; with gpus_per_replica 0, min_replicas × gpu_memory_mb MB of GPU
+    memory and no GPUs, as memory-only tasks count; Conflict quota_exceeded and nothing
+    written), and the decision
     that records it. Raises ValidationError (400: an unknown model, a policy its module
     refuses), PermissionDenied (403), Http404 (a tenant not the caller's)."""
     data = dict(data)
@@ -297,7 +313,7 @@ def create_service(principal, data: dict) -> InferenceService:
         kind=GroupKind.INFERENCE,
         placement=GroupPlacement.REPLICAS,
         world_size=low,
-        gpus_per_worker=data.get("gpus_per_replica", 1),
+        gpus_per_worker=max(data.get("gpus_per_replica", 1), 1),  # a share is of one card
         gpu_type=data["gpu_type"],
         image=data.get("image") or "auto",
         env=env,
@@ -313,6 +329,7 @@ def create_service(principal, data: dict) -> InferenceService:
         model=model,
         engine=data.get("engine") or "auto",
         gpu_memory_mb=data.get("gpu_memory_mb"),
+        memory_share=data.get("gpus_per_replica", 1) == 0,
         memory_request_mb=data.get("memory_request_mb"),
         engine_args=list(data.get("engine_args") or []),
         health_probe=data.get("health_probe") or None,
@@ -337,7 +354,7 @@ def create_service(principal, data: dict) -> InferenceService:
             service,
             "user",
             "create",
-            f"created with {low} replicas ({low} × {group.gpus_per_worker} {group.gpu_type} GPUs)",
+            f"created with {low} replicas ({low} × {replica_resources(service)})",
             to_replicas=low,
         )
 

@@ -119,28 +119,57 @@ def _common(serving: Mapping, host_port: int | None, model_flag: str, alias_flag
     return argv + _engine_args(serving)
 
 
+# each engine's flag for the share of the card's memory it may take (both runtimes); an
+# engine without one (llama.cpp: llama-cpp-python's server has none) is bounded only by
+# its slice's enforcement where the tier enforces it, and reads
+# HETEROFLOW_GPU_MEMORY_FRACTION from its env
+MEMORY_FRACTION_FLAGS: dict[str, str] = {
+    VLLM: "--gpu-memory-utilization",
+    SGLANG: "--mem-fraction-static",
+}
+
+
+def _operator_fraction(args: list, flag: str) -> tuple[int, int, float | None] | None:
+    """Where the operator gave `flag` in `args`: (its position, how many items it takes,
+    its value, None when it is not a number); None when it is not there."""
+    for position, arg in enumerate(args):
+        if arg == flag:
+            value = args[position + 1] if position + 1 < len(args) else None
+            return position, 2 if value is not None else 1, _number(value)
+        if isinstance(arg, str) and arg.startswith(flag + "="):
+            return position, 1, _number(arg[len(flag) + 1 :])
+    return None
+
+
+def _number(text) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
 def with_memory_fraction(engine: str, serving: Mapping, fraction: str | None) -> dict:
-    """The serving block with vLLM's --gpu-memory-utilization set to the slice's share
-    of the card (replacing one the operator gave: the slice is the limit). Other engines
-    have no such flag; they read HETEROFLOW_GPU_MEMORY_FRACTION from their env."""
+    """The serving block with the engine's memory-fraction flag (MEMORY_FRACTION_FLAGS)
+    set to the slice's share of the card. The operator's own flag in serving.args stands
+    when it is at most the share (or not a number: the engine says what is wrong with
+    it); one above the share is lowered to it, since the share is all the engine has:
+    beyond it an enforcing tier fails the engine's allocation and the software tier
+    takes a neighbour's memory."""
     serving = dict(serving)
-    if engine != VLLM or not fraction:
+    flag = MEMORY_FRACTION_FLAGS.get(engine)
+    if flag is None or not fraction:
         return serving
-    args = list(serving.get("args") or []) if isinstance(serving.get("args"), list) else serving.get("args")
+    args = serving.get("args") or []
     if not isinstance(args, list):
         return serving  # _engine_args reports it
-    kept, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg == "--gpu-memory-utilization":
-            skip = True
-            continue
-        if isinstance(arg, str) and arg.startswith("--gpu-memory-utilization="):
-            continue
-        kept.append(arg)
-    serving["args"] = [*kept, "--gpu-memory-utilization", fraction]
+    given = _operator_fraction(args, flag)
+    if given is None:
+        serving["args"] = [*args, flag, fraction]
+        return serving
+    position, width, value = given
+    if value is None or value <= float(fraction):
+        return serving
+    serving["args"] = [*args[:position], *args[position + width :], flag, fraction]
     return serving
 
 

@@ -253,9 +253,19 @@ class ServiceCreateSerializer(StrictSerializer):
             "invalid_choice": '"{input}" is not a known GPU vendor: one of ' + ", ".join(GpuVendor.values) + "."
         },
     )
-    gpus_per_replica = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_TASK, default=1)
+    gpus_per_replica = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_GPUS_PER_TASK,
+        default=1,
+        help_text="whole cards per replica; 0: each replica takes gpu_memory_mb of one card (a memory-only "
+        "task's slice, docs/inference.md#memory-share-replicas)",
+    )
     gpu_memory_mb = serializers.IntegerField(
-        min_value=1, required=False, allow_null=True, default=None, help_text="GPU memory per replica"
+        min_value=1,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="GPU memory per replica; required with gpus_per_replica 0",
     )
     memory_request_mb = serializers.IntegerField(
         min_value=0, required=False, allow_null=True, default=None, help_text="host memory per replica"
@@ -473,7 +483,7 @@ class ServiceSerializer(serializers.ModelSerializer):
     name = serializers.CharField(source="group.name", read_only=True)
     model = serializers.CharField(source="model.name", read_only=True)
     gpu_type = serializers.CharField(source="group.gpu_type", read_only=True)
-    gpus_per_replica = serializers.IntegerField(source="group.gpus_per_worker", read_only=True)
+    gpus_per_replica = serializers.SerializerMethodField(help_text="0: the replicas share cards by gpu_memory_mb")
     image = serializers.CharField(source="group.image", read_only=True)
     env = serializers.JSONField(source="group.env", read_only=True)
     priority = serializers.IntegerField(source="group.priority", read_only=True)
@@ -482,6 +492,9 @@ class ServiceSerializer(serializers.ModelSerializer):
     affinity = serializers.JSONField(source="group.affinity", read_only=True)
     anti_affinity = serializers.JSONField(source="group.anti_affinity", read_only=True)
     created_by = serializers.CharField(source="group.created_by.username", read_only=True, allow_null=True)
+
+    def get_gpus_per_replica(self, service) -> int:
+        return 0 if service.memory_share else service.group.gpus_per_worker
 
     class Meta:
         model = InferenceService
