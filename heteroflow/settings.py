@@ -383,6 +383,10 @@ HETEROFLOW_TASK_LOG_MAX_BODY_BYTES = env.int(
 HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS = env.float(
     "HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS", 0.0 if HETEROFLOW_ENV == "test" else 5.0, low=0.0, high=60.0
 )
+# The most inference replicas one node runs at once (spec 004, "推理容器上限"): a node at
+# the cap takes no further replica; other tasks never meet it. 0: no cap (the host-port
+# pool, 1,000 ports, still bounds a node).
+HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE = env.int("HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE", 8, low=0, high=1_000)
 # Task groups: the most workers one group may ask for (POST /api/v1/task-groups,
 # world_size); more is 400. Its members are created in one transaction.
 HETEROFLOW_GROUP_MAX_WORLD_SIZE = env.int("HETEROFLOW_GROUP_MAX_WORLD_SIZE", 1_024, low=1, high=65_536)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from django.conf import settings as django_settings
 from django.db import transaction
 from rest_framework.exceptions import ValidationError
 
@@ -84,7 +85,14 @@ def plugin_settings() -> PluginSettings:
     }
     preempt = table["preempt"]
     stage = preempt["extra"].get("preempt_stage", "running") if preempt["enabled"] else "disabled"
-    return PluginSettings(layout=layout, weights=weights, enabled=enabled, preempt_stage=stage, **thresholds)
+    return PluginSettings(
+        layout=layout,
+        weights=weights,
+        enabled=enabled,
+        preempt_stage=stage,
+        inference_cap=django_settings.HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE,
+        **thresholds,
+    )
 
 
 def set_plugin_enabled(name: str, enabled: bool) -> None:

@@ -1,5 +1,6 @@
 """The snapshot: the schedulable part of the fleet in five raw queries (nodes, GPU rows,
-host ports in use, the ledger, the slices still on the cards), and the GPU rows a
+host ports and inference replicas in use, the ledger, the slices still on the cards),
+and where the queue's models are in at most two more (read_models); and the GPU rows a
 scheduler process may reuse between its cycles (GpuRowCache, owned by the tick)."""
 
 from __future__ import annotations
@@ -11,20 +12,28 @@ from operator import attrgetter
 
 import orjson
 from django.db import connection
+from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
 
 from apps.core.clock import utcnow
+from apps.inference.choices import SourceKind
+from apps.inference.models import Model
 from apps.nodes import liveness
+from apps.nodes.model_cache import CACHED_MODELS_LABEL, discovered, label_models
+from apps.nodes.models import Node
 from apps.scheduler import bind
 from apps.scheduler.core import (
+    NO_MODELS,
     SCHEDULABLE_STATUSES,
     GpuSnap,
+    ModelSpread,
     NodeSnap,
 )
 from apps.slices.choices import LIVE as LIVE_SLICES
 from apps.slices.choices import SliceState
 from apps.slices.planning import mig_model
 from apps.slices.planning import occupancy as slice_occupancy
-from apps.tasks.choices import HOLDING
+from apps.tasks.choices import HOLDING, TaskKind, TaskStatus
 
 # A node the failure policy has given up takes nothing, whatever its status still shows
 # (apps/nodes/liveness.py): a task requeued from it would be placed straight back on it.
@@ -40,7 +49,22 @@ GPUS_SQL = f"""
     FROM gpus g JOIN nodes n ON n.id = g.node_id
     WHERE n.status = ANY(%s) AND n.executable AND {liveness.not_given_up_sql("n.last_heartbeat_at")}
 """
-PORTS_USED = "SELECT node_id, count(*) FROM tasks WHERE host_port IS NOT NULL AND status = ANY(%s) GROUP BY node_id"
+# per node: the host ports its tasks hold, and its inference replicas (the cap counts them)
+PORTS_USED = f"""
+    SELECT node_id, count(*) FILTER (WHERE host_port IS NOT NULL), count(*) FILTER (WHERE kind = '{TaskKind.INFERENCE}')
+    FROM tasks WHERE (host_port IS NOT NULL OR kind = '{TaskKind.INFERENCE}') AND status = ANY(%s) GROUP BY node_id
+"""
+# the models of the inference services with a replica waiting, with the nodes each model
+# is pinned to (Model.nodes; an empty array: not pinned)
+QUEUED_MODELS_SQL = f"""
+    SELECT s.group_id, m.id, m.tenant_id, m.name, m.source_kind, m.source,
+           ARRAY(SELECT p.node_id FROM {Model.nodes.through._meta.db_table} p WHERE p.model_id = m.id)
+    FROM inference_services s JOIN {Model._meta.db_table} m ON m.id = s.model_id
+    WHERE s.group_id IN (
+        SELECT group_id FROM tasks
+        WHERE status = '{TaskStatus.PENDING}' AND kind = '{TaskKind.INFERENCE}' AND group_id IS NOT NULL
+    )
+"""
 # the ledger is bounded by the number of cards: read it whole
 HOLDERS_SQL = "SELECT node_id, gpu_index, task_id, tenant_id, memory_mb FROM gpu_allocations"
 # the slices still on a card (bounded by the cards' instances; a partial index holds them):
@@ -150,9 +174,11 @@ def load_nodes(reuse_seconds: float = 0.0, gpu_rows: GpuRowCache | None = None) 
                     card.holders = []  # a reused row's holders are last cycle's: the ledger below is the truth
                     card.placed_mb = 0  # and so is what last cycle placed on it
         cursor.execute(PORTS_USED, [list(HOLDING)])
-        for node_id, used in cursor.fetchall():
-            if node_id in nodes:
-                nodes[node_id].ports_free = len(bind.INFERENCE_PORTS) - used
+        for node_id, used, replicas in cursor.fetchall():
+            node = nodes.get(node_id)
+            if node is not None:
+                node.ports_free = len(bind.INFERENCE_PORTS) - used
+                node.inference_replicas = replicas
         for node in nodes.values():
             if node.ports_free is None:
                 node.ports_free = len(bind.INFERENCE_PORTS)
@@ -174,7 +200,86 @@ def load_nodes(reuse_seconds: float = 0.0, gpu_rows: GpuRowCache | None = None) 
                 used_g, used_memory = slice_occupancy(card.mig_model, ((profile, memory),))
                 card.carved_g += used_g
                 card.carved_memory += used_memory
+        spread = read_models(cursor, nodes)
+    if spread is not NO_MODELS:
+        for node in nodes.values():
+            node.models = spread
     return list(nodes.values())
+
+
+@dataclass(frozen=True)
+class QueuedModel:
+    """A queued service's model, as the cache rule reads it."""
+
+    id: int
+    tenant_id: int
+    name: str
+    source_kind: str
+    source: str
+
+    def keys(self) -> set[str]:
+        """What a cache label entry may say for it: its name, its path or hub id."""
+        keys = {self.name}
+        if self.source_kind == SourceKind.PATH:
+            keys.add(normal_path(self.source))
+        elif self.source_kind == SourceKind.HUB:
+            keys.add(self.source)
+        return keys
+
+
+def normal_path(path: str) -> str:
+    return path.rstrip("/") or path
+
+
+def holds(model: QueuedModel, node) -> bool:
+    """Whether the node's own reports name the model: the rule of the registry's "cached
+    on" (apps.inference.selectors.how_cached, a layer above the scheduler): a discovered
+    model of its name or at its source path, or a cache label entry of its name, path or
+    hub id; only a node the model's tenant may use."""
+    if node.tenant_id not in (None, model.tenant_id):
+        return False
+    path = normal_path(model.source) if model.source_kind == SourceKind.PATH else None
+    if any(m["name"] == model.name or (path and normal_path(m["path"]) == path) for m in discovered(node)):
+        return True
+    keys = model.keys()
+    return any(normal_path(entry) in keys or entry in keys for entry in label_models(node.labels))
+
+
+def read_models(cursor, nodes: dict[str, NodeSnap]) -> ModelSpread:
+    """Where the models of the services with a replica waiting are: the nodes each is
+    pinned to, in one query, and the schedulable nodes that hold it, in one more (only
+    when a replica waits; the candidates are narrowed in SQL, the rule is `holds`)."""
+    cursor.execute(QUEUED_MODELS_SQL)
+    rows = cursor.fetchall()
+    if not rows:
+        return NO_MODELS
+    pinned: dict[int, frozenset[str]] = {}
+    by_service: dict[int, QueuedModel] = {}
+    for service, model_id, tenant_id, name, source_kind, source, pins in rows:
+        by_service[service] = QueuedModel(model_id, tenant_id, name, source_kind, source)
+        if pins:
+            pinned[service] = frozenset(pins)
+    models = {model.id: model for model in by_service.values()}
+    wanted = Q()
+    for model in models.values():
+        wanted |= Q(discovered_models__contains=[{"name": model.name}])
+        if model.source_kind == SourceKind.PATH:  # a substring: trailing slashes differ
+            wanted |= Q(discovered_models__icontains=normal_path(model.source))
+        for key in model.keys():
+            wanted |= Q(cache_label__contains=key)
+    candidates = (
+        Node.objects.filter(pk__in=list(nodes))
+        .annotate(cache_label=KeyTextTransform(CACHED_MODELS_LABEL, "labels"))
+        .filter(wanted)
+        .only("id", "tenant_id", "discovered_models", "labels")
+    )
+    holders: dict[int, set[str]] = defaultdict(set)
+    for node in candidates:
+        for model in models.values():
+            if holds(model, node):
+                holders[model.id].add(node.pk)
+    cached = {service: frozenset(holders[model.id]) for service, model in by_service.items() if holders.get(model.id)}
+    return ModelSpread(pinned, cached)
 
 
 UNHELD_SLICES = frozenset({SliceState.RELEASING, SliceState.ORPHANED})

@@ -457,6 +457,8 @@ REMOVED = {
     "affinity": "without the labels it asks for",
     "anti_affinity": "with a label it avoids",
     "same_service": "already holding a replica of its service",
+    "model_pinned": "not among the nodes its model is pinned to",
+    "inference_cap": "already running the most inference replicas a node may",
 }
 
 

@@ -96,8 +96,10 @@ def test_the_built_in_chain_and_its_order():
         core.runtime_mode,  # what the node is: its exec_mode, its labels
         core.node_affinity,
         core.label_anti_affinity,
+        core.model_pinned,  # a replica's model pinned to other nodes: what the node is, too
         core.under_load,
         core.same_service,  # per node: the cycle's own placements move the answer
+        core.inference_cap,  # before ports: the smaller limit says why first
         core.host_port,
         core.reserved_cards,  # before capacity: a card held for a group is why, not a lack of cards
         core.gpu_capacity,

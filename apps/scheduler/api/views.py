@@ -1,3 +1,4 @@
+from django.conf import settings as django_settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
@@ -8,7 +9,7 @@ from apps.core.permissions import IsOperator
 from apps.core.serializers import StrictSerializer
 from apps.core.views import ScopedAPIView
 from apps.scheduler import cycle, plugins, queue
-from apps.scheduler.core import Decision, GroupDecision, GroupFailure, GroupReq, TaskReq, constraints
+from apps.scheduler.core import Decision, GroupDecision, GroupFailure, GroupReq, TaskReq, constraints, model_words
 from apps.scheduler.queue import group_constraints
 from apps.tasks.api.serializers import RUNTIME_HELP, AffinitySerializer, AntiAffinitySerializer, constraints_problems
 from apps.tasks.choices import (
@@ -123,8 +124,9 @@ class DryRunAnswer(serializers.Serializer):
     reason = serializers.DictField(
         allow_null=True,
         help_text="as a task's schedule_reason, and: `nodes`, each node removed with the filter that removed it "
-        "(NodeRejection, node id order, at most 100); `message`, in words, how its runtime, node labels or "
-        "service kept nodes off; with `memory_in_use` among its reasons, `cards`: where the cards' readings, "
+        "(NodeRejection, node id order, at most 100); `message`, in words, how its runtime, node labels, "
+        "service, its model's pinned nodes or the inference cap kept nodes off; with `memory_in_use` among "
+        "its reasons, `cards`: where the cards' readings, "
         "not the ledger, keep the task off (CardMemory each)",
     )
 
@@ -139,6 +141,10 @@ def task_answer(outcome, detail: dict) -> dict:
             "reason": None,
         }
     reason = outcome.as_reason() | detail
+    # the model's pinning and the inference cap, in words after the hard constraints'
+    words = model_words(reason["removed_by"], django_settings.HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE)
+    if words:
+        reason["message"] = "; ".join(filter(None, [reason.get("message", ""), *words]))
     return {"placed": False, "node_id": None, "gpu_indices": [], "score": None, "reason": reason}
 
 

@@ -30,7 +30,10 @@ from apps.scheduler.core.filters import (
     explained,
     gpu_capacity,
     host_port,
+    inference_cap,
     label_anti_affinity,
+    model_pinned,
+    model_words,
     node_affinity,
     node_available,
     nvlink_domain,
@@ -43,6 +46,7 @@ from apps.scheduler.core.filters import (
     under_load,
 )
 from apps.scheduler.core.fleet import (
+    MODEL_CACHED,
     NEUTRAL,
     RUNS_PROCESSES,
     SCHEDULABLE_STATUSES,
@@ -55,6 +59,7 @@ from apps.scheduler.core.fleet import (
     rdma_state,
     reserve_mb,
     runs,
+    score_model_cache,
     score_rdma,
     score_replica_spread,
     score_topology,
@@ -106,9 +111,11 @@ from apps.scheduler.core.preemption import (
     plan_preemption,
 )
 from apps.scheduler.core.snapshot import (
+    NO_MODELS,
     Decision,
     Failure,
     GpuSnap,
+    ModelSpread,
     NodeSnap,
     PluginSettings,
     TaskReq,
@@ -120,6 +127,13 @@ from apps.scheduler.load import (
 )
 
 __all__ = [
+    "model_words",
+    "score_model_cache",
+    "model_pinned",
+    "inference_cap",
+    "NO_MODELS",
+    "ModelSpread",
+    "MODEL_CACHED",
     "Ask",
     "BindFound",
     "CONSTRAINT_REASONS",

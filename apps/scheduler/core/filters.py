@@ -119,10 +119,33 @@ def same_service(ask: Ask, fleet: FleetView) -> Check | None:
     return lambda position: "same_service" if siblings.get(nodes[position].id) else None
 
 
+def model_pinned(ask: Ask, fleet: FleetView) -> Verdicts | None:
+    """A replica whose model is pinned to nodes (Model.nodes) runs only on those; an
+    unpinned model's replica may go anywhere (the model-cache score prefers the nodes
+    that hold it)."""
+    service = ask.task.replica_of
+    if service is None:
+        return None
+    return fleet.verdicts(
+        ("model_pinned", service), lambda node: "model_pinned" if node.model_pinned_away(service) else None
+    )
+
+
 def under_load(ask: Ask, fleet: FleetView) -> Verdicts:
     """Below the node's CPU and memory thresholds."""
     settings = fleet.settings
     return fleet.verdicts("load", lambda node: "load" if overloaded(node, settings) else None)
+
+
+def inference_cap(ask: Ask, fleet: FleetView) -> Check | None:
+    """An inference replica: the node runs fewer than the cap's inference replicas
+    (settings.inference_cap, 0: no cap), counting those this cycle placed there. Other
+    tasks never meet the cap."""
+    cap = fleet.settings.inference_cap
+    if ask.task.kind != TaskKind.INFERENCE or cap <= 0:
+        return None
+    count = fleet.inference_replicas
+    return lambda position: "inference_cap" if count(position) >= cap else None
 
 
 def host_port(ask: Ask, fleet: FleetView) -> Check | None:
@@ -223,8 +246,10 @@ FILTERS: tuple[Filter, ...] = (
     runtime_mode,
     node_affinity,
     label_anti_affinity,
+    model_pinned,
     under_load,
     same_service,
+    inference_cap,
     host_port,
     reserved_cards,
     gpu_capacity,
@@ -288,15 +313,36 @@ REASON_ORDER = {
             "affinity",
             "anti_affinity",
             "same_service",
+            "model_pinned",
+            "inference_cap",
         )
     )
 }
 # The filters that answer from what the node is (its exec_mode, its labels), whatever its
 # cards: a node they remove could never take the task, however much is freed on it (the
 # groups' reach counts with them; explain says why in words).
-NODE_CONSTRAINTS: tuple[Filter, ...] = (runtime_mode, node_affinity, label_anti_affinity)
+NODE_CONSTRAINTS: tuple[Filter, ...] = (runtime_mode, node_affinity, label_anti_affinity, model_pinned)
 CONSTRAINT_REASONS = frozenset({"runtime", "affinity", "anti_affinity", "same_service"})
 
 
 def explained(removed: dict[str, int]) -> dict[str, int]:
     return {reason: removed[reason] for reason in sorted(removed, key=lambda r: REASON_ORDER.get(r, len(REASON_ORDER)))}
+
+
+def model_words(removed: Mapping[str, int], cap: int) -> list[str]:
+    """For the explanation only: in words, how the model's pinning and the inference
+    cap (`cap` replicas a node) kept the nodes counted in `removed` off."""
+    words = []
+
+    def nodes_word(count: int) -> str:
+        return f"{count} node{'s' if count != 1 else ''}"
+
+    if removed.get("model_pinned"):
+        count = nodes_word(removed["model_pinned"])
+        words.append(f"model pinned: {count} are not among the nodes its model is pinned to")
+    if removed.get("inference_cap"):
+        words.append(
+            f"inference cap: {nodes_word(removed['inference_cap'])} already run {cap} inference replicas, the most a "
+            "node may (HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE)"
+        )
+    return words

@@ -137,6 +137,20 @@ def score_replica_spread(siblings_here: int) -> float:
     return 100.0 / (1 + siblings_here)
 
 
+# What holding the model is worth: a node that already holds a replica's model scores
+# MODEL_CACHED, one that would fetch it first NEUTRAL (times the `model-cache` weight, 1 by
+# default). Ten points, what ten points of utilisation are worth to `spread`: it decides
+# between otherwise similar nodes, never for a node the filters removed.
+MODEL_CACHED = NEUTRAL + 10
+
+
+def score_model_cache(node: NodeSnap, task: TaskReq) -> float:
+    """A replica's node: MODEL_CACHED where its model is cached, else NEUTRAL (and NEUTRAL
+    for every task that is not a replica)."""
+    service = task.replica_of
+    return MODEL_CACHED if service is not None and node.holds_model(service) else NEUTRAL
+
+
 def free_whole_cards(node: NodeSnap) -> int:
     # GpuSnap.placeable spelled out: this runs for every node a decision changes
     return sum(1 for gpu in node.gpus if not (gpu.lost or gpu.cordoned or gpu.holders))
@@ -182,6 +196,9 @@ class FleetView:
         self._topology: list = [_UNKNOWN if nvlink.TOPOLOGY_LABEL in node.labels else None for node in self.nodes]
         # cards held for a waiting task group this cycle, by position (hold_for_group)
         self.held: dict[int, list[GpuSnap]] = {}
+        # each node's free host ports as the cycle began: placement takes one for every
+        # inference replica it puts on the node, so the difference is this cycle's replicas
+        self._ports_read = [node.ports_free for node in self.nodes]
         for position in range(count):
             self.changed(position)
 
@@ -223,6 +240,13 @@ class FleetView:
         self._ledger_partial[position] = None
         self._binds[position] = False
         self._room[position] = {}
+
+    def inference_replicas(self, position: int) -> int:
+        """The inference replicas on the node: those the snapshot read, and those this
+        cycle placed there (each took a host port)."""
+        node = self.nodes[position]
+        read, left = self._ports_read[position], node.ports_free
+        return node.inference_replicas + (read - left if read is not None and left is not None else 0)
 
     def has_cordoned(self, position: int) -> bool:
         found = self._cordoned[position]

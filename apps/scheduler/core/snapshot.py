@@ -3,6 +3,7 @@ plugin settings) and the decisions and failures it returns."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from apps.nodes.choices import ExecMode
@@ -124,6 +125,21 @@ class GpuSnap:
         return all(holder is None or may_share(tenant_id, holder) for _, holder, _ in self.holders)
 
 
+@dataclass(frozen=True)
+class ModelSpread:
+    """Where the models of the inference services waiting in the queue are, by service
+    (the replicas' task group id, TaskReq.replica_of): the nodes a model is pinned to
+    (Model.nodes; a service absent here: its model is not pinned), and the nodes that
+    hold it already (the nodes' own reports, as the registry's "cached on" reads them).
+    The snapshot reads it once per cycle and every NodeSnap of it refers to the same one."""
+
+    pinned: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    cached: Mapping[int, frozenset[str]] = field(default_factory=dict)
+
+
+NO_MODELS = ModelSpread()
+
+
 @dataclass(slots=True)
 class NodeSnap:
     id: str
@@ -139,6 +155,17 @@ class NodeSnap:
     gpus: list[GpuSnap] = field(default_factory=list)
     ports_free: int | None = None  # host ports left for inference services; None: not limited
     exec_mode: str = ExecMode.DOCKER  # how its agent runs tasks (the `runtime` filter reads it)
+    inference_replicas: int = 0  # the inference replicas it holds (bound, not ended): the cap counts them
+    models: ModelSpread = NO_MODELS  # the queue's models: pinned where, cached where
+
+    def model_pinned_away(self, service: int) -> bool:
+        """Whether the service's model is pinned to nodes and this is not one of them."""
+        pins = self.models.pinned.get(service)
+        return pins is not None and self.id not in pins
+
+    def holds_model(self, service: int) -> bool:
+        """Whether the node already holds the service's model (no fetch before it starts)."""
+        return self.id in self.models.cached.get(service, ())
 
     def usable_gpus(self) -> list[GpuSnap]:
         """The cards present (for the node's utilisation; what may take a new placement
@@ -214,6 +241,8 @@ class PluginSettings:
     gpu_utilization_max: float = 95.0
     gpu_temperature_max: float = 79.0
     preempt_stage: str = "running"  # disabled | scheduled | running (see VICTIM_STATUSES)
+    # the most inference replicas one node runs at once (HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE); 0: no cap
+    inference_cap: int = 8
 
 
 @dataclass
