@@ -1,4 +1,4 @@
-"""Model distribution as a placement input (docs/scheduler.md#filters, spec 004's resource
+"""Model distribution as a placement input (docs/scheduler.md#model-distribution, spec 004's resource
 pre-filter): a replica whose model is pinned to nodes runs only there (`model_pinned`),
 a node that holds the model outranks one that would fetch it (`score_model_cache`), and
 a node running the most inference replicas it may takes no further one
