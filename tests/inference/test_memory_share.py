@@ -8,13 +8,15 @@ import json
 
 import pytest
 
+from apps.core.errors import Conflict
 from apps.inference.models import InferenceService, ServiceDecision
-from apps.inference.services import scale_service
+from apps.inference.services import scale_service, start_slots
 from apps.nodes.models import Gpu
 from apps.scheduler.models import GpuAllocation
 from apps.scheduler.services import run_cycle
 from apps.slices.models import Slice
 from apps.tasks.models import Task, TaskGroup, TenantUsage
+from apps.tasks.services import move_tasks
 from apps.tenants.models import Tenant, TenantGroup
 from tests.factories import make_node, make_task
 from tests.headers import bearer
@@ -130,3 +132,28 @@ def test_another_tenants_share_joins_the_card_only_within_a_tenant_group(api, wo
         other.refresh_from_db()
         assert other.status == "pending" and other.node_id is None
         assert GpuAllocation.objects.filter(node_id="box", gpu_index=0).get().task.group_id == service_id
+
+
+def test_a_scale_up_over_the_gpu_memory_quota_is_refused_and_changes_nothing(api, world, model):
+    acme = world.tenants["acme"]
+    used = TenantUsage.objects.filter(tenant=acme).values_list("gpu_memory_mb", flat=True).first() or 0
+    Tenant.objects.filter(pk=acme.pk).update(max_gpus=0, max_gpu_memory_mb=used + 50000)
+    service = InferenceService.objects.get(pk=post(api, world, SHARE).json()["id"])  # 40,000 MB
+    with pytest.raises(Conflict) as refused:
+        scale_service(service, 3, source="user", reason="more")  # 60,000 MB
+    assert refused.value.get_codes() == "quota_exceeded"
+    assert InferenceService.objects.get(pk=service.pk).replicas == 2
+    assert Task.objects.filter(group_id=service.pk).count() == 2
+
+
+def test_a_replica_requeued_after_it_ended_is_still_a_share(api, world, model):
+    software_card()
+    service = InferenceService.objects.get(pk=post(api, world, SHARE | {"min_replicas": 1}).json()["id"])
+    (first,) = run_cycle().bound
+    assert move_tasks([first], ("scheduled",), "failed") == [first]  # a crash: the card's share given back
+    assert not GpuAllocation.objects.filter(task_id=first).exists()
+    assert start_slots(service, 1, why="rebuilt")["requeued"] == [first]
+    again = Task.objects.get(pk=first)
+    assert (again.status, again.gpu_required, again.gpu_memory_mb) == ("pending", 0, 20000)
+    assert run_cycle().bound == [first]
+    assert GpuAllocation.objects.get(task_id=first).memory_mb == 20000
