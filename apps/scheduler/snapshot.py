@@ -120,11 +120,13 @@ def read_gpu_rows(cursor, statuses, heard_since) -> GpuRows:
 
 
 def load_nodes(reuse_seconds: float = 0.0, gpu_rows: GpuRowCache | None = None) -> list[NodeSnap]:
-    """The schedulable part of the fleet, in five queries: nodes, GPU rows, host ports in
-    use, the ledger, the slices still on the cards (raw rows: at thousands of nodes, building model instances would
-    cost more than the decisions; Django's cursor hands jsonb over as text). With
-    `reuse_seconds` and a `gpu_rows` cache, the GPU rows it holds from that recently are
-    reused when every node is known (node rows, ports and the ledger are always fresh)."""
+    """The schedulable part of the fleet, in five queries: nodes, GPU rows, host ports and
+    inference replicas in use, the ledger, the slices still on the cards (raw rows: at
+    thousands of nodes, building model instances would cost more than the decisions;
+    Django's cursor hands jsonb over as text). With `reuse_seconds` and a `gpu_rows`
+    cache, the GPU rows it holds from that recently are reused when every node is known
+    (node rows, ports and the ledger are always fresh).
+    Then where the queue's models are (read_models), on every node."""
     statuses = sorted(SCHEDULABLE_STATUSES)
     heard_since = liveness.heard_since(utcnow())
     with connection.cursor() as cursor:

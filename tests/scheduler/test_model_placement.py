@@ -118,8 +118,13 @@ def test_a_cap_of_zero_is_no_cap():
 def test_the_words_name_the_pinning_and_the_cap():
     assert model_words({"capacity": 1}, 8) == []
     assert model_words({"model_pinned": 1, "inference_cap": 2}, 8) == [
-        "model pinned: 1 node are not among the nodes its model is pinned to",
+        "model pinned: 1 node is not among the nodes its model is pinned to",
         "inference cap: 2 nodes already run 8 inference replicas, the most a node may "
+        "(HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE)",
+    ]
+    assert model_words({"model_pinned": 3, "inference_cap": 1}, 4) == [
+        "model pinned: 3 nodes are not among the nodes its model is pinned to",
+        "inference cap: 1 node already runs 4 inference replicas, the most a node may "
         "(HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE)",
     ]
 
@@ -143,7 +148,7 @@ def test_the_cycle_binds_a_pinned_models_replicas_on_its_nodes_and_explain_says_
     answer = api.get(f"/api/v1/tasks/{waiting.pk}/explain", **bearer(world.keys["acme-viewer"])).json()
     reason = answer["now"]["reason"]
     assert {"node_id": "n0", "filter": "model_pinned"} in reason["nodes"]
-    assert "model pinned: 1 node are not among the nodes its model is pinned to" in reason["message"]
+    assert "model pinned: 1 node is not among the nodes its model is pinned to" in reason["message"]
     assert ledger_agrees()
 
 

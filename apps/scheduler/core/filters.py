@@ -333,16 +333,13 @@ def model_words(removed: Mapping[str, int], cap: int) -> list[str]:
     """For the explanation only: in words, how the model's pinning and the inference
     cap (`cap` replicas a node) kept the nodes counted in `removed` off."""
     words = []
-
-    def nodes_word(count: int) -> str:
-        return f"{count} node{'s' if count != 1 else ''}"
-
-    if removed.get("model_pinned"):
-        count = nodes_word(removed["model_pinned"])
-        words.append(f"model pinned: {count} are not among the nodes its model is pinned to")
-    if removed.get("inference_cap"):
+    if count := removed.get("model_pinned"):
+        subject = "1 node is" if count == 1 else f"{count} nodes are"
+        words.append(f"model pinned: {subject} not among the nodes its model is pinned to")
+    if count := removed.get("inference_cap"):
+        subject = "1 node already runs" if count == 1 else f"{count} nodes already run"
         words.append(
-            f"inference cap: {nodes_word(removed['inference_cap'])} already run {cap} inference replicas, the most a "
-            "node may (HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE)"
+            f"inference cap: {subject} {cap} inference replicas, the most a node may "
+            "(HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE)"
         )
     return words
