@@ -174,7 +174,7 @@ def test_the_snapshot_reads_pins_cached_nodes_and_replica_counts(world):
 
 @pytest.mark.django_db
 @override_settings(HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE=1)
-def test_the_cycle_keeps_a_full_node_for_training_and_off_for_replicas(world):
+def test_the_cycle_keeps_a_full_node_for_training_and_off_for_replicas(api, world):
     acme = world.tenants["acme"]
     full = make_node("n0", gpus=8)
     make_service(acme, make_model(acme, name="llama"), replicas=1, name="running", status="running", node=full)
@@ -184,6 +184,13 @@ def test_the_cycle_keeps_a_full_node_for_training_and_off_for_replicas(world):
     assert training.pk in result.bound
     (waiting,) = Task.objects.filter(group=service.group)
     assert waiting.status == "pending" and result.failed[waiting.pk]["removed_by"] == {"inference_cap": 1}
+    answer = api.get(f"/api/v1/tasks/{waiting.pk}/explain", **bearer(world.keys["acme-viewer"])).json()
+    reason = answer["now"]["reason"]
+    assert reason["nodes"] == [{"node_id": "n0", "filter": "inference_cap"}]
+    assert reason["message"] == (
+        "inference cap: 1 node already runs 1 inference replica, the most a node may "
+        "(HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE)"
+    )
 
 
 def snapshot_queries(count):

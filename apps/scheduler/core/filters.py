@@ -339,7 +339,7 @@ def model_words(removed: Mapping[str, int], cap: int) -> list[str]:
     if count := removed.get("inference_cap"):
         subject = "1 node already runs" if count == 1 else f"{count} nodes already run"
         words.append(
-            f"inference cap: {subject} {cap} inference replicas, the most a node may "
+            f"inference cap: {subject} {cap} inference replica{'s' if cap != 1 else ''}, the most a node may "
             "(HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE)"
         )
     return words
