@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from agent.tests.test_model_cache import Mirror, Reports, hub
+from agent.tests.model_cache_support import Mirror, Reports, hub
 
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.engines.launch import process_argv

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 from agent.tests.channels.support import require_engine, require_registry
-from agent.tests.test_model_cache import Reports
+from agent.tests.model_cache_support import Reports
 
 from heteroflow_agent.model_cache.ensure import ModelEnsurer
 from heteroflow_agent.model_cache.image import ImageExporter

@@ -13,6 +13,7 @@ from enum import StrEnum
 class CoreErrorCode(StrEnum):
     INVALID = "invalid"
     UNKNOWN_FIELD = "unknown_field"  # a field's own code, under `fields`; the answer's is `invalid`
+    REQUIRED = "required"  # a field's own code, as DRF gives a missing field's; the answer's is `invalid`
     PARSE_ERROR = "parse_error"
     BAD_REQUEST = "bad_request"
     NOT_AUTHENTICATED = "not_authenticated"

@@ -115,6 +115,7 @@ OWNED = {
     "slice-detail": lambda w, o: {"pk": o["slice"].pk},
     # the agent's channel: people's keys are refused (403) for any id alike
     "agent-slice-request-detail": lambda w, o: {"pk": o["slice_request"].pk},
+    "inference-replica-model-ensure": lambda w, o: {"task_id": o["task"].pk},
 }
 
 

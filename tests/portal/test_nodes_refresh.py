@@ -12,7 +12,7 @@ from apps.nodes.models import Node
 from apps.scheduler.services import run_cycle
 from apps.tasks import services as task_services
 from tests.portal.client import page, signed_in
-from tests.portal.conftest import add_node
+from tests.portal.nodes import add_node
 
 pytestmark = pytest.mark.django_db
 

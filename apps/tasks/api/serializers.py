@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.clock import utcnow
+from apps.core.error_codes import CoreErrorCode
 from apps.core.pagination import LIMIT_HELP, MAX_LIMIT, PageQuerySerializer
 from apps.core.serializers import AgentPayloadSerializer, StrictSerializer
 from apps.inference.choices import Engine, ModelFormat  # the schema layer: constants any app may use
@@ -188,7 +189,7 @@ class ImageUnlessProcess:
             if isinstance(error.detail, dict) and isinstance(data, dict) and "image" not in error.detail:
                 image = data.get("image")
                 if data.get("runtime") != TaskRuntime.PROCESS and not (isinstance(image, str) and image.strip()):
-                    error.detail["image"] = [serializers.ErrorDetail(IMAGE_REQUIRED, code="required")]
+                    error.detail["image"] = [serializers.ErrorDetail(IMAGE_REQUIRED, code=CoreErrorCode.REQUIRED)]
             raise
 
 
