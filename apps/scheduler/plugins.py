@@ -46,6 +46,8 @@ PLUGINS: dict[str, PluginSpec] = {
         PluginSpec("nvlink", "score", True),
         # an inference service's replicas prefer nodes without another replica of it
         PluginSpec("replica-spread", "score", True),
+        # a replica prefers the nodes that already hold its model (no fetch before it starts)
+        PluginSpec("model-cache", "score", True),
         PluginSpec("preempt", "postfilter", True, default_weight=0.0, default_extra={"preempt_stage": "running"}),
     )
 }
@@ -75,7 +77,7 @@ def plugin_table() -> list[dict]:
 def plugin_settings() -> PluginSettings:
     table = {row["name"]: row for row in plugin_table()}
     layout = "binpack" if table["binpack"]["enabled"] else "spread"
-    scores = ("topology", "rdma", "nvlink", "replica-spread")
+    scores = ("topology", "rdma", "nvlink", "replica-spread", "model-cache")
     enabled = frozenset(name for name in scores if table[name]["enabled"])
     weights = {name: table[name]["weight"] for name in ("spread", "binpack", *scores)}
     thresholds = {

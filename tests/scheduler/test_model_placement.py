@@ -86,6 +86,17 @@ def test_the_model_cache_score_is_higher_where_the_model_is_held():
     assert score_model_cache(b, replica(1, service=8)) == score_model_cache(b, task(2)) == NEUTRAL
 
 
+def test_the_node_that_holds_the_model_wins_over_an_equal_one_but_not_over_capacity():
+    spread = ModelSpread(cached={7: frozenset({"b"})})
+    decisions, _ = place_on([replica(1)], fleet("a", "b", models=spread))
+    assert decisions[0].node_id == "b"  # ties would have said "a"
+    decisions, _ = place_on([replica(1, gpus=2)], [node("a", 8, models=spread), node("b", 1, models=spread)])
+    assert decisions[0].node_id == "a"  # b holds the model but lacks the cards
+    # disabled: node id again
+    decisions, _ = place_on([replica(1)], fleet("a", "b", models=spread), PluginSettings(enabled=frozenset()))
+    assert decisions[0].node_id == "a"
+
+
 # --- the pure core: the inference cap -------------------------------------------------------
 
 

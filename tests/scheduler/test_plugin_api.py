@@ -21,6 +21,7 @@ def test_the_list_is_what_the_scheduler_uses(api, world):
         "rdma",
         "nvlink",
         "replica-spread",
+        "model-cache",
         "preempt",
     ]
     assert table["spread"]["enabled"] and not table["binpack"]["enabled"]

@@ -16,6 +16,7 @@ from apps.scheduler.core.fleet import (
     has_label,
     reserve_mb,
     runs,
+    score_model_cache,
     score_replica_spread,
     score_topology,
     shareable_cards,
@@ -162,6 +163,9 @@ def search(
     topology_weight, nvlink_weight = weights.get("topology", 1.0), weights.get("nvlink", 1.0)
     apart = siblings is not None and "replica-spread" in settings.enabled
     apart_weight = weights.get("replica-spread", 1.0)
+    # a replica prefers the nodes that hold its model (NEUTRAL elsewhere, the same on every node)
+    cached_on = task.replica_of is not None and "model-cache" in settings.enabled
+    cache_weight = weights.get("model-cache", 1.0)
     nodes, base_score = fleet.nodes, fleet.base_score
     whole, need, vendor, memory = ask.whole, ask.need, ask.vendor, task.gpu_memory_mb
     removed: dict[str, int] = {}
@@ -196,6 +200,8 @@ def search(
             node_id = nodes[position].id
             if apart:
                 score += apart_weight * score_replica_spread(siblings.get(node_id, 0))
+            if cached_on:
+                score += cache_weight * score_model_cache(nodes[position], task)
             if best is None or score > best.score or (score == best.score and node_id < best.node_id):
                 best = Candidate(score, node_id, position, group)
     return best, removed, examined

@@ -229,9 +229,10 @@ class PluginSettings:
             "rdma": 1.0,
             "nvlink": 1.0,
             "replica-spread": 1.0,
+            "model-cache": 1.0,
         }
     )
-    enabled: frozenset = frozenset({"topology", "rdma", "nvlink", "replica-spread"})
+    enabled: frozenset = frozenset({"topology", "rdma", "nvlink", "replica-spread", "model-cache"})
     gpu_reserve_mb: int = 500
     gpu_reserve_percent: float = 10.0
     gpu_memory_percent_max: float = 95.0
