@@ -13,11 +13,9 @@ node dedicated to another tenant is never shown, whoever asks."""
 from __future__ import annotations
 
 from django.db.models import Q
-from django.db.models.fields.json import KeyTextTransform
 
-from apps.inference.choices import SourceKind
 from apps.inference.models import InferenceService, Model
-from apps.nodes.model_cache import CACHED_MODELS_LABEL, discovered, label_models
+from apps.nodes.model_cache import found_on, may_hold
 from apps.nodes.models import Node
 from apps.tasks.choices import TaskStatus
 from apps.tasks.models import Task
@@ -32,28 +30,11 @@ def model_list(models, *, format: str = "", engine: str = ""):
     return models.select_related("tenant").prefetch_related("nodes")
 
 
-def normal_path(path: str) -> str:
-    return path.rstrip("/") or path
-
-
-def label_keys(model: Model) -> set[str]:
-    """What a cache label entry may say for `model`: its name, its path or hub id."""
-    keys = {model.name}
-    if model.source_kind == SourceKind.PATH:
-        keys.add(normal_path(model.source))
-    elif model.source_kind == SourceKind.HUB:
-        keys.add(model.source)
-    return keys
-
-
 def how_cached(model: Model, node) -> dict | None:
-    """How `node` holds `model` (the rule above): the paths its scan found it at, whether
-    the label lists it, and the inference tasks whose engine has it loaded (the agent
-    marks those entries `served`); None when it does not hold it."""
-    path = normal_path(model.source) if model.source_kind == SourceKind.PATH else None
-    matches = [m for m in discovered(node) if m["name"] == model.name or (path and normal_path(m["path"]) == path)]
-    keys = label_keys(model)
-    labelled = any(normal_path(entry) in keys or entry in keys for entry in label_models(node.labels))
+    """How `node` holds `model` (apps.nodes.model_cache.found_on): the paths its scan found
+    it at, whether the label lists it, and the inference tasks whose engine has it loaded
+    (the agent marks those entries `served`); None when it does not hold it."""
+    matches, labelled = found_on(model, node)
     if not matches and not labelled:
         return None
     return {
@@ -66,19 +47,6 @@ def how_cached(model: Model, node) -> dict | None:
     }
 
 
-def candidates(models: list[Model]) -> Q:
-    """A superset, in SQL, of the nodes that may cache one of `models`: the exact rule is
-    how_cached, in Python, on these few rows."""
-    wanted = Q()
-    for model in models:
-        wanted |= Q(discovered_models__contains=[{"name": model.name}])
-        if model.source_kind == SourceKind.PATH:  # a substring: trailing slashes differ
-            wanted |= Q(discovered_models__icontains=normal_path(model.source))
-        for key in label_keys(model):
-            wanted |= Q(cache_label__contains=key)
-    return wanted
-
-
 def cached_on(models) -> dict[int, list[dict]]:
     """model id -> the nodes that cache it (how_cached's dicts, by node name). One query
     for the nodes, whatever the number of models."""
@@ -88,9 +56,7 @@ def cached_on(models) -> dict[int, list[dict]]:
         return found
     tenants = {model.tenant_id for model in models}
     nodes = (
-        Node.objects.filter(Q(tenant__isnull=True) | Q(tenant__in=tenants))
-        .annotate(cache_label=KeyTextTransform(CACHED_MODELS_LABEL, "labels"))
-        .filter(candidates(models))
+        may_hold(Node.objects.filter(Q(tenant__isnull=True) | Q(tenant__in=tenants)), models)
         .only("id", "name", "status", "tenant_id", "discovered_models", "labels")
         .order_by("name", "id")
     )

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import json
 
+from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
+
+from apps.inference.choices import SourceKind
+
 CACHED_MODELS_LABEL = "heteroflow.cache/models"
 
 
@@ -66,3 +71,48 @@ def node_models(node) -> list[dict]:
         if entry not in known
     )
     return found
+
+
+# --- whether a node holds a model ----------------------------------------------------------
+# The one rule of the registry's "cached on" (apps.inference.selectors) and the
+# scheduler's model-cache score (apps.scheduler.snapshot): a node holds a model when its
+# own reports name it, a discovered model of its name or at its source path (a `path`
+# model; trailing slashes ignored), or a cache label entry of its name or its source (the
+# path of a `path` model, the hub id of a `hub` model). `model` is anything with `name`,
+# `source_kind` and `source`. Which nodes a tenant's model may count is the caller's.
+
+
+def normal_path(path: str) -> str:
+    return path.rstrip("/") or path
+
+
+def label_keys(model) -> set[str]:
+    """What a cache label entry may say for `model`: its name, its path or hub id."""
+    keys = {model.name}
+    if model.source_kind == SourceKind.PATH:
+        keys.add(normal_path(model.source))
+    elif model.source_kind == SourceKind.HUB:
+        keys.add(model.source)
+    return keys
+
+
+def found_on(model, node) -> tuple[list[dict], bool]:
+    """The node's discovered models that are `model`, and whether its cache label names it."""
+    path = normal_path(model.source) if model.source_kind == SourceKind.PATH else None
+    matches = [m for m in discovered(node) if m["name"] == model.name or (path and normal_path(m["path"]) == path)]
+    keys = label_keys(model)
+    labelled = any(normal_path(entry) in keys or entry in keys for entry in label_models(node.labels))
+    return matches, labelled
+
+
+def may_hold(nodes, models):
+    """`nodes` (a queryset of nodes) narrowed in SQL to a superset of those that hold one of
+    `models`: the exact rule is `found_on`, in Python, on these few rows."""
+    wanted = Q()
+    for model in models:
+        wanted |= Q(discovered_models__contains=[{"name": model.name}])
+        if model.source_kind == SourceKind.PATH:  # a substring: trailing slashes differ
+            wanted |= Q(discovered_models__icontains=normal_path(model.source))
+        for key in label_keys(model):
+            wanted |= Q(cache_label__contains=key)
+    return nodes.annotate(cache_label=KeyTextTransform(CACHED_MODELS_LABEL, "labels")).filter(wanted)

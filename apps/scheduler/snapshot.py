@@ -12,14 +12,11 @@ from operator import attrgetter
 
 import orjson
 from django.db import connection
-from django.db.models import Q
-from django.db.models.fields.json import KeyTextTransform
 
 from apps.core.clock import utcnow
-from apps.inference.choices import SourceKind
 from apps.inference.models import Model
 from apps.nodes import liveness
-from apps.nodes.model_cache import CACHED_MODELS_LABEL, discovered, label_models
+from apps.nodes.model_cache import found_on, may_hold
 from apps.nodes.models import Node
 from apps.scheduler import bind
 from apps.scheduler.core import (
@@ -219,32 +216,14 @@ class QueuedModel:
     source_kind: str
     source: str
 
-    def keys(self) -> set[str]:
-        """What a cache label entry may say for it: its name, its path or hub id."""
-        keys = {self.name}
-        if self.source_kind == SourceKind.PATH:
-            keys.add(normal_path(self.source))
-        elif self.source_kind == SourceKind.HUB:
-            keys.add(self.source)
-        return keys
-
-
-def normal_path(path: str) -> str:
-    return path.rstrip("/") or path
-
 
 def holds(model: QueuedModel, node) -> bool:
-    """Whether the node's own reports name the model: the rule of the registry's "cached
-    on" (apps.inference.selectors.how_cached, a layer above the scheduler): a discovered
-    model of its name or at its source path, or a cache label entry of its name, path or
-    hub id; only a node the model's tenant may use."""
+    """Whether the node holds the model (apps.nodes.model_cache.found_on, the registry's
+    rule), and the model's tenant may use the node."""
     if node.tenant_id not in (None, model.tenant_id):
         return False
-    path = normal_path(model.source) if model.source_kind == SourceKind.PATH else None
-    if any(m["name"] == model.name or (path and normal_path(m["path"]) == path) for m in discovered(node)):
-        return True
-    keys = model.keys()
-    return any(normal_path(entry) in keys or entry in keys for entry in label_models(node.labels))
+    matches, labelled = found_on(model, node)
+    return bool(matches) or labelled
 
 
 def read_models(cursor, nodes: dict[str, NodeSnap]) -> ModelSpread:
@@ -262,18 +241,8 @@ def read_models(cursor, nodes: dict[str, NodeSnap]) -> ModelSpread:
         if pins:
             pinned[service] = frozenset(pins)
     models = {model.id: model for model in by_service.values()}
-    wanted = Q()
-    for model in models.values():
-        wanted |= Q(discovered_models__contains=[{"name": model.name}])
-        if model.source_kind == SourceKind.PATH:  # a substring: trailing slashes differ
-            wanted |= Q(discovered_models__icontains=normal_path(model.source))
-        for key in model.keys():
-            wanted |= Q(cache_label__contains=key)
-    candidates = (
-        Node.objects.filter(pk__in=list(nodes))
-        .annotate(cache_label=KeyTextTransform(CACHED_MODELS_LABEL, "labels"))
-        .filter(wanted)
-        .only("id", "tenant_id", "discovered_models", "labels")
+    candidates = may_hold(Node.objects.filter(pk__in=list(nodes)), models.values()).only(
+        "id", "tenant_id", "discovered_models", "labels"
     )
     holders: dict[int, set[str]] = defaultdict(set)
     for node in candidates:
