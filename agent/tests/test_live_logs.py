@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from agent.tests.waiting import wait_for
 
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.logs import LogShipper
@@ -19,15 +20,6 @@ from heteroflow_agent.runtime.process import ProcessRuntime
 
 NODE = "node-logs"
 PATH = f"/api/v1/nodes/{NODE}/logs"
-
-
-def wait_for(check, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 @pytest.fixture

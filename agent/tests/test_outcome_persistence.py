@@ -7,9 +7,9 @@ import json
 import logging
 import os
 import stat
-import time
 
 import pytest
+from agent.tests.waiting import wait_for
 
 from heteroflow_agent import delivery, outcomes
 from heteroflow_agent.client import ServerClient
@@ -32,15 +32,6 @@ def runtime(tmp_path):
 def executor_for(server, runtime, state_dir):
     client = ServerClient(server.url, "k", attempts=1, sleep=lambda s: None)
     return Executor("n1", client, runtime, report_client=client, workers=2, watch_interval=0.1, state_dir=state_dir)
-
-
-def wait_for(check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def kept_file(state_dir):

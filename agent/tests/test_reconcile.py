@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from agent.tests.waiting import wait_for
 
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.delivery import Outcome
@@ -28,15 +29,6 @@ def runtime(tmp_path):
 def executor_for(server, runtime):
     client = ServerClient(server.url, "k", attempts=1, sleep=lambda s: None)
     return Executor("n1", client, runtime, report_client=client, workers=2, watch_interval=0.1, stop_poll_seconds=0.2)
-
-
-def wait_for(check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def start(runtime, task_id, command):

@@ -13,6 +13,7 @@ from pathlib import Path
 import jsonschema_rs
 import pytest
 from agent.tests.channels.support import StallingRegistry, remove_test_images, require_engine, require_registry
+from agent.tests.waiting import wait_for
 
 from heteroflow_agent.channels.images import PATH, ImageChannel, canonical, parse
 from heteroflow_agent.client import ServerClient
@@ -59,16 +60,6 @@ REPORT = validator()  # the PUT body: claim, progress or final
 REQUEST = validator("request")
 LISTING = validator("agent_list")
 CHECK_ITEM = validator("check_item")
-
-
-def wait_for(check, timeout: float = 30.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def row(request_id: int, action: str, references: list[str], status: str = "pending") -> dict:

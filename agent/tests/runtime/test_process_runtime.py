@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from agent.tests.waiting import wait_for
 
 from heteroflow_agent.runtime import supervise
 from heteroflow_agent.runtime.base import RuntimeError_, TaskSpec, Volume
@@ -21,17 +22,6 @@ from heteroflow_agent.runtime.process import ProcessRuntime
 AGENT_DIR = Path(__file__).resolve().parents[2]  # holds the heteroflow_agent package
 PY = sys.executable
 DEADLINE = 20.0  # generous: a loaded 2-core machine
-
-
-def wait_for(predicate, timeout: float = DEADLINE, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def spec(task_id: int, command: list[str], **kwargs) -> TaskSpec:

@@ -11,11 +11,11 @@ import os
 import pwd
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from agent.tests.waiting import wait_for
 
 from heteroflow_agent.client import ServerClient
 from heteroflow_agent.collect import EngineState
@@ -164,14 +164,6 @@ def test_with_a_user_or_the_leave_the_process_runtime_runs_tasks(tmp_path, monke
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="switching a task to another user needs the test to run as root (it does not)"
 )
-
-
-def wait_for(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-    return value
 
 
 @pytest.fixture
