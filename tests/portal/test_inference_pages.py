@@ -96,6 +96,18 @@ def test_without_a_window_ticked_there_is_none(client, world, models):
     assert InferenceService.objects.get().window is None
 
 
+def test_a_memory_share_service_is_deployed_through_the_form_and_needs_its_memory(client, world, models):
+    member = signed_in(client, world.users["acme-member"])
+    assert "each replica takes a share of one card" in page(member, "/portal/inference/new/")
+    share = FORM | {"gpus_per_replica": "0", "gpu_memory_mb": "16384"}
+    before = written()
+    html = member.post("/portal/inference/new/", share | {"gpu_memory_mb": ""}).content.decode()
+    assert "Required with gpus_per_replica 0" in html and written() == before  # refused, nothing written
+    assert member.post("/portal/inference/new/", share).status_code == 302
+    replica = Task.objects.get(group__name="chat")
+    assert (replica.gpu_required, replica.gpu_memory_mb) == (0, 16384)
+
+
 def test_the_form_says_what_the_api_says_and_writes_nothing(client, world, models, api):
     bad = {
         "name": "",
