@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 # (each explained in docs/security.md#bandit); any new finding fails it.
 SECURITY_PATHS := apps heteroflow agent/heteroflow_agent celery_worker.py manage.py
 
-.PHONY: up test test-fast lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway bench-cli bench-logs soak
+.PHONY: up test test-fast lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway bench-tunnel bench-cli bench-logs soak
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -76,6 +76,12 @@ bench-submit: $(DEPS_STAMP)
 
 bench-gateway: $(DEPS_STAMP)
 	$(BIN)/python bench/gateway.py $(BENCH_ARGS)
+
+# The tunnel (docs/tunnel.md#benchmarks): throughput, added latency and 200 concurrent
+# sessions through the whole path of a user's session and through the SSH hop alone, and
+# an idle tunnel's memory and bytes/s per node (the 10,000-node plan).
+bench-tunnel: $(DEPS_STAMP)
+	$(BIN)/python bench/tunnel.py $(BENCH_ARGS)
 
 # Live logs under load (docs/deployment.md#live-logs): ingestion MB/s, the heartbeat's p99
 # with and without it, print-to-screen latency through a real agent and `hf logs -f`, and

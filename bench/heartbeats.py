@@ -544,7 +544,7 @@ def table_counters(database_url: str) -> dict:
         rows = dict(
             conn.execute(
                 "SELECT relname, n_tup_upd + n_tup_ins FROM pg_stat_user_tables "
-                "WHERE relname IN ('nodes', 'gpus') OR relname LIKE 'node_metrics_%'"
+                "WHERE relname IN ('nodes', 'gpus', 'alerts') OR relname LIKE 'node_metrics_%'"
             ).fetchall()
         )
     rows["node_metrics"] = sum(v for k, v in rows.items() if k.startswith("node_metrics_"))
@@ -553,6 +553,7 @@ def table_counters(database_url: str) -> dict:
         "nodes": rows.get("nodes", 0),
         "gpus": rows.get("gpus", 0),
         "node_metrics": rows["node_metrics"],
+        "alerts": rows.get("alerts", 0),
     }
 
 
@@ -827,6 +828,8 @@ def run_scenario(args, port: int, secret: str, watch: Watch, readings: str, beat
         f"{(counters_after['gpus'] - counters_before['gpus']) / done:.2f} GPU rows, "
         f"{(counters_after['node_metrics'] - counters_before['node_metrics']) / done:.2f} metric rows"
     )
+    alert_rows = counters_after["alerts"] - counters_before["alerts"]
+    say(f"  alert rows written   {alert_rows} ({alert_rows / max(result.elapsed, 1e-9):.1f}/s: raised and recovered)")
     say(
         f"  deadlocks            {deadlocks_after - deadlocks_before} "
         f"(pg_stat_database.deadlocks: {deadlocks_before} before, {deadlocks_after} after)"

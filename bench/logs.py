@@ -463,10 +463,10 @@ def settle(world: World) -> None:
     started = time.perf_counter()
     try:
         with psycopg.connect(world.database_url, autocommit=True) as conn:
-            conn.execute("VACUUM (ANALYZE) task_log_lines")
+            conn.execute("VACUUM (ANALYZE) task_log_chunks")
             conn.execute("CHECKPOINT")
         took = time.perf_counter() - started
-        say(f"  settled              VACUUM (ANALYZE) task_log_lines and CHECKPOINT, off the clock: {took:.1f} s")
+        say(f"  settled              VACUUM (ANALYZE) task_log_chunks and CHECKPOINT, off the clock: {took:.1f} s")
     except psycopg.Error as exc:
         say(f"  settled              not: {type(exc).__name__}: {str(exc).strip()[:120]}")
 
@@ -598,8 +598,9 @@ def print_to_screen(args, world: World, scratch: Path) -> None:
             text: (at, received)
             for text, at, received in query(
                 world.database_url,
-                "SELECT text, extract(epoch FROM at)::float8, extract(epoch FROM received_at)::float8 "
-                "FROM task_log_lines WHERE task_id = %s",
+                "SELECT e.line->>3, (e.line->>1)::float8, extract(epoch FROM c.received_at)::float8 "
+                "FROM task_log_chunks AS c CROSS JOIN LATERAL json_array_elements(c.lines::json) AS e(line) "
+                "WHERE c.task_id = %s",
                 [task_id],
             )
         }

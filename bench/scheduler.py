@@ -66,13 +66,30 @@ def main() -> int:
         help="task groups among the tasks (the group scenario); default: with several fleet sizes, one more run "
         f"with {DEFAULT_GROUPS} groups on {GROUP_FLEET} nodes after the single-task runs, else none",
     )
+    parser.add_argument("--tenants", type=int, default=3, help="tenants the tasks belong to, in turn")
+    parser.add_argument(
+        "--queues",
+        choices=("off", "on"),
+        default="off",
+        help="on: every tenant has a queue (docs/queues.md): 5 cohorts, weights 1-3, the fleet's cards "
+        "split evenly as nominal",
+    )
+    parser.add_argument(
+        "--fair-share",
+        action="store_true",
+        help=f"the fair-share scenario alone: {FAIR_NODES} nodes, {FAIR_TASKS} tasks of {FAIR_TENANTS} tenants, "
+        "run with queues off, then on",
+    )
     args = parser.parse_args()
+    if args.fair_share:
+        return fair_share_runs(args)
     sizes = [int(size) for size in str(args.nodes).split(",") if size.strip()]
     if len(sizes) > 1:  # one process per run, each with a fresh database
         extra = ["--profile"] if args.profile else []
         runs = [[*sizes_args, "--groups", "0"] for sizes_args in (["--nodes", str(size)] for size in sizes)]
         if args.groups is None:
             runs.append(["--nodes", str(GROUP_FLEET), "--groups", str(DEFAULT_GROUPS)])
+            runs += [fair_share_run(queues) for queues in ("off", "on")]
         elif args.groups:
             runs = [[*run[:2], "--groups", str(args.groups)] for run in runs]
         command = [sys.executable, __file__, "--tasks", str(args.tasks), *extra]
@@ -90,7 +107,15 @@ def main() -> int:
         from apps.tasks.models import Task
         from apps.tenants.services import create_tenant
 
-        tenants = [create_tenant(name=f"Bench {i}", slug=f"bench-{i}") for i in range(3)]
+        tenants = [create_tenant(name=f"Bench {i}", slug=f"bench-{i}") for i in range(args.tenants)]
+        if args.queues == "on":
+            from apps.scheduler import quotas
+
+            nominal = args.nodes * 8 // len(tenants)
+            for i, tenant in enumerate(tenants):
+                quotas.set_queue(
+                    tenant, cohort=f"c{i % 5}", weight=float(1 + i % 3), quotas=[quotas.QuotaInput("nvidia", nominal)]
+                )
         with connection.cursor() as cursor:
             cursor.execute(
                 (
@@ -140,7 +165,13 @@ def main() -> int:
             {"gpu_required": 1, "gpu_type": "nvidia"},
         ]
         Task.objects.bulk_create(
-            Task(tenant=tenants[i % 3], name=f"b{i}", image="x", priority=(i * 7) % 101, **shapes[i % len(shapes)])
+            Task(
+                tenant=tenants[i % len(tenants)],
+                name=f"b{i}",
+                image="x",
+                priority=(i * 7) % 101,
+                **shapes[i % len(shapes)],
+            )
             for i in range(args.tasks)
         )
         groups = add_groups(tenants, args.groups)
@@ -152,8 +183,14 @@ def main() -> int:
             if groups
             else ""
         )
+        queues = (
+            f"; {len(tenants)} tenants, queues {args.queues}"
+            + (" (5 cohorts, weights 1-3, the cards split evenly as nominal)" if args.queues == "on" else "")
+            if args.tenants != 3 or args.queues == "on"
+            else ""
+        )
         print(
-            f"{args.nodes} nodes × 8 GPUs, {args.tasks} pending tasks in {len(shapes)} shapes{among}; "
+            f"{args.nodes} nodes × 8 GPUs, {args.tasks} pending tasks in {len(shapes)} shapes{among}{queues}; "
             f"machine: {os.cpu_count()} cores",
             flush=True,
         )
@@ -277,6 +314,30 @@ def main() -> int:
             placement.place_group = timed_group
             report_groups(groups, groups_bound, group_times, services, core)
         return 0
+
+
+FAIR_NODES, FAIR_TASKS, FAIR_TENANTS = 1000, 10_000, 50  # issue 33's scenario
+
+
+def fair_share_run(queues: str) -> list[str]:
+    return [
+        "--nodes",
+        str(FAIR_NODES),
+        "--tasks",
+        str(FAIR_TASKS),
+        "--tenants",
+        str(FAIR_TENANTS),
+        "--queues",
+        queues,
+        "--groups",
+        "0",
+    ]
+
+
+def fair_share_runs(args) -> int:
+    """The fair-share scenario, queues off then on, each in its own process and database."""
+    extra = ["--profile"] if args.profile else []
+    return max(subprocess.call([sys.executable, __file__, *extra, *fair_share_run(queues)]) for queues in ("off", "on"))
 
 
 def add_groups(tenants, count: int) -> list:

@@ -11,11 +11,19 @@ from apps.gateway.api.route import GatewayApp  # noqa: E402
 from apps.nodes.api.heartbeat import HeartbeatApp  # noqa: E402
 from apps.tasks.api.create_route import TaskCreateApp  # noqa: E402
 from apps.tasks.api.log_route import LogIngestApp  # noqa: E402
+from apps.tunnel.api.app_proxy import AppProxy  # noqa: E402
+from apps.tunnel.api.routes import TunnelRegisterApp, TunnelUserApp  # noqa: E402
 
 # The OpenAI-compatible gateway (/v1/*), the heartbeat, the live log ingestion and the
 # task create (with an API key) sit in front of Django as thin routes, each with its own
-# body limit; everything else is Django's, behind the API's body limit.
-application = GatewayApp(HeartbeatApp(LogIngestApp(TaskCreateApp(BodyLimit(django_application)))))
+# body limit; everything else is Django's, behind the API's body limit. The tunnel's
+# WebSockets (a user's way into a task), its agent registration and the interactive
+# tasks' apps (/apps/{id}/) are thin routes too.
+application = AppProxy(
+    TunnelUserApp(
+        GatewayApp(HeartbeatApp(LogIngestApp(TunnelRegisterApp(TaskCreateApp(BodyLimit(django_application))))))
+    )
+)
 
 from apps.monitoring import listener  # noqa: E402
 

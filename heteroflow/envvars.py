@@ -92,3 +92,18 @@ class Env:
         if raw is None:
             return list(default)
         return [item.strip() for item in raw.split(",") if item.strip()]
+
+    def mapping(self, name: str, default: Mapping[str, str]) -> dict[str, str]:
+        """`key=value,key=value` (a value may hold anything but a comma)."""
+        raw = self.str(name)
+        if raw is None:
+            return dict(default)
+        found: dict[str, str] = {}
+        for item in (part.strip() for part in raw.split(",")):
+            if not item:
+                continue
+            key, equals, value = item.partition("=")
+            if not equals or not key.strip() or not value.strip():
+                raise ImproperlyConfigured(f"{name}={raw!r}: {item!r} is not key=value")
+            found[key.strip()] = value.strip()
+        return found

@@ -95,6 +95,12 @@ def agent_secret(environ, data_dir: Path) -> str:
     return path.read_text().strip()
 
 
+def tunnel_command() -> list[str]:
+    """The tunnel process (apps/tunnel/server.py): the agents dial it, the web processes
+    splice users' sessions through it."""
+    return [PYTHON, "manage.py", "tunnel"]
+
+
 def local_agent_command(environ) -> list[str] | None:
     """The node agent of this machine (the agent/ package, installed editable). Set
     HETEROFLOW_LOCAL_AGENT=false to not start it."""
@@ -196,6 +202,11 @@ def up(args) -> int:
     )
     env = base_env(stores, data_dir)
     env["HETEROFLOW_AGENT_SECRET"] = agent_secret(os.environ, data_dir)
+    if bind == "127.0.0.1" and "HETEROFLOW_APP_HOST" not in os.environ:
+        # interactive tasks' apps on a host of their own: the browser keeps 127.0.0.1's
+        # cookies (the portal's) from localhost's (docs/interactive.md#in-the-browser)
+        env["HETEROFLOW_APP_HOST"] = f"localhost:{port}"
+        say(f"interactive apps open on http://localhost:{port}/apps/<id>/ (the portal: http://127.0.0.1:{port}/)")
     supervisor = Supervisor(env, log_dir)
     stopping = {"signal": None}
 
@@ -242,6 +253,8 @@ def up(args) -> int:
             ],
             metrics_group_env(env, data_dir, "beat"),
         )
+        # the agents' outbound tunnels and the users' way into their tasks (docs/tunnel.md)
+        supervisor.start("tunnel", tunnel_command(), env)
         agent = local_agent_command(os.environ)
         if agent:
             # the node agent of this machine: its node id is kept in the data folder

@@ -69,8 +69,10 @@ SHARED_APPS = [
     "apps.inference",
     "apps.slices",
     "apps.gateway",
+    "apps.tunnel",
     "apps.monitoring",
     "apps.portal",
+    "apps.identity",
 ]
 TENANT_APPS = [
     "apps.confidential",
@@ -348,6 +350,8 @@ HETEROFLOW_GATEWAY_LIMITS_WITHOUT_REDIS = env.choice(
 # --- nodes ----------------------------------------------------------------------------
 HETEROFLOW_HEARTBEAT_MAX_BYTES = env.int("HETEROFLOW_HEARTBEAT_MAX_BYTES", 262_144, low=4_096, high=8_388_608)
 HETEROFLOW_HEARTBEAT_DB_POOL_SIZE = env.int("HETEROFLOW_HEARTBEAT_DB_POOL_SIZE", 8, low=1, high=100)
+# `off`: a beat's commit does not wait for its WAL to be flushed (docs/nodes.md); `on`: it does.
+HETEROFLOW_HEARTBEAT_SYNCHRONOUS_COMMIT = env.choice("HETEROFLOW_HEARTBEAT_SYNCHRONOUS_COMMIT", "off", ("off", "on"))
 # Proxies whose X-Forwarded-For is believed when they are the TCP peer (CIDRs). Empty:
 # the node's public IP is always the TCP source address (uvicorn runs with
 # --no-proxy-headers everywhere we start it, so it does not rewrite the peer itself).
@@ -356,6 +360,27 @@ HETEROFLOW_TRUSTED_PROXIES = env.cidr_list("HETEROFLOW_TRUSTED_PROXIES", [])
 # with this share of the TDP drawn by an idle CPU (apps.nodes.energy).
 HETEROFLOW_CPU_IDLE_POWER_FRACTION = env.float("HETEROFLOW_CPU_IDLE_POWER_FRACTION", 0.3, low=0.0, high=1.0)
 HETEROFLOW_TASK_TIMEOUT_SECONDS = env.int("HETEROFLOW_TASK_TIMEOUT_SECONDS", 7_200, low=60, high=31 * 86_400)
+# Interactive tasks (docs/interactive.md): how long one may sit idle (its cards under the
+# utilisation, no tunnel session) before it is stopped, by default and at most (a tenant
+# may set its own of both); its owner is warned this many minutes before; how long one
+# runs at most when it names no max_hours; the image each vendor's nodes start one in
+# when it names none (`nvidia=IMAGE,default=IMAGE`); how often the job looks.
+HETEROFLOW_INTERACTIVE_IDLE_MINUTES = env.int("HETEROFLOW_INTERACTIVE_IDLE_MINUTES", 60, low=1, high=44_640)
+HETEROFLOW_INTERACTIVE_IDLE_MINUTES_MAX = env.int("HETEROFLOW_INTERACTIVE_IDLE_MINUTES_MAX", 1_440, low=1, high=44_640)
+HETEROFLOW_INTERACTIVE_IDLE_PERCENT = env.float("HETEROFLOW_INTERACTIVE_IDLE_PERCENT", 5.0, low=0.0, high=100.0)
+HETEROFLOW_INTERACTIVE_WARN_MINUTES = env.int("HETEROFLOW_INTERACTIVE_WARN_MINUTES", 10, low=0, high=1_440)
+HETEROFLOW_INTERACTIVE_MAX_HOURS = env.float("HETEROFLOW_INTERACTIVE_MAX_HOURS", 12.0, low=0.1, high=744.0)
+HETEROFLOW_INTERACTIVE_IMAGES = env.mapping("HETEROFLOW_INTERACTIVE_IMAGES", {})
+# The host (host:port) interactive tasks' apps are served on in the browser, never the
+# control plane's own (docs/interactive.md#in-the-browser); `{id}` stands for the task's id
+# (a wildcard DNS name gives each app an origin of its own). "": the portal's Open is off.
+HETEROFLOW_APP_HOST = env.str("HETEROFLOW_APP_HOST", "")
+# how often an app's cookie (/apps/{id}/, docs/interactive.md#in-the-browser) has its person
+# and task admitted again
+HETEROFLOW_APP_RECHECK_SECONDS = env.int("HETEROFLOW_APP_RECHECK_SECONDS", 300, low=1, high=86_400)
+HETEROFLOW_INTERACTIVE_RECLAIM_SECONDS = env.float(
+    "HETEROFLOW_INTERACTIVE_RECLAIM_SECONDS", 60.0, low=1.0, high=3_600.0
+)
 # Submitting: the most tasks one POST /api/v1/tasks/batch creates, and how often creates
 # ask the scheduler for a cycle at most (one cycle now and one at the interval's end,
 # however many tasks are created meanwhile; 0: one per create, as the tests run).
@@ -387,6 +412,9 @@ HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS = env.float(
 # the cap takes no further replica; other tasks never meet it. 0: no cap (the host-port
 # pool, 1,000 ports, still bounds a node).
 HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE = env.int("HETEROFLOW_INFERENCE_CONTAINERS_PER_NODE", 8, low=0, high=1_000)
+# Training borrows idle inference cards (spec 004, "训练借卡"): the most replicas of one
+# service lent at once to training tasks. 0: nothing is lent.
+HETEROFLOW_INFERENCE_LEND_MAX_REPLICAS = env.int("HETEROFLOW_INFERENCE_LEND_MAX_REPLICAS", 4, low=0, high=1_000)
 # Task groups: the most workers one group may ask for (POST /api/v1/task-groups,
 # world_size); more is 400. Its members are created in one transaction.
 HETEROFLOW_GROUP_MAX_WORLD_SIZE = env.int("HETEROFLOW_GROUP_MAX_WORLD_SIZE", 1_024, low=1, high=65_536)
@@ -399,7 +427,16 @@ HETEROFLOW_NETWORK_DOMAIN_POLICY = env.choice(
 # Task groups: how long a group waits at the head of its priority before it holds the
 # cards it needs as they free up, against smaller work of its priority or lower
 # (docs/scheduler.md#no-starvation-the-reservation). 0: at once.
+# The host ports a node hands out (an inference replica serves on one, a training group's
+# master listens on one): the first and the last of the block, the same on every node.
+HETEROFLOW_HOST_PORT_FIRST = env.int("HETEROFLOW_HOST_PORT_FIRST", 8000, low=1024, high=65535)
+HETEROFLOW_HOST_PORT_LAST = env.int("HETEROFLOW_HOST_PORT_LAST", 8999, low=HETEROFLOW_HOST_PORT_FIRST, high=65535)
 HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS = env.int("HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS", 300, low=0, high=86_400)
+# How often the start-time estimates of the waiting work are computed again
+# (apps.scheduler.predictions, docs/predictions.md).
+HETEROFLOW_PREDICT_INTERVAL_SECONDS = env.int("HETEROFLOW_PREDICT_INTERVAL_SECONDS", 30, low=5, high=3600)
+# Queues (docs/queues.md): the half-life of the usage above nominal that orders borrowers.
+HETEROFLOW_FAIR_SHARE_HALF_LIFE_DAYS = env.float("HETEROFLOW_FAIR_SHARE_HALF_LIFE_DAYS", 7.0, low=0.01, high=365.0)
 # --- node liveness (apps/nodes/liveness.py, docs/nodes.md#node-status) ------------------
 # The node list's status: suspect after this much silence, offline after that much.
 HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS = env.int("HETEROFLOW_NODE_STATUS_SUSPECT_SECONDS", 30, low=10, high=3_600)
@@ -601,6 +638,14 @@ HETEROFLOW_CSP_BY_PATH = {
         "frame-ancestors 'none'"
     ),
 }
+# The portal's terminal page sets its own (apps.portal.pages.terminal): xterm.js writes its
+# measured cell sizes and colours into <style> elements it makes; scripts stay 'self' only.
+HETEROFLOW_CSP_TERMINAL = env.str(
+    "HETEROFLOW_CSP_TERMINAL",
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "font-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+    "frame-ancestors 'none'",
+)
 HETEROFLOW_PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
 SECURE_SSL_REDIRECT = env.bool("HETEROFLOW_SSL_REDIRECT", PRODUCTION)
 SECURE_HSTS_SECONDS = env.int("HETEROFLOW_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0, low=0, high=63_072_000)
@@ -608,6 +653,24 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("HETEROFLOW_HSTS_INCLUDE_SUBDOMAINS", 
 SECURE_HSTS_PRELOAD = env.bool("HETEROFLOW_HSTS_PRELOAD", PRODUCTION)
 if env.bool("HETEROFLOW_BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# --- the tunnel (docs/tunnel.md) ---------------------------------------------------------
+# The tunnel process (`manage.py tunnel`) takes the agents' outbound connections on
+# HOST:PORT; agents dial PUBLIC_HOST:PUBLIC_PORT ("" host: the host of their server_url).
+# The web processes reach it on its relay address (RELAY_HOST:RELAY_PORT, told to the other
+# instances through Redis as RELAY_ADVERTISE, default the same). A user's session ends
+# after IDLE_SECONDS without a byte either way, and after MAX_SECONDS whatever it does.
+# (HOST "": every interface, since the fleet's agents dial in)
+HETEROFLOW_TUNNEL_HOST = env.str("HETEROFLOW_TUNNEL_HOST", "")
+HETEROFLOW_TUNNEL_PORT = env.int("HETEROFLOW_TUNNEL_PORT", 3322, low=0, high=65535)
+HETEROFLOW_TUNNEL_PUBLIC_HOST = env.str("HETEROFLOW_TUNNEL_PUBLIC_HOST", "")
+HETEROFLOW_TUNNEL_PUBLIC_PORT = env.int("HETEROFLOW_TUNNEL_PUBLIC_PORT", 0, low=0, high=65535)  # 0: TUNNEL_PORT
+HETEROFLOW_TUNNEL_RELAY_HOST = env.str("HETEROFLOW_TUNNEL_RELAY_HOST", "127.0.0.1")
+HETEROFLOW_TUNNEL_RELAY_PORT = env.int("HETEROFLOW_TUNNEL_RELAY_PORT", 3323, low=0, high=65535)
+HETEROFLOW_TUNNEL_RELAY_ADVERTISE = env.str("HETEROFLOW_TUNNEL_RELAY_ADVERTISE", "")
+HETEROFLOW_TUNNEL_IDLE_SECONDS = env.int("HETEROFLOW_TUNNEL_IDLE_SECONDS", 1_800, low=5, high=86_400)
+HETEROFLOW_TUNNEL_MAX_SECONDS = env.int("HETEROFLOW_TUNNEL_MAX_SECONDS", 43_200, low=10, high=604_800)
+HETEROFLOW_TUNNEL_DB_POOL_SIZE = env.int("HETEROFLOW_TUNNEL_DB_POOL_SIZE", 4, low=1, high=100)
 
 # --- logging --------------------------------------------------------------------------
 LOG_LEVEL = env.choice("HETEROFLOW_LOG_LEVEL", "info", ("debug", "info", "warning", "error"))
@@ -619,3 +682,82 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL.upper()},
     "loggers": {"django.db.backends": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }
+
+# --- sign-in with the company's identity (docs/identity.md) ------------------------------
+# OpenID Connect providers, by name: HETEROFLOW_OIDC_PROVIDERS=keycloak,entra, then for each
+# HETEROFLOW_OIDC_<NAME>_ISSUER (discovery: ISSUER/.well-known/openid-configuration),
+# _CLIENT_ID, _CLIENT_SECRET, and optionally _LABEL (the button), _SCOPES, _GROUPS_CLAIM,
+# _USERNAME_CLAIM. The redirect URI to register: https://HOST/identity/oidc/<name>/callback.
+HETEROFLOW_OIDC_PROVIDERS = {}
+for _name in env.list("HETEROFLOW_OIDC_PROVIDERS", []):
+    _name = _name.lower()
+    _prefix = "HETEROFLOW_OIDC_" + _name.upper().replace("-", "_") + "_"
+    if not _name.replace("-", "").isalnum():
+        raise ImproperlyConfigured(f"HETEROFLOW_OIDC_PROVIDERS: {_name!r} is not a name of letters, digits and '-'")
+    HETEROFLOW_OIDC_PROVIDERS[_name] = {
+        "issuer": env.str(_prefix + "ISSUER"),
+        "client_id": env.str(_prefix + "CLIENT_ID"),
+        "client_secret": env.str(_prefix + "CLIENT_SECRET", ""),
+        "label": env.str(_prefix + "LABEL", _name),
+        "scopes": env.str(_prefix + "SCOPES", "openid profile email"),
+        "groups_claim": env.str(_prefix + "GROUPS_CLAIM", "groups"),
+        "username_claim": env.str(_prefix + "USERNAME_CLAIM", "preferred_username"),
+    }
+    for _field in ("issuer", "client_id"):
+        if not HETEROFLOW_OIDC_PROVIDERS[_name][_field]:
+            raise ImproperlyConfigured(f"{_prefix}{_field.upper()} is required (provider {_name!r})")
+# How far the provider's clock may be off when an ID token's exp and iat are checked.
+HETEROFLOW_OIDC_CLOCK_SKEW_SECONDS = env.int("HETEROFLOW_OIDC_CLOCK_SKEW_SECONDS", 60, low=0, high=600)
+# false: the sign-in form's local passwords work only for break-glass operators (staff
+# users with no directory account); everyone else signs in through a provider or LDAP.
+HETEROFLOW_LOCAL_SIGN_IN = env.bool("HETEROFLOW_LOCAL_SIGN_IN", True)
+# Sessions: at most LIFETIME after sign-in, ended after IDLE without a request (0: never),
+# and creating an API key asks for a sign-in within REAUTH (0: never asks).
+HETEROFLOW_SESSION_LIFETIME_SECONDS = env.int("HETEROFLOW_SESSION_LIFETIME_SECONDS", 1_209_600, low=60, high=31_536_000)
+HETEROFLOW_SESSION_IDLE_SECONDS = env.int("HETEROFLOW_SESSION_IDLE_SECONDS", 0, low=0, high=31_536_000)
+HETEROFLOW_REAUTH_SECONDS = env.int("HETEROFLOW_REAUTH_SECONDS", 0, low=0, high=86_400)
+SESSION_COOKIE_AGE = HETEROFLOW_SESSION_LIFETIME_SECONDS
+AUTHENTICATION_BACKENDS = [
+    "apps.identity.backends.LocalPasswordBackend" if path == "django.contrib.auth.backends.ModelBackend" else path
+    for path in AUTHENTICATION_BACKENDS
+] + ["apps.identity.backends.DirectoryBackend"]
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+    "apps.identity.session.SessionIdleMiddleware",
+)
+# LDAP / Active Directory (apps.identity.directory_ldap, on django-auth-ldap: pip install -r
+# requirements/ldap.txt). On when SERVER_URI is set (ldap://HOST:389 with START_TLS, or
+# ldaps://HOST:636); BIND_DN empty: anonymous search. People are found under
+# USER_SEARCH_BASE by USER_FILTER, their groups under GROUP_SEARCH_BASE (GROUP_TYPE:
+# groupofnames, groupofuniquenames, posixgroup or activedirectory, nested groups followed).
+HETEROFLOW_LDAP_SERVER_URI = env.str("HETEROFLOW_LDAP_SERVER_URI", "")
+HETEROFLOW_LDAP_BIND_DN = env.str("HETEROFLOW_LDAP_BIND_DN", "")
+HETEROFLOW_LDAP_BIND_PASSWORD = env.str("HETEROFLOW_LDAP_BIND_PASSWORD", "")
+HETEROFLOW_LDAP_START_TLS = env.bool("HETEROFLOW_LDAP_START_TLS", False)
+HETEROFLOW_LDAP_CA_FILE = env.str("HETEROFLOW_LDAP_CA_FILE", "")
+HETEROFLOW_LDAP_USER_SEARCH_BASE = env.str("HETEROFLOW_LDAP_USER_SEARCH_BASE", "")
+HETEROFLOW_LDAP_USER_FILTER = env.str("HETEROFLOW_LDAP_USER_FILTER", "(uid=%(user)s)")
+HETEROFLOW_LDAP_GROUP_SEARCH_BASE = env.str("HETEROFLOW_LDAP_GROUP_SEARCH_BASE", "")
+HETEROFLOW_LDAP_GROUP_FILTER = env.str("HETEROFLOW_LDAP_GROUP_FILTER", "(objectClass=groupOfNames)")
+HETEROFLOW_LDAP_GROUP_TYPE = env.choice(
+    "HETEROFLOW_LDAP_GROUP_TYPE",
+    "groupofnames",
+    ("groupofnames", "groupofuniquenames", "posixgroup", "activedirectory"),
+)
+HETEROFLOW_LDAP_TIMEOUT_SECONDS = env.int("HETEROFLOW_LDAP_TIMEOUT_SECONDS", 5, low=1, high=60)
+if HETEROFLOW_LDAP_SERVER_URI:
+    if not HETEROFLOW_LDAP_USER_SEARCH_BASE or not HETEROFLOW_LDAP_GROUP_SEARCH_BASE:
+        raise ImproperlyConfigured(
+            "HETEROFLOW_LDAP_SERVER_URI needs HETEROFLOW_LDAP_USER_SEARCH_BASE and HETEROFLOW_LDAP_GROUP_SEARCH_BASE"
+        )
+    try:
+        import django_auth_ldap  # noqa: F401
+    except ImportError:
+        raise ImproperlyConfigured(
+            "HETEROFLOW_LDAP_SERVER_URI is set but django-auth-ldap is not installed: "
+            "pip install -r requirements/ldap.txt (python-ldap needs libldap2-dev libsasl2-dev gcc)"
+        ) from None
+    AUTHENTICATION_BACKENDS.insert(
+        AUTHENTICATION_BACKENDS.index("apps.identity.backends.DirectoryBackend"),
+        "apps.identity.directory_ldap.DirectoryLDAPBackend",
+    )

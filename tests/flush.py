@@ -16,7 +16,7 @@ from django.db.backends.postgresql.operations import DatabaseOperations
 KEPT = frozenset({"django_content_type", "auth_permission"})
 # Tables of no model (Django's flush does not know them) keyed by ids the flush restarts:
 # emptied too, or a later test's task 1 would find an earlier task 1's log lines.
-UNMODELLED = ("task_log_lines",)
+UNMODELLED = ("task_log_chunks",)
 
 _django_sql_flush = DatabaseOperations.sql_flush
 

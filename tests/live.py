@@ -46,7 +46,16 @@ def server_env(**extra) -> dict:
     test_database = urlunsplit(
         urlsplit(os.environ["DATABASE_URL"])._replace(path="/" + connection.settings_dict["NAME"])
     )
-    return os.environ | {"DATABASE_URL": test_database, "HETEROFLOW_ENV": "test"} | extra
+    return os.environ | {"DATABASE_URL": test_database, "HETEROFLOW_ENV": "test"} | host_ports() | extra
+
+
+def host_ports() -> dict:
+    """A block of host ports per test worker: every simulated node of every test cluster
+    is this one machine, so two workers' clusters handing out the same port (a replica's,
+    a group master's) would meet on it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = 20_000 + 1_000 * (int(worker) if worker.isdigit() else 0)
+    return {"HETEROFLOW_HOST_PORT_FIRST": str(first), "HETEROFLOW_HOST_PORT_LAST": str(first + 999)}
 
 
 def start_control_plane(

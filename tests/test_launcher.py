@@ -86,7 +86,10 @@ def test_make_up_brings_the_system_up_and_stops_it_cleanly(tmp_path):
         assert f"password={password}" in credentials.read_text()
 
         assert requests.get(f"{base}/health", timeout=10).json() == {"status": "degraded"}
-        assert "Django administration" in requests.get(f"{base}/admin/login/", timeout=10).text
+        # the admin signs in on the portal's page (its providers' buttons beside the form)
+        admin_login = requests.get(f"{base}/admin/login/", timeout=10)
+        assert admin_login.url.startswith(f"{base}/portal/login/?next=%2Fadmin%2F")
+        assert 'name="password"' in admin_login.text
         assert requests.get(f"{base}/api/docs/", timeout=10).status_code == 200
         assert requests.get(f"{base}/api/schema/", timeout=10).status_code == 200
         portal = requests.get(f"{base}/portal/", timeout=10, allow_redirects=False)

@@ -65,6 +65,8 @@ ENVIRONMENT = {
     "model_hub_url": ("HETEROFLOW_MODEL_HUB_URL",),
     "model_hub_api": ("HETEROFLOW_MODEL_HUB_API",),
     "model_progress_seconds": ("HETEROFLOW_MODEL_PROGRESS_SECONDS",),
+    # the outbound tunnel to the control plane (tunnel.py, docs/tunnel.md): on by default
+    "tunnel": ("HETEROFLOW_AGENT_TUNNEL",),
 }
 # the image channel's test hook: remove a pulled image before its check (never on a real node)
 TEST_REMOVE_AFTER_PULL = "HETEROFLOW_TEST_IMAGE_REMOVE_AFTER_PULL"
@@ -141,6 +143,8 @@ class AgentConfig:
     model_hub_url: str = ""
     model_hub_api: str = "manifest"  # or "huggingface" (HF_ENDPOINT alone sets both)
     model_progress_seconds: float = 2.0
+    # keep the outbound tunnel through which users reach their tasks' ports and shells
+    tunnel: bool = True
 
     @property
     def scanned_model_dirs(self) -> tuple[str, ...]:
@@ -236,6 +240,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
     if model_hub_url and (hub_parts.scheme not in ("http", "https") or not hub_parts.netloc):
         problems.append(f"model_hub_url {model_hub_url!r} must be an http:// or https:// URL")
     model_progress = _number(raw, "model_progress_seconds", 2.0, float, 0, 600, problems)
+    tunnel = _boolean(raw, "tunnel", True, problems)
     log_level = str(raw.get("log_level") or "info").lower()
     if log_level not in ("debug", "info", "warning", "error"):
         problems.append(f"log_level {log_level!r} must be debug, info, warning or error")
@@ -330,6 +335,7 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         model_hub_url=model_hub_url,
         model_hub_api=model_hub_api,
         model_progress_seconds=model_progress,
+        tunnel=tunnel,
     )
 
 

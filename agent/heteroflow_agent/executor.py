@@ -26,7 +26,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from heteroflow_agent import checkpoint, delivery, task_spec
+from heteroflow_agent import checkpoint, delivery, interactive, task_spec
 from heteroflow_agent.client import ServerClient, ServerError
 from heteroflow_agent.delivery import Delivery, Outcome, of_attempt
 from heteroflow_agent.engines import launch
@@ -49,6 +49,17 @@ TIMEOUT_EXIT_CODE = 124
 MAX_WITHHELD = 256
 STOP_GRACE_SECONDS = 10.0
 SETTLE_READS = 6  # 3 s for an ended task's exit code to appear
+
+
+def time_limit(task: dict) -> tuple[float, str]:
+    """How long a task may run and, when it runs past it, what its failure says: its
+    timeout, or the duration it declared (max_duration_seconds, never more than the
+    timeout) when that is shorter."""
+    timeout = task.get("timeout_seconds") or 7200
+    declared = task.get("max_duration_seconds")
+    if declared and declared < timeout:
+        return declared, f"ran past its declared duration of {declared} s (max_duration_seconds)"
+    return timeout, f"timed out after {timeout} s"
 
 
 def worker_count(cpus: int | None = None) -> int:
@@ -256,6 +267,10 @@ class Executor:
             except (launch.LaunchError, EnsureError) as exc:
                 return Outcome(task_id, RUNNING, FAILED, None, f"could not start: {exc}"[:2000])
         try:
+            if task.get("kind") == "interactive":
+                task = interactive.with_app(
+                    task, runtime_kind=getattr(self.runtime, "kind", ""), python=self.engine_python
+                )
             spec = self.spec_for(task)
             if self.runtime.kind == "docker":
                 self.runtime.ensure_image(spec.image, task.get("registry_auth"))
@@ -272,7 +287,8 @@ class Executor:
 
     def _watch(self, task: dict, stop: threading.Event, started: float) -> Outcome | None:
         task_id = task["id"]
-        deadline = started + (task.get("timeout_seconds") or 7200)
+        limit, limit_words = time_limit(task)
+        deadline = started + limit
         next_poll = time.monotonic() + self.stop_poll_seconds
         gone = 0
         unsettled = 0
@@ -307,14 +323,8 @@ class Executor:
             now = time.monotonic()
             if now >= deadline:
                 self._stop(task_id)
-                limit = task.get("timeout_seconds") or 7200
                 return Outcome(
-                    task_id,
-                    RUNNING,
-                    FAILED,
-                    TIMEOUT_EXIT_CODE,
-                    f"timed out after {limit} s",
-                    self.runtime.logs_tail(task_id),
+                    task_id, RUNNING, FAILED, TIMEOUT_EXIT_CODE, limit_words, self.runtime.logs_tail(task_id)
                 )
             if now >= next_poll:
                 next_poll = now + self.stop_poll_seconds

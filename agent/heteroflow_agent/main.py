@@ -259,6 +259,17 @@ def build_image_channel(cfg: agent_config.AgentConfig, runtime) -> ImageChannel 
     return channel
 
 
+def start_tunnel(cfg: agent_config.AgentConfig, runtime, client: ServerClient, stop: threading.Event) -> None:
+    """The outbound tunnel (tunnel.py) in a thread of its own. It registers with the
+    agent's `client`, as the slice channel polls with it: a wrong key is logged once for
+    the whole agent."""
+    from heteroflow_agent import tunnel
+
+    docker_exec = tunnel.docker_exec_with(runtime.engine_client) if runtime.kind == "docker" else None
+    keeper = tunnel.Tunnel(cfg.node_id, cfg.server_url, client, cfg.data_dir, runtime, docker_exec=docker_exec)
+    threading.Thread(target=keeper.run, args=(stop,), name="tunnel", daemon=True).start()
+
+
 def run(heartbeat: Heartbeat, stop: threading.Event, clock=time.monotonic) -> int:
     """Beat on a fixed schedule. A beat that overran the interval does not make the next
     ones come faster to catch up: missed slots are skipped."""
@@ -339,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         worker.start()
         threading.Thread(target=executor.logs.run, args=(stop,), name="live-logs", daemon=True).start()
+    if executor is not None and cfg.tunnel:
+        start_tunnel(cfg, executor.runtime, heartbeat.client, stop)
     slices = build_slice_channel(cfg, heartbeat.client)
     slices.start()
     try:

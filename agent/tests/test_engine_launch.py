@@ -44,6 +44,9 @@ def test_the_process_launch_of_llama_cpp_is_its_openai_server_on_the_host_port()
         "/opt/py/bin/python",
         "-m",
         "llama_cpp.server",
+        # a probe or a second client must not cut a user's stream short
+        "--interrupt_requests",
+        "false",
         "--model",
         "/models/tiny.gguf",
         "--host",
@@ -54,6 +57,12 @@ def test_the_process_launch_of_llama_cpp_is_its_openai_server_on_the_host_port()
         "tiny",
         "-x",
     ]
+
+
+def test_the_operator_may_turn_llama_cpps_interruptions_back_on():
+    argv = process_argv(LLAMACPP, "py", {**SERVING, "args": ["--interrupt_requests", "true"]}, 8001)
+    # the engine's parser keeps the last value: the operator's
+    assert argv[3:5] == ["--interrupt_requests", "false"] and argv[-2:] == ["--interrupt_requests", "true"]
 
 
 def test_vllm_and_sglang_as_processes_name_the_model_their_own_way():

@@ -1,10 +1,14 @@
 """The executor's rules that need no runtime: volumes, env, GPU visibility, pool size."""
 
+import threading
+import time
+
 import pytest
 
 from heteroflow_agent.client import ServerClient
-from heteroflow_agent.executor import Executor, worker_count
+from heteroflow_agent.executor import Executor, time_limit, worker_count
 from heteroflow_agent.runtime import RuntimeError_, Volume
+from heteroflow_agent.runtime.base import TaskState
 from heteroflow_agent.task_spec import checked_volumes, visibility_env
 
 
@@ -133,3 +137,45 @@ def test_shm_size_label_sizes_a_tasks_own_shm():
     assert spec.shm_size_mb == 2048 and not spec.ipc_host
     with pytest.raises(RuntimeError_, match="not a whole number"):
         make_executor(0).spec_for({"id": 6, "kind": "job", "labels": {"shm_size_mb": "lots"}})
+
+
+@pytest.mark.parametrize(
+    "task,limit,words",
+    [
+        ({"timeout_seconds": 60}, 60, "timed out after 60 s"),
+        ({"timeout_seconds": 60, "max_duration_seconds": 20}, 20, "ran past its declared duration of 20 s"),
+        ({"timeout_seconds": 60, "max_duration_seconds": 90}, 60, "timed out after 60 s"),  # never past the timeout
+        ({}, 7200, "timed out after 7200 s"),
+    ],
+)
+def test_a_task_runs_until_its_timeout_or_the_shorter_duration_it_declared(task, limit, words):
+    assert time_limit(task)[0] == limit and time_limit(task)[1].startswith(words)
+
+
+class NeverEnding:
+    """A runtime whose task runs until it is stopped."""
+
+    def __init__(self):
+        self.stopped = []
+
+    def state(self, task_id):
+        return TaskState(task_id, running=not self.stopped, exit_code=None if not self.stopped else 137)
+
+    def stop(self, task_id, grace):
+        self.stopped.append(task_id)
+
+    def logs_tail(self, task_id):
+        return "step 9"
+
+
+def test_a_task_past_its_declared_duration_is_stopped_and_fails_saying_so():
+    runtime = NeverEnding()
+    executor = Executor("n1", ServerClient("http://x", "k"), runtime=runtime, vendor="nvidia", workers=2,
+                        watch_interval=0.01, stop_poll_seconds=3600)  # fmt: skip
+    task = {"id": 9, "kind": "job", "timeout_seconds": 60, "max_duration_seconds": 1}
+    started = time.monotonic() - 1.5  # it has run 1.5 s
+    outcome = executor.watch(task, threading.Event(), started)
+    assert runtime.stopped == [9]
+    assert outcome.status == "failed" and outcome.exit_code == 124
+    assert outcome.error_message == "ran past its declared duration of 1 s (max_duration_seconds)"
+    executor.pool.shutdown()

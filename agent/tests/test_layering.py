@@ -32,10 +32,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("heartbeat", ("heteroflow_agent.heartbeat",)),
     (
         "a task's spec, delivery and log",
-        ("heteroflow_agent.task_spec", "heteroflow_agent.delivery", "heteroflow_agent.logs"),
+        (
+            "heteroflow_agent.task_spec",
+            "heteroflow_agent.interactive",
+            "heteroflow_agent.delivery",
+            "heteroflow_agent.logs",
+        ),
     ),
     ("command channels", ("heteroflow_agent.channels",)),
     ("executor", ("heteroflow_agent.executor", "heteroflow_agent.reconcile")),
+    ("tunnel", ("heteroflow_agent.tunnel",)),
     ("entry point", ("heteroflow_agent.main", "heteroflow_agent.__main__")),
 )
 # The server's packages and its framework: the agent (and its tests) import none of them.

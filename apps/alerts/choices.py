@@ -13,6 +13,7 @@ class AlertType(models.TextChoices):
     GPU_MEMORY_DRIFT = "GPU_MEMORY_DRIFT"  # measured use the ledger does not explain (apps.nodes.drift)
     GATEWAY_REDIS_AWAY = "GATEWAY_REDIS_AWAY"  # the gateway holds its limits per process, refuses, or has none
     GPU_DRIVER_ERROR = "GPU_DRIVER_ERROR"  # a node's GPU collector fails as a whole: degraded (apps.alerts.failures)
+    INTERACTIVE_IDLE = "INTERACTIVE_IDLE"  # an interactive task is about to be stopped for idling (apps.tunnel.idle)
 
 
 class Severity(models.TextChoices):

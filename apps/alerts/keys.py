@@ -41,6 +41,10 @@ def task_failed(task_id: int) -> str:
     return f"task-failed:{task_id}"
 
 
+def interactive_idle(task_id: int) -> str:
+    return f"interactive-idle:task:{task_id}"
+
+
 def task_requeued(task_id: int, at: datetime) -> str:
     """The key carries the moment: a task requeued again later alerts again."""
     return f"task-requeued:{task_id}:{at.timestamp():.3f}"

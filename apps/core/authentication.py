@@ -102,16 +102,22 @@ class PrincipalSessionAuthentication(authentication.SessionAuthentication):
 
 
 def principal_for_session(request, user) -> Principal:
+    """A signed-in person's principal: the tenant the request's header names (refused if
+    not theirs), else the one chosen in the session, else their first."""
+    header = request.META.get(TENANT_HEADER)
+    principal = principal_for_user(user, header or request.session.get(SESSION_TENANT_KEY))
+    if header and not principal.is_operator and getattr(principal.tenant, "slug", None) != header:
+        raise exceptions.PermissionDenied(f"You are not a member of tenant '{header}'.")
+    return principal
+
+
+def principal_for_user(user, tenant_slug: str | None = None) -> Principal:
+    """A person's principal in the tenant `tenant_slug` (their first tenant when it is
+    not one of theirs, or not given); an operator's whatever the tenant."""
     if user.is_staff:
         return Principal(PrincipalKind.OPERATOR, user=user)
     memberships = list(user.memberships.by_tenant_name())
-    wanted = request.META.get(TENANT_HEADER) or request.session.get(SESSION_TENANT_KEY)
-    if wanted:
-        chosen = next((m for m in memberships if m.tenant.slug == wanted), None)
-        if chosen is None and request.META.get(TENANT_HEADER):
-            raise exceptions.PermissionDenied(f"You are not a member of tenant '{wanted}'.")
-    else:
-        chosen = None
+    chosen = next((m for m in memberships if m.tenant.slug == tenant_slug), None) if tenant_slug else None
     chosen = chosen or (memberships[0] if memberships else None)
     if chosen is None:
         return Principal(PrincipalKind.NO_TENANT, user=user)

@@ -18,7 +18,9 @@ logger = logging.getLogger(__name__)
 DJANGO_ONLY_OPTIONS = frozenset({"pool", "server_side_binding", "isolation_level", "assume_role"})
 
 
-def libpq_params(alias: str = "default", **overrides) -> dict:
+def libpq_params(alias: str = "default", server_settings: dict | None = None, **overrides) -> dict:
+    """The connection's libpq parameters; `server_settings` (name → value) are set for the
+    session, after any `options` of the database's settings."""
     db = connections[alias].settings_dict
     params = {key: value for key, value in (db.get("OPTIONS") or {}).items() if key not in DJANGO_ONLY_OPTIONS}
     params.update(
@@ -29,6 +31,9 @@ def libpq_params(alias: str = "default", **overrides) -> dict:
         password=db.get("PASSWORD") or None,
     )
     params.update(overrides)
+    if server_settings:
+        settings_given = [f"-c {name}={value}" for name, value in server_settings.items()]
+        params["options"] = " ".join([params.get("options") or "", *settings_given]).strip()
     return {key: value for key, value in params.items() if value is not None}
 
 

@@ -8,7 +8,7 @@ from django.contrib import admin
 
 from apps.core.admin_tools import DeleteThroughServiceMixin, operator
 from apps.inference import model_deletion
-from apps.inference.models import InferenceService, Model, ServiceDecision
+from apps.inference.models import InferenceService, Model, ServiceDecision, ServiceLoan
 
 
 @admin.register(Model)
@@ -87,6 +87,27 @@ class ServiceDecisionInline(ReadOnlyInline):
         return queryset.filter(pk__in=list(recent[: self.shown]))
 
 
+class ServiceLoanInline(ReadOnlyInline):
+    """The service's loans of idle cards to training, newest first (the wake patrol gives
+    them back; nothing is changed here)."""
+
+    model = ServiceLoan
+    fk_name = "service"
+    fields = readonly_fields = [
+        "created_at",
+        "borrower",
+        "borrower_group",
+        "node_id",
+        "from_replicas",
+        "to_replicas",
+        "sleeps",
+        "state",
+        "returned_at",
+        "returned_why",
+    ]
+    ordering = ["-created_at", "-id"]
+
+
 @admin.register(InferenceService)
 class InferenceServiceAdmin(admin.ModelAdmin):
     list_display = ["group_id", "name", "tenant", "model", "engine", "replicas", "bounds", "state", "created_at"]
@@ -94,7 +115,7 @@ class InferenceServiceAdmin(admin.ModelAdmin):
     search_fields = ["=group__id", "group__name", "model__name"]
     list_select_related = ["group__tenant", "model"]
     date_hierarchy = "created_at"
-    inlines = [ServiceDecisionInline]
+    inlines = [ServiceLoanInline, ServiceDecisionInline]
     readonly_fields = [field.name for field in InferenceService._meta.fields]
 
     @admin.display(description="name", ordering="group__name")

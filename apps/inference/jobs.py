@@ -1,5 +1,6 @@
 """The inference services' jobs: the rebuild (every 10 s), the AutoScaler with the sleep
-checks (every 30 s) and the scheduling windows (every 60 s), each under the guard
+checks (every 30 s), the scheduling windows (every 60 s) and the wake patrol of the
+cards lent to training (every 15 s), each under the guard
 (apps.core.guard; beat's schedule is built from these declarations), and the wake the
 gateway asks for a sleeping service: `enqueue("inference.wake_service", service_id)`."""
 
@@ -10,12 +11,15 @@ from celery import shared_task
 from apps.core.errors import Conflict
 from apps.core.guard import periodic_job
 from apps.inference import services
+from apps.inference.lending import patrol_round
 from apps.inference.models import InferenceService
 from apps.inference.rounds import autoscale_round, rebuild_round, windows_round
 
 rebuild_job = periodic_job("inference.rebuild", every=10)(rebuild_round)
 autoscale_job = periodic_job("inference.autoscale", every=30)(autoscale_round)
 windows_job = periodic_job("inference.windows", every=60)(windows_round)
+# the wake patrol of training's loans of idle inference cards (spec 004, "训练借卡唤醒巡检 15s")
+lending_patrol_job = periodic_job("inference.lending_patrol", every=15)(patrol_round)
 
 
 @shared_task(name="inference.wake_service")

@@ -97,6 +97,10 @@ class InferenceService(models.Model):
     window_action = models.CharField(max_length=10, blank=True, default="")
     window_remembered = models.PositiveIntegerField(null=True, blank=True)
     last_request_at = models.DateTimeField(null=True, blank=True, help_text="the gateway's last request for it")
+    lendable = models.BooleanField(
+        default=True,
+        help_text="idle replicas' cards may be lent to its tenant's (or tenant group's) training; false: never",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -126,10 +130,11 @@ class InferenceService(models.Model):
 class ServiceDecision(models.Model):
     """One decision about a service, with its reason: the AutoScaler's scale (or hold with
     a reason worth showing), a window's move, sleep and wake, a rebuild, a user's scale or
-    stop. What the portal shows as the service's history."""
+    stop, a loan of its cards to a training task and their return (source `lending`,
+    actions `borrowed` and `returned`). What the portal shows as the service's history."""
 
     service = models.ForeignKey(InferenceService, on_delete=models.CASCADE, related_name="decisions")
-    source = models.CharField(max_length=12, help_text="autoscaler | window | sleep | wake | rebuild | user")
+    source = models.CharField(max_length=12, help_text="autoscaler | window | sleep | wake | rebuild | user | lending")
     action = models.CharField(max_length=20, help_text="scale_up, scale_down, pause, sleep, recreate, …")
     from_replicas = models.PositiveIntegerField(null=True, blank=True)
     to_replicas = models.PositiveIntegerField(null=True, blank=True)
@@ -141,3 +146,57 @@ class ServiceDecision(models.Model):
         db_table = "inference_service_decisions"
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["service", "-created_at"], name="inference_decisions_service")]
+
+
+class LoanState(models.TextChoices):
+    OPEN = "open", "lent: the training holds (or waits for) the cards"
+    RETURNED = "returned", "given back: the service scaled up or woken again"
+
+
+class ServiceLoan(models.Model):
+    """Idle replicas of a service lent to a training task (spec 004, "训练借卡"): the cycle
+    lends (apps.inference.lending.lend: the service scaled down to `to_replicas`, or put
+    to sleep), the 15 s patrol gives back (the training ended or never got the cards,
+    or the service has traffic again: then the training is preempted). One open loan a
+    service."""
+
+    service = models.ForeignKey(InferenceService, on_delete=models.CASCADE, related_name="loans")
+    borrower = models.ForeignKey(
+        "tasks.Task", on_delete=models.CASCADE, related_name="loans", help_text="the training (a group's: rank 0)"
+    )
+    borrower_group = models.ForeignKey(
+        "tasks.TaskGroup",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="loans",
+        help_text="a training task group's loan: every member holds the cards",
+    )
+    node_id = models.CharField(max_length=255, help_text="where the borrower was planned")
+    sleeps = models.BooleanField(default=False, help_text="every replica lent: the service was put to sleep")
+    from_replicas = models.PositiveIntegerField(help_text="the count before the loan (given back)")
+    to_replicas = models.PositiveIntegerField(help_text="the count while it is lent")
+    replicas = models.JSONField(default=list, help_text="the replica tasks that stopped for it")
+    state = models.CharField(max_length=10, choices=LoanState.choices, default=LoanState.OPEN)
+    bound_at = models.DateTimeField(null=True, blank=True, help_text="when the patrol first saw the borrower placed")
+    returned_at = models.DateTimeField(null=True, blank=True)
+    returned_why = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "inference_service_loans"
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["service"], condition=models.Q(state="open"), name="inference_loan_one_open_per_service"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["state"], name="inference_loans_state", condition=models.Q(state="open")),
+            models.Index(fields=["borrower"], name="inference_loans_borrower"),
+        ]
+
+    def __str__(self):
+        return (
+            f"{self.service_id} lent {self.from_replicas - self.to_replicas} to task {self.borrower_id} ({self.state})"
+        )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from django.db.models import Q
 
-from apps.inference.models import InferenceService, Model
+from apps.inference.models import InferenceService, LoanState, Model, ServiceLoan
 from apps.nodes.model_cache import found_on, may_hold
 from apps.nodes.models import Node
 from apps.tasks.choices import TaskStatus
@@ -151,3 +151,43 @@ def replicas_of(service: InferenceService) -> list[dict]:
     calls, or None off a node or without a port) and started_at."""
     keep = ("task_id", "rank", "status", "node_id", "node_address", "host_port", "healthy", "address", "started_at")
     return [{key: row[key] for key in keep} for row in replica_rows([service.pk])[service.pk]]
+
+
+def loan_rows(loans) -> list[dict]:
+    """Loans as the explain API, `hf explain` and the portal show them."""
+    return [
+        {
+            "loan_id": loan.pk,
+            "service_id": loan.service_id,
+            "name": loan.service.group.name,
+            "borrower_id": loan.borrower_id,
+            "borrower": loan.borrower.name,
+            "borrower_group_id": loan.borrower_group_id,
+            "node_id": loan.node_id,
+            "replicas": loan.from_replicas - loan.to_replicas,
+            "sleeps": loan.sleeps,
+            "state": loan.state,
+            "since": loan.created_at.isoformat(),
+            "returned_at": loan.returned_at.isoformat() if loan.returned_at else None,
+            "returned_why": loan.returned_why,
+        }
+        for loan in loans
+    ]
+
+
+def open_loans_of_task(task_id: int) -> list[dict]:
+    """The open loans a training task borrows from (one per lending service)."""
+    loans = ServiceLoan.objects.filter(borrower_id=task_id, state=LoanState.OPEN)
+    return loan_rows(loans.select_related("service__group", "borrower").order_by("service_id"))
+
+
+def open_loans_of_group(group_id: int) -> list[dict]:
+    """The open loans a training task group borrows from (one per lending service)."""
+    loans = ServiceLoan.objects.filter(borrower_group_id=group_id, state=LoanState.OPEN)
+    return loan_rows(loans.select_related("service__group", "borrower").order_by("service_id"))
+
+
+def loans_of_service(service: InferenceService, limit: int = 10) -> list[dict]:
+    """The service's latest loans, open ones first (the service page)."""
+    loans = ServiceLoan.objects.filter(service=service).select_related("service__group", "borrower")
+    return loan_rows(loans.order_by("state", "-created_at", "-id")[:limit])

@@ -339,6 +339,7 @@ def create_service(principal, data: dict) -> InferenceService:
         autoscaling=data.get("autoscaling") or {},
         window=data.get("window"),
         sleep_after_seconds=data.get("sleep_after_seconds"),
+        lendable=data.get("lendable", True),
         state=ServiceStatus.STARTING,
     )
 
@@ -402,7 +403,13 @@ def stop_slots(service: InferenceService, *, from_rank: int = 0) -> list[int]:
 
 
 def scale_service(
-    service: InferenceService, replicas: int, *, source: str, reason: str, details: dict | None = None
+    service: InferenceService,
+    replicas: int,
+    *,
+    source: str,
+    reason: str,
+    details: dict | None = None,
+    action: str | None = None,
 ) -> bool:
     """Set the count the service asks for, by CAS on the count `service` was read with:
     False when someone changed it first (nothing done). In a starting, running or waking
@@ -411,7 +418,8 @@ def scale_service(
     paused, only the count changes and the wake or the resume starts them. A user's count
     is between min and max; the window may go to 0 (its pause) and down to its scale_to.
     Raises ValidationError (a count out of bounds), Conflict (the service has been
-    stopped, or the quota refuses the replicas added: nothing changed)."""
+    stopped, or the quota refuses the replicas added: nothing changed). `action`: the
+    decision's, when not scale_up / scale_down (a loan's borrowed and returned)."""
     low = service.min_replicas if source == "user" else 0
     if not low <= replicas <= service.max_replicas:
         raise ValidationError(
@@ -439,7 +447,7 @@ def scale_service(
         record_decision(
             locked,
             source,
-            f"scale_{direction}",
+            action or f"scale_{direction}",
             reason,
             from_replicas=before,
             to_replicas=replicas,
@@ -450,7 +458,13 @@ def scale_service(
 
 
 def move_service(
-    service: InferenceService, event: sleep.Event, *, source: str, reason: str, details: dict | None = None
+    service: InferenceService,
+    event: sleep.Event,
+    *,
+    source: str,
+    reason: str,
+    details: dict | None = None,
+    action: str | None = None,
 ) -> bool:
     """Move the service's state by `event` (apps.inference.sleep.transition; an illegal
     pair is a Conflict invalid_state naming what the state takes), by CAS on the state
@@ -458,7 +472,7 @@ def move_service(
     transition's effects in the same transaction: sleep, pause and stop stop the
     replicas' tasks (their cards freed); wake and resume start the slots below the count.
     A wake that timed out raises an alert. A move that changes nothing (a second wake)
-    is True and records nothing."""
+    is True and records nothing. `action`: the decision's, when not the event's name."""
     try:
         move = sleep.transition(sleep.ServiceState(service.state), sleep.Event(event))
     except sleep.IllegalTransition as exc:
@@ -483,7 +497,7 @@ def move_service(
         record_decision(
             locked,
             source,
-            str(move.event),
+            action or str(move.event),
             f"{move.source} → {move.target}: {reason}" if move.target != move.source else reason,
             from_replicas=locked.replicas,
             to_replicas=locked.replicas,

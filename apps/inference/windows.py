@@ -121,7 +121,9 @@ def parse_window(data: Mapping) -> Window:
     else:
         try:
             ZoneInfo(zone)
-        except (ZoneInfoNotFoundError, ValueError):
+        # OSError: a region's folder ("America"), which the tzdata package's fallback opens
+        # as a file (IsADirectoryError) on Pythons before 3.12
+        except (ZoneInfoNotFoundError, ValueError, OSError):
             errors.append(f"unknown time zone {zone!r} (an IANA name such as Asia/Shanghai)")
     action = data.get("action")
     if action not in tuple(WindowAction):

@@ -28,6 +28,7 @@ from apps.gateway.limits import backend_in_flight
 from apps.monitoring import probes, selectors
 from apps.monitoring.metrics import job_label
 from apps.nodes.choices import GpuState, GpuVendor, NodeStatus
+from apps.scheduler import quotas
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +171,30 @@ def gateway_part(now):
     yield family
 
 
+QUEUE_GAUGES = (
+    ("nominal", "Cards guaranteed to the tenant (its queue's nominal)."),
+    ("used", "Cards the tenant holds (a shared card as its share)."),
+    ("borrowed", "Cards the tenant holds above its nominal, lent by its cohort."),
+    ("lent", "Of the tenant's idle nominal, what its cohort's borrowers use."),
+)
+
+
+def queues_part(now):
+    """Per tenant with a queue and GPU type: nominal, used, borrowed and lent cards
+    (docs/queues.md), as GET /api/v1/admin/queues answers them."""
+    book = quotas.queue_book(now)
+    families = {
+        name: GaugeMetricFamily(f"heteroflow_queue_{name}_gpus", words, labels=["tenant", "gpu_type"])
+        for name, words in QUEUE_GAUGES
+    }
+    for tenant_id in sorted(book.specs):
+        view = quotas.tenant_view(book, tenant_id)
+        for row in view["types"]:
+            for name, family in families.items():
+                family.add_metric([view["tenant"], gpu_type_label(row["gpu_type"])], float(row[name]))
+    yield from families.values()
+
+
 SNAPSHOT_PARTS = (
     ("nodes", nodes_part),
     ("gpus", gpus_part),
@@ -177,6 +202,7 @@ SNAPSHOT_PARTS = (
     ("queue", queue_part),
     ("scheduler", scheduler_part),
     ("gateway", gateway_part),
+    ("queues", queues_part),
 )
 
 

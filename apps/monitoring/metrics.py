@@ -235,3 +235,14 @@ CELERY_TASK_DURATION = Histogram(
     ["task"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
+
+
+QUEUE_RECLAIMS = Counter(
+    "heteroflow_queue_reclaims",
+    "Tasks a queue's reclaim stopped (docs/queues.md), by the tenant that reclaimed its nominal.",
+    ["tenant"],
+)
+
+
+def record_reclaims(tenant: str, stopped: int) -> None:
+    QUEUE_RECLAIMS.labels(tenant).inc(stopped)

@@ -12,8 +12,9 @@ Everything lives under `settings.HETEROFLOW_AGENT_DIST_DIR` (default
     <arch> -> releases/…       what is served: a symlink, swapped atomically
 
 A node installs with `pip install --no-index --find-links <downloaded set>`, so a set
-holds the agent wheel, every dependency wheel (manylinux, CPython >= MIN_PYTHON, abi3 or
-pure, so one set serves every Python from MIN_PYTHON up) and pip itself (the installer
+holds the agent wheel, every dependency wheel (manylinux; abi3 or pure where the project
+ships one, else one wheel per CPython in SERVED_PYTHONS, as for cffi, which
+cryptography needs) and pip itself (the installer
 bootstraps its virtual environment with it, which also works where Debian's
 python3-venv / ensurepip is missing).
 """
@@ -45,6 +46,9 @@ ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "x64": "x86_64", "aarch64
 # (2.34.x) needs 3.10, so 3.10 it is: Ubuntu 22.04 (3.10), Debian 12 (3.11), Ubuntu 24.04
 # (3.12) and Debian 13 (3.13) all have it.
 MIN_PYTHON = "3.10"
+# The CPythons a set carries version-specific wheels for (a dependency with no abi3 wheel,
+# such as cffi under asyncssh's cryptography, needs one wheel per version).
+SERVED_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
 # Newest glibc a served wheel may need: 2.28 (RHEL 8, Debian 10, Ubuntu 18.10 and later).
 GLIBC_CEILING = "2_28"
 AGENT_PACKAGE = "heteroflow_agent"
@@ -531,13 +535,15 @@ def _network_note(output: str) -> str:
     return f":\n{_tail(output)}"
 
 
-def _target_args(arch: str) -> list[str]:
+def _target_args(arch: str, python: str) -> list[str]:
     args = [
         "--only-binary=:all:",
         "--implementation",
         "cp",
         "--python-version",
-        MIN_PYTHON,
+        python,
+        "--abi",
+        "cp" + python.replace(".", ""),
         "--abi",
         "abi3",
         "--abi",
@@ -548,10 +554,23 @@ def _target_args(arch: str) -> list[str]:
     return args
 
 
+def _for_each_python(run: Callable[[str], subprocess.CompletedProcess]) -> subprocess.CompletedProcess:
+    """`run` for each served CPython in turn; the first failure, else the last answer."""
+    for python in SERVED_PYTHONS:
+        proc = run(python)
+        if proc.returncode != 0:
+            return proc
+    return proc
+
+
 def _resolve_locally(
     arch: str, requirements: list[str], dest: Path, options: BuildOptions
 ) -> subprocess.CompletedProcess:
-    return _pip(["download", "--dest", str(dest), *_local_links(options), *_target_args(arch), *requirements])
+    return _for_each_python(
+        lambda python: _pip(
+            ["download", "--dest", str(dest), *_local_links(options), *_target_args(arch, python), *requirements]
+        )
+    )
 
 
 def _missing_locally(arch: str, requirements: list[str], options: BuildOptions) -> list[str]:
@@ -582,15 +601,24 @@ def fetch_dependencies(arch: str, requirements: list[str], dest: Path, options: 
             raise BuildError(
                 f"{arch}: --offline, and these are not in {options.wheelhouse}"
                 + "".join(f" or {p}" for p in options.find_links)
-                + f" for manylinux/{arch}, CPython {MIN_PYTHON}+: "
+                + f" for manylinux/{arch}, CPython {', '.join(SERVED_PYTHONS)}: "
                 + (", ".join(missing) or _tail(_pip_output(proc)))
                 + f". Run `{build_command(arch)}` once with network, or copy the wheels there."
             )
         for leftover in dest.iterdir():
             leftover.unlink()
     say(f"{arch}: downloading dependency wheels ({', '.join(requirements)}) into {options.wheelhouse}")
-    download = _pip(
-        ["download", "--dest", str(options.wheelhouse), *PIP_NETWORK_OPTIONS, *_target_args(arch), *requirements]
+    download = _for_each_python(
+        lambda python: _pip(
+            [
+                "download",
+                "--dest",
+                str(options.wheelhouse),
+                *PIP_NETWORK_OPTIONS,
+                *_target_args(arch, python),
+                *requirements,
+            ]
+        )
     )
     if download.returncode != 0:
         output = _pip_output(download)

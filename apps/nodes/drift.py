@@ -8,13 +8,17 @@ Per card of the beating node that is not lost:
 - drift = the beat's memory_used_mb − explained (0 when the beat has no reading).
 
 A drift above HETEROFLOW_GPU_MEMORY_DRIFT_MB marks the card (`memory_drift_since`, the
-first time it was seen; `memory_drift_mb`, the latest amount); once it has lasted
-HETEROFLOW_GPU_MEMORY_DRIFT_BEATS × the node's heartbeat interval, GPU_MEMORY_DRIFT is
-raised (warning, scope gpu), naming the node, the card and the MB. When the drift ends
-(at or below the threshold, or the card stops reporting memory) the marks are cleared
-and the alert recovered. A lost card is not judged (its reading is stale), nor are the
-cards of a beat whose collector failed (it read none of them), and a node
-given up sends no beat: their marks and alerts stay as they were until they report again.
+first time it was seen; `memory_drift_mb`, the latest amount); once it has lasted the span
+(HETEROFLOW_GPU_MEMORY_DRIFT_BEATS × the node's heartbeat interval), GPU_MEMORY_DRIFT is
+raised (warning, scope gpu), naming the node, the card and the MB. A drift ends the same
+way it starts: once the card has been at or below the threshold (or has read no memory)
+for the span, counted from its first such beat (`memory_drift_ended_at`), the marks are
+cleared and the alert recovered. A dip shorter than the span clears nothing, so a card
+whose unplaced use hovers around the threshold keeps one alert instead of raising and
+recovering one every few beats (a busy fleet's bench saw about 100 a second). A lost
+card is not judged (its reading is stale), nor are the cards of a beat whose collector
+failed (it read none of them), and a node given up sends no beat: their marks and
+alerts stay as they were until they report again.
 
 Why in the beat: a card's drift changes when its reading does, and on a busy fleet every
 card's reading moves every beat, so a sweep would judge the whole fleet on every run and
@@ -56,12 +60,25 @@ DRIFT_COLUMNS = """
     g2.memory_drift_since AS drift_was, COALESCE(l.explained, 0) AS explained
 """
 
-# The marks, in the beat's UPDATE of the cards (`s`: the columns above).
+# The marks, in the beat's UPDATE of the cards (`s`: the columns above). Per card, one of:
+# not judged (the marks stay); over the threshold (marked, any ending forgotten); under it
+# with no mark (nothing); under it with a mark: ending, from its first such beat, and
+# ended (the marks cleared) once that has lasted the span.
 DRIFT_SET = """
     memory_drift_since = CASE WHEN s.drift IS NULL THEN g.memory_drift_since
-                              WHEN s.drift > %(drift_mb)s::bigint THEN COALESCE(g.memory_drift_since, %(now)s) END,
+                              WHEN s.drift > %(drift_mb)s::bigint THEN COALESCE(g.memory_drift_since, %(now)s)
+                              WHEN %(now)s - COALESCE(g.memory_drift_ended_at, %(now)s) >= %(drift_span)s THEN NULL
+                              ELSE g.memory_drift_since END,
     memory_drift_mb = CASE WHEN s.drift IS NULL THEN g.memory_drift_mb
-                           WHEN s.drift > %(drift_mb)s::bigint THEN s.drift END
+                           WHEN s.drift > %(drift_mb)s::bigint THEN s.drift
+                           WHEN g.memory_drift_since IS NULL
+                                OR %(now)s - COALESCE(g.memory_drift_ended_at, %(now)s) >= %(drift_span)s THEN NULL
+                           ELSE g.memory_drift_mb END,
+    memory_drift_ended_at = CASE WHEN s.drift IS NULL THEN g.memory_drift_ended_at
+                                 WHEN s.drift > %(drift_mb)s::bigint OR g.memory_drift_since IS NULL
+                                      OR %(now)s - COALESCE(g.memory_drift_ended_at, %(now)s) >= %(drift_span)s
+                                     THEN NULL
+                                 ELSE COALESCE(g.memory_drift_ended_at, %(now)s) END
 """
 
 # The alert, from the beat's judged cards (`judged`: the UPDATE's RETURNING; `node`: the

@@ -208,6 +208,9 @@ class Gpu(models.Model):
     # measured memory the ledger does not explain (apps.nodes.drift)
     memory_drift_since = models.DateTimeField(null=True, blank=True)
     memory_drift_mb = models.BigIntegerField(null=True, blank=True)
+    memory_drift_ended_at = models.DateTimeField(
+        null=True, blank=True, help_text="A marked drift's first beat at or under the threshold (it ends a span later)."
+    )
     # energy accumulator (Wh), integrated from measured power by the heartbeat
     energy_wh = models.FloatField(default=0.0, db_default=0.0)
     energy_since = models.DateTimeField(null=True, blank=True)

@@ -63,6 +63,7 @@ MENU: tuple[Link | Group, ...] = (
         "Work",
         (
             Link("Tasks", "portal:tasks"),
+            Link("Queues", "portal:queues"),
             Link("Training", "portal:training"),
             Link("Inference", "portal:inference"),
             Link("Models", "portal:models"),

@@ -1,4 +1,3 @@
-from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from apps.portal import login, views
@@ -11,8 +10,10 @@ from apps.portal.pages import (
     inference,
     models,
     nodes,
+    queues,
     server,
     tasks,
+    terminal,
     training,
 )
 from apps.portal.pages import slices as slice_pages
@@ -21,7 +22,7 @@ app_name = "portal"
 urlpatterns = [
     path("", views.home, name="home"),
     path("login/", login.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", login.logout_view, name="logout"),
     path("tenant/", views.switch_tenant, name="switch-tenant"),
     path("server/hosts/", server.server_hosts, name="server-hosts"),
     # nodes
@@ -44,6 +45,9 @@ urlpatterns = [
     path("tasks/new/", tasks.task_new, name="task-new"),
     path("tasks/<int:pk>/", tasks.task_detail, name="task"),
     path("tasks/<int:pk>/stop/", tasks.task_stop, name="task-stop"),
+    path("tasks/<int:pk>/terminal/", terminal.terminal, name="terminal"),
+    path("tasks/<int:pk>/terminal/ticket/", terminal.terminal_ticket, name="terminal-ticket"),
+    path("tasks/<int:pk>/open/", terminal.task_open, name="task-open"),
     # training (task groups)
     path("training/", training.training_list, name="training"),
     path("training/new/", training.training_new, name="training-new"),
@@ -68,6 +72,7 @@ urlpatterns = [
     path("endpoint-keys/<int:pk>/revoke/", gateway.endpoint_key_revoke, name="endpoint-key-revoke"),
     path("gateway-usage/", gateway.usage, name="gateway-usage"),
     path("energy/", energy.energy, name="energy"),
+    path("queues/", queues.queues, name="queues"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),

@@ -5,15 +5,17 @@ the layout plugins stay mutually exclusive and the locked ones stay on)."""
 
 import json
 
+from django import forms
 from django.contrib import admin, messages
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from rest_framework.exceptions import APIException, ValidationError
 
-from apps.core.admin_tools import refusal
-from apps.scheduler import plugins
+from apps.core.admin_tools import operator, refusal
+from apps.scheduler import plugins, quotas
 from apps.scheduler.api.views import PluginOptionsSerializer
 from apps.scheduler.models import PluginConfig
+from apps.tenants.models import Cohort, QueueQuota, TenantQueue
 
 
 @admin.register(PluginConfig)
@@ -78,3 +80,90 @@ class PluginConfigAdmin(admin.ModelAdmin):
                 self.message_user(request, f"Unknown action '{action}'.", messages.ERROR)
         except APIException as exc:
             self.message_user(request, f"{name}: {refusal(exc)}", messages.ERROR)
+
+
+# --- queues (docs/queues.md): written through apps.scheduler.quotas, like the API -------
+
+
+class QueueQuotaInline(admin.TabularInline):
+    model = QueueQuota
+    extra = 1
+    fields = ["gpu_type", "nominal", "borrowing_limit", "lending_limit"]
+
+
+class TenantQueueForm(forms.ModelForm):
+    cohort_name = forms.SlugField(
+        required=False,
+        max_length=40,
+        label="Cohort",
+        help_text="Tenants of one cohort lend each other their idle nominal cards. Empty: none (no lending, "
+        "no borrowing). A new name makes a new cohort.",
+    )
+
+    class Meta:
+        model = TenantQueue
+        fields = ["tenant", "weight"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and self.instance.cohort_id:
+            self.fields["cohort_name"].initial = self.instance.cohort.name
+
+    def clean_weight(self):
+        weight = self.cleaned_data["weight"]
+        if not 0 < weight <= 1000:
+            raise forms.ValidationError("A weight above 0, at most 1000.")
+        return weight
+
+
+@admin.register(TenantQueue)
+class TenantQueueAdmin(admin.ModelAdmin):
+    form = TenantQueueForm
+    inlines = [QueueQuotaInline]
+    list_display = ["tenant", "cohort", "weight", "nominal"]
+    list_select_related = ["tenant", "cohort"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant"] if obj else []
+
+    @admin.display(description="nominal cards")
+    def nominal(self, obj):
+        return ", ".join(f"{quota.gpu_type} {quota.nominal}" for quota in obj.quotas.all()) or "none"
+
+    def save_model(self, request, obj, form, change):
+        """Written with its quotas by save_related, in one call of the service."""
+
+    def save_related(self, request, form, formsets, change):
+        rows = [
+            row.cleaned_data
+            for formset in formsets
+            for row in formset.forms
+            if row.cleaned_data and not row.cleaned_data.get("DELETE")
+        ]
+        warnings = quotas.set_queue(
+            form.instance.tenant,
+            cohort=form.cleaned_data.get("cohort_name") or None,
+            weight=form.cleaned_data["weight"],
+            quotas=[
+                quotas.QuotaInput(row["gpu_type"], row["nominal"], row.get("borrowing_limit"), row.get("lending_limit"))
+                for row in rows
+            ],
+            principal=operator(request),
+        )
+        for warning in warnings:
+            messages.warning(request, warning)
+        for formset in formsets:  # what the change message reads (saved by the service, not the formset)
+            formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+
+    def delete_model(self, request, obj):
+        quotas.remove_queue(obj.tenant, principal=operator(request))
+
+
+@admin.register(Cohort)
+class CohortAdmin(admin.ModelAdmin):
+    list_display = ["name", "members", "created_at"]
+    fields = ["name", "description"]
+
+    @admin.display(description="tenants")
+    def members(self, obj):
+        return ", ".join(queue.tenant.slug for queue in obj.queues.select_related("tenant")) or "none"

@@ -37,8 +37,10 @@ from apps.tasks.choices import TaskStatus as S
 from apps.tasks.models import Task
 from apps.tasks.ranks import network_decision
 
-# Inference services are published on a host port of their node.
-INFERENCE_PORTS = range(8000, 9000)
+# Inference services are published on a host port of their node (and a training group's
+# master listens on one): HETEROFLOW_HOST_PORT_FIRST…LAST.
+INFERENCE_PORTS = range(django_settings.HETEROFLOW_HOST_PORT_FIRST, django_settings.HETEROFLOW_HOST_PORT_LAST + 1)
+PORTED_KINDS = (TaskKind.INFERENCE, TaskKind.INTERACTIVE)
 PORTS_IN_USE = """
     SELECT node_id, host_port FROM tasks
     WHERE node_id = ANY(%s) AND host_port IS NOT NULL AND status = ANY(%s)
@@ -48,12 +50,13 @@ PORTS_IN_USE = """
 def assign_host_ports(
     decisions: list[Decision], tasks: dict[int, TaskReq], node_ids, wanted: list[Decision] | None = None
 ) -> dict[int, int | None]:
-    """A free port of INFERENCE_PORTS on its node for each inference decision (or each of
-    `wanted`: a task group's master) and None for the others; a decision whose node has
+    """A free port of INFERENCE_PORTS on its node for each inference or interactive
+    decision (its server listens there; or each of `wanted`: a task group's master) and
+    None for the others; a decision whose node has
     no port left is not in the answer. The caller holds the nodes' row locks, so no
     other binder hands out the same port (and a unique index backs that up)."""
     if wanted is None:
-        wanted = [d for d in decisions if tasks[d.task_id].kind == TaskKind.INFERENCE]
+        wanted = [d for d in decisions if tasks[d.task_id].kind in PORTED_KINDS]
     ports: dict[int, int | None] = {d.task_id: None for d in decisions if d not in wanted}
     if not wanted:
         return ports

@@ -1,6 +1,6 @@
 """One cycle: the queue and the snapshot read, the core's decision, bind, preemption,
-and why the others wait written back; and a dry run (the same decision for one
-request, binding nothing)."""
+training's loans of idle inference cards, and why the others wait written back; and a
+dry run (the same decision for one request, binding nothing)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from apps.core.clock import utcnow
+from apps.scheduler import quotas
 from apps.scheduler.bind import CARDS_GONE, EXPLAIN, NODE_GONE, BindOutcome, bind_decisions
 from apps.scheduler.core import (
     CONSTRAINT_REASONS,
@@ -30,8 +31,10 @@ from apps.scheduler.core import (
     place_queue,
     rejections,
 )
+from apps.scheduler.core.queues import holdings_of
+from apps.scheduler.lending import lend_for
 from apps.scheduler.plugins import plugin_settings, sharing_rule
-from apps.scheduler.preemption import preempt_for
+from apps.scheduler.preemption import preempt_for, reclaim_for
 from apps.scheduler.queue import (
     BATCH_SIZE,
     GroupWindow,
@@ -41,7 +44,7 @@ from apps.scheduler.queue import (
     replicas_on_nodes,
 )
 from apps.scheduler.reservations import reservation_reports, reserving_groups, standing_reservations, store_reservations
-from apps.scheduler.snapshot import GpuRowCache, load_nodes
+from apps.scheduler.snapshot import GpuRowCache, expected_ends, load_nodes
 
 
 @dataclass
@@ -52,6 +55,10 @@ class CycleResult:
     failed: dict[int, dict] = field(default_factory=dict)
     backlog: bool = False
     preemptions: dict[int, PreemptionPlan] = field(default_factory=dict)
+    # training tasks waiting for idle inference replicas to stop (apps.scheduler.lending):
+    # task id -> the loan as its reason shows it
+    loans: dict[int, dict] = field(default_factory=dict)
+    group_loans: dict[int, dict] = field(default_factory=dict)  # the same, for task groups
     # task groups: bound whole this cycle, and why the others wait (their members'
     # task ids are in bound / lost_races / failed as well)
     groups_bound: list[int] = field(default_factory=list)
@@ -99,14 +106,28 @@ def _run_cycle(batch_size: int, gpu_rows: GpuRowCache | None) -> CycleResult:
     clock.lap("queue")
     nodes = load_nodes(django_settings.HETEROFLOW_SCHEDULER_GPU_REUSE_SECONDS, gpu_rows)
     siblings = replicas_on_nodes(batch)  # where the batch's services run already (no query without replicas)
-    clock.lap("snapshot")
     started = utcnow()
+    book = quotas.queue_book(started, used=holdings_of(nodes))  # the tenants' queues (docs/queues.md)
+    clock.lap("snapshot")
     reserve_after = django_settings.HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS
     reserving = reserving_groups(window.heads, started, reserve_after)
-    placement = place_queue(queue, nodes, settings, may_share, reserving=reserving, siblings=siblings)
+    # backfill: only while a gang reserves is there anything to date or to fill
+    ends = expected_ends(started) if reserving else None
+    placement = place_queue(
+        queue,
+        nodes,
+        settings,
+        may_share,
+        reserving=reserving,
+        siblings=siblings,
+        book=book,
+        now=started.timestamp(),
+        ends=ends,
+    )
     decisions, failures = placement.decisions, placement.failures
     clock.lap("decide")
     tasks = {task.id: task for task in batch}
+    tasks_alone = set(tasks)
     for group, _ in groups:
         tasks.update((member, group.worker(rank)) for rank, member in enumerate(group.members))
     outcome = bind_decisions(decisions, tasks, may_share, settings, groups=placement.groups)
@@ -121,6 +142,13 @@ def _run_cycle(batch_size: int, gpu_rows: GpuRowCache | None) -> CycleResult:
         failures = refused_at_bind(failures, outcome, decisions, queue)
         nodes = as_bound(nodes, outcome)
     result.preemptions = preempt_for(failures, tasks, nodes, settings, may_share, placement.siblings)
+    if book.cohorts:  # a queue's reclaim: a task within its nominal stops the cohort's borrowed work
+        result.preemptions |= reclaim_for(failures, tasks, nodes, settings, may_share, book, result.preemptions)
+    # training borrows idle inference cards (single tasks; a group's members never borrow one by one)
+    singles = [failure for failure in failures if failure.task_id in tasks_alone]
+    requests = {group.id: group for group, _ in groups}
+    loans = lend_for(singles, tasks, nodes, settings, may_share, placement.group_failures, requests)
+    result.loans, result.group_loans = loans.tasks, loans.groups
     clock.lap("preempt")
     now = utcnow().isoformat()
     for failure in failures:
@@ -133,6 +161,10 @@ def _run_cycle(batch_size: int, gpu_rows: GpuRowCache | None) -> CycleResult:
                 "cause": failure.code,
                 "preemption": {"node_id": plan.node_id, "victims": plan.victims},
             }
+        loan = result.loans.get(failure.task_id)
+        if loan is not None:
+            # the borrower waits: the lent replicas stop, next cycles bind it on their cards
+            reason |= {"code": "LoanPending", "cause": failure.code, "loan": loan}
         result.failed[failure.task_id] = reason
     members = {group.id: group.members for group, _ in groups}
     reports = reservation_reports(window.heads, placement.group_failures, started, reserve_after)
@@ -140,6 +172,9 @@ def _run_cycle(batch_size: int, gpu_rows: GpuRowCache | None) -> CycleResult:
         reason = result.groups_failed[failure.group_id] = failure.as_reason() | {"at": now}
         if failure.group_id in reports:
             reason["reservation"] = reports[failure.group_id]
+        loan = result.group_loans.get(failure.group_id)
+        if loan is not None:
+            reason |= {"code": "LoanPending", "cause": failure.code, "loan": loan}
         # the members say why in a line and point at the group, which has the details
         brief = {key: value for key, value in reason.items() if key != "reservation"} | {"group": failure.group_id}
         for member in members[failure.group_id]:
@@ -217,13 +252,17 @@ def explain_now(request: TaskReq | GroupReq) -> tuple[Decision | Failure | Group
     exclude = request.id if isinstance(request, GroupReq) else None
     nodes, settings, may_share = load_nodes(), plugin_settings(), sharing_rule()
     siblings = replicas_on_nodes([request]) if isinstance(request, TaskReq) else {}
+    held = standing_reservations(request.priority, exclude=exclude)
+    now = utcnow()
     placement = place_queue(
         [request],
         nodes,
         settings,
         may_share,
-        held=standing_reservations(request.priority, exclude=exclude),
+        held=held,
         siblings=siblings,
+        now=now.timestamp(),
+        ends=expected_ends(now) if held else None,
     )
     outcomes = [*placement.decisions, *placement.failures, *placement.groups, *placement.group_failures]
     outcome = outcomes[0]

@@ -4,9 +4,13 @@ across every worker and instance (the guard)."""
 
 from __future__ import annotations
 
+from django.conf import settings
+
+from apps.core.clock import utcnow
 from apps.core.enqueue import enqueue
 from apps.core.guard import periodic_job
 from apps.monitoring import metrics
+from apps.scheduler import predictions, quotas
 from apps.scheduler.cycle import CycleResult, run_cycle
 from apps.scheduler.preemption import force_overdue_preemptions
 from apps.scheduler.snapshot import GpuRowCache
@@ -27,3 +31,15 @@ def tick_job() -> CycleResult:
 
 
 preemption_watchdog_job = periodic_job("scheduler.preemption_watchdog", every=30)(force_overdue_preemptions)
+
+
+@periodic_job("scheduler.queue_usage", every=60)
+def queue_usage_job() -> int:
+    """Each queue's cards above nominal into its decayed usage (the fair-share order)."""
+    return quotas.account_usage(utcnow())
+
+
+@periodic_job("scheduler.predict", every=settings.HETEROFLOW_PREDICT_INTERVAL_SECONDS)
+def predict_job() -> predictions.PredictResult:
+    """Every waiting task's and group's start-time estimate (docs/predictions.md)."""
+    return predictions.predict()

@@ -31,7 +31,7 @@ GROUP_BATCH_SIZE = 20  # pending task groups considered per cycle, in queue orde
 SINGLE_SQL = "(group_id IS NULL OR group_id IN (SELECT id FROM task_groups WHERE placement = 'replicas'))"
 QUEUE_SQL = f"""
     SELECT id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at, group_id,
-           runtime, affinity, anti_affinity
+           runtime, affinity, anti_affinity, max_duration_seconds
     FROM tasks WHERE status = 'pending' AND {SINGLE_SQL} {{after}}
     ORDER BY priority DESC, created_at, id LIMIT %s
 """
@@ -69,41 +69,75 @@ def next_batch_ordered(size: int = BATCH_SIZE) -> list[tuple[TaskReq, tuple]]:
             cursor.execute(MOVE_CURSOR, [last[5], last[8], last[0]])
     # decided in queue order even when the batch wrapped around the cursor
     rows.sort(key=lambda row: (-row[5], row[8], row[0]))
-    return [
-        (
-            TaskReq(
-                id=task_id,
-                tenant_id=tenant_id,
-                gpu_required=gpu_required,
-                gpu_memory_mb=gpu_memory_mb,
-                gpu_type=gpu_type,
-                priority=priority,
-                labels=orjson.loads(labels) if labels else {},
-                kind=kind,
-                replica_of=group_id,
-                **constraints(runtime, _json(affinity), _json(anti_affinity)),
-            ),
-            (-priority, created, task_id),
-        )
-        for (
-            task_id,
-            tenant_id,
-            gpu_required,
-            gpu_memory_mb,
-            gpu_type,
-            priority,
-            labels,
-            kind,
-            created,
-            group_id,
-            runtime,
-            affinity,
-            anti_affinity,
-        ) in rows
-    ]
+    # row: QUEUE_SQL's columns; created_at (row[8]) orders, it is not the request's
+    return [(task_request(*row[:8], *row[9:]), (-row[5], row[8], row[0])) for row in rows]
 
 
-def _json(value) -> dict:
+def task_request(
+    task_id,
+    tenant_id,
+    gpus,
+    memory,
+    gpu_type,
+    priority,
+    labels,
+    kind,
+    group_id,
+    runtime,
+    affinity,
+    anti_affinity,
+    max_duration,
+) -> TaskReq:
+    """A pending single task as placement sees it, from its columns as the cursor gives
+    them (QUEUE_SQL's, and the predictions' reading)."""
+    return TaskReq(
+        id=task_id,
+        tenant_id=tenant_id,
+        gpu_required=gpus,
+        gpu_memory_mb=memory,
+        gpu_type=gpu_type,
+        priority=priority,
+        labels=jsonb(labels),
+        kind=kind,
+        replica_of=group_id,
+        **constraints(runtime, jsonb(affinity), jsonb(anti_affinity)),
+        max_duration=max_duration,
+    )
+
+
+def group_request(
+    group_id,
+    tenant_id,
+    members,
+    per_worker,
+    gpu_type,
+    strategy,
+    priority,
+    labels,
+    kind,
+    runtime,
+    affinity,
+    anti_affinity,
+    max_duration,
+) -> GroupReq:
+    """A waiting gang as placement sees it, from WAITING_GROUPS_SQL's columns (and the
+    predictions' reading of the same)."""
+    return GroupReq(
+        id=group_id,
+        tenant_id=tenant_id,
+        members=tuple(members),
+        gpus_per_worker=per_worker,
+        gpu_type=gpu_type,
+        strategy=strategy,
+        priority=priority,
+        labels=jsonb(labels),
+        kind=kind,
+        **group_constraints(runtime, affinity, anti_affinity),
+        max_duration=max_duration,
+    )
+
+
+def jsonb(value) -> dict:
     """A jsonb column as the cursor gives it (text), most often the empty object."""
     if not value or value == "{}":
         return {}
@@ -171,6 +205,8 @@ WAITING_GROUPS_SQL = """
         SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind,
                g.created_at, array_agg(t.id ORDER BY t.rank) AS members, g.reservation,
                g.runtime, g.affinity, g.anti_affinity,
+               CASE WHEN bool_and(t.max_duration_seconds IS NOT NULL) THEN max(t.max_duration_seconds) END
+                   AS max_duration,
                coalesce((g.schedule_reason->'workers'->>'reach')::int, g.world_size) >= g.world_size AS in_reach
         FROM task_groups g JOIN tasks t ON t.group_id = g.id AND NOT (t.status = ANY(%(ended)s))
         WHERE g.placement = 'gang'
@@ -208,7 +244,8 @@ WAITING_GROUPS_SQL = """
         )
     )
     SELECT w.id, w.tenant_id, w.gpus_per_worker, w.gpu_type, w.strategy, w.priority, w.labels, w.kind, w.created_at,
-           w.members, w.reservation, w.id IN (SELECT id FROM heads), w.runtime, w.affinity, w.anti_affinity
+           w.members, w.reservation, w.id IN (SELECT id FROM heads), w.runtime, w.affinity, w.anti_affinity,
+           w.max_duration
     FROM waiting w
     WHERE w.id IN (SELECT id FROM heads) OR w.id IN (SELECT id FROM after_cursor) OR w.id IN (SELECT id FROM wrapped)
 """
@@ -236,21 +273,10 @@ def group_window(size: int = GROUP_BATCH_SIZE) -> GroupWindow:
     window = GroupWindow()
     for row in rows:
         gid, tenant_id, per_worker, gpu_type, strategy, prio, labels, kind, created, members, stored, head = row[:12]
-        group = GroupReq(
-            id=gid,
-            tenant_id=tenant_id,
-            members=tuple(members),
-            gpus_per_worker=per_worker,
-            gpu_type=gpu_type,
-            strategy=strategy,
-            priority=prio,
-            labels=orjson.loads(labels) if labels else {},
-            kind=kind,
-            **group_constraints(*row[12:]),
-        )
+        group = group_request(gid, tenant_id, members, per_worker, gpu_type, strategy, prio, labels, kind, *row[12:16])
         window.entries.append((group, (-prio, created, members[0])))
         if head:
-            window.heads[gid] = orjson.loads(stored) if isinstance(stored, (str, bytes)) else (stored or {})
+            window.heads[gid] = jsonb(stored)
     window.entries.sort(key=lambda entry: entry[1])
     return window
 
@@ -271,6 +297,7 @@ def pending_request(task: Task) -> TaskReq | None:
         kind=task.kind,
         replica_of=task.group_id,
         **constraints(task.runtime, task.affinity, task.anti_affinity),
+        max_duration=task.max_duration_seconds,
     )
 
 
@@ -280,13 +307,16 @@ def waiting_group(group: TaskGroup) -> GroupReq | None:
     replicas group (its members are placed one by one, never as a group)."""
     if group.placement == GroupPlacement.REPLICAS:
         return None
-    current = list(group.tasks.exclude(status__in=TERMINAL).order_by("rank").values_list("pk", "status"))
-    if len(current) != group.world_size or any(status != S.PENDING for _, status in current):
+    current = list(
+        group.tasks.exclude(status__in=TERMINAL).order_by("rank").values_list("pk", "status", "max_duration_seconds")
+    )
+    if len(current) != group.world_size or any(status != S.PENDING for _, status, _ in current):
         return None
+    durations = [duration for _, _, duration in current]
     return GroupReq(
         id=group.pk,
         tenant_id=group.tenant_id,
-        members=tuple(pk for pk, _ in current),
+        members=tuple(pk for pk, _, _ in current),
         gpus_per_worker=group.gpus_per_worker,
         gpu_type=group.gpu_type,
         strategy=group.strategy,
@@ -294,12 +324,13 @@ def waiting_group(group: TaskGroup) -> GroupReq | None:
         labels=group.labels or {},
         kind=group.kind,
         **group_constraints(group.runtime, group.affinity, group.anti_affinity),
+        max_duration=None if None in durations else max(durations),
     )
 
 
 def group_constraints(runtime: str, affinity, anti_affinity) -> dict:
     """GroupReq's constraint fields (a task's, less `same_service`: a gang's workers are
     placed together, not kept apart)."""
-    found = constraints(runtime, _json(affinity), _json(anti_affinity))
+    found = constraints(runtime, jsonb(affinity), jsonb(anti_affinity))
     del found["same_service_apart"]
     return found

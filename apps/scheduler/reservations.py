@@ -3,7 +3,7 @@ the cards it waits for); its report is stored on the group, cycle by cycle."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import orjson
 from django.db import connection
@@ -51,6 +51,10 @@ def reservation_reports(heads: dict[int, dict], failures, now, after_seconds: fl
         }
         if failure.reservation is not None:
             report |= {"state": "holding", **failure.reservation.as_dict()}
+            if failure.reservation.expected_free is not None:
+                # in words for people; `expected_free` (epoch seconds) for the dry runs behind it
+                freed = datetime.fromtimestamp(failure.reservation.expected_free, UTC)
+                report["expected_free_at"] = freed.isoformat()
         reports[failure.group_id] = report | {"at": now.isoformat()}
     return reports
 
@@ -64,7 +68,12 @@ def standing_reservations(priority: int, exclude: int | None = None) -> list[Hel
         .values_list("pk", "tenant_id", "reservation")
     )
     return [
-        Held(pk, tenant_id, {entry["node_id"]: entry["held"] for entry in report.get("nodes", ())})
+        Held(
+            pk,
+            tenant_id,
+            {entry["node_id"]: entry["held"] for entry in report.get("nodes", ())},
+            report.get("expected_free"),
+        )
         for pk, tenant_id, report in rows
     ]
 

@@ -64,6 +64,13 @@ QUEUED_MODELS_SQL = f"""
 """
 # the ledger is bounded by the number of cards: read it whole
 HOLDERS_SQL = "SELECT node_id, gpu_index, task_id, tenant_id, memory_mb FROM gpu_allocations"
+# When the work holding cards is expected to end (backfill dates reservations by it): from
+# its start (a bound task not started yet: from now) plus its declared duration, else its
+# timeout, past which the agent stops it either way. One row per task in the ledger.
+EXPECTED_ENDS_SQL = """
+    SELECT t.id, extract(epoch FROM coalesce(t.started_at, %s)) + coalesce(t.max_duration_seconds, t.timeout_seconds)
+    FROM tasks t WHERE t.id IN (SELECT DISTINCT task_id FROM gpu_allocations)
+"""
 # the slices still on a card (bounded by the cards' instances; a partial index holds them):
 # a MIG card's carved slices, and the releasing or orphaned ones, which no ledger row holds
 LIVE_SLICES_SQL = "SELECT node_id, gpu_index, state, profile, memory_mb FROM slices WHERE state = ANY(%s)"
@@ -215,6 +222,13 @@ class QueuedModel:
     name: str
     source_kind: str
     source: str
+
+
+def expected_ends(now) -> dict[int, float]:
+    """Task id -> when it is expected to end (epoch seconds), for every task holding cards."""
+    with connection.cursor() as cursor:
+        cursor.execute(EXPECTED_ENDS_SQL, [now])
+        return {task_id: float(end) for task_id, end in cursor.fetchall()}
 
 
 def holds(model: QueuedModel, node) -> bool:

@@ -22,6 +22,15 @@ class TaskKind(models.TextChoices):
     JOB = "job"
     TRAINING = "training"
     INFERENCE = "inference"
+    INTERACTIVE = "interactive"  # an app a person works in (docs/interactive.md)
+
+
+class InteractiveApp(models.TextChoices):
+    """What an interactive task runs (the agent starts it, bound to localhost in the task):
+    a Jupyter server, or nothing but a shell to enter (the portal's terminal, hf ssh)."""
+
+    JUPYTER = "jupyter"
+    SHELL = "shell"
 
 
 class TaskRuntime(models.TextChoices):
@@ -47,6 +56,8 @@ NODE_LABEL_VALUE_MAX = 4096
 # inference service's replica, the scheduler's dry runs): the API refuses more. The
 # database checks the same priority bounds (the task_priority_0_100 constraints).
 MAX_GPUS_PER_TASK = 64
+# the longest a task may be given to run (its timeout, its declared duration): 31 days
+MAX_TASK_SECONDS = 31 * 86_400
 MIN_PRIORITY, MAX_PRIORITY = 0, 100
 DEFAULT_PRIORITY = 50
 

@@ -116,12 +116,11 @@ async def follow(members: list[Member], *, group_id: int | None = None) -> Async
                         last_sent = time.monotonic()
                     continue
                 task_id = int(message["channel"].rsplit(b":", 1)[1])
-                payload = orjson.loads(message["data"])
-                lines = payload.get("lines")
+                chunk = logs.published_chunk(message["data"])
                 member = by_task.get(task_id)
-                if lines is None or member is None or lines[0]["seq"] > member.last + 1:
+                if chunk is None or member is None or chunk[0] + chunk[1][0][0] > member.last + 1:
                     break
-                fresh = [line for line in lines if line["seq"] > member.last]
+                fresh = logs.chunk_lines(*chunk, after=member.last)
                 if fresh:
                     yield _lines_event(member, fresh, members, group_id)
                     last_sent = time.monotonic()

@@ -8,12 +8,21 @@ next line; lines below it are resends and skipped. A task's lines are numbered f
 none yet, where a reader starts `after`); a new run continues the numbering (`base`), so a
 task's sequence numbers only grow, over every run.
 
+Storage: each task's lines of one batch are one row of `task_log_chunks` (a chunk), their
+text as the agent sent it, one JSON array of `[n, at, stream, text]` (seq = the chunk's
+`base` + n). Stored a line a row, every line cost the web process a dict, an encode and a
+JSON round trip and PostgreSQL a tuple and an index entry: a chunk costs the web process
+a slice and one `orjson.dumps` per task, PostgreSQL one row, its text compressed (lz4
+where the server has it). Readers unpack chunks in SQL (`json_array_elements`); a page
+reads only the chunks past its start (`(task_id, last_seq)`).
+
 Writes, one ingestion at a time per batch: the batch's state rows are locked in task id
 order (the only lock order for `task_log_state`; the trim job locks one row), the new
-lines are inserted, the rows updated, in one transaction. The lines table is partitioned
-by the day they arrived (the server's clock) and retention drops whole days; a task's
-lines past HETEROFLOW_TASK_LOG_MAX_BYTES are trimmed oldest first by a job the ingestion
-asks for once a task is a quarter over.
+chunks are inserted, the rows updated, in one transaction. The chunks table is
+partitioned by the day they arrived (the server's clock) and retention drops whole days;
+a task's chunks past HETEROFLOW_TASK_LOG_MAX_BYTES (counted as stored: the chunks' JSON
+text) are trimmed oldest first, a chunk at a time, by a job the ingestion asks for once a
+task is a quarter over.
 
 Followers are fed through Redis pub/sub (one channel per task), so any web process serves
 any follower; a follower also reads the table after the last line it sent, so a message
@@ -22,7 +31,9 @@ Redis lost (or Redis away) delays lines, never loses them.
 
 from __future__ import annotations
 
+import bisect
 import logging
+import operator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -36,9 +47,8 @@ from apps.core.redis import client as redis_client
 
 logger = logging.getLogger(__name__)
 
-TASK_LOG_LINES = DailyTable("task_log_lines", "received_at")
-STREAMS = ("stdout", "stderr", "system")  # stored as their index
-STREAM_CODES = {name: code for code, name in enumerate(STREAMS)}
+TASK_LOG_CHUNKS = DailyTable("task_log_chunks", "received_at")
+STREAMS = ("stdout", "stderr", "system")
 MAX_LINE_CHARS = 16_384  # a longer line is cut (the agent splits long lines before this)
 MAX_PAGE = 10_000
 DEFAULT_PAGE = 1_000
@@ -64,11 +74,13 @@ def clean_text(text: str) -> str:
 
 @dataclass
 class RunBatch:
-    """One task's lines in an agent's batch: (n, at, stream, text), n the run's numbering."""
+    """One task's lines in an agent's batch, checked (apps.tasks.api.log_route): each
+    `[n, at, stream, text]` as sent, n the run's numbering, rising; at in seconds since the
+    epoch; text cleaned (clean_text)."""
 
     task_id: int
     run: str
-    lines: list[tuple[int, float, int, str]]  # at: seconds since the epoch
+    lines: list[list]
     dropped_bytes: int = 0
 
 
@@ -76,7 +88,7 @@ class RunBatch:
 class Ingested:
     next_by_task: dict[int, int] = field(default_factory=dict)  # the run's next line, for the agent
     refused: list[int] = field(default_factory=list)  # not this node's tasks: the agent stops sending
-    published: dict[int, list[dict]] = field(default_factory=dict)  # task id -> lines stored now
+    published: dict[int, list[bytes]] = field(default_factory=dict)  # task id -> its chunks stored now
     over_bound: list[int] = field(default_factory=list)  # tasks to trim
 
 
@@ -94,12 +106,11 @@ LOCK_STATES = """
     FROM task_log_state AS s JOIN tasks AS t ON t.id = s.task_id
     WHERE s.task_id = ANY(%(ids)s) AND t.node_id = %(node)s ORDER BY s.task_id FOR UPDATE OF s
 """
-# The lines as one JSON parameter, unpacked by PostgreSQL: adapting them as five arrays
-# cost the web process more than all the rest of a batch (make bench-logs).
-INSERT_LINES = """
-    INSERT INTO task_log_lines (task_id, seq, at, received_at, stream, text)
-    SELECT l.t, l.s, to_timestamp(l.a), %(now)s, l.k, l.x
-    FROM json_to_recordset(%(lines)s::json) AS l(t bigint, s bigint, a float8, k smallint, x text)
+# One row a chunk, in one pipelined round trip (executemany): each chunk's text travels as
+# a parameter of its own, not escaped into an array literal.
+INSERT_CHUNK = """
+    INSERT INTO task_log_chunks (task_id, first_seq, last_seq, base, received_at, bytes, lines)
+    VALUES (%s, %s, %s, %s, %s, %s, %s)
 """
 UPDATE_STATES = """
     UPDATE task_log_state AS s SET run = v.run, base = v.base, run_next = v.run_next, next_seq = v.next_seq,
@@ -110,6 +121,19 @@ UPDATE_STATES = """
     WHERE s.task_id = v.task_id
     RETURNING s.task_id, s.stored_bytes
 """
+_N = operator.itemgetter(0)
+
+
+@dataclass
+class _State:
+    """A task's state row while a batch is applied to it."""
+
+    run: str
+    base: int
+    run_next: int
+    next_seq: int
+    added: int = 0
+    dropped: int = 0
 
 
 async def ingest(conn, node_id: str, batches: list[RunBatch], now: datetime) -> Ingested:
@@ -119,61 +143,75 @@ async def ingest(conn, node_id: str, batches: list[RunBatch], now: datetime) -> 
     ids = sorted({batch.task_id for batch in batches})
     if not ids:
         return out
-    rows = {task_id: None for task_id in ids}
-    lines: list[dict] = []
-    states: dict[str, list] = {key: [] for key in ("task_ids", "runs", "bases", "run_nexts", "next_seqs", "bytes")}
-    states["dropped"] = []
+    states: dict[int, _State] = {}
+    chunks: list[tuple] = []
     async with conn.transaction():
         cur = conn.cursor()
         await cur.execute(CLAIM_STATES, {"ids": ids, "node": node_id, "now": now})
         await cur.execute(LOCK_STATES, {"ids": ids, "node": node_id})
-        for task_id, run, base, run_next, next_seq, stored in await cur.fetchall():
-            rows[task_id] = [run, base, run_next, next_seq, stored]
+        for task_id, run, base, run_next, next_seq, _stored in await cur.fetchall():
+            states[task_id] = _State(run, base, run_next, next_seq)
         for batch in batches:  # in the agent's order: a task's batches follow each other
-            row = rows[batch.task_id]
-            if row is None:
+            state = states.get(batch.task_id)
+            if state is None:
                 if batch.task_id not in out.refused:
                     out.refused.append(batch.task_id)
                 continue
-            run, base, run_next, next_seq, _ = row
-            if batch.run != run:  # a new run continues the task's numbering
-                run, base, run_next = batch.run, next_seq, 0
-            added = 0
-            stored_lines = out.published.setdefault(batch.task_id, [])
-            for n, at, stream, text in batch.lines:
-                if n < run_next:
-                    continue  # a resend
-                seq = base + n
-                lines.append({"t": batch.task_id, "s": seq, "a": at, "k": stream, "x": text})
-                added += len(text.encode())
-                run_next = n + 1
-                stored_lines.append({"seq": seq, "at": at, "stream": STREAMS[stream], "text": text})
-            row[:4] = [run, base, run_next, max(next_seq, base + run_next)]
-            row.append((added, batch.dropped_bytes))
-        for task_id, row in rows.items():
-            if row is None:
+            state.dropped += batch.dropped_bytes
+            if batch.run != state.run:  # a new run continues the task's numbering
+                state.run, state.base, state.run_next = batch.run, state.next_seq, 0
+            fresh = batch.lines[bisect.bisect_left(batch.lines, state.run_next, key=_N) :]  # past the resends
+            if not fresh:
                 continue
-            run, base, run_next, next_seq, _stored, *counts = row
-            states["task_ids"].append(task_id)
-            states["runs"].append(run)
-            states["bases"].append(base)
-            states["run_nexts"].append(run_next)
-            states["next_seqs"].append(next_seq)
-            states["bytes"].append(sum(added for added, _ in counts))
-            states["dropped"].append(sum(dropped for _, dropped in counts))
-            out.next_by_task[task_id] = run_next
-        if lines:
-            await cur.execute(INSERT_LINES, {"lines": orjson.dumps(lines).decode(), "now": now})
-        await cur.execute(UPDATE_STATES, states | {"now": now})
+            text = orjson.dumps(fresh)
+            chunks.append(
+                (batch.task_id, state.base + fresh[0][0], state.base + fresh[-1][0], state.base, now, len(text),
+                 text.decode())
+            )  # fmt: skip
+            out.published.setdefault(batch.task_id, []).append(b'{"base":%d,"lines":%b}' % (state.base, text))
+            state.added += len(text)
+            state.run_next = fresh[-1][0] + 1
+            state.next_seq = max(state.next_seq, state.base + state.run_next)
+        if chunks:
+            await cur.executemany(INSERT_CHUNK, chunks)
+        rows = [states[task_id] for task_id in sorted(states)]
+        await cur.execute(
+            UPDATE_STATES,
+            {
+                "task_ids": sorted(states),
+                "runs": [row.run for row in rows],
+                "bases": [row.base for row in rows],
+                "run_nexts": [row.run_next for row in rows],
+                "next_seqs": [row.next_seq for row in rows],
+                "bytes": [row.added for row in rows],
+                "dropped": [row.dropped for row in rows],
+                "now": now,
+            },
+        )
         bound = settings.HETEROFLOW_TASK_LOG_MAX_BYTES * TRIM_SLACK
         out.over_bound = [task_id for task_id, stored in await cur.fetchall() if stored > bound]
-    out.published = {task_id: stored for task_id, stored in out.published.items() if stored}
+    out.next_by_task = {task_id: state.run_next for task_id, state in sorted(states.items())}
     return out
 
 
-def publication(lines: list[dict]) -> bytes:
-    """Stored lines for the followers, `at` (seconds since the epoch here) as the API's time."""
-    return orjson.dumps({"lines": [line | {"at": iso_time(line["at"])} for line in lines]})
+def published_chunk(message: bytes) -> tuple[int, list[list]] | None:
+    """A published chunk (`{"base", "lines": [[n, at, stream, text]…]}`): its base and
+    lines; None for any other message (a run's end). A chunk is turned into the API's
+    lines only by a follower (chunk_lines): a task nobody follows costs the ingestion no
+    line of work."""
+    payload = orjson.loads(message)
+    if payload.get("base") is None or not payload.get("lines"):
+        return None
+    return payload["base"], payload["lines"]
+
+
+def chunk_lines(base: int, chunk: list[list], *, after: int) -> list[dict]:
+    """A chunk's lines past `after`, as the API writes them."""
+    return [
+        {"seq": base + n, "at": iso_time(at), "stream": stream, "text": text}
+        for n, at, stream, text in chunk
+        if base + n > after
+    ]
 
 
 def iso_time(at: float) -> str:
@@ -187,18 +225,23 @@ def ended_publication(status: str) -> bytes:
 # --- reading ----------------------------------------------------------------------------
 
 # A page of one task's lines after `after` (the last one a reader has), optionally since a
-# time; a tail: the last N, in order. Both carry the task's status and exit code, so a
-# reader learns in the same round trip whether more can come.
+# time: the chunks past `after`, in order (the (task_id, last_seq) index), unpacked; a
+# tail: the last N, in order. Both carry the task's status and exit code, so a reader
+# learns in the same round trip whether more can come.
 PAGE = """
-    SELECT l.seq, l.at, l.stream, l.text FROM task_log_lines AS l
-    WHERE l.task_id = %(task)s AND l.seq > %(after)s AND (%(since)s::timestamptz IS NULL OR l.at >= %(since)s)
-    ORDER BY l.seq LIMIT %(limit)s
+    SELECT c.base + (e.line->>0)::bigint AS seq, to_timestamp((e.line->>1)::float8) AS at,
+           e.line->>2 AS stream, e.line->>3 AS text
+    FROM task_log_chunks AS c CROSS JOIN LATERAL json_array_elements(c.lines::json) WITH ORDINALITY AS e(line, o)
+    WHERE c.task_id = %(task)s AND c.last_seq > %(after)s AND c.base + (e.line->>0)::bigint > %(after)s
+      AND (%(since)s::timestamptz IS NULL OR to_timestamp((e.line->>1)::float8) >= %(since)s)
+    ORDER BY c.last_seq, e.o LIMIT %(limit)s
 """
-TAIL = f"SELECT * FROM ({PAGE.replace('ORDER BY l.seq', 'ORDER BY l.seq DESC')}) AS t ORDER BY seq"
+_NEWEST_FIRST = PAGE.replace("ORDER BY c.last_seq, e.o", "ORDER BY c.last_seq DESC, e.o DESC")
+TAIL = f"SELECT * FROM ({_NEWEST_FIRST}) AS t ORDER BY seq"
 
 
-def line_dict(seq: int, at: datetime, stream: int, text: str) -> dict:
-    return {"seq": seq, "at": at, "stream": STREAMS[stream], "text": text}
+def line_dict(seq: int, at: datetime, stream: str, text: str) -> dict:
+    return {"seq": seq, "at": at, "stream": stream, "text": text}
 
 
 def page_params(task_id: int, *, after: int = 0, since: datetime | None = None, limit: int = DEFAULT_PAGE) -> dict:
@@ -250,13 +293,13 @@ def announce_moves(task_ids, status: str) -> None:
 
 TRIM = """
     WITH kept AS (
-        SELECT seq, sum(octet_length(text)) OVER (ORDER BY seq DESC) AS from_end
-        FROM task_log_lines WHERE task_id = %(task)s
+        SELECT first_seq, sum(bytes) OVER (ORDER BY last_seq DESC) AS from_end
+        FROM task_log_chunks WHERE task_id = %(task)s
     ), cut AS (
-        SELECT COALESCE(min(seq), %(next)s) AS first, COALESCE(max(from_end), 0) AS bytes
+        SELECT COALESCE(min(first_seq), %(next)s) AS first, COALESCE(max(from_end), 0) AS bytes
         FROM kept WHERE from_end <= %(bound)s
     ), gone AS (
-        DELETE FROM task_log_lines WHERE task_id = %(task)s AND seq < (SELECT first FROM cut)
+        DELETE FROM task_log_chunks WHERE task_id = %(task)s AND last_seq < (SELECT first FROM cut)
     )
     UPDATE task_log_state SET first_seq = (SELECT first FROM cut), stored_bytes = (SELECT bytes FROM cut)
     WHERE task_id = %(task)s
@@ -264,7 +307,7 @@ TRIM = """
 
 
 def trim(task_id: int) -> bool:
-    """Trim a task's lines to its bound, the oldest first. Under the state row's lock, so
+    """Trim a task's chunks to its bound, the oldest first. Under the state row's lock, so
     the ingestion's next batch waits for it (one row: no order to keep)."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT next_seq, stored_bytes FROM task_log_state WHERE task_id = %s FOR UPDATE", [task_id])
@@ -277,4 +320,4 @@ def trim(task_id: int) -> bool:
 
 def prune_and_prepare_partitions(now: datetime | None = None) -> dict:
     now = now or utcnow()
-    return TASK_LOG_LINES.prune_and_prepare(now, now - timedelta(days=settings.HETEROFLOW_TASK_LOG_RETENTION_DAYS))
+    return TASK_LOG_CHUNKS.prune_and_prepare(now, now - timedelta(days=settings.HETEROFLOW_TASK_LOG_RETENTION_DAYS))

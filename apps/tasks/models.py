@@ -16,6 +16,7 @@ from apps.tasks.choices import (
     GroupKind,
     GroupPlacement,
     GroupStrategy,
+    InteractiveApp,
     TaskKind,
     TaskRuntime,
     TaskStatus,
@@ -114,6 +115,10 @@ class TaskGroup(TenantOwned):
     reservation = models.JSONField(
         default=dict, blank=True, help_text='{"state": "waiting"|"holding", "head_since", "nodes", ...} or {}'
     )
+    # when it is expected to start while it waits (apps.scheduler.predictions, docs/predictions.md)
+    estimated_start = models.JSONField(
+        null=True, blank=True, default=None, help_text='{"p50", "p90", "computed_at", "basis"} or null'
+    )
     attempts = models.PositiveIntegerField(default=0, help_text="placements so far (a lost worker ends the attempt)")
     # the attempt (1, 2, …) a lost worker has ended; the attempt under way is live while
     # this is below `attempts`. Set once per attempt by one compare-and-set (services.end_group_attempt)
@@ -159,7 +164,7 @@ class TaskGroup(TenantOwned):
 class Task(TenantOwned):
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="tasks")
     name = models.CharField(max_length=200)
-    kind = models.CharField(max_length=10, choices=TaskKind.choices, default=TaskKind.JOB)
+    kind = models.CharField(max_length=16, choices=TaskKind.choices, default=TaskKind.JOB)
     status = models.CharField(max_length=20, choices=TaskStatus.choices, default=TaskStatus.PENDING)
     # what to run
     image = models.CharField(max_length=500, blank=True, default="")
@@ -198,8 +203,19 @@ class Task(TenantOwned):
     affinity = affinity_field()
     anti_affinity = anti_affinity_field()
     timeout_seconds = models.PositiveIntegerField(default=7_200)
+    # how long it says it runs at most: it is stopped past it, as past its timeout, and a
+    # task that declares it may run on cards a waiting group's reservation holds when it
+    # ends before they are expected free (backfill, docs/queues.md#backfill)
+    max_duration_seconds = models.PositiveIntegerField(null=True, blank=True)
     checkpoint_path = models.CharField(max_length=1024, blank=True, default="")
     resume_from_checkpoint = models.CharField(max_length=1024, blank=True, default="")
+    # an interactive task (docs/interactive.md): its app, the token the app asks for (never
+    # in the task's API object: GET /tasks/{id}/app gives it to those who may enter), how
+    # long it may sit idle before it is stopped, and when its owner was warned of that
+    app = models.CharField(max_length=16, choices=InteractiveApp.choices, blank=True, default="", db_default="")
+    app_token = models.CharField(max_length=64, blank=True, default="", db_default="")
+    idle_minutes = models.PositiveIntegerField(null=True, blank=True)
+    idle_warned_at = models.DateTimeField(null=True, blank=True)
     # a worker of a task group, and its rank in it (0 is the master)
     group = models.ForeignKey(TaskGroup, null=True, blank=True, on_delete=models.CASCADE, related_name="tasks")
     rank = models.PositiveIntegerField(null=True, blank=True)
@@ -222,6 +238,12 @@ class Task(TenantOwned):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # when it is expected to start while it waits, and the first estimate it got, kept
+    # after it starts beside started_at (apps.scheduler.predictions, docs/predictions.md)
+    estimated_start = models.JSONField(
+        null=True, blank=True, default=None, help_text='{"p50", "p90", "computed_at", "basis"} or null'
+    )
+    first_estimate = models.JSONField(null=True, blank=True, default=None, help_text="the first estimated_start")
     # GPU time: each run (claim to requeue or end) adds gpu_required × its length; the
     # total is settled once, when the task ends (UsageRecord)
     running_since = models.DateTimeField(
@@ -256,6 +278,10 @@ class Task(TenantOwned):
                 condition=models.Q(status=TaskStatus.PENDING, group__isnull=False),
                 name="tasks_pending_group_members",
             ),
+            # the tasks carrying a start estimate (the waiting ones, and those that left the
+            # queue since the last run): the estimates job clears the latter without reading
+            # every task (apps.scheduler.predictions)
+            models.Index(fields=["id"], condition=models.Q(estimated_start__isnull=False), name="tasks_estimated"),
         ]
         constraints = [
             models.CheckConstraint(condition=models.Q(priority__lte=100), name="task_priority_0_100"),
@@ -368,8 +394,8 @@ class TaskLogState(models.Model):
     """Where a task's live log stands (apps.tasks.logs): the agent's run that writes it and
     that run's next line, the task's next sequence number, and what is stored. One row a
     task, written only by the log ingestion (one batch at a time, rows locked in task id
-    order) and the trim job. The lines themselves are in `task_log_lines`, a table
-    partitioned by day (migration 0018), read in SQL."""
+    order) and the trim job. The lines themselves are in `task_log_chunks`, a row per
+    task and agent batch, partitioned by day (migration 0020), read in SQL."""
 
     task = models.OneToOneField(Task, primary_key=True, on_delete=models.CASCADE, related_name="log_state")
     run = models.CharField(max_length=64, default="", help_text="the agent's id of the run now writing")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from enum import StrEnum
 from typing import NamedTuple
@@ -241,6 +242,9 @@ def create_tasks(tenant, specs, *, created_by=None, before_insert=None) -> list[
     tasks = [Task(tenant=tenant, created_by=created_by, **with_group_constraints(spec)) for spec in specs]
     if not tasks:
         return []
+    for task in tasks:
+        if task.kind == TaskKind.INTERACTIVE and not task.app_token:
+            task.app_token = secrets.token_urlsafe(32)  # each its own: the app asks for it
     ask = asked((task.gpu_required, task.gpu_memory_mb) for task in tasks)
     with transaction.atomic():
         message = quota_refusal(tenant, ask)
@@ -336,8 +340,9 @@ def stop_task(task: Task) -> Task:
 
 # --- task groups: submitting one, stopping one ------------------------------------------
 
-# A group's own columns; the rest of a group spec (timeout_seconds) is its members'.
+# A group's own columns; the rest of a group spec (MEMBER_FIELDS) is its members'.
 GROUP_FIELDS = frozenset(f.name for f in TaskGroup._meta.concrete_fields) - {"id", "tenant", "created_by"}
+MEMBER_FIELDS = frozenset({"timeout_seconds", "max_duration_seconds"})
 
 
 def member_name(group_name: str, rank: int) -> str:
@@ -355,8 +360,8 @@ def create_group(tenant, spec: dict, *, created_by=None) -> TaskGroup:
     once under the tenant's lock and writes the group row there (before_insert), after
     the check passed; a group that does not fit is refused whole (Conflict
     quota_exceeded) and nothing is written. `spec` holds TaskGroup fields and,
-    optionally, the members' `timeout_seconds`."""
-    unknown = set(spec) - GROUP_FIELDS - {"timeout_seconds"}
+    optionally, the members' `timeout_seconds` and `max_duration_seconds`."""
+    unknown = set(spec) - GROUP_FIELDS - MEMBER_FIELDS
     if unknown:
         raise TypeError(f"not fields of a task group: {', '.join(sorted(unknown))}")
     group = TaskGroup(
@@ -376,8 +381,7 @@ def create_group(tenant, spec: dict, *, created_by=None) -> TaskGroup:
         "checkpoint_path": group.checkpoint_path,
         "preemptible": False,
     }
-    if "timeout_seconds" in spec:
-        member["timeout_seconds"] = spec["timeout_seconds"]
+    member |= {name: spec[name] for name in MEMBER_FIELDS if name in spec}
     specs = [{**member, "name": member_name(group.name, rank), "rank": rank} for rank in range(group.world_size)]
     create_tasks(tenant, specs, created_by=created_by, before_insert=group.save)
     return group

@@ -13,6 +13,7 @@ from rest_framework.exceptions import ValidationError
 from apps.confidential.models import Secret
 from apps.confidential.services import record_audit
 from apps.tasks import services
+from apps.tasks.choices import MAX_TASK_SECONDS, TaskKind
 from apps.tasks.models import Task, TaskGroup
 from apps.tenants import policy
 from apps.tenants.models import Tenant
@@ -44,9 +45,37 @@ def prepared(principal, validated: dict) -> tuple[Tenant, dict]:
     )
     policy.check_may_create_tasks(principal, tenant)
     check_secrets(tenant, data["env"], data.get("registry_auth"))
+    hours = data.pop("max_hours", None)
+    if data.get("kind") == TaskKind.INTERACTIVE:
+        interactive_limits(tenant, data, hours)
     if "timeout_seconds" not in data:
         data["timeout_seconds"] = settings.HETEROFLOW_TASK_TIMEOUT_SECONDS
+    declared = data.get("max_duration_seconds")
+    if declared is not None and declared > data["timeout_seconds"]:
+        raise ValidationError(
+            {
+                "max_duration_seconds": [
+                    f"At most the timeout ({data['timeout_seconds']} s): it is stopped by then anyway."
+                ]
+            }
+        )
     return tenant, data
+
+
+def interactive_limits(tenant: Tenant, data: dict, hours: float | None) -> None:
+    """An interactive task's times (docs/interactive.md): its idle time (the tenant's
+    default where it names none, never past the tenant's ceiling), and how long it runs
+    (max_hours, or the platform's), which is its timeout too unless it names one."""
+    ceiling = tenant.interactive_idle_minutes_max or settings.HETEROFLOW_INTERACTIVE_IDLE_MINUTES_MAX
+    idle = data.get("idle_minutes") or tenant.interactive_idle_minutes or settings.HETEROFLOW_INTERACTIVE_IDLE_MINUTES
+    if idle > ceiling:
+        if data.get("idle_minutes"):
+            raise ValidationError({"idle_minutes": [f"At most {ceiling} minutes in tenant '{tenant.slug}'."]})
+        idle = ceiling
+    data["idle_minutes"] = idle
+    if data.get("max_duration_seconds") is None:
+        data["max_duration_seconds"] = round((hours or settings.HETEROFLOW_INTERACTIVE_MAX_HOURS) * 3600)
+    data.setdefault("timeout_seconds", min(data["max_duration_seconds"], MAX_TASK_SECONDS))
 
 
 def submit_task(principal, validated: dict) -> Task:

@@ -7,7 +7,7 @@ from apps.core.admin_tools import DeleteThroughServiceMixin, operator
 from apps.tasks.choices import ACTIVE
 from apps.tasks.models import Task
 from apps.tenants import services
-from apps.tenants.api.serializers import slug_validator
+from apps.tenants.api.serializers import idle_problem, slug_validator
 from apps.tenants.models import ApiKey, Membership, Tenant, TenantGroup
 from apps.tenants.selectors import loses_last_admin
 
@@ -17,13 +17,28 @@ class TenantForm(forms.ModelForm):
 
     class Meta:
         model = Tenant
-        fields = ["name", "slug", "max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks"]
+        fields = [
+            "name",
+            "slug",
+            "max_gpus",
+            "max_gpu_memory_mb",
+            "max_concurrent_tasks",
+            "interactive_idle_minutes",
+            "interactive_idle_minutes_max",
+        ]
 
     def clean_name(self):
         name = self.cleaned_data["name"].strip()
         if Tenant.objects.exclude(pk=self.instance.pk).filter(name__iexact=name).exists():
             raise forms.ValidationError("A tenant with this name already exists.")
         return name
+
+    def clean(self):
+        cleaned = super().clean()
+        problem = idle_problem(cleaned.get("interactive_idle_minutes"), cleaned.get("interactive_idle_minutes_max"))
+        if problem:
+            self.add_error("interactive_idle_minutes", problem)
+        return cleaned
 
     def clean_slug(self):
         slug = self.cleaned_data["slug"]
@@ -63,7 +78,7 @@ class TenantAdmin(DeleteThroughServiceMixin, admin.ModelAdmin):
             name=obj.name,
             slug=obj.slug,
             principal=operator(request),
-            **{field: form.cleaned_data.get(field) for field in services.QUOTA_FIELDS},
+            **{field: form.cleaned_data.get(field) for field in services.LIMIT_FIELDS},
         )
         obj.pk, obj.schema_name, obj.created_at = created.pk, created.schema_name, created.created_at
         obj._state.adding, obj._state.db = False, created._state.db

@@ -24,6 +24,11 @@ class Tenant(TenantMixin):
     max_gpus = models.PositiveIntegerField(null=True, blank=True)
     max_gpu_memory_mb = models.PositiveBigIntegerField(null=True, blank=True)
     max_concurrent_tasks = models.PositiveIntegerField(null=True, blank=True)
+    # interactive tasks (docs/interactive.md): how long one may sit idle before it is
+    # stopped, when it names no time of its own, and the most it may name. None: the
+    # platform's (HETEROFLOW_INTERACTIVE_IDLE_MINUTES, …_MAX)
+    interactive_idle_minutes = models.PositiveIntegerField(null=True, blank=True)
+    interactive_idle_minutes_max = models.PositiveIntegerField(null=True, blank=True)
 
     auto_create_schema = True
     auto_drop_schema = True
@@ -165,3 +170,60 @@ class ApiKey(TenantOwned):
 
     def is_usable_at(self, now) -> bool:
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+class Cohort(models.Model):
+    """Tenants that lend their idle nominal cards to each other and borrow them
+    (docs/queues.md). Not a tenant group: a group decides who may share a physical card,
+    a cohort whose idle cards another may use."""
+
+    name = models.SlugField(max_length=40, unique=True)
+    description = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "cohorts"
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class TenantQueue(TenantOwned):
+    """A tenant's share of the fleet: its cohort, its fair-share weight, its quotas per GPU
+    type (QueueQuota), and its usage above nominal, decayed (card-seconds as of
+    `usage_at`; kept by the scheduler.queue_usage job). A tenant without one is not
+    limited by queues."""
+
+    tenant = models.OneToOneField(Tenant, primary_key=True, on_delete=models.CASCADE, related_name="queue")
+    cohort = models.ForeignKey(Cohort, null=True, blank=True, on_delete=models.PROTECT, related_name="queues")
+    weight = models.FloatField(default=1.0)
+    usage_above_nominal = models.FloatField(default=0.0, help_text="card-seconds above nominal, decayed")
+    usage_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "tenant_queues"
+
+    def __str__(self):
+        return f"queue of tenant {self.tenant_id}"
+
+
+class QueueQuota(models.Model):
+    """One GPU type (vendor) of a tenant's queue: `nominal` cards guaranteed, how far above
+    it the tenant may borrow (`borrowing_limit`), how much of its idle nominal others may
+    use (`lending_limit`); null: no limit."""
+
+    queue = models.ForeignKey(TenantQueue, on_delete=models.CASCADE, related_name="quotas")
+    gpu_type = models.CharField(max_length=32)
+    nominal = models.PositiveIntegerField(default=0)
+    borrowing_limit = models.PositiveIntegerField(null=True, blank=True)
+    lending_limit = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "queue_quotas"
+        ordering = ["gpu_type"]
+        constraints = [models.UniqueConstraint(fields=["queue", "gpu_type"], name="queue_quota_type_once")]
+
+    def __str__(self):
+        return f"{self.gpu_type}: {self.nominal}"

@@ -64,6 +64,12 @@ def check_may_stop_task(principal, task) -> None:
         raise PermissionDenied(TASK_STOP_REFUSED)
 
 
+def may_enter_task(principal, task) -> bool:
+    """A shell, an exec or a port of a running task (the tunnel): the tenant's members and
+    admins, and operators; never viewers."""
+    return principal.is_operator or principal.has_tenant_role(task.tenant, Role.MEMBER)
+
+
 # --- models (the inference registry) ---------------------------------------------------
 
 

@@ -34,19 +34,27 @@ def schema_name_for(slug: str) -> str:
 # --- tenants ---------------------------------------------------------------------------
 
 
-QUOTA_FIELDS = ("max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks")
+# what an operator sets on a tenant beside its name: its quotas and its interactive
+# tasks' idle times (docs/interactive.md)
+LIMIT_FIELDS = (
+    "max_gpus",
+    "max_gpu_memory_mb",
+    "max_concurrent_tasks",
+    "interactive_idle_minutes",
+    "interactive_idle_minutes_max",
+)
 
 
-def create_tenant(*, name: str, slug: str, principal=None, **quotas) -> Tenant:
+def create_tenant(*, name: str, slug: str, principal=None, **limits) -> Tenant:
     """Create the tenant and its schema (migrated) in one transaction."""
-    unknown = set(quotas) - set(QUOTA_FIELDS)
+    unknown = set(limits) - set(LIMIT_FIELDS)
     if unknown:
         raise TypeError(f"create_tenant() got unexpected fields: {', '.join(sorted(unknown))}")
     if Tenant.objects.filter(Q(slug=slug) | Q(name__iexact=name)).exists():
         raise Conflict(f"A tenant named '{name}' or with slug '{slug}' already exists.", TenantErrorCode.TENANT_EXISTS)
     try:
         with transaction.atomic():
-            tenant = Tenant(name=name, slug=slug, schema_name=schema_name_for(slug), **quotas)
+            tenant = Tenant(name=name, slug=slug, schema_name=schema_name_for(slug), **limits)
             tenant.save(verbosity=0)
             record_audit(tenant, principal, "tenant.created", slug, name=name)
     except IntegrityError:
@@ -138,20 +146,24 @@ def _refuse_losing_last_admin(membership: Membership, new_role: str | None) -> N
         )
 
 
-def change_member_role(membership: Membership, role: str, *, principal=None) -> Membership:
+def change_member_role(membership: Membership, role: str, *, principal=None, keep_an_admin: bool = True) -> Membership:
+    """keep_an_admin=False: the company's directory decides (apps.identity), and a tenant
+    whose last admin lost the group is left to its operators rather than to that person."""
     with transaction.atomic():
         locks.xact_lock(locks.tenant_lock_key(membership.tenant_id))
-        _refuse_losing_last_admin(membership, role)
+        if keep_an_admin:
+            _refuse_losing_last_admin(membership, role)
         membership.role = role
         membership.save(update_fields=["role"])
         record_audit(membership.tenant, principal, "member.role_changed", membership.user.username, role=role)
     return membership
 
 
-def remove_member(membership: Membership, *, principal=None) -> None:
+def remove_member(membership: Membership, *, principal=None, keep_an_admin: bool = True) -> None:
     with transaction.atomic():
         locks.xact_lock(locks.tenant_lock_key(membership.tenant_id))
-        _refuse_losing_last_admin(membership, None)
+        if keep_an_admin:
+            _refuse_losing_last_admin(membership, None)
         tenant, user = membership.tenant, membership.user
         # A member's keys act as that member; without the membership they must die too.
         ApiKey.objects.filter(tenant=tenant, user=user, revoked_at__isnull=True).update(revoked_at=utcnow())

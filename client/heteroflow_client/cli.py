@@ -283,24 +283,60 @@ def follow_task(client, ident: int, *, tail=None, since=None) -> int:
 @click.option("--gpu-type", help="GPU vendor: nvidia, ascend, amd, …")
 @click.option("--gpu-memory", "gpu_memory", type=click.IntRange(1), help="GPU memory in MB.")
 @click.option("--priority", type=click.IntRange(0, 100), help="0-100 (default 50).")
+@click.option(
+    "--max-duration",
+    "max_duration",
+    type=click.IntRange(1),
+    metavar="SECONDS",
+    help="How long it runs at most (stopped past it); lets it backfill cards a waiting gang holds.",
+)
 @click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="An environment variable (repeatable).")
+@click.option(
+    "--app",
+    type=click.Choice(("jupyter", "shell")),
+    help="An interactive task running this app (no command): open it with hf open.",
+)
+@click.option("--idle-minutes", "idle_minutes", type=click.IntRange(1), help="--app: stopped after this long idle.")
+@click.option("--max-hours", "max_hours", type=click.FloatRange(0.1), help="--app: how long it runs at most.")
 @click.option("-f", "--file", "file", type=click.Path(dir_okay=False), help="A job file with one `kind: task`.")
 @click.option("--follow", "-F", is_flag=True, help="Stream the log; exit with the task's exit code.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @output_option
-def run(name, image, gpus, gpu_type, gpu_memory, priority, env_pairs, file, follow, command) -> None:
+def run(
+    name,
+    image,
+    gpus,
+    gpu_type,
+    gpu_memory,
+    priority,
+    max_duration,
+    env_pairs,
+    app,
+    idle_minutes,
+    max_hours,
+    file,
+    follow,
+    command,
+) -> None:
     """Queue a task and print its id (the command goes after --)."""
     client = state().client
+    interactive = {}
+    if app:
+        interactive = {"task_kind": "interactive", "app": app, "idle_minutes": idle_minutes, "max_hours": max_hours}
+    elif idle_minutes or max_hours:
+        raise click.UsageError("--idle-minutes and --max-hours are for an interactive task: give --app too")
     task = client.run(
         list(command) or None,
-        name=name,
+        name=name or (f"{app}" if app else None),
         image=image,
         gpus=gpus,
         gpu_type=gpu_type,
         gpu_memory_mb=gpu_memory,
         priority=priority,
+        max_duration_seconds=max_duration,
         env=parse_env(env_pairs),
         file=file,
+        **interactive,
     )
     if fmt() == "table":
         if follow:
@@ -325,8 +361,40 @@ def task_rows():
         ("GPUS", lambda t: gpus_text(t.raw)),
         ("NODE", lambda t: t.node),
         ("AGE", lambda t: age(t.created_at)),
+        ("STARTS", lambda t: start_words(t.raw.get("estimated_start"), short=True) if t.status == "pending" else None),
         ("EXIT", lambda t: t.exit_code),
     ]
+
+
+def start_words(estimate: dict | None, short: bool = False, now=None) -> str | None:
+    """A waiting task's estimated start (the server's `estimated_start`) in words: 'now',
+    'in 2h (p90 5h)', or why there is none ('?' in a table). None before the first estimate."""
+    from datetime import datetime, timezone
+
+    from heteroflow_client.output import parse_time
+
+    if not estimate:
+        return None
+    p50, p90 = parse_time(estimate.get("p50")), parse_time(estimate.get("p90"))
+    if p50 is None:
+        return "?" if short else f"unknown: {estimate.get('basis', '')}"
+    now = now or datetime.now(timezone.utc)
+
+    def until(at) -> str:
+        seconds = int((at - now).total_seconds())
+        if seconds < 60:
+            return "now"
+        for size, unit in ((86_400, "d"), (3_600, "h"), (60, "m")):
+            if seconds >= size:
+                return f"in {seconds // size}{unit}"
+        return "now"
+
+    words = until(p50)
+    if p90 is not None and until(p90) != words:
+        words += f" (p90 {until(p90).removeprefix('in ')})"
+    if short:
+        return words
+    return f"{words}, at {estimate['p50']}; {estimate.get('basis', '')}"
 
 
 def gpus_text(raw: dict) -> str:
@@ -383,6 +451,7 @@ def show(task_id) -> None:
         ("exit code", lambda t: t.exit_code),
         ("error", lambda t: t.error_message),
         ("waiting because", lambda t: reason_words(t.schedule_reason) if t.status == "pending" else None),
+        ("expected start", lambda t: start_words(t.raw.get("estimated_start")) if t.status == "pending" else None),
     ]
     emit(task, fmt(), lambda: fields(task, rows))
 
@@ -440,6 +509,7 @@ CODES = {
     "NoTenantEligibleGPU": "no GPU that your tenant may use fits it",
     "SliceUnplannable": "its GPU slice could not be planned on the card chosen",
     "PreemptionPending": "lower-priority preemptible tasks are being stopped to make room",
+    "LoanPending": "idle inference replicas of its tenant are stopping to lend it their cards",
 }
 REMOVED = {
     "unavailable": "offline, silent or not executable",
@@ -479,14 +549,31 @@ def reason_words(reason: dict | None) -> str:
     if preemption.get("node_id"):
         victims = ", ".join(map(str, preemption.get("victims", [])))
         words += f"; making room on {preemption['node_id']} by preempting task(s) {victims}"
+    loan = reason.get("loan") or {}
+    if loan.get("node_id"):
+        words += f"; borrowing on {loan['node_id']} from " + ", ".join(map(loan_words, loan.get("services", [])))
     return words
+
+
+def loan_words(service: dict) -> str:
+    """One service's part of a loan: `chat (service 7): 2 replicas, put to sleep`."""
+    count = service.get("replicas", 0)
+    how = ", put to sleep" if service.get("sleeps") else ""
+    plural = "s" if count != 1 else ""
+    return f"{service.get('name') or 'service'} (service {service.get('service_id')}): {count} replica{plural}{how}"
 
 
 def explain_words(answer: dict) -> list[str]:
     ident, status = answer.get("task_id", answer.get("group_id")), answer.get("status")
     what = "task" if "task_id" in answer else "task group"
     if status != "pending":
-        return [f"{what.capitalize()} {ident} is {status}: it is not waiting to be placed."]
+        lines = [f"{what.capitalize()} {ident} is {status}: it is not waiting to be placed."]
+        for loan in answer.get("loans") or []:
+            lines.append(
+                f"It holds cards lent by {loan_words(loan)} since {loan.get('since', '?')}; "
+                "traffic to that service takes them back (the task is preempted)."
+            )
+        return lines
     lines = [f"{what.capitalize()} {ident} is pending."]
     last = answer.get("schedule_reason") or {}
     if last:
@@ -687,6 +774,8 @@ def group_show(group_id) -> None:
         )
         if found.status == "pending" and found.schedule_reason:
             click.echo(f"waiting because: {reason_words(found.schedule_reason)}")
+        if found.status == "pending" and found.raw.get("estimated_start"):
+            click.echo(f"expected start: {start_words(found.raw['estimated_start'])}")
 
     show(found, fmt(), render)
 
@@ -741,6 +830,7 @@ def service_rows():
         ("STATE", lambda s: s.state),
         ("REPLICAS", lambda s: f"{s.replicas} ({s.min_replicas}-{s.max_replicas})"),
         ("GPUS", lambda s: f"{s.gpus_per_replica} {s.gpu_type}"),
+        ("LENDS", lambda s: "yes" if s.lendable else "no"),
     ]
 
 
@@ -1021,6 +1111,109 @@ def usage(since, until, model) -> None:
 
 
 # --- shell completion ----------------------------------------------------------------------------
+
+
+# --- into a running task: the tunnel (docs/tunnel.md) ---------------------------------
+
+
+def parse_ports(mapping: str) -> tuple[int, int]:
+    local, sep, remote = mapping.partition(":")
+    if not sep:
+        local, remote = mapping, mapping
+    try:
+        ports = int(local), int(remote)
+    except ValueError:
+        raise click.BadParameter(f"{mapping!r}: LOCAL:REMOTE, two port numbers (LOCAL 0: any free port)") from None
+    if not (0 <= ports[0] <= 65535 and 1 <= ports[1] <= 65535):
+        raise click.BadParameter(f"{mapping!r}: ports are 1-65535 (LOCAL 0: any free port)")
+    return ports
+
+
+@cli.command(
+    "port-forward",
+    epilog=example("hf port-forward 42 8888:8888", "hf port-forward 42 0:8080   # any free local port"),
+)
+@click.argument("task_id")
+@click.argument("ports", metavar="LOCAL:REMOTE")
+@click.option("--rank", type=click.IntRange(0), help="TASK is a member of a group: reach this rank's task instead.")
+@click.option("--address", default="127.0.0.1", show_default=True, help="The local address to listen on.")
+def port_forward(task_id, ports, rank, address) -> None:
+    """Forward a local port to a port of a running task, through the control plane (the
+    node needs no open port). Runs until Ctrl-C."""
+    from heteroflow_client import tunnel
+
+    local, remote = parse_ports(ports)
+
+    def ready(port: int) -> None:
+        click.echo(f"Forwarding {address}:{port} -> task {task_id} port {remote} (Ctrl-C to stop)", err=True)
+
+    tunnel.port_forward(state().client, task_id, local, remote, rank=rank, bind=address, on_ready=ready)
+
+
+@cli.command(
+    "exec",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    epilog=example("hf exec 42 -- nvidia-smi", "hf exec 42 --rank 1 -- python -c 'import os; print(os.getcwd())'"),
+)
+@click.argument("task_id")
+@click.option("--rank", type=click.IntRange(0), help="TASK is a member of a group: run in this rank's task.")
+@click.option("--tty/--no-tty", "-t", default=None, help="A terminal (default: when stdin is one).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(task_id, rank, tty, command) -> None:
+    """Run a command in a running task (its container, or its process's environment);
+    exits with the command's exit status."""
+    from heteroflow_client import tunnel
+
+    argv = list(command)
+    if argv[:1] == ["--"]:  # `hf exec 42 -- CMD`: the separator is not the command's
+        argv = argv[1:]
+    if not argv:
+        raise click.UsageError("a command to run: hf exec TASK -- CMD [ARGS]…")
+    sys.exit(tunnel.exec_command(state().client, task_id, argv, rank=rank, tty=tty))
+
+
+@cli.command(
+    "open",
+    epilog=example(
+        "hf run --app jupyter --gpus 1 --image quay.io/jupyter/base-notebook", "hf open 42", "hf open 42 --port 8888"
+    ),
+)
+@click.argument("task_id")
+@click.option("--port", "local", type=click.IntRange(0, 65535), default=0, help="The local port (default: any free).")
+@click.option("--address", default="127.0.0.1", show_default=True, help="The local address to listen on.")
+@click.option("--wait", type=click.FloatRange(0), default=120, show_default=True, help="Seconds to wait for the app.")
+def open_(task_id, local, address, wait) -> None:
+    """Open an interactive task's app: forward a local port to it and print its URL with
+    the app's token (a shell task: a shell, as hf ssh). Runs until Ctrl-C."""
+    from heteroflow_client import tunnel
+
+    client = state().client
+    app = client.tasks.app(task_id)
+    if app["app"] == "shell":
+        sys.exit(tunnel.exec_command(client, task_id, [], rank=None, tty=None))
+
+    def ready(port: int) -> None:
+        click.echo(f"http://{address}:{port}{app['path']}?token={app['token']}")
+        click.echo(f"{app['app']} of task {task_id}: open the URL above (Ctrl-C to stop)", err=True)
+
+    tunnel.wait_for_port(
+        client,
+        task_id,
+        app["port"],
+        wait,
+        on_wait=lambda: click.echo(f"waiting for {app['app']} to start in task {task_id}…", err=True),
+    )
+    tunnel.port_forward(client, task_id, local, app["port"], bind=address, on_ready=ready)
+
+
+@cli.command(epilog=example("hf ssh 42", "hf ssh 42 --rank 3"))
+@click.argument("task_id")
+@click.option("--rank", type=click.IntRange(0), help="TASK is a member of a group: this rank's task.")
+def ssh(task_id, rank) -> None:
+    """A shell in a running task (a login shell, on a terminal)."""
+    from heteroflow_client import tunnel
+
+    sys.exit(tunnel.exec_command(state().client, task_id, [], rank=rank, tty=None))
 
 
 @cli.command(epilog=example("hf completion bash >> ~/.bashrc", 'hf completion zsh > "${fpath[1]}/_hf"'))

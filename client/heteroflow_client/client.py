@@ -100,6 +100,11 @@ class Tasks(Namespace):
     def events(self, task: TaskRef) -> list[dict]:
         return self.http.get(f"tasks/{task_id(task)}/events")
 
+    def app(self, task: TaskRef) -> dict:
+        """An interactive task's app (GET /tasks/{id}/app): {"app", "port", "path",
+        "token"}; port, path and token are None for a shell."""
+        return self.http.get(f"tasks/{task_id(task)}/app")
+
     def metrics(self, task: TaskRef, window: str = "5m") -> dict:
         """GET /tasks/{id}/metrics: the task's cards' samples (NotFound where the server
         has no such endpoint)."""

@@ -95,6 +95,7 @@ class Service(Result):
     min_replicas: int = 1
     max_replicas: int = 1
     healthy_replicas: int | None = None
+    lendable: bool = True  # idle replicas' cards may be lent to its tenant's training
     members: list = field(default_factory=list)
     created_at: str | None = None
 

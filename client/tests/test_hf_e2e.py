@@ -137,7 +137,19 @@ def test_hf_logs_in_runs_lists_shows_and_refuses_a_broken_file(hf_bin, cluster, 
     assert stat.S_IMODE(config.stat().st_mode) == 0o600 and cluster["key"] in config.read_text()
 
     code, out, err = hf(
-        "run", "--name", "hello", "--image", "busybox", "--gpus", "0", "--", "sh", "-c", "echo hello from hf"
+        "run",
+        "--name",
+        "hello",
+        "--image",
+        "busybox",
+        "--gpus",
+        "0",
+        "--max-duration",
+        "600",
+        "--",
+        "sh",
+        "-c",
+        "echo hello from hf",
     )
     assert code == 0, err
     task_id = int(out.strip())
@@ -154,7 +166,8 @@ def test_hf_logs_in_runs_lists_shows_and_refuses_a_broken_file(hf_bin, cluster, 
     code, out, err = hf("ps", "--all")
     assert code == 0 and "hello" in out and "completed" in out
     code, out, err = hf("show", str(task_id), "-o", "json")
-    assert code == 0 and json.loads(out)["exit_code"] == 0 and json.loads(out)["name"] == "hello"
+    shown = json.loads(out)
+    assert code == 0 and (shown["exit_code"], shown["name"], shown["max_duration_seconds"]) == (0, "hello", 600)
     code, out, err = hf("show", str(task_id))
     assert code == 0 and "completed" in out and "echo hello from hf" in out
     code, out, err = hf("logs", str(task_id))

@@ -54,6 +54,7 @@ NOT_TENANT_OWNED = {
     "scheduler-plugin": "scheduler plugins are the cluster's, operators only",
     "watched-image-detail": "the watched images are the cluster's (per GPU vendor), operators only",
     "emission-factor": "the regions' emission factors are the cluster's, operators only",
+    "admin-queue": "queues are set by operators only (a tenant's people read theirs at /queue, no id)",
 }
 
 # route name → a function of (world, objects) giving the URL kwargs of tenant A's object
@@ -86,6 +87,7 @@ OWNED = {
     "task-logs": lambda w, o: {"pk": o["task"].pk},
     "task-metrics": lambda w, o: {"pk": o["task"].pk},
     "task-events": lambda w, o: {"pk": o["task"].pk},
+    "task-app": lambda w, o: {"pk": o["task"].pk},
     "task-container-lost": lambda w, o: {"pk": o["task"].pk},
     "task-stop": lambda w, o: {"pk": o["task"].pk},
     "task-cancel": lambda w, o: {"pk": o["task"].pk},

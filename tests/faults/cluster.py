@@ -119,8 +119,18 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         self.starts += 1
+        for name, argv in self.commands().items():
+            with open(self.log_dir / f"{name}-{self.starts}.log", "w") as log:
+                self.processes[name] = subprocess.Popen(
+                    argv, cwd=REPO, env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+                )
+        wait_for_web(self.url)
+        return self
+
+    def commands(self) -> dict[str, list[str]]:
+        """Each process's name and command line (a subclass may run others)."""
         python = sys.executable
-        commands = {
+        return {
             "web": web_command("127.0.0.1", self.port, "--log-level", "warning"),
             "worker": [
                 python,
@@ -150,13 +160,6 @@ class ControlPlane:
                 str(self.log_dir / f"beat-schedule-{self.starts}"),
             ],
         }
-        for name, argv in commands.items():
-            with open(self.log_dir / f"{name}-{self.starts}.log", "w") as log:
-                self.processes[name] = subprocess.Popen(
-                    argv, cwd=REPO, env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
-                )
-        wait_for_web(self.url)
-        return self
 
     def restart(self) -> None:
         self.stop(signal.SIGKILL)

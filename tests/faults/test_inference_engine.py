@@ -12,13 +12,17 @@ runtime, against the whole control plane (web, Celery worker and beat).
   replica's engine killed is rebuilt (the 10 s rebuild job requeues its slot) and serves
   again; idle, the service sleeps (replicas stopped, cards free, ports closed); woken
   through the gateway's path (the `inference.wake_service` job), it answers /v1/models
-  again.
+  again. Idle again, it lends both cards to a training of its tenant (put to sleep), the
+  training runs on them; a request wakes it, the wake patrol preempts the training
+  (graceful stop, requeued) and the replicas serve again.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -31,7 +35,7 @@ from django.conf import settings
 from apps.core.principals import Principal, PrincipalKind
 from apps.gateway.services import create_key
 from apps.inference import load_readings
-from apps.inference.models import InferenceService, Model, ServiceDecision
+from apps.inference.models import InferenceService, Model, ServiceDecision, ServiceLoan
 from apps.inference.selectors import replicas_of
 from apps.nodes.models import Node
 from apps.scheduler.models import GpuAllocation
@@ -130,17 +134,29 @@ def test_the_agent_launches_llama_cpp_for_a_serving_task_and_clients_talk_to_it(
         )
         assert answer.choices[0].message.role == "assistant"
         assert answer.usage.completion_tokens >= 1
-        chunks = list(
-            client.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "again"}], max_tokens=4, stream=True
-            )
+        # a probe of the engine while a stream is going (the agent reads /v1/models every
+        # few seconds) must not cut the stream short: llama.cpp's server interrupts a
+        # stream when another request waits for the model, unless launched with
+        # --interrupt_requests false (the agent's default for it)
+        chunks, probes = [], []
+        stream = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "again"}], max_tokens=128, stream=True
         )
+        for chunk in stream:
+            if not chunks:
+                probe = threading.Thread(target=lambda: probes.append(requests.get(f"{base}/v1/models", timeout=30)))
+                probe.start()
+                time.sleep(0.3)  # the probe waits for the model while the stream goes on
+            chunks.append(chunk)
+        probe.join()
+        assert [p.status_code for p in probes] == [200]
         # one chunk ends the answer; the engine may send another after it (timings, usage)
         finishes = [choice.finish_reason for chunk in chunks for choice in chunk.choices if choice.finish_reason]
-        assert chunks and finishes in (["length"], ["stop"]), chunks
+        assert chunks and finishes in (["length"], ["stop"]), [chunk.model_dump(exclude_none=True) for chunk in chunks]
         runtime = ProcessRuntime(data_dir / "process-tasks")
         argv = runtime._task(task.pk).record["command"]
-        assert argv[1:4] == ["-m", "llama_cpp.server", "--model"] and "--model_alias" in argv
+        assert argv[1:3] == ["-m", "llama_cpp.server"] and "--model" in argv and "--model_alias" in argv
+        assert argv[3:5] == ["--interrupt_requests", "false"]
 
         stop_task(task)
         wait_until(lambda: Task.objects.get(pk=task.pk).status == "stopped", 60, f"the task stopped\n{logs()}")
@@ -331,6 +347,53 @@ def test_a_service_of_two_llama_cpp_replicas_is_rebuilt_sleeps_and_wakes(tmp_pat
         wait_until(lambda: state() == "running", 30, f"the woken service running ({service.state})\n{logs()}")
         print(f"woken: a replica answering /v1/models {time.monotonic() - woken_at:.1f} s after the wake was asked")
         assert wait_until(chat_through_gateway, 60, f"a chat through the gateway after the wake\n{logs()}").choices
+
+        # 5. idle again, a training of the tenant asks for both cards: the idle service lends
+        # them (put to sleep: its min is its count), the training runs on them under the
+        # agent; a request through the gateway wakes the service, and the 15 s wake patrol
+        # gives the cards back and preempts the training (the agent stops it and confirms,
+        # it is requeued), so the replicas serve again
+        wait_until(lambda: len(serving(service)) == 2, 90, f"both replicas serving after the wake\n{logs()}")
+        lent_at = time.monotonic()
+        borrower = create_task(
+            tenant=tenant,
+            name="borrower",
+            kind="training",
+            image="",
+            command=[sys.executable, "-c", "import time; time.sleep(600)"],
+            gpu_required=2,
+            gpu_type="nvidia",
+            timeout_seconds=600,
+        )
+
+        def borrowing():
+            connection.set(load_readings.inflight_key(service.pk), 0)  # idle, whatever the gateway wrote
+            borrower.refresh_from_db()
+            return borrower.status == "running"
+
+        wait_until(borrowing, 120, f"the training on the lent cards ({borrower.schedule_reason})\n{logs()}")
+        assert state() == "sleeping"
+        lent = ServiceDecision.objects.get(service=service, source="lending", action="borrowed")
+        assert f"training task {borrower.pk} (borrower)" in lent.reason and "put to sleep" in lent.reason
+        assert sorted(GpuAllocation.objects.filter(task=borrower).values_list("gpu_index", flat=True)) == [0, 1]
+        print(
+            f"lent: the training running on the service's cards {time.monotonic() - lent_at:.1f} s after it was queued"
+        )
+        reclaim_at = time.monotonic()
+        wait_until(woken_through_gateway, 30, f"the lent service woken by a request ({service.state})\n{logs()}")
+
+        def preempted():
+            borrower.refresh_from_db()
+            return borrower.status == "pending" and borrower.preempt_count == 1
+
+        wait_until(preempted, 90, f"the training preempted and requeued ({borrower.status})\n{logs()}")
+        loan = ServiceLoan.objects.get(service=service)
+        assert loan.state == "returned" and "traffic" in loan.returned_why, loan.returned_why
+        stop_task(borrower)  # it would wait for the cards again; the replicas take them
+        wait_until(
+            lambda: serving(service), 120, f"a replica serving after the reclaim ({replicas_of(service)})\n{logs()}"
+        )
+        print(f"reclaimed: a replica serving {time.monotonic() - reclaim_at:.1f} s after the request that woke it")
     finally:
         stop_process(agent)
         runtime = ProcessRuntime(data_dir / "process-tasks")

@@ -6,7 +6,8 @@ import openai
 import pytest
 
 from apps.confidential.services import put_secret
-from apps.gateway.models import ExternalBackend, UsageBucket
+from apps.gateway.models import ExternalBackend
+from tests.gateway.metered import written
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,7 +25,6 @@ def test_a_request_reaches_an_external_backend_with_the_tenants_secret(gateway, 
     path, _, headers = upstreams["c"].app.requests[-1]
     assert path == "/v1/chat/completions" and headers["authorization"] == "Bearer tok-123"
     assert [m.id for m in client.models.list()] == ["gpt-x"]
-    gateway.call(gateway.app.meter.flush())
-    bucket = UsageBucket.objects.get(key=row)
+    (bucket,) = written(gateway, row, 1).buckets
     assert (bucket.model, bucket.service_id, bucket.requests, bucket.prompt_tokens) == ("gpt-x", None, 1, 7)
     assert bucket.gpu_seconds == 0.0  # not a replica of ours: no cards

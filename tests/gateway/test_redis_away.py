@@ -69,11 +69,12 @@ def start_redis(port: int, log) -> subprocess.Popen:
 
 
 class Load:
-    """Requests sent as fast as a few threads can, each answer kept as (when, status)."""
+    """Requests sent as fast as a few threads can, each answer kept as (when answered,
+    status, when sent)."""
 
     def __init__(self, url: str, key: str, threads: int = 4):
         self.url, self.key = url, key
-        self.answers: list[tuple[float, int]] = []
+        self.answers: list[tuple[float, int, float]] = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(threads)]
@@ -84,15 +85,16 @@ class Load:
         session = requests.Session()
         headers = {"Authorization": f"Bearer {self.key}"}
         while not self.stop.is_set():
+            sent = time.time()
             status = session.post(f"{self.url}/v1/chat/completions", json=BODY, headers=headers, timeout=30).status_code
             with self.lock:
-                self.answers.append((time.time(), status))
+                self.answers.append((time.time(), status, sent))
 
     def count(self, since: float = 0.0) -> int:
         with self.lock:
-            return sum(1 for at, _ in self.answers if at >= since)
+            return sum(1 for at, _, _ in self.answers if at >= since)
 
-    def finish(self) -> list[tuple[float, int]]:
+    def finish(self) -> list[tuple[float, int, float]]:
         self.stop.set()
         for thread in self.threads:
             thread.join(60)
@@ -124,14 +126,16 @@ def test_a_keys_limit_holds_when_redis_is_killed_under_load_and_is_shared_again_
         wait_until(lambda: load.count(since=killed_at) >= 150, 120, "requests answered without Redis")
         answers = load.finish()
 
-        admitted = Counter(int(at // 60) for at, status in answers if status == 200)
-        statuses = Counter(status for _, status in answers)
-        after_kill = Counter(status for at, status in answers if at >= killed_at)
+        # a request was admitted in the minute it was sent, the one it was answered, or one
+        # between: those sent and answered in the same minute were surely admitted in it
+        admitted = Counter(
+            int(at // 60) for at, status, sent in answers if status == 200 and int(sent // 60) == int(at // 60)
+        )
+        statuses = Counter(status for _, status, _ in answers)
+        after_kill = Counter(status for at, status, _ in answers if at >= killed_at)
         print(f"\nanswers {dict(statuses)}; after the kill {dict(after_kill)}; admitted per minute {dict(admitted)}")
         assert set(statuses) <= {200, 429}, statuses
-        # never much more than 60 in a minute (an answer's minute is read here, not where it was
-        # admitted: one near the minute's turn may count in the next)
-        assert max(admitted.values()) <= 62, admitted
+        assert max(admitted.values()) <= 60, admitted
         assert after_kill[200] > 0 and after_kill[429] > 0, after_kill  # held locally: neither open nor closed
 
         metrics = requests.get(f"{url}/metrics", timeout=10).text

@@ -19,6 +19,7 @@ from apps.core.clock import utcnow
 from apps.core.models import JobRun
 from apps.monitoring import access, selectors
 from apps.nodes.models import Gpu
+from apps.scheduler import quotas
 from apps.scheduler.jobs import tick_job
 from apps.scheduler.models import GpuAllocation
 from apps.tasks.models import Task
@@ -171,6 +172,7 @@ def test_metric_names_follow_prometheus_conventions(client):
                 "backend",  # the gateway's backends, from the database (never a request's)
                 "kind",  # the gateway's tokens: prompt, completion
                 "mode",  # the gateway's limits while Redis is away: local, closed, open
+                "tenant",  # queues (docs/queues.md): the tenants with a queue, from the database
             }, (family.name, sample.labels)
 
 
@@ -245,8 +247,24 @@ def test_the_snapshot_counts_the_cluster(client, world):
     assert set(last) == {"scheduler.tick", "monitoring.collect_server_metrics"}  # a failed run is no success
     assert all(
         value(fams, "heteroflow_metrics_snapshot_up", part=part) == 1
-        for part in ("nodes", "gpus", "alerts", "queue", "scheduler", "gateway")
+        for part in ("nodes", "gpus", "alerts", "queue", "scheduler", "gateway", "queues")
     )
+
+
+def test_the_queues_gauges_say_each_tenants_nominal_use_borrowing_and_lending(client, world):
+    acme, beta = world.tenants["acme"], world.tenants["beta"]
+    quotas.set_queue(acme, cohort="lab", weight=1.0, quotas=[quotas.QuotaInput("nvidia", 1)])
+    quotas.set_queue(beta, cohort="lab", weight=1.0, quotas=[quotas.QuotaInput("nvidia", 3)])
+    make_node("n1", 4)
+    for card in (0, 1):
+        task = make_task(acme, name=f"r{card}", status="running", node_id="n1", gpu_required=1)
+        GpuAllocation.objects.create(task=task, node_id="n1", gpu_index=card, tenant=acme)
+    fams = families(scrape(client))
+    assert value(fams, "heteroflow_queue_nominal_gpus", tenant="acme", gpu_type="nvidia") == 1
+    assert value(fams, "heteroflow_queue_used_gpus", tenant="acme", gpu_type="nvidia") == 2
+    assert value(fams, "heteroflow_queue_borrowed_gpus", tenant="acme", gpu_type="nvidia") == 1
+    assert value(fams, "heteroflow_queue_lent_gpus", tenant="beta", gpu_type="nvidia") == 1
+    assert value(fams, "heteroflow_queue_used_gpus", tenant="beta", gpu_type="nvidia") == 0
 
 
 def test_the_gateways_requests_in_flight_per_backend_come_from_its_redis_counts(client, settings):

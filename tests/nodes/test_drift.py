@@ -1,6 +1,7 @@
 """Memory drift (apps.nodes.drift), judged in the heartbeat's own statement: measured use
-the ledger does not explain, marked on the card, alerted after the beats, recovered when
-it ends. Beats go through the real route (`agents`) on a controlled clock."""
+the ledger does not explain, marked on the card, alerted after the beats, recovered once
+it has ended for as long. Beats go through the real route (`agents`) on a controlled
+clock."""
 
 from datetime import timedelta
 
@@ -68,9 +69,34 @@ def test_unknown_use_is_marked_then_alerted_after_the_beats_then_recovered(agent
     beat(agents, now + timedelta(seconds=20), 30 * GB)
     assert alerts().count() == 1  # raised once
     beat(agents, now + timedelta(seconds=25), 1 * GB)  # the unknown process went away
+    gpu = card()
+    assert (gpu.memory_drift_since, gpu.memory_drift_ended_at) == (now, now + timedelta(seconds=25))
+    assert alerts(state="ACTIVE").exists()  # ending: not yet for 3 × 5 s
+    beat(agents, now + timedelta(seconds=35), 1 * GB)
+    assert alerts(state="ACTIVE").exists()
+    beat(agents, now + timedelta(seconds=40), 1 * GB)
     assert alerts(state="RECOVERED").count() == 1 and not alerts(state="ACTIVE").exists()
     gpu = card()
-    assert (gpu.memory_drift_since, gpu.memory_drift_mb) == (None, None)
+    assert (gpu.memory_drift_since, gpu.memory_drift_mb, gpu.memory_drift_ended_at) == (None, None, None)
+
+
+def test_a_drift_hovering_at_the_threshold_keeps_one_alert(agents):
+    """Use that crosses the threshold every other beat is one drift: a dip shorter than
+    the span neither restarts its count nor recovers its alert."""
+    now = utcnow().replace(microsecond=0)
+    for k in range(24):  # two minutes, over and under the threshold by turns
+        beat(agents, now + timedelta(seconds=5 * k), (3 if k % 2 == 0 else 1) * GB)
+        if k == 4:
+            assert alerts(state="ACTIVE").exists()  # over, 20 s after the first sighting, dips and all
+    assert alerts().count() == 1 and alerts(state="ACTIVE").exists()
+    assert card().memory_drift_since == now
+    ended = now + timedelta(seconds=5 * 23)
+    for k in range(1, 4):
+        beat(agents, ended + timedelta(seconds=5 * k), 1 * GB)
+    assert alerts().count() == 1 and alerts(state="RECOVERED").exists()
+    beat(agents, ended + timedelta(seconds=20), 3 * GB)  # a new drift: a new count from now
+    assert card().memory_drift_since == ended + timedelta(seconds=20)
+    assert alerts().count() == 1
 
 
 @pytest.fixture
@@ -122,6 +148,7 @@ def test_a_card_that_stops_reporting_memory_ends_its_drift(agents):
     beat(agents, now + timedelta(seconds=15), 30 * GB)
     assert alerts(state="ACTIVE").exists()
     beat(agents, now + timedelta(seconds=20), None)
+    beat(agents, now + timedelta(seconds=35), None)
     assert card().memory_drift_since is None and alerts(state="RECOVERED").exists()
 
 
@@ -131,7 +158,9 @@ def test_a_beat_whose_collector_failed_judges_nothing(agents):
     beat(agents, now + timedelta(seconds=15), 30 * GB)
     beat(agents, now + timedelta(seconds=20), gpu_stats=[], gpu_collector_error="nvidia-smi timed out")
     assert card().memory_drift_mb == 30 * GB and alerts(state="ACTIVE").exists()
-    beat(agents, now + timedelta(seconds=25), 1 * GB)  # read again: the drift ended
+    beat(agents, now + timedelta(seconds=25), 1 * GB)  # read again: the drift is ending
+    assert alerts(state="ACTIVE").exists()
+    beat(agents, now + timedelta(seconds=40), 1 * GB)
     assert card().memory_drift_since is None and alerts(state="RECOVERED").exists()
 
 
@@ -169,19 +198,20 @@ def test_an_alert_the_dispatcher_holds_is_recovered_by_a_later_recheck_never_wai
     beat(agents, now, 30 * GB)
     beat(agents, now + timedelta(seconds=15), 30 * GB)
     alert = alerts(state="ACTIVE").get()
+    beat(agents, now + timedelta(seconds=20), 1 * GB)  # the drift is ending
     with psycopg.connect(**libpq_params()) as dispatcher, ThreadPoolExecutor(1) as thread:
         dispatcher.execute("SELECT id FROM alerts WHERE id = %s FOR UPDATE", [alert.pk])
-        ending = thread.submit(beat, agents, now + timedelta(seconds=20), 1 * GB)  # the drift ends
+        ending = thread.submit(beat, agents, now + timedelta(seconds=35), 1 * GB)  # the drift ends
         try:
             ending.result(timeout=10)  # a beat that waited for the row would still be waiting
         finally:
             dispatcher.rollback()
     assert card().memory_drift_since is None and alerts(state="ACTIVE").exists()
     rechecks.append(False)
-    beat(agents, now + timedelta(seconds=25), 1 * GB)  # not a recheck: the drift ended before it
+    beat(agents, now + timedelta(seconds=40), 1 * GB)  # not a recheck: the drift ended before it
     assert alerts(state="ACTIVE").get().pk == alert.pk
     rechecks.append(True)
-    beat(agents, now + timedelta(seconds=30), 1 * GB)
+    beat(agents, now + timedelta(seconds=45), 1 * GB)
     assert alerts(state="RECOVERED").get().pk == alert.pk
 
 

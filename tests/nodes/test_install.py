@@ -50,7 +50,7 @@ def wheelhouse_cache() -> Path:
         [
             project["dependencies"],
             project["build_requires"],
-            distribution.MIN_PYTHON,
+            distribution.SERVED_PYTHONS,
             distribution.platform_tags(HOST_ARCH),
         ]
     )

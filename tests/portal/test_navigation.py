@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 GROUPS = {
     "fleet": ["Nodes", "Monitor", "GPU health", "Environment", "Slices", "Energy"],
-    "work": ["Tasks", "Training", "Inference", "Models"],
+    "work": ["Tasks", "Queues", "Training", "Inference", "Models"],
     "serving": ["Endpoint keys", "Usage"],
     "account": ["API keys", "Members", "Admin"],
 }
@@ -72,6 +72,7 @@ def test_each_role_sees_the_groups_and_only_the_links_it_may_follow(client, worl
         ("/portal/energy/", "fleet", "Energy"),
         ("/portal/tasks/", "work", "Tasks"),
         ("/portal/tasks/new/", "work", "Tasks"),
+        ("/portal/queues/", "work", "Queues"),
         ("/portal/training/new/", "work", "Training"),
         ("/portal/inference/", "work", "Inference"),
         ("/portal/models/new/", "work", "Models"),

@@ -38,13 +38,14 @@ def database_url() -> str:
     return f"postgresql://{db['USER']}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
-def start_schedulers(count: int = 4, delay: float = 3.0) -> list[subprocess.Popen]:
-    """`count` scheduler processes that start cycling together `delay` seconds from now."""
+def start_schedulers(count: int = 4, delay: float = 3.0, script: str = SCHEDULER) -> list[subprocess.Popen]:
+    """`count` scheduler processes that start cycling together `delay` seconds from now
+    (`script`: what each runs, given the start time as its argument)."""
     env = dict(os.environ, DATABASE_URL=database_url())
     start = time.time() + delay
     return [
         subprocess.Popen(
-            [sys.executable, "-c", SCHEDULER, str(start)],
+            [sys.executable, "-c", script, str(start)],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -55,11 +56,11 @@ def start_schedulers(count: int = 4, delay: float = 3.0) -> list[subprocess.Pope
     ]
 
 
-def race(check, count: int = 4) -> tuple[int, list]:
+def race(check, count: int = 4, script: str = SCHEDULER) -> tuple[int, list]:
     """Run `count` schedulers together to the end, calling `check` (a list of what is
     wrong now) every 50 ms meanwhile. Returns how many samples were taken and every
     non-empty answer seen; a scheduler that fails fails the test with its stderr."""
-    schedulers = start_schedulers(count)
+    schedulers = start_schedulers(count, script=script)
     samples, seen = 0, []
     while any(process.poll() is None for process in schedulers):
         if wrong := check():
@@ -70,3 +71,18 @@ def race(check, count: int = 4) -> tuple[int, list]:
         out, err = process.communicate()
         assert process.returncode == 0 and "done" in out, err[-2000:]
     return samples, seen
+
+
+def over_capacity() -> list:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.node_id, a.gpu_index, count(*) FROM gpu_allocations a WHERE a.memory_mb IS NULL "
+            "GROUP BY a.node_id, a.gpu_index HAVING count(*) > 1"
+        )
+        doubled = cursor.fetchall()
+        cursor.execute(
+            "SELECT t.id FROM tasks t LEFT JOIN gpu_allocations a ON a.task_id = t.id "
+            "GROUP BY t.id, t.gpu_required, t.status HAVING count(a.id) > t.gpu_required "
+            "OR count(DISTINCT a.node_id) > 1"
+        )
+        return doubled + cursor.fetchall()

@@ -70,8 +70,10 @@ def test_unknown_use_blocks_a_60_gb_task_admits_a_40_gb_one_and_raises_the_drift
         assert GpuAllocation.objects.get(task=small).memory_mb == 40 * GB
         assert Task.objects.get(pk=big.pk).status == "pending"
 
-        # the unknown process goes away: the next beat says so and the drift ends
+        # the unknown process goes away: the drift ends once that has lasted 3 beats of 5 s
         beat(agents, used=1 * GB, at=utcnow() + timedelta(seconds=20))
+        assert Alert.objects.get(pk=alert.pk).state == "ACTIVE"
+        beat(agents, used=1 * GB, at=utcnow() + timedelta(seconds=35))
         assert Alert.objects.get(pk=alert.pk).state == "RECOVERED"
         assert Gpu.objects.get(node_id="n1", index=0).memory_drift_since is None
     finally:

@@ -1,7 +1,7 @@
 """`hf explain` says in words why nodes were filtered out: its table (the client never
 imports the server) must know every reason the scheduler's filters give."""
 
-from heteroflow_client.cli import REMOVED, reason_words
+from heteroflow_client.cli import REMOVED, explain_words, reason_words
 
 from apps.scheduler.core.filters import REASON_ORDER
 
@@ -14,3 +14,20 @@ def test_a_constraint_reason_reads_as_words():
     words = reason_words({"code": "NoSchedulableNodes", "removed_by": {"affinity": 3, "same_service": 1}})
     assert "3 nodes without the labels it asks for" in words
     assert "1 node already holding a replica of its service" in words
+
+
+def test_a_loan_reads_as_words_while_it_waits_and_once_it_holds_the_cards():
+    loan = {
+        "node_id": "n1",
+        "services": [{"service_id": 7, "name": "chat", "replicas": 2, "sleeps": True}],
+        "replicas": [11, 12],
+    }
+    words = reason_words({"code": "LoanPending", "cause": "InsufficientResources", "loan": loan})
+    assert words.startswith("idle inference replicas of its tenant are stopping to lend it their cards")
+    assert "borrowing on n1 from chat (service 7): 2 replicas, put to sleep" in words
+    running = {"task_id": 5, "status": "running", "loans": [{**loan["services"][0], "since": "2026-12-07T06:00"}]}
+    assert explain_words(running) == [
+        "Task 5 is running: it is not waiting to be placed.",
+        "It holds cards lent by chat (service 7): 2 replicas, put to sleep since 2026-12-07T06:00; "
+        "traffic to that service takes them back (the task is preempted).",
+    ]

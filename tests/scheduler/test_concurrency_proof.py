@@ -3,7 +3,6 @@ over 2,000 pending tasks and 50 nodes × 8 GPUs: every task bound at most once, 
 over capacity at any sampled moment, and the ledger equal to the sum over active tasks."""
 
 import pytest
-from django.db import connection
 from django.db.models import Count, Sum
 
 from apps.core.clock import utcnow
@@ -13,24 +12,9 @@ from apps.tasks.choices import HOLDING
 from apps.tasks.models import Task
 from apps.tenants import services as tenant_services
 from tests.factories import make_node
-from tests.scheduler.racers import race
+from tests.scheduler.racers import over_capacity, race
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def over_capacity() -> list:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT a.node_id, a.gpu_index, count(*) FROM gpu_allocations a WHERE a.memory_mb IS NULL "
-            "GROUP BY a.node_id, a.gpu_index HAVING count(*) > 1"
-        )
-        doubled = cursor.fetchall()
-        cursor.execute(
-            "SELECT t.id FROM tasks t LEFT JOIN gpu_allocations a ON a.task_id = t.id "
-            "GROUP BY t.id, t.gpu_required, t.status HAVING count(a.id) > t.gpu_required "
-            "OR count(DISTINCT a.node_id) > 1"
-        )
-        return doubled + cursor.fetchall()
 
 
 def test_four_schedulers_never_double_bind():

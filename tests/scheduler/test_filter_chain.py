@@ -123,7 +123,7 @@ def test_giving_cards_back_keeps_every_other_field_of_the_node():
     )
     node.gpus[0].holders.append((101, 3, None))
     node.gpus[1].holders.append((102, 3, None))
-    freed = preemption._without(node, {101})
+    freed = preemption.without_tasks(node, {101})
     assert freed.ports_free == 7  # the positional rebuild used to drop it
     assert [gpu.holders for gpu in freed.gpus] == [[], [(102, 3, None)]]
     assert [gpu.holders for gpu in node.gpus] == [[(101, 3, None)], [(102, 3, None)]]  # the node itself is untouched

@@ -195,3 +195,33 @@ def test_the_time_at_the_head_is_measured_by_the_cycle_clock(world, settings, mo
         assert group_row(group).reservation["state"] == ("holding" if reserving else "waiting")
         if not reserving:
             end(small)
+
+
+def test_declared_short_work_backfills_the_held_cards_and_the_rest_waits(world, settings):
+    """Backfill through the cycle: the reservation is dated by the running work's expected
+    ends (declared duration, else timeout, from its start); a task that declares it ends
+    by then runs on a held card; one that would outlast it, or declares nothing, waits."""
+    settings.HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS = 0
+    acme = world.tenants["acme"]
+    n0, n1 = make_node("n0", gpus=4), make_node("n1", gpus=4)
+    started = utcnow()
+    r0, r1 = make_task_holding(n0, acme, "running", card=0), make_task_holding(n1, acme, "running", card=0)
+    Task.objects.filter(pk=r0.pk).update(started_at=started, timeout_seconds=7200)
+    Task.objects.filter(pk=r1.pk).update(started_at=started, timeout_seconds=7200, max_duration_seconds=600)
+    group = make_group(acme, workers=2, gpus=4, priority=60)
+    run_cycle()  # the head reserves from its first cycle (no wait asked)
+    report = group_row(group).reservation
+    assert report["state"] == "holding"
+    expected = datetime.fromisoformat(report["expected_free_at"])
+    assert abs((expected - started).total_seconds() - 7200) < 1  # r0's timeout; r1 ends sooner
+
+    fits = make_task(acme, gpu_required=1, priority=40, max_duration_seconds=3600)
+    outlasts = make_task(acme, gpu_required=1, priority=40, timeout_seconds=10_000, max_duration_seconds=9000)
+    undeclared = make_task(acme, gpu_required=1, priority=40)
+    result = run_cycle()
+    assert result.bound == [fits.pk]
+    assert [status(outlasts), status(undeclared)] == ["pending", "pending"]
+    assert Task.objects.get(pk=undeclared.pk).schedule_reason["removed_by"] == {"reserved": 2}
+    held = {entry["node_id"]: entry["held"] for entry in group_row(group).reservation["nodes"]}
+    assert sum(map(len, held.values())) == 5  # six free cards, one backfilled
+    assert ledger_agrees()

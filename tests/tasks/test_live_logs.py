@@ -142,8 +142,18 @@ def lines(*texts, start=0, at=None, stream="stdout"):
 
 def stored(task_id):
     with connection.cursor() as cursor:
-        cursor.execute("SELECT seq, text FROM task_log_lines WHERE task_id = %s ORDER BY seq", [task_id])
+        cursor.execute(
+            "SELECT c.base + (e.line->>0)::bigint, e.line->>3 FROM task_log_chunks AS c"
+            " CROSS JOIN LATERAL json_array_elements(c.lines::json) AS e(line) WHERE c.task_id = %s ORDER BY 1",
+            [task_id],
+        )
         return cursor.fetchall()
+
+
+def stored_chunk_bytes(task_id):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT COALESCE(sum(bytes), 0) FROM task_log_chunks WHERE task_id = %s", [task_id])
+        return cursor.fetchone()[0]
 
 
 def test_a_batch_sent_twice_is_stored_once_and_read_in_order(agent, reader, people, running):
@@ -202,6 +212,9 @@ def test_another_nodes_task_is_refused_and_nothing_of_it_is_stored(agent, reader
         ({"tasks": [{"task_id": 1, "run": "r", "lines": [[0, 1.0, "stdin", "x"]]}]}, "tasks[0].lines[0]"),
         ({"tasks": [{"task_id": 1, "run": "r", "lines": [[-1, 1.0, "stdout", "x"]]}]}, "tasks[0].lines[0]"),
         ({"tasks": [{"task_id": 1, "run": "r", "lines": [[0, 1.0, "stdout"]]}]}, "tasks[0].lines[0]"),
+        # the compiled check takes 2.0 for an integer; the walk does not
+        ({"tasks": [{"task_id": 1, "run": "r", "lines": [[2.0, 1.0, "stdout", "x"]]}]}, "tasks[0].lines[0]"),
+        ({"tasks": [{"task_id": 1, "run": "r", "lines": [[0, 1.0, "stdout", "x", "y"]]}]}, "tasks[0].lines[0]"),
     ],
 )
 def test_a_bad_batch_is_refused_whole_naming_the_field(agent, reader, running, body, field):
@@ -233,6 +246,38 @@ def test_a_nul_and_an_overlong_line_are_stored_cleaned(agent, reader, running):
     assert stored(running.pk) == [(1, "a\ufffdb"), (2, "y" * logs.MAX_LINE_CHARS)]
 
 
+def test_lines_that_do_not_rise_within_a_batch_are_skipped_as_resends(agent, reader, people, running):
+    batch = lines("a", "b", "c", "d")
+    batch[2][0] = 0  # "c" numbered below "b": skipped, as the resend of a line the store has
+    answer = agent.ship("log-node", [{"task_id": running.pk, "run": "r", "lines": batch}])
+    assert answer.json()["tasks"] == {str(running.pk): 4}
+    assert stored(running.pk) == [(1, "a"), (2, "b"), (4, "d")]
+    page = reader.get(f"/api/v1/tasks/{running.pk}/logs", people[1]["logs-a"], after=1).json()
+    assert [(line["seq"], line["text"]) for line in page["lines"]] == [(2, "b"), (4, "d")]
+
+
+def test_a_batch_of_several_tasks_is_stored_one_chunk_a_task(agent, reader, people, running):
+    second = make_task(people[0][0], status=TaskStatus.RUNNING, node=running.node, gpu_required=0)
+    agent.ship(
+        "log-node",
+        [
+            {"task_id": second.pk, "run": "r", "lines": lines("x1", "x2")},
+            {"task_id": running.pk, "run": "r", "lines": lines("a", "b", "c")},
+            {"task_id": running.pk, "run": "r", "lines": lines("d", start=3)},  # a task's second batch
+        ],
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT task_id, first_seq, last_seq FROM task_log_chunks WHERE task_id IN (%s, %s) ORDER BY 1, 2",
+            [running.pk, second.pk],
+        )
+        chunks = cursor.fetchall()
+    assert sorted(chunks) == sorted([(running.pk, 1, 3), (running.pk, 4, 4), (second.pk, 1, 2)])
+    tail = reader.get(f"/api/v1/tasks/{running.pk}/logs", people[1]["logs-a"], tail=2).json()
+    assert [line["text"] for line in tail["lines"]] == ["c", "d"]
+    second.delete()
+
+
 def test_a_task_over_its_bound_is_trimmed_oldest_first(agent, reader, running, settings):
     settings.HETEROFLOW_TASK_LOG_MAX_BYTES = 65_536
     chunk = "z" * 1023
@@ -242,7 +287,7 @@ def test_a_task_over_its_bound_is_trimmed_oldest_first(agent, reader, running, s
     kept = stored(running.pk)
     assert kept[-1][0] == 100 and 60 <= len(kept) <= 64
     state = TaskLogState.objects.get(task_id=running.pk)
-    assert state.first_seq == kept[0][0] and state.stored_bytes == sum(len(text) for _, text in kept)
+    assert state.first_seq == kept[0][0] and state.stored_bytes == stored_chunk_bytes(running.pk)
     assert state.stored_bytes <= 65_536
     assert logs.trim(running.pk) is False  # within its bound now
 
@@ -252,7 +297,7 @@ def test_retention_drops_whole_days_of_lines(agent, reader, running, settings):
     agent.ship("log-node", [{"task_id": running.pk, "run": "r", "lines": lines("old")}])
     later = utcnow() + timedelta(days=3)
     result = logs.prune_and_prepare_partitions(now=later)
-    assert logs.TASK_LOG_LINES.partition_name(utcnow().date()) in result["dropped"]
+    assert logs.TASK_LOG_CHUNKS.partition_name(utcnow().date()) in result["dropped"]
     assert stored(running.pk) == []
 
 

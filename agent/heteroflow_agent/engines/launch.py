@@ -40,6 +40,9 @@ class ProcessEngine:
     model_flag: str
     alias_flag: str
     vendors: tuple[str, ...]  # where it runs (ANY_VENDOR: CPU included)
+    # flags it gets before the operator's serving.args (which may override them: the
+    # engine's parser keeps the last)
+    defaults: tuple[str, ...] = ()
 
 
 PROCESS_ENGINES: dict[str, ProcessEngine] = {
@@ -50,6 +53,10 @@ PROCESS_ENGINES: dict[str, ProcessEngine] = {
         model_flag="--model",
         alias_flag="--model_alias",
         vendors=(ANY_VENDOR,),
+        # its server stops a streaming answer whenever another request waits for the model
+        # (interrupt_requests, on by default): a probe or a second client would cut a
+        # user's stream short, with no finishing chunk
+        defaults=("--interrupt_requests", "false"),
     ),
     VLLM: ProcessEngine(
         module="vllm.entrypoints.openai.api_server",
@@ -179,7 +186,7 @@ def process_argv(engine: str, python: str, serving: Mapping, host_port: int | No
     if spec is None:
         known = ", ".join(sorted(PROCESS_ENGINES))
         raise LaunchError(f"{engine} cannot run as a plain process (the process runtime runs {known})")
-    return [python, "-m", spec.module, *_common(serving, host_port, spec.model_flag, spec.alias_flag)]
+    return [python, "-m", spec.module, *spec.defaults, *_common(serving, host_port, spec.model_flag, spec.alias_flag)]
 
 
 def container_argv(engine: str, serving: Mapping, host_port: int | None) -> list[str]:

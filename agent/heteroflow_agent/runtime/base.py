@@ -101,6 +101,21 @@ class TaskState:
     finished_at: float | None = None
 
 
+@dataclass(frozen=True)
+class TaskReach:
+    """Where the tunnel may reach a running task (tunnel.py): its address, and for a
+    process task the processes whose listening ports are its own (None: a container,
+    every port of its address is its own); what an exec in it runs with."""
+
+    task_id: int
+    address: str
+    pids: frozenset[int] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    user: tuple[int, int, tuple[int, ...]] | None = None  # (uid, gid, groups) of a process task's user
+    container: str | None = None  # the container's id, for an exec in it
+
+
 class Runtime(abc.ABC):
     kind: str  # "docker" or "process": what the node reports as exec_mode
 
@@ -144,3 +159,8 @@ class Runtime(abc.ABC):
     def tasks(self) -> dict[int, TaskState]:
         """Every task this runtime holds, running or finished, by task id, including
         those started by an earlier agent process."""
+
+    def reach(self, task_id: int) -> TaskReach | None:
+        """Where the tunnel may reach the task while it runs; None when it does not run
+        here (or this runtime offers no way in)."""
+        return None

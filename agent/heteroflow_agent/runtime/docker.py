@@ -34,6 +34,7 @@ from heteroflow_agent.runtime.base import (
     OutputRead,
     Runtime,
     RuntimeError_,
+    TaskReach,
     TaskSpec,
     TaskState,
     split_output,
@@ -337,6 +338,29 @@ class DockerRuntime(Runtime):
         container = self._container(task_id)
         return None if container is None else _state_of(task_id, container.attrs)
 
+    def reach(self, task_id: int) -> TaskReach | None:
+        """A running container. On the host's network (how this runtime starts them) it is
+        reached at 127.0.0.1, and its ports are those its processes listen on; on a
+        network of its own, at its IP, every port of it its own. Its environment, for an
+        exec in it."""
+        try:
+            container = self._container(task_id)
+        except RuntimeError_:
+            return None
+        if container is None or not _state_of(task_id, container.attrs).running:
+            return None
+        attrs = container.attrs
+        env = dict(item.split("=", 1) for item in (attrs.get("Config") or {}).get("Env") or [] if "=" in item)
+        if (attrs.get("HostConfig") or {}).get("NetworkMode") == "host":
+            pids = container_pids((attrs.get("State") or {}).get("Pid"))
+            if not pids:
+                return None
+            return TaskReach(task_id, "127.0.0.1", pids=pids, env=env, container=container.id)
+        address = container_address(attrs)
+        if not address:
+            return None
+        return TaskReach(task_id, address, env=env, container=container.id)
+
     def stop(self, task_id: int, grace_seconds: float = 10.0) -> None:
         import docker.errors
 
@@ -574,6 +598,30 @@ def _state_of(task_id: int, attrs: dict) -> TaskState:
         started_at=parse_engine_time(state.get("StartedAt")),
         finished_at=finished_at,
     )
+
+
+def container_pids(pid) -> frozenset[int]:
+    """The container's main process (as the host numbers it) and everything under it."""
+    import psutil
+
+    if not isinstance(pid, int) or pid <= 0:
+        return frozenset()
+    try:
+        main = psutil.Process(pid)
+        return frozenset({pid, *(child.pid for child in main.children(recursive=True))})
+    except psutil.Error:
+        return frozenset()
+
+
+def container_address(attrs: dict) -> str:
+    """The container's IP address (its first network's), "" when it has none."""
+    settings = attrs.get("NetworkSettings") or {}
+    if settings.get("IPAddress"):
+        return settings["IPAddress"]
+    for network in (settings.get("Networks") or {}).values():
+        if (network or {}).get("IPAddress"):
+            return network["IPAddress"]
+    return ""
 
 
 def _explain(exc: BaseException) -> str:

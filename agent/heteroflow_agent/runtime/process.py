@@ -84,6 +84,7 @@ from heteroflow_agent.runtime.base import (
     OutputRead,
     Runtime,
     RuntimeError_,
+    TaskReach,
     TaskSpec,
     TaskState,
     split_output,
@@ -276,6 +277,18 @@ class _Task:
             return None
 
 
+def _recorded_user(user: dict | None) -> tuple[int, int, tuple[int, ...]] | None:
+    """(uid, gid, groups) of the user a task was started as (task.json), None for the
+    agent's own."""
+    if not user or not isinstance(user.get("uid"), int):
+        return None
+    try:
+        entry = pwd.getpwuid(user["uid"])
+    except KeyError:
+        return (user["uid"], user["uid"], ())
+    return (entry.pw_uid, entry.pw_gid, tuple(sorted(set(os.getgrouplist(entry.pw_name, entry.pw_gid)))))
+
+
 def _kill(pid: int, signum: int) -> None:
     try:
         os.kill(pid, signum)
@@ -426,6 +439,32 @@ class ProcessRuntime(Runtime):
             if task is not None:
                 found[task_id] = task.state()
         return found
+
+    def reach(self, task_id: int) -> TaskReach | None:
+        """A running task on the host's localhost: its processes (the command's session),
+        whose listening ports are its own; its main process's environment; its working
+        directory and user."""
+        task = self._task(task_id)
+        record = task.record if task is not None else None
+        command = task.command if task is not None else None
+        if record is None or command is None or task.outcome is not None or not _identified(command, alive=True):
+            return None
+        pid = command["pid"]
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            return None
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        pids = frozenset({pid, *task.members(command, leader_gone=False)})
+        return TaskReach(
+            task_id,
+            "127.0.0.1",
+            pids=pids,
+            env={key.decode(errors="replace"): value.decode(errors="replace") for key, value in env.items()},
+            cwd=record.get("cwd") or None,
+            user=_recorded_user(record.get("user")),
+        )
 
     # --- inside ---------------------------------------------------------------------
 

@@ -445,10 +445,9 @@ def test_ensure_image_that_is_present_does_not_pull(runtime, docker_engine, dock
 
 
 def test_ensure_image_present_really_does_not_reach_a_registry(runtime, docker_test_image):
-    # a pull of this reference fails here (no registry on localhost): success means no pull
-    started = time.monotonic()
+    # a pull of this reference fails here (no registry on localhost), so ensure_image would
+    # raise after its attempts: returning means it pulled nothing
     runtime.ensure_image(docker_test_image)
-    assert time.monotonic() - started < 1
 
 
 def test_ensure_image_matches_tags_exactly(runtime, docker_test_image, monkeypatch):

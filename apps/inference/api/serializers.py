@@ -11,6 +11,7 @@ from apps.inference.autoscale import PolicyError, parse_policy
 from apps.inference.choices import Engine, ModelFormat, ServiceStatus, SourceKind
 from apps.inference.error_codes import InferenceErrorCode
 from apps.inference.models import InferenceService, Model, ServiceDecision
+from apps.inference.selectors import loans_of_service
 from apps.inference.sleep import SleepPolicy, validate_sleep_policy
 from apps.inference.windows import WindowError, inside, next_boundary, parse_window, validate_window
 from apps.nodes.choices import GpuVendor
@@ -304,6 +305,11 @@ class ServiceCreateSerializer(StrictSerializer):
         default=None,
         help_text="idle this long: the service sleeps (at least 60); null: never",
     )
+    lendable = serializers.BooleanField(
+        default=True,
+        help_text="idle replicas' cards may be lent to a training task of its tenant or tenant group "
+        "(docs/inference.md#training-borrows-idle-cards); false: never",
+    )
     image = serializers.CharField(
         max_length=500, required=False, allow_blank=True, default="auto", help_text='"auto": the router chooses'
     )
@@ -524,6 +530,7 @@ class ServiceSerializer(serializers.ModelSerializer):
             "autoscaling",
             "window",
             "sleep_after_seconds",
+            "lendable",
             "state",
             "state_changed_at",
             "last_scaled_at",
@@ -546,8 +553,14 @@ class ServiceDetailSerializer(ServiceSerializer):
         help_text=f"the latest {DECISIONS_SHOWN}, newest first; all: GET …/{{id}}/decisions"
     )
 
+    loans = serializers.SerializerMethodField(
+        help_text="its latest loans of idle cards to training, open ones first (docs/inference.md"
+        "#training-borrows-idle-cards): loan_id, service_id, name, borrower_id, borrower, node_id, replicas, "
+        "sleeps, state (open | returned), since, returned_at, returned_why"
+    )
+
     class Meta(ServiceSerializer.Meta):
-        fields = [*ServiceSerializer.Meta.fields, "healthy_replicas", "members", "window_status", "decisions"]
+        fields = [*ServiceSerializer.Meta.fields, "healthy_replicas", "members", "window_status", "decisions", "loans"]
 
     @extend_schema_field(ReplicaSerializer(many=True))
     def get_members(self, service):
@@ -565,6 +578,9 @@ class ServiceDetailSerializer(ServiceSerializer):
     def get_decisions(self, service):
         return DecisionSerializer(service.decisions.all()[:DECISIONS_SHOWN], many=True).data
 
+    def get_loans(self, service) -> list[dict]:
+        return loans_of_service(service)
+
 
 class ServiceListQuerySerializer(PageQuerySerializer):
     state = serializers.ChoiceField(choices=ServiceStatus.choices, required=False)
@@ -573,7 +589,8 @@ class ServiceListQuerySerializer(PageQuerySerializer):
 
 class DecisionListQuerySerializer(PageQuerySerializer):
     source = serializers.ChoiceField(
-        choices=[(s, s) for s in ("autoscaler", "window", "sleep", "wake", "rebuild", "user", "ensure")], required=False
+        choices=[(s, s) for s in ("autoscaler", "window", "sleep", "wake", "rebuild", "user", "ensure", "lending")],
+        required=False,
     )
 
 

@@ -34,7 +34,11 @@ class AgentRoute(ThinRoute):
         super().__init__(fallback)
         # a connection the database ended (a restart, a terminated backend) is found and
         # replaced when taken, never handed to a request to fail on
-        self._pool = LoopPool(self.pool_size)
+        self._pool = LoopPool(self.pool_size, server_settings=self.server_settings())
+
+    def server_settings(self) -> dict:
+        """PostgreSQL settings of this route's connections."""
+        return {}
 
     def match(self, scope) -> str | None:
         found = self.path.match(scope["path"])

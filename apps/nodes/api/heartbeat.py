@@ -69,6 +69,14 @@ class HeartbeatApp(AgentRoute):
     def pool_size(self) -> int:
         return settings.HETEROFLOW_HEARTBEAT_DB_POOL_SIZE
 
+    def server_settings(self) -> dict:
+        # A beat is telemetry that the node's next beat writes again: committed without
+        # waiting for its WAL to reach the disk, a beat is answered without an fsync, and
+        # a database crash loses at most the last few hundred milliseconds of beats, each
+        # whole (a transaction is kept or lost as one), as if they had not arrived; the
+        # next beats redo them, the slow path and the alerts included (docs/nodes.md).
+        return {"synchronous_commit": settings.HETEROFLOW_HEARTBEAT_SYNCHRONOUS_COMMIT}
+
     def body_limit(self) -> int:
         return settings.HETEROFLOW_HEARTBEAT_MAX_BYTES
 

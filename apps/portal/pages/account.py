@@ -13,6 +13,7 @@ from rest_framework import exceptions as api_errors
 from apps.core.clock import utcnow
 from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404
+from apps.identity.session import REAUTH_MESSAGE, reauthentication_url, signed_in_recently
 from apps.portal.access import portal_page
 from apps.portal.pages.common import error_messages, flatten, paginate, through_api
 from apps.tenants import policy, services
@@ -59,6 +60,9 @@ def keys(request):
     if not (principal.is_operator or principal.is_tenant):
         raise PermissionDenied("You are not a member of any tenant.")
     errors, issued = {}, None
+    if request.method == "POST" and not signed_in_recently(request):
+        messages.info(request, REAUTH_MESSAGE)
+        return redirect(reauthentication_url(reverse("portal:keys")))
     if request.method == "POST":
         issued, errors = through_api(
             ApiKeyCreateSerializer, key_request(request.POST, principal), lambda data: issue(principal, data)

@@ -98,6 +98,8 @@ def form_to_request(post, principal) -> tuple[dict, dict[str, list[str]]]:
             data["autoscaling"] = json.loads(policy_text)
         except ValueError as exc:
             problems["autoscaling"] = [f"Not JSON: {exc}."]
+    if post.get("not_lendable"):  # the box opts out; unticked, the API's default (lendable) applies
+        data["lendable"] = False
     window = window_from(post)
     if window is not None:
         data["window"] = window
@@ -221,6 +223,7 @@ def service_detail(request, pk):
             "fetching": fetching_lines(replicas),
             "decisions": decisions,
             "page": decisions,
+            "loans": selectors.loans_of_service(service),
             "window": service.window,
             "window_days": ", ".join(service.window.get("days", [])) if service.window else "",
             "window_ranges": ", ".join(

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.contrib import messages
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
 from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404
+from apps.inference.selectors import open_loans_of_task
 from apps.nodes.choices import GpuVendor
 from apps.portal.access import portal_page
 from apps.portal.pages.common import choice, paginate, through_api_for_a_tenant
@@ -44,6 +47,8 @@ REASON_CODES = {
     "InsufficientResources": "No node has room for it at the moment.",
     "NoTenantEligibleGPU": "The only cards with room are shared with tenants this one may not share with.",
     "PreemptionPending": "Lower-priority tasks are being preempted to make room; it is placed once they have stopped.",
+    "LoanPending": "Idle inference replicas of its tenant are stopping to lend it their cards; "
+    "it is placed once they have stopped.",
 }
 
 
@@ -168,7 +173,22 @@ def explanation(task: Task) -> dict | None:
         "cause": REASON_CODES.get(reason.get("cause", ""), reason.get("cause", "")),
         "removed": [(REMOVED_BY.get(key, key), count) for key, count in removed.items()],
         "preemption": preemption,
+        "loan": reason.get("loan") or {},
         "at": reason.get("at", ""),
+    }
+
+
+def start_estimate(task: Task) -> dict | None:
+    """A waiting task's estimated start (apps.scheduler.predictions), as the page shows it:
+    the times parsed, or why there is none."""
+    found = task.estimated_start if task.status == TaskStatus.PENDING else None
+    if not found:
+        return None
+    return {
+        "p50": parse_datetime(found["p50"]) if found.get("p50") else None,
+        "p90": parse_datetime(found["p90"]) if found.get("p90") else None,
+        "computed_at": parse_datetime(found["computed_at"]) if found.get("computed_at") else None,
+        "basis": found.get("basis", ""),
     }
 
 
@@ -197,8 +217,12 @@ def task_detail(request, pk):
             "task": task,
             "cards": cards,
             "explanation": explanation(task),
+            "estimate": start_estimate(task),
+            "loans": open_loans_of_task(task.pk) if task.kind == TaskKind.TRAINING else [],
             "history": history(task),
             "may_stop": policy.may_stop_task(principal, task) and task.status in CANCELLABLE + STOPPABLE,
+            "may_enter": policy.may_enter_task(principal, task) and task.status == TaskStatus.RUNNING,
+            "apps_open": bool(settings.HETEROFLOW_APP_HOST),
             "stop_label": "Cancel" if task.status in CANCELLABLE else "Stop",
             "command": " ".join(task.command or []),
             "log_panel": task_log_panel(task),

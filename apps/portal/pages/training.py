@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 
 from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404, visible
+from apps.inference.selectors import open_loans_of_group
 from apps.nodes.choices import GpuVendor
 from apps.portal.access import portal_page
 from apps.portal.pages.common import choice, paginate, through_api_for_a_tenant
@@ -178,6 +179,7 @@ def training_detail(request, pk):
             "nodes": len({task.node_id for task in members if task.node_id}),
             "waiting": waiting_reason(group),
             "reservation": reservation_shown(group),
+            "loans": open_loans_of_group(group.pk),
             "may_stop": policy.may_stop_task(principal, group) and group.status not in ENDED,
             "command": " ".join(group.command or []),
             "log_panel": group_log_panel(group, members),

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.scheduler.api import views
+from apps.scheduler.api import queues, views
 
 urlpatterns = [
     path("scheduler/plugins", views.PluginListView.as_view(), name="scheduler-plugins"),
@@ -11,4 +11,8 @@ urlpatterns = [
     path("task-groups/<int:pk>/explain", views.GroupExplainView.as_view(), name="task-group-explain"),
     # beside the task API: why one task waits, with the cards' memory numbers
     path("tasks/<int:pk>/explain", views.TaskExplainView.as_view(), name="task-explain"),
+    # queues (docs/queues.md): operators set each tenant's, its people see theirs
+    path("admin/queues", queues.AdminQueueListView.as_view(), name="admin-queues"),
+    path("admin/queues/<slug:slug>", queues.AdminQueueView.as_view(), name="admin-queue"),
+    path("queue", queues.QueueView.as_view(), name="queue"),
 ]

@@ -8,6 +8,7 @@ from rest_framework.views import APIView
 from apps.core.permissions import IsOperator
 from apps.core.serializers import StrictSerializer
 from apps.core.views import ScopedAPIView
+from apps.inference.selectors import open_loans_of_group, open_loans_of_task
 from apps.scheduler import cycle, plugins, queue
 from apps.scheduler.core import Decision, GroupDecision, GroupFailure, GroupReq, TaskReq, constraints, model_words
 from apps.scheduler.queue import group_constraints
@@ -162,11 +163,34 @@ class DryRunView(APIView):
         return Response(task_answer(*cycle.explain_now(TaskReq(id=0, tenant_id=tenant.pk, **constrained(data)))))
 
 
+class LoanRow(serializers.Serializer):
+    loan_id = serializers.IntegerField()
+    service_id = serializers.IntegerField()
+    name = serializers.CharField(help_text="the lending service's name")
+    borrower_id = serializers.IntegerField(help_text="the training task (a group's: its rank 0)")
+    borrower = serializers.CharField()
+    borrower_group_id = serializers.IntegerField(allow_null=True, help_text="a training task group's loan")
+    node_id = serializers.CharField(help_text="where the borrower was planned")
+    replicas = serializers.IntegerField(help_text="the replicas lent")
+    sleeps = serializers.BooleanField(help_text="every replica lent: the service was put to sleep")
+    state = serializers.CharField(help_text="open | returned")
+    since = serializers.DateTimeField()
+    returned_at = serializers.DateTimeField(allow_null=True)
+    returned_why = serializers.CharField()
+
+
 class TaskExplainAnswer(serializers.Serializer):
     task_id = serializers.IntegerField()
     status = serializers.CharField()
-    schedule_reason = serializers.DictField(help_text="why the last cycle did not place it ({} once bound)")
+    schedule_reason = serializers.DictField(
+        help_text="why the last cycle did not place it ({} once bound); code LoanPending: idle inference replicas "
+        "stop to lend it their cards (`loan`: node_id, services, replicas)"
+    )
     now = DryRunAnswer(allow_null=True, help_text="a dry run of the task now, while it waits; null otherwise")
+    loans = LoanRow(
+        many=True,
+        help_text="the open loans of idle inference cards it borrows (docs/inference.md#training-borrows-idle-cards)",
+    )
 
 
 class TaskExplainView(ScopedAPIView):
@@ -186,6 +210,7 @@ class TaskExplainView(ScopedAPIView):
                 "status": task.status,
                 "schedule_reason": task.schedule_reason,
                 "now": task_answer(*cycle.explain_now(waiting)) if waiting is not None else None,
+                "loans": open_loans_of_task(task.pk),
             }
         )
 
@@ -262,6 +287,11 @@ class GroupExplainAnswer(serializers.Serializer):
     reservation = serializers.DictField(help_text="its report while it is the head of its priority ({} otherwise)")
     network = serializers.DictField(help_text="the network decided at its last bind")
     now = GroupDryRunAnswer(allow_null=True, help_text="a dry run of the group now, while it waits; null otherwise")
+    loans = LoanRow(
+        many=True,
+        help_text="the open loans of idle inference cards the group borrows (docs/inference.md"
+        "#training-borrows-idle-cards)",
+    )
 
 
 class GroupExplainView(ScopedAPIView):
@@ -282,5 +312,6 @@ class GroupExplainView(ScopedAPIView):
                 "reservation": group.reservation,
                 "network": group.network,
                 "now": group_answer(cycle.dry_run(waiting)) if waiting is not None else None,
+                "loans": open_loans_of_group(group.pk),
             }
         )

@@ -13,7 +13,8 @@ planning all run the same chain.
 The core is a package, one module per sub-domain (re-exported here, so callers import
 `apps.scheduler.core`): `snapshot` (what it takes and gives), `fleet` (the per-cycle
 view of the nodes, their checks and scores), `filters` (the chain), `placement`,
-`groups` (all workers or none, and the reservation), `preemption` (planning).
+`groups` (all workers or none, and the reservation), `preemption` (planning),
+`lending` (which idle inference replicas a training task may borrow).
 """
 
 from apps.nodes.choices import CORDON_LABEL
@@ -82,6 +83,14 @@ from apps.scheduler.core.groups import (
     place_group,
     reservation_holder,
 )
+from apps.scheduler.core.lending import (
+    LendingService,
+    LoanPlan,
+    borrows,
+    lendable_counts,
+    plan_group_loan,
+    plan_loan,
+)
 from apps.scheduler.core.placement import (
     Candidate,
     Placement,
@@ -128,6 +137,12 @@ from apps.scheduler.load import (
 
 __all__ = [
     "model_words",
+    "LendingService",
+    "LoanPlan",
+    "borrows",
+    "lendable_counts",
+    "plan_loan",
+    "plan_group_loan",
     "score_model_cache",
     "model_pinned",
     "inference_cap",

@@ -4,7 +4,7 @@ waited too long holds against everything behind it (hold_for_group, hold_again).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from apps.scheduler import nvlink
@@ -49,6 +49,8 @@ class GroupReq:
     runtime: str = TaskRuntime.AUTO
     affinity_labels: dict = field(default_factory=dict)
     anti_affinity_labels: dict = field(default_factory=dict)
+    # every member's declared duration (None unless all declare one): as TaskReq's
+    max_duration: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -88,6 +90,11 @@ class Reservation:
     needed: int  # workers
     wanted: dict[str, int]  # node -> cards wanted there, in the order the target was chosen
     held: dict[str, list[int]]  # node -> card indices held for the group this cycle
+    # when the cards it still lacks are expected free (epoch seconds): the latest of the
+    # expected ends of the work on them (a running task's declared duration, else its
+    # timeout, from when it started); None when unknown. Work that ends by then may use
+    # the held cards meanwhile (backfill).
+    expected_free: float | None = None
 
     @property
     def nodes_held(self) -> int:
@@ -107,6 +114,7 @@ class Reservation:
             "nodes_held": self.nodes_held,
             "nodes_needed": len(self.wanted),
             "workers": {"held": self.workers_held, "needed": self.needed},
+            "expected_free": self.expected_free,
         }
 
 
@@ -122,6 +130,7 @@ class GroupFailure:
     # visible to the tenant): below `needed`, the group cannot be placed whatever ends
     reach: int = 0
     reservation: Reservation | None = None  # what it holds this cycle, if it reserves
+    queue: Mapping | None = None  # QueueLimit: the queue's figures (core.queues.Admission.detail)
 
     def as_reason(self) -> dict:
         reason = {
@@ -130,6 +139,8 @@ class GroupFailure:
             "removed_by": self.removed,
             "workers": {"placeable": self.placeable, "needed": self.needed, "reach": self.reach},
         }
+        if self.queue is not None:
+            reason["queue"] = dict(self.queue)
         if self.reservation is not None:
             held = self.reservation
             reason |= {
@@ -341,7 +352,9 @@ def reservation_holder(group: GroupReq) -> tuple[int, int, None]:
     return (-group.id, group.tenant_id, None)
 
 
-def hold_for_group(group: GroupReq, fleet: FleetView, previous: Sequence[str] = ()) -> Reservation | None:
+def hold_for_group(
+    group: GroupReq, fleet: FleetView, previous: Sequence[str] = (), ends: Mapping[int, float] | None = None
+) -> Reservation | None:
     """After a reserving group failed to place: choose the nodes it waits for and hold
     their free cards of its type for it, so that nothing behind it in the queue (lower
     priority, or the same priority and younger) takes them; what frees up there is held
@@ -351,7 +364,8 @@ def hold_for_group(group: GroupReq, fleet: FleetView, previous: Sequence[str] = 
     availability, tenant and load, so the holds accumulate instead of wandering), then
     the nodes with the most free cards of the type now (closest to done), then the
     largest; each takes as many workers as its cards of the type allow, until the group
-    is covered. None when even the empty fleet could not take the group: nothing is held."""
+    is covered. None when even the empty fleet could not take the group: nothing is held.
+    `ends` (task id -> its expected end) dates the reservation (`expected_free`)."""
     order = {node_id: k for k, node_id in enumerate(previous)}
     vendor, per_worker = group.gpu_type.lower(), group.gpus_per_worker
     nodes = fleet.nodes
@@ -382,7 +396,38 @@ def hold_for_group(group: GroupReq, fleet: FleetView, previous: Sequence[str] = 
         held[nodes[position].id] = [gpu.index for gpu in chosen]
         _hold(fleet, position, chosen, holder)
     wanted = {nodes[position].id: cards for position, cards in target}
-    return Reservation(group.id, per_worker, group.world_size, wanted, held)
+    short = [(position, cards - len(held[nodes[position].id])) for position, cards in target]
+    freed_by = expected_free(fleet, vendor, short, ends)
+    return Reservation(group.id, per_worker, group.world_size, wanted, held, freed_by)
+
+
+def expected_free(
+    fleet: FleetView, vendor: str, short: Sequence[tuple[int, int]], ends: Mapping[int, float] | None
+) -> float | None:
+    """When the cards a reservation still lacks (`short`: per node position, how many
+    more of the type it needs there) are expected free: on each node, the soonest-ending
+    busy cards of the type, as many as it lacks, end by the latest of them; the
+    reservation waits for the slowest node. None when a card's end is unknown (no
+    `ends`, a holder without one, a card held by another reservation) or the node has too
+    few cards that will free."""
+    if ends is None:
+        return None
+    latest = 0.0
+    for position, lacking in short:
+        if lacking <= 0:
+            continue
+        card_ends = []
+        for gpu in fleet.nodes[position].gpus:
+            if not (gpu.holders and gpu.placeable and vendor_matches(gpu, vendor)):
+                continue
+            times = [ends.get(holder[0]) if holder[0] > 0 else None for holder in gpu.holders]
+            if None in times:
+                continue
+            card_ends.append(max(times))
+        if len(card_ends) < lacking:
+            return None
+        latest = max(latest, sorted(card_ends)[lacking - 1])
+    return latest
 
 
 def _hold(fleet: FleetView, position: int, cards: list[GpuSnap], holder: tuple) -> None:
@@ -401,14 +446,17 @@ class Held:
     group_id: int
     tenant_id: int
     cards: dict[str, list[int]]  # node -> card indices
+    expected_free: float | None = None  # as Reservation's, from the stored report
 
 
 def hold_again(fleet: FleetView, held: Sequence[Held]) -> None:
     """Hold, as the last cycle did, those of the cards still free (a card taken since by
-    work ahead of the reservation stays its holder's)."""
+    work ahead of the reservation stays its holder's). What is held, as Holdings
+    (backfill reads them)."""
     positions = {node.id: position for position, node in enumerate(fleet.nodes)}
+    holdings = []
     for reservation in held:
-        holder = (-reservation.group_id, reservation.tenant_id, None)
+        holding = Holding((-reservation.group_id, reservation.tenant_id, None), {}, reservation.expected_free)
         for node_id, indices in reservation.cards.items():
             position = positions.get(node_id)
             if position is None:
@@ -417,4 +465,72 @@ def hold_again(fleet: FleetView, held: Sequence[Held]) -> None:
             free = [
                 gpu for gpu in fleet.nodes[position].gpus if gpu.index in wanted and gpu.placeable and not gpu.holders
             ]
-            _hold(fleet, position, free, holder)
+            _hold(fleet, position, free, holding.holder)
+            if free:
+                holding.cards[position] = free
+        holdings.append(holding)
+    return holdings
+
+
+@dataclass
+class Holding:
+    """The cards one reservation holds in this cycle's snapshot (node position -> cards),
+    its pseudo-holder, and when the cards it still lacks are expected free."""
+
+    holder: tuple
+    cards: dict[int, list[GpuSnap]]
+    expected_free: float | None
+    reservation: Reservation | None = None  # this cycle's (its report follows what backfill takes)
+
+    @classmethod
+    def of(cls, group: GroupReq, reservation: Reservation, fleet: FleetView) -> Holding:
+        positions = {node.id: position for position, node in enumerate(fleet.nodes)}
+        cards = {}
+        for node_id, indices in reservation.held.items():
+            position = positions[node_id]
+            chosen = set(indices)
+            cards[position] = [gpu for gpu in fleet.nodes[position].gpus if gpu.index in chosen]
+        return cls(reservation_holder(group), cards, reservation.expected_free, reservation)
+
+
+def backfill(fleet: FleetView, holdings: Sequence[Holding], now: float | None, duration: int | None) -> list:
+    """Work that declares its duration and ends (from `now`) before a reservation's cards
+    are expected free may use them meanwhile: those reservations' held cards are let go
+    for its search (undone by restore_holds, which keeps for each reservation what the
+    work did not take). Returns what was let go."""
+    if now is None or duration is None or not holdings:
+        return []
+    ends_by = now + duration
+    released = []
+    for holding in holdings:
+        if holding.expected_free is None or ends_by > holding.expected_free:
+            continue
+        for position, cards in holding.cards.items():
+            for gpu in cards:
+                if holding.holder in gpu.holders:
+                    gpu.holders.remove(holding.holder)
+                    released.append((holding, position, gpu))
+            fleet.changed(position)
+    return released
+
+
+def restore_holds(fleet: FleetView, released: list) -> list[tuple[int, int]]:
+    """After backfill's search: the cards the work did not take are held again; those it
+    took leave their reservation (they free up, by its declared end, before it needs
+    them). Returns the taken cards' (position, index)."""
+    taken = []
+    for holding, position, gpu in released:
+        if gpu.holders:
+            taken.append((position, gpu.index))
+            holding.cards[position] = [card for card in holding.cards[position] if card is not gpu]
+            held_here = fleet.held.get(position)
+            if held_here is not None:
+                fleet.held[position] = [card for card in held_here if card is not gpu]
+            if holding.reservation is not None:
+                node_id = fleet.nodes[position].id
+                indices = holding.reservation.held.get(node_id, [])
+                holding.reservation.held[node_id] = [index for index in indices if index != gpu.index]
+        else:
+            gpu.holders.append(holding.holder)
+        fleet.changed(position)
+    return taken

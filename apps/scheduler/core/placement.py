@@ -20,16 +20,21 @@ from apps.scheduler.core.fleet import (
     score_replica_spread,
     score_topology,
     shareable_cards,
+    vendor_matches,
 )
 from apps.scheduler.core.groups import (
     GroupDecision,
     GroupFailure,
     GroupReq,
     Held,
+    Holding,
+    backfill,
     hold_again,
     hold_for_group,
     place_group,
+    restore_holds,
 )
+from apps.scheduler.core.queues import QUEUE_LIMIT, QueueBook, admitted_types, card_share, fair_share_order
 from apps.scheduler.core.snapshot import Decision, Failure, GpuSnap, NodeSnap, PluginSettings, TaskReq
 from apps.slices import planning
 from apps.tasks.choices import TaskKind, TaskRuntime
@@ -82,6 +87,9 @@ class Placement:
     # for each service with a replica in the queue: node id -> its replicas there, those
     # bound before the cycle and those it placed (preemption planning reads it)
     siblings: dict[int, dict[str, int]] = field(default_factory=dict)
+    # the work placed on cards a waiting gang held (backfill): task or group id -> the
+    # cards it took there, (node id, index)
+    backfilled: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
 
 
 def place_queue(
@@ -93,6 +101,9 @@ def place_queue(
     reserving: Mapping[int, Sequence[str]] | None = None,
     held: Sequence[Held] = (),
     siblings: Mapping[int, Mapping[str, int]] | None = None,
+    book: QueueBook | None = None,
+    now: float | None = None,
+    ends: Mapping[int, float] | None = None,
 ) -> Placement:
     """The queue in its order (single tasks and groups interleaved by priority): each
     single task on its best node, each group whole or not at all (`place_group`), every
@@ -104,44 +115,140 @@ def place_queue(
     how many of their other replicas each node holds already (group id -> node id ->
     count); the replicas placed in this cycle are added as they land, so the
     `replica-spread` score keeps a service's replicas apart (and `same_service` keeps
-    them off each other's nodes)."""
+    them off each other's nodes). `book`: the tenants' queues (core.queues): the queue
+    is tried in their fair-share order, an item its tenant's queue does not admit fails
+    with QUEUE_LIMIT and the queue's words, and what is placed is taken from it.
+    `now` and `ends` (epoch seconds; task id -> when the work holding cards is expected
+    to end): backfill. A reservation is dated by `ends` (when the cards it lacks free
+    up), and work that declares its duration (max_duration) and ends by then may take
+    the cards it holds meanwhile. Without them nothing is backfilled."""
     placement = Placement()
     spread = placement.siblings
     spread.update((group, dict(on)) for group, on in (siblings or {}).items())
     decisions, failures = placement.decisions, placement.failures
     fleet = FleetView(nodes, settings, may_share)
-    if held:
-        hold_again(fleet, held)
+    holdings: list[Holding] = hold_again(fleet, held) if held else []
     total = len(fleet.nodes)
     limit = nodes_to_score(total)
     start = 0
+    queues = book if book is not None and book.specs else None
+    if queues is not None:
+        queue = fair_share_order(queue, queues)
+        vendors = sorted({gpu.vendor.lower() for node in nodes for gpu in node.gpus})
     for task in queue:
         if mark:
             mark()
         if isinstance(task, GroupReq):
+            if queues is not None and task.tenant_id in queues.specs:
+                verdict = queues.admit(task.tenant_id, task.gpu_type, float(task.world_size * task.gpus_per_worker))
+                if not verdict.admitted:
+                    placement.group_failures.append(
+                        GroupFailure(task.id, QUEUE_LIMIT, verdict.words, {}, 0, task.world_size, queue=verdict.detail)
+                    )
+                    continue
+            released = backfill(fleet, holdings, now, task.max_duration)
             outcome = place_group(task, fleet)
+            if released:
+                taken = restore_holds(fleet, released)
+                if taken and isinstance(outcome, GroupDecision):
+                    placement.backfilled[task.id] = [(fleet.nodes[position].id, index) for position, index in taken]
             if isinstance(outcome, GroupDecision):
                 placement.groups.append(outcome)
+                if queues is not None:
+                    queues.take(task.tenant_id, task.gpu_type, float(task.world_size * task.gpus_per_worker))
                 continue
             if reserving and task.id in reserving:
-                outcome.reservation = hold_for_group(task, fleet, reserving[task.id])
+                outcome.reservation = hold_for_group(task, fleet, reserving[task.id], ends)
+                if outcome.reservation is not None:
+                    holdings.append(Holding.of(task, outcome.reservation, fleet))
+            if queues is not None:
+                cards = float(task.world_size * task.gpus_per_worker)
+                queues.found_no_room(task.tenant_id, task.gpu_type, cards)
+                behind = queues.behind(task.tenant_id, task.gpu_type, cards)
+                if behind is not None and outcome.reservation is None:
+                    outcome = replace(outcome, message=f"{outcome.message}; {behind.words}", queue=behind.detail)
             placement.group_failures.append(outcome)
             continue
         service = task.replica_of
         here = None if service is None else spread.setdefault(service, {})
+        queued = queues is not None and task.tenant_id in queues.specs
+        if queued:
+            admitted, refusal = admitted_types(
+                queues, task.tenant_id, [task.gpu_type] if task.gpu_type else vendors, float(task.gpu_required)
+            )
+            if not admitted:
+                failures.append(Failure(task.id, QUEUE_LIMIT, {}, refusal.words, refusal.detail))
+                continue
+            if not task.gpu_type and len(admitted) < len(vendors):
+                task = _one_of(task, admitted, fleet, settings, start, limit, here)  # noqa: PLW2901
         ask = Ask.of(task, settings, here)
+        released = backfill(fleet, holdings, now, task.max_duration)
         best, removed, examined = search(ask, fleet, start, limit, here)
         # the next task starts where this one stopped looking, so sampling rotates
         start = (start + examined) % total if total else 0
         if best is None:
-            failures.append(Failure(task.id, _failure_code(removed, total), explained(removed)))
-        else:
-            decisions.append(take(ask, fleet, best))
-            if here is not None:
-                here[best.node_id] = here.get(best.node_id, 0) + 1
+            if released:
+                restore_holds(fleet, released)
+            failure = Failure(task.id, _failure_code(removed, total), explained(removed))
+            if queued:
+                queues.found_no_room(task.tenant_id, task.gpu_type, float(task.gpu_required))
+                behind = queues.behind(task.tenant_id, task.gpu_type, float(task.gpu_required))
+                if behind is not None:
+                    failure = replace(failure, message=behind.words, queue=behind.detail)
+            failures.append(failure)
+            continue
+        if queued and task.memory_only:  # a share counts as its share of the card it lands on
+            gpu_type, share = _share_on(fleet.nodes[best.position], task)
+            verdict = queues.admit(task.tenant_id, gpu_type, share)
+            if not verdict.admitted:
+                if released:
+                    restore_holds(fleet, released)
+                failures.append(Failure(task.id, QUEUE_LIMIT, {}, verdict.words, verdict.detail))
+                continue
+        decision = take(ask, fleet, best)
+        if released:
+            taken = restore_holds(fleet, released)
+            if taken:
+                placement.backfilled[task.id] = [(fleet.nodes[position].id, index) for position, index in taken]
+        decisions.append(decision)
+        if here is not None:
+            here[best.node_id] = here.get(best.node_id, 0) + 1
+        if queued:
+            node = fleet.nodes[best.position]
+            for gpu in node.gpus:
+                if gpu.index in decision.gpu_indices:
+                    queues.take(task.tenant_id, gpu.vendor.lower(), card_share(gpu, decision.memory_mb))
     if mark:
         mark()
     return placement
+
+
+def _one_of(
+    task: TaskReq,
+    gpu_types: Sequence[str],
+    fleet: FleetView,
+    settings: PluginSettings,
+    start: int,
+    limit: int,
+    here: Mapping[str, int] | None,
+) -> TaskReq:
+    """A task that takes any vendor, of which its queue admits only some: the task bound
+    to the admitted type whose best node scores highest (the first when none fits, so
+    its failure names a type the queue admits)."""
+    best_type, best_score = gpu_types[0], None
+    for gpu_type in gpu_types:
+        found, _, _ = search(Ask.of(replace(task, gpu_type=gpu_type), settings, here), fleet, start, limit, here)
+        if found is not None and (best_score is None or found.score > best_score):
+            best_type, best_score = gpu_type, found.score
+    return replace(task, gpu_type=best_type)
+
+
+def _share_on(node: NodeSnap, task: TaskReq) -> tuple[str, float]:
+    """A memory-only task's GPU type and share on `node`: its memory over the node's
+    largest card of its type (at most 1)."""
+    cards = [gpu for gpu in node.gpus if not task.gpu_type or vendor_matches(gpu, task.gpu_type)] or node.gpus
+    card = max(cards, key=lambda gpu: gpu.memory_total_mb or 0)
+    return card.vendor.lower(), card_share(card, task.gpu_memory_mb or 0)
 
 
 def search(

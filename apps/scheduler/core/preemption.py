@@ -55,7 +55,7 @@ def may_preempt(task: TaskReq, occupant: Occupant, stage: str) -> bool:
     )
 
 
-def _without(node: NodeSnap, gone: set[int]) -> NodeSnap:
+def without_tasks(node: NodeSnap, gone: set[int]) -> NodeSnap:
     """The node as it would be once the tasks `gone` gave their cards back (a copy; the
     cards none of them holds are shared with the node, never changed). A card's reading
     loses what the ledger says they held there (a whole card: all of it), so measured
@@ -127,6 +127,7 @@ def plan_preemption(
     may_share: Callable[[int, int], bool],
     taken: set[int] = frozenset(),
     siblings: Mapping[str, int] | None = None,
+    reclaim: frozenset[int] | None = None,
 ) -> PreemptionPlan | None:
     """After a failed placement: the node where evicting the fewest lower-priority
     preemptible tasks makes room. Per node, victims are taken in the order priority
@@ -137,8 +138,10 @@ def plan_preemption(
     the plan has no victims and the task waits for them. None: evicting every candidate
     would not be enough anywhere, so nobody is evicted. `siblings`: a replica's, as
     placement had them (its service's replicas by node), so it is never planned beside
-    one it must stay apart from."""
-    if (
+    one it must stay apart from. `reclaim`: a queue's reclaim (core.queues.reclaim_order):
+    the victims are only these tasks, whatever their priority and kind, and the preempt
+    plugin's stage does not apply."""
+    if reclaim is None and (
         task.kind == TaskKind.TRAINING
         or settings.preempt_stage not in VICTIM_STATUSES
         or settings.preempt_stage == "disabled"
@@ -150,7 +153,7 @@ def plan_preemption(
     chain = Chain.of(Ask.of(task, settings, siblings), fleet)
 
     def fits_without(position: int, gone: set[int]) -> bool:
-        fleet.nodes[position] = _without(occupied[position], gone)
+        fleet.nodes[position] = without_tasks(occupied[position], gone)
         fleet.changed(position)
         return chain.rejection(position) is None
 
@@ -159,7 +162,12 @@ def plan_preemption(
         here = by_node[node.id]
         freeing = {o.id for o in here if o.status == FREEING or o.id in taken}
         candidates = sorted(
-            (o for o in here if o.id not in freeing and may_preempt(task, o, settings.preempt_stage)),
+            (
+                o
+                for o in here
+                if o.id not in freeing
+                and (o.id in reclaim if reclaim is not None else may_preempt(task, o, settings.preempt_stage))
+            ),
             key=lambda o: (o.priority, -o.created_at, o.id),
         )
         if not freeing and not candidates:

@@ -199,6 +199,9 @@ class TaskReq:
     affinity_labels: dict = field(default_factory=dict)
     anti_affinity_labels: dict = field(default_factory=dict)
     same_service_apart: bool = False
+    # how long it declares it runs (max_duration_seconds; the agent stops it past that):
+    # with it, it may backfill cards a waiting gang holds, if it ends before they free up
+    max_duration: int | None = None
 
     @property
     def memory_only(self) -> bool:
@@ -262,9 +265,12 @@ class Failure:
     removed: dict[str, int]  # removal reason -> nodes the chain removed for it
 
     message: str = ""  # said when the code alone would not say it (a decision refused at bind)
+    queue: Mapping | None = None  # QueueLimit: the queue's figures (core.queues.Admission.detail)
 
     def as_reason(self) -> dict:
         reason = {"code": self.code, "removed_by": self.removed}
         if self.message:
             reason["message"] = self.message
+        if self.queue is not None:
+            reason["queue"] = dict(self.queue)
         return reason

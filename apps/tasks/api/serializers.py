@@ -19,12 +19,14 @@ from apps.tasks.choices import (
     MAX_GPUS_PER_TASK,
     MAX_PRIORITY,
     MAX_SELECTOR_LABELS,
+    MAX_TASK_SECONDS,
     MIN_PRIORITY,
     NODE_LABEL_KEY,
     NODE_LABEL_VALUE_MAX,
     GroupKind,
     GroupStatus,
     GroupStrategy,
+    InteractiveApp,
     TaskKind,
     TaskRuntime,
     TaskStatus,
@@ -165,7 +167,8 @@ IMAGE_REQUIRED = "This field is required (it may be left out only with runtime p
 
 def image_problems(attrs: dict) -> dict:
     """A task (or a group's workers) under the process runtime needs no image and can
-    mount no volume (there is no container to mount it in); any other needs an image."""
+    mount no volume (there is no container to mount it in); any other needs an image,
+    but an interactive one where the operator set the image interactive tasks start in."""
     problems: dict = {}
     if attrs.get("runtime") == TaskRuntime.PROCESS:
         if attrs.get("volumes"):
@@ -173,8 +176,31 @@ def image_problems(attrs: dict) -> dict:
                 "The process runtime cannot mount volumes (no container to mount them in); "
                 "use host paths in the command, or runtime container."
             ]
-    elif not attrs.get("image"):
+    elif not attrs.get("image") and not image_by_default(attrs):
         problems["image"] = [IMAGE_REQUIRED]
+    return problems
+
+
+def image_by_default(data) -> bool:
+    """An interactive task may leave its image out where the operator set one per vendor
+    (HETEROFLOW_INTERACTIVE_IMAGES): the node it lands on starts it in its vendor's."""
+    return data.get("kind") == TaskKind.INTERACTIVE and bool(settings.HETEROFLOW_INTERACTIVE_IMAGES)
+
+
+def interactive_problems(attrs: dict) -> dict:
+    """An interactive task's app is its command, and it alone has an app, an idle time and
+    max_hours (its max_duration_seconds in hours: one of the two)."""
+    problems: dict = {}
+    interactive = ("app", "idle_minutes", "max_hours")
+    if attrs["kind"] != TaskKind.INTERACTIVE:
+        for name in interactive:
+            if attrs.get(name) not in (None, ""):
+                problems[name] = ["Only interactive tasks (kind interactive) have this."]
+        return problems
+    if attrs.get("command"):
+        problems["command"] = ["An interactive task runs its app; give no command (app: jupyter or shell)."]
+    if attrs.get("max_hours") is not None and attrs.get("max_duration_seconds") is not None:
+        problems["max_hours"] = ["Give max_hours or max_duration_seconds, not both."]
     return problems
 
 
@@ -188,7 +214,11 @@ class ImageUnlessProcess:
         except serializers.ValidationError as error:
             if isinstance(error.detail, dict) and isinstance(data, dict) and "image" not in error.detail:
                 image = data.get("image")
-                if data.get("runtime") != TaskRuntime.PROCESS and not (isinstance(image, str) and image.strip()):
+                if (
+                    data.get("runtime") != TaskRuntime.PROCESS
+                    and not (isinstance(image, str) and image.strip())
+                    and not image_by_default(data)
+                ):
                     error.detail["image"] = [serializers.ErrorDetail(IMAGE_REQUIRED, code=CoreErrorCode.REQUIRED)]
             raise
 
@@ -230,9 +260,32 @@ class TaskCreateSerializer(ImageUnlessProcess, StrictSerializer):
     )
     affinity = AffinitySerializer(required=False, help_text="hard: only nodes with these labels")
     anti_affinity = AntiAffinitySerializer(required=False, help_text="hard: never nodes with these labels")
-    timeout_seconds = serializers.IntegerField(min_value=1, max_value=31 * 86_400, required=False)
+    timeout_seconds = serializers.IntegerField(min_value=1, max_value=MAX_TASK_SECONDS, required=False)
+    max_duration_seconds = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_TASK_SECONDS,
+        required=False,
+        allow_null=True,
+        help_text="how long it runs at most (at most its timeout): stopped past it; lets it backfill reserved cards",
+    )
     checkpoint_path = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
     resume_from_checkpoint = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
+    app = serializers.ChoiceField(
+        choices=InteractiveApp.choices, required=False, help_text="interactive tasks: what runs (default jupyter)"
+    )
+    idle_minutes = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        allow_null=True,
+        help_text="interactive tasks: stopped after this long idle (default and ceiling: the tenant's)",
+    )
+    max_hours = serializers.FloatField(
+        min_value=0.1,
+        max_value=MAX_TASK_SECONDS / 3600,
+        required=False,
+        allow_null=True,
+        help_text="interactive tasks: how long it runs at most (HETEROFLOW_INTERACTIVE_MAX_HOURS by default)",
+    )
 
     def validate_env(self, env):
         problems = []
@@ -257,9 +310,11 @@ class TaskCreateSerializer(ImageUnlessProcess, StrictSerializer):
             if attrs["kind"] != TaskKind.INFERENCE:
                 raise serializers.ValidationError({"serving": ["Only inference tasks have a serving spec."]})
             attrs["serving"] = dict(attrs["serving"])
-        problems = image_problems(attrs) | constraints_problems(attrs, replicas=False)
+        problems = image_problems(attrs) | constraints_problems(attrs, replicas=False) | interactive_problems(attrs)
         if problems:
             raise serializers.ValidationError(problems)
+        if attrs["kind"] == TaskKind.INTERACTIVE:
+            attrs.setdefault("app", InteractiveApp.JUPYTER)
         return attrs
 
 
@@ -290,9 +345,25 @@ class TaskBatchCreatedSerializer(serializers.Serializer):
     ids = serializers.ListField(child=serializers.IntegerField(), help_text="in array index order")
 
 
+class EstimatedStartSerializer(serializers.Serializer):
+    """When waiting work is expected to start (docs/predictions.md): p50 null means it
+    cannot be predicted, and the basis says why."""
+
+    p50 = serializers.DateTimeField(allow_null=True, help_text="the median start; null: no estimate")
+    p90 = serializers.DateTimeField(allow_null=True, help_text="starts by then 9 times in 10; null: past the horizon")
+    computed_at = serializers.DateTimeField()
+    basis = serializers.CharField(help_text="what the estimate rests on, or why there is none")
+
+
+ESTIMATED_START = EstimatedStartSerializer(
+    allow_null=True, help_text="while pending: when it is expected to start (docs/predictions.md); else null"
+)
+
+
 class TaskSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    estimated_start = serializers.SerializerMethodField()
 
     class Meta:
         model = Task
@@ -322,8 +393,11 @@ class TaskSerializer(serializers.ModelSerializer):
             "affinity",
             "anti_affinity",
             "timeout_seconds",
+            "max_duration_seconds",
             "checkpoint_path",
             "resume_from_checkpoint",
+            "app",
+            "idle_minutes",
             "node",
             "host_port",
             "preempt_count",
@@ -338,7 +412,13 @@ class TaskSerializer(serializers.ModelSerializer):
             "gpu_seconds",
             "array_index",
             "array_size",
+            "estimated_start",
         ]
+
+    @extend_schema_field(ESTIMATED_START)
+    def get_estimated_start(self, task) -> dict | None:
+        # the periodic job clears it once the task leaves the queue; until then it is stale
+        return task.estimated_start if task.status == TaskStatus.PENDING else None
 
 
 class TaskSliceSerializer(serializers.Serializer):
@@ -636,7 +716,14 @@ class TaskGroupCreateSerializer(ImageUnlessProcess, StrictSerializer):
         required=False, help_text="hard, every worker's: never nodes with these labels"
     )
     timeout_seconds = serializers.IntegerField(
-        min_value=1, max_value=31 * 86_400, required=False, help_text="each worker's; default as for tasks"
+        min_value=1, max_value=MAX_TASK_SECONDS, required=False, help_text="each worker's; default as for tasks"
+    )
+    max_duration_seconds = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_TASK_SECONDS,
+        required=False,
+        allow_null=True,
+        help_text="each worker's, as a task's: how long it runs at most (at most the timeout)",
     )
 
     validate_env = TaskCreateSerializer.validate_env  # a task's rule for its env, word for word
@@ -694,6 +781,7 @@ class TaskGroupSerializer(serializers.ModelSerializer):
     status = serializers.ChoiceField(
         choices=GroupStatus.choices, read_only=True, help_text="derived from the members' statuses"
     )
+    estimated_start = serializers.SerializerMethodField()
 
     class Meta:
         model = TaskGroup
@@ -722,10 +810,15 @@ class TaskGroupSerializer(serializers.ModelSerializer):
             "schedule_reason",
             "reservation",
             "attempts",
+            "estimated_start",
             "created_by",
             "created_at",
             "updated_at",
         ]
+
+    @extend_schema_field(ESTIMATED_START)
+    def get_estimated_start(self, group) -> dict | None:
+        return group.estimated_start
 
 
 class TaskGroupDetailSerializer(TaskGroupSerializer):

@@ -1,5 +1,6 @@
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import connections
 from django.db.models import Q
 from django.http import StreamingHttpResponse
@@ -23,7 +24,7 @@ from apps.nodes.metrics import card_series
 from apps.tasks import log_stream, logs, services
 from apps.tasks.api import serializers as s
 from apps.tasks.api.create import create_task_answer
-from apps.tasks.choices import TERMINAL, GroupPlacement
+from apps.tasks.choices import TERMINAL, GroupPlacement, TaskKind
 from apps.tasks.error_codes import TaskErrorCode
 from apps.tasks.models import Task, TaskGroup, TaskLogState
 from apps.tasks.ranks import wiring_env
@@ -69,9 +70,21 @@ def agent_task(task: Task) -> dict:
     data["slice"] = task_slice(task)  # a memory-only task's: the agent starts it only once confirmed
     if services.in_gang(task):  # echoed in the agent's reports (services.late_group_report)
         data["attempt"] = task.group.attempts
+    if task.kind == TaskKind.INTERACTIVE:
+        data["app_token"] = task.app_token  # the app asks for it (the agent passes it in the environment)
+        if not data["image"]:
+            data["image"] = interactive_image(task)
     if missing:
         data["missing_secrets"] = missing
     return data
+
+
+def interactive_image(task: Task) -> str:
+    """The image an interactive task that names none starts in on its node: the one the
+    operator set for the node's vendor, else their default (HETEROFLOW_INTERACTIVE_IMAGES)."""
+    images = settings.HETEROFLOW_INTERACTIVE_IMAGES
+    vendor = task.node.gpus.values_list("vendor", flat=True).first() if task.node_id else None
+    return images.get(vendor or "", images.get("default", ""))
 
 
 class TaskListView(generics.ListAPIView):

@@ -3,7 +3,9 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-from apps.tasks.logs import TASK_LOG_LINES
+from apps.core.partitions import DailyTable
+
+TASK_LOG_LINES = DailyTable("task_log_lines", "received_at")  # replaced by task_log_chunks (0020)
 
 
 def create_todays_partitions(apps, schema_editor):

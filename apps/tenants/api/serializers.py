@@ -14,14 +14,45 @@ slug_validator = RegexValidator(
 )
 
 
+# a tenant's interactive tasks (docs/interactive.md): the idle time they get by default,
+# and the most they may ask for
+INTERACTIVE_FIELDS = ("interactive_idle_minutes", "interactive_idle_minutes_max")
+
+
+def idle_problem(default: int | None, ceiling: int | None) -> str:
+    if default is not None and ceiling is not None and default > ceiling:
+        return f"The default idle time ({default} minutes) is over the ceiling ({ceiling})."
+    return ""
+
+
+def check_idle(attrs: dict, tenant) -> None:
+    """The default within the ceiling, as they will be once `attrs` are written."""
+    merged = {name: attrs.get(name, getattr(tenant, name, None)) for name in INTERACTIVE_FIELDS}
+    problem = idle_problem(*merged.values())
+    if problem:
+        raise serializers.ValidationError({"interactive_idle_minutes": [problem]})
+
+
 class TenantSerializer(StrictModelSerializer):
     slug = serializers.CharField(validators=[slug_validator])
     name = serializers.CharField(max_length=100)
 
     class Meta:
         model = Tenant
-        fields = ["slug", "name", "created_at", "max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks"]
+        fields = [
+            "slug",
+            "name",
+            "created_at",
+            "max_gpus",
+            "max_gpu_memory_mb",
+            "max_concurrent_tasks",
+            *INTERACTIVE_FIELDS,
+        ]
         read_only_fields = ["created_at"]
+
+    def validate(self, attrs):
+        check_idle(attrs, self.instance)
+        return attrs
 
     def validate_name(self, value):
         if not value.strip():
@@ -32,8 +63,12 @@ class TenantSerializer(StrictModelSerializer):
 class TenantUpdateSerializer(StrictModelSerializer):
     class Meta:
         model = Tenant
-        fields = ["name", "max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks"]
+        fields = ["name", "max_gpus", "max_gpu_memory_mb", "max_concurrent_tasks", *INTERACTIVE_FIELDS]
         extra_kwargs = {name: {"required": False} for name in fields}
+
+    def validate(self, attrs):
+        check_idle(attrs, self.instance)
+        return attrs
 
 
 class MemberSerializer(serializers.ModelSerializer):

@@ -14,6 +14,7 @@ from apps.confidential.models import AuditEvent
 from apps.core.models import OperatorAuditEvent
 from apps.core.permissions import IsOperator
 from apps.core.views import ScopedAPIView, get_visible_or_404
+from apps.identity.session import refuse_stale_session
 from apps.tenants import policy, services
 from apps.tenants.api import serializers as s
 from apps.tenants.choices import KeyScope
@@ -53,7 +54,7 @@ class TenantDetailView(ScopedAPIView):
         tenant = self.get_object()
         if not request.auth.is_operator:
             raise PermissionDenied("Only platform operators can change a tenant or its quotas.")
-        serializer = s.TenantUpdateSerializer(data=request.data, partial=True)
+        serializer = s.TenantUpdateSerializer(tenant, data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
         tenant = services.update_tenant(tenant, principal=request.auth, **serializer.validated_data)
         return Response(s.TenantSerializer(tenant).data)
@@ -182,6 +183,7 @@ class ApiKeyListView(generics.ListAPIView):
 
     @extend_schema(request=s.ApiKeyCreateSerializer, responses={201: s.ApiKeyCreatedSerializer})
     def post(self, request):
+        refuse_stale_session(request)  # HETEROFLOW_REAUTH_SECONDS (apps.identity.session)
         serializer = s.ApiKeyCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data

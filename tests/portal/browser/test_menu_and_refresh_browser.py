@@ -37,7 +37,7 @@ DESKTOP, PHONE = 1280, 390
 NODES = ("ui-node-01", "ui-node-02")
 GROUPS = {
     "Fleet": ["Nodes", "Monitor", "GPU health", "Environment", "Slices", "Energy"],
-    "Work": ["Tasks", "Training", "Inference", "Models"],
+    "Work": ["Tasks", "Queues", "Training", "Inference", "Models"],
     "Serving": ["Endpoint keys", "Usage"],
     "Account": ["API keys", "Members", "Admin", "Sign out ui-ops"],
 }

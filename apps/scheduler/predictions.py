@@ -1,0 +1,284 @@
+"""The start-time estimates (docs/predictions.md): the snapshot, the waiting queue (every
+pending single task up to PREDICT_CAP, every waiting gang), the running work and the
+tenants' queues read once; the core's forecast run on them; every pending task's and
+waiting group's `estimated_start` written in one statement per table. Read-only towards
+the scheduler: it moves no queue cursor and touches no reservation."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import orjson
+from django.conf import settings as django_settings
+from django.db import connection
+
+from apps.core.clock import utcnow
+from apps.scheduler import quotas
+from apps.scheduler.core import GroupReq, TaskReq
+from apps.scheduler.core.forecast import Duration, Estimate, estimate, item_key
+from apps.scheduler.core.queues import holdings_of
+from apps.scheduler.durations import GroupKey, WorkKey, expected, learned_groups, learned_tasks, work_key
+from apps.scheduler.plugins import plugin_settings, sharing_rule
+from apps.scheduler.queue import SINGLE_SQL, group_request, jsonb, task_request
+from apps.scheduler.reservations import reserving_groups
+from apps.scheduler.snapshot import load_nodes
+from apps.tasks.choices import TERMINAL
+
+PREDICT_CAP = 5000  # pending single tasks forecast per run, in queue order (the rest keep their last estimate)
+
+# Every pending single task in queue order, with what its expected duration is learned by.
+PENDING_SQL = f"""
+    SELECT id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, created_at, group_id,
+           runtime, affinity, anti_affinity, max_duration_seconds, name, image, command, timeout_seconds
+    FROM tasks WHERE status = 'pending' AND {SINGLE_SQL}
+    ORDER BY priority DESC, created_at, id LIMIT %s
+"""
+# The gangs waiting to be placed (every current member pending, every rank there), as the
+# scheduler's window reads them (apps.scheduler.queue.WAITING_GROUPS_SQL) without moving
+# its cursor, with each one's stored reservation report and what its duration is learned by.
+WAITING_GROUPS_SQL = """
+    SELECT g.id, g.tenant_id, g.gpus_per_worker, g.gpu_type, g.strategy, g.priority, g.labels, g.kind,
+           g.created_at, array_agg(t.id ORDER BY t.rank), g.reservation, g.runtime, g.affinity, g.anti_affinity,
+           CASE WHEN bool_and(t.max_duration_seconds IS NOT NULL) THEN max(t.max_duration_seconds) END,
+           g.name, g.image, g.command, g.world_size, max(t.timeout_seconds)
+    FROM task_groups g JOIN tasks t ON t.group_id = g.id AND NOT (t.status = ANY(%s))
+    WHERE g.placement = 'gang'
+      AND g.id IN (SELECT group_id FROM tasks WHERE status = 'pending' AND group_id IS NOT NULL)
+    GROUP BY g.id
+    HAVING bool_and(t.status = 'pending') AND count(*) = g.world_size
+"""
+# The work holding cards (the ledger's tasks), with when it started and what its duration
+# is learned by (a gang's member by its group's).
+RUNNING_SQL = """
+    SELECT t.id, t.tenant_id, t.name, t.image, t.command, t.started_at, t.max_duration_seconds, t.timeout_seconds,
+           g.id, g.name, g.image, g.command, g.world_size, g.gpus_per_worker, g.gpu_type
+    FROM tasks t LEFT JOIN task_groups g ON g.id = t.group_id AND g.placement = 'gang'
+    WHERE t.id IN (SELECT DISTINCT task_id FROM gpu_allocations)
+"""
+# The writers: every row the forecast covered gets its estimate (a task that left the
+# queue since it was read gets none), and every row still carrying one that is no longer
+# waiting loses it; rows taken in id order, a row another writer holds skipped (it keeps
+# its last estimate until the next run; docs/architecture.md, the writers table).
+WRITE_TASKS = """
+    WITH v AS (
+        SELECT u.id, u.estimate FROM unnest(%s::bigint[], %s::jsonb[]) AS u(id, estimate)
+        UNION ALL
+        SELECT s.id, NULL::jsonb FROM tasks s
+        WHERE s.estimated_start IS NOT NULL AND s.status <> 'pending' AND NOT (s.id = ANY(%s::bigint[]))
+    ),
+    locked AS (SELECT id FROM tasks WHERE id IN (SELECT id FROM v) ORDER BY id FOR UPDATE SKIP LOCKED)
+    UPDATE tasks AS t
+    SET estimated_start = CASE WHEN t.status = 'pending' THEN v.estimate END,
+        first_estimate = CASE
+            WHEN t.first_estimate IS NULL AND t.status = 'pending' AND jsonb_typeof(v.estimate -> 'p50') = 'string'
+            THEN v.estimate ELSE t.first_estimate END
+    FROM v WHERE t.id = v.id AND t.id IN (SELECT id FROM locked)
+"""
+WRITE_GROUPS = """
+    WITH v AS (
+        SELECT u.id, u.estimate FROM unnest(%s::bigint[], %s::jsonb[]) AS u(id, estimate)
+        UNION ALL
+        SELECT s.id, NULL::jsonb FROM task_groups s
+        WHERE s.estimated_start IS NOT NULL AND NOT (s.id = ANY(%s::bigint[]))
+    ),
+    locked AS (SELECT id FROM task_groups WHERE id IN (SELECT id FROM v) ORDER BY id FOR UPDATE SKIP LOCKED)
+    UPDATE task_groups AS g SET estimated_start = v.estimate
+    FROM v WHERE g.id = v.id AND g.id IN (SELECT id FROM locked)
+"""
+
+
+@dataclass
+class Waiting:
+    """The queue as the forecast takes it, and what each item's duration is learned by."""
+
+    queue: list[TaskReq | GroupReq]
+    keys: dict[tuple[str, int], WorkKey | GroupKey]
+    declared: dict[tuple[str, int], int | None]
+    timeouts: dict[tuple[str, int], int]
+    heads: dict[int, dict]  # the groups with a stored reservation report: id -> the report
+
+
+@dataclass
+class PredictResult:
+    tasks: int = 0
+    groups: int = 0
+    placed: int = 0  # items with an estimate
+
+
+def predict() -> PredictResult:
+    """One pass: every pending task's and waiting group's estimate, written."""
+    now = utcnow()
+    waiting = read_waiting()
+    result = PredictResult()
+    nodes = load_nodes()
+    running = read_running(now.timestamp())
+    book = quotas.queue_book(now, used=holdings_of(nodes))
+    durations = expected_durations(waiting)
+    reserving = reserving_groups(waiting.heads, now, django_settings.HETEROFLOW_GROUP_RESERVE_AFTER_SECONDS)
+    estimates = estimate(
+        waiting.queue,
+        nodes,
+        plugin_settings(),
+        sharing_rule(),
+        now.timestamp(),
+        running,
+        durations,
+        specs=list(book.specs.values()),
+        history=book.history,
+        reserving=reserving,
+    )
+    # what the durations rest on, running and waiting work together ("learned from 12
+    # completed runs" counts as "learned")
+    sources = Counter(duration.basis.split(" from ")[0] for duration in [*running.values(), *durations.values()])
+    computed_at = now.isoformat()
+    task_rows: dict[int, str] = {}
+    group_rows: dict[int, str] = {}
+    for item in waiting.queue:
+        found = estimates[item_key(item)]
+        document = orjson.dumps(as_document(found, computed_at, sources)).decode()
+        result.placed += found.p50 is not None
+        if isinstance(item, GroupReq):
+            group_rows[item.id] = document
+            for member in item.members:  # the members wait with their group
+                task_rows[member] = document
+        else:
+            task_rows[item.id] = document
+    with connection.cursor() as cursor:
+        cursor.execute(WRITE_TASKS, [list(task_rows), list(task_rows.values()), list(task_rows)])
+        cursor.execute(WRITE_GROUPS, [list(group_rows), list(group_rows.values()), list(group_rows)])
+    result.tasks, result.groups = len(task_rows), len(group_rows)
+    return result
+
+
+def as_document(found: Estimate, computed_at: str, sources: Counter) -> dict:
+    """The estimate as the API shows it: ISO times, or null p50 with the basis saying why."""
+    basis = found.basis
+    if found.p50 is not None and sources:
+        basis += (
+            " (expected durations: " + ", ".join(f"{count} {name}" for name, count in sorted(sources.items())) + ")"
+        )
+    return {"p50": _iso(found.p50), "p90": _iso(found.p90), "computed_at": computed_at, "basis": basis}
+
+
+def _iso(moment: float | None) -> str | None:
+    return None if moment is None else datetime.fromtimestamp(moment, UTC).isoformat()
+
+
+def read_waiting(cap: int = PREDICT_CAP) -> Waiting:
+    """The pending single tasks (up to `cap`) and the waiting gangs, in one queue order."""
+    entries: list[tuple[tuple, TaskReq | GroupReq]] = []
+    waiting = Waiting([], {}, {}, {}, {})
+    with connection.cursor() as cursor:
+        cursor.execute(PENDING_SQL, [cap])
+        for row in cursor.fetchall():
+            task_id, tenant_id, priority, created = row[0], row[1], row[5], row[8]
+            max_duration, name, image, command, timeout = row[13:18]
+            task = task_request(*row[:8], row[9], *row[10:14])  # the columns as QUEUE_SQL gives them, less `created`
+            entries.append(((-priority, created, task_id), task))
+            key = item_key(task)
+            waiting.keys[key] = work_key(tenant_id, name, image, _json_list(command))
+            waiting.declared[key], waiting.timeouts[key] = max_duration, timeout
+        cursor.execute(WAITING_GROUPS_SQL, [list(TERMINAL)])
+        for row in cursor.fetchall():
+            gid, tenant_id, per_worker, gpu_type, strategy, priority, labels, kind, created, members = row[:10]
+            stored, runtime, affinity, anti_affinity, max_duration, name, image, command, world, timeout = row[10:]
+            group = group_request(
+                gid,
+                tenant_id,
+                members,
+                per_worker,
+                gpu_type,
+                strategy,
+                priority,
+                labels,
+                kind,
+                runtime,
+                affinity,
+                anti_affinity,
+                max_duration,
+            )
+            entries.append(((-priority, created, members[0]), group))
+            key = item_key(group)
+            waiting.keys[key] = GroupKey(
+                work_key(tenant_id, name, image, _json_list(command)), world, per_worker, gpu_type
+            )
+            waiting.declared[key], waiting.timeouts[key] = max_duration, timeout
+            report = jsonb(stored)
+            if report:
+                waiting.heads[gid] = report
+    entries.sort(key=lambda entry: entry[0])
+    waiting.queue = [item for _, item in entries]
+    return waiting
+
+
+def expected_durations(waiting: Waiting) -> dict[tuple[str, int], Duration]:
+    """Each waiting item's expected run time (apps.scheduler.durations.expected)."""
+    learned = learn(waiting.keys.values())
+    return {
+        key: expected(waiting.declared[key], learned.get(work), waiting.timeouts[key])
+        for key, work in waiting.keys.items()
+    }
+
+
+def learn(keys) -> dict:
+    """The learned run times of the keys, single tasks' and gangs' in one statement each."""
+    keys = list(keys)
+    return learned_tasks(key for key in keys if isinstance(key, WorkKey)) | learned_groups(
+        key for key in keys if isinstance(key, GroupKey)
+    )
+
+
+def read_running(now: float) -> dict[int, Duration]:
+    """When each task holding cards is expected to end (absolute p50 and p90): from its
+    start (a task bound and not started: from now) plus its expected duration. One past
+    that is expected to end by its hard limit (declared duration, else timeout), and one
+    past that too at any moment (a second from now)."""
+    with connection.cursor() as cursor:
+        cursor.execute(RUNNING_SQL)
+        rows = cursor.fetchall()
+    keys: dict[int, WorkKey | GroupKey] = {}
+    for (
+        task_id,
+        tenant_id,
+        name,
+        image,
+        command,
+        _,
+        _,
+        _,
+        gid,
+        gname,
+        gimage,
+        gcommand,
+        world,
+        per_worker,
+        gtype,
+    ) in rows:
+        if gid is not None:
+            keys[task_id] = GroupKey(work_key(tenant_id, gname, gimage, _json_list(gcommand)), world, per_worker, gtype)
+        else:
+            keys[task_id] = work_key(tenant_id, name, image, _json_list(command))
+    learned = learn(keys.values())
+    ends = {}
+    for task_id, _, _, _, _, started, declared, timeout, *_ in rows:
+        start = started.timestamp() if started else now
+        duration = expected(declared, learned.get(keys[task_id]), timeout)
+        hard = start + (declared or timeout or 0)
+        ends[task_id] = Duration(
+            _end(start + duration.p50, hard, now), _end(start + duration.p90, hard, now), duration.basis
+        )
+    return ends
+
+
+def _end(expected_end: float, hard_end: float, now: float) -> float:
+    if expected_end > now:
+        return expected_end
+    return hard_end if hard_end > now else now + 1
+
+
+def _json_list(value) -> list:
+    if not value:
+        return []
+    return orjson.loads(value) if isinstance(value, (str, bytes)) else value

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class TunnelConfig(AppConfig):
+    name = "apps.tunnel"
+    label = "tunnel"
+    verbose_name = "Tunnel"

@@ -1,0 +1,26 @@
+"""A waiting task's estimated start in words (hf ps's STARTS column, hf show's line)."""
+
+from datetime import datetime, timezone
+
+from heteroflow_client.cli import start_words
+
+NOW = datetime(2026, 12, 7, 12, 0, tzinfo=timezone.utc)
+
+
+def estimate(p50, p90, basis="simulated queue"):
+    return {"p50": p50, "p90": p90, "computed_at": "2026-12-07T12:00:00+00:00", "basis": basis}
+
+
+def test_an_estimate_in_words():
+    later = estimate("2026-12-07T14:00:00+00:00", "2026-12-07T17:30:00+00:00")
+    assert start_words(later, short=True, now=NOW) == "in 2h (p90 5h)"
+    assert start_words(later, now=NOW).startswith("in 2h (p90 5h), at 2026-12-07T14:00:00+00:00; simulated queue")
+    soon = estimate("2026-12-07T12:00:10+00:00", "2026-12-07T12:00:10+00:00")
+    assert start_words(soon, short=True, now=NOW) == "now"
+
+
+def test_no_estimate_says_why_and_none_yet_says_nothing():
+    unknown = estimate(None, None, "waits for a node type that is not in the cluster")
+    assert start_words(unknown, short=True, now=NOW) == "?"
+    assert start_words(unknown, now=NOW) == "unknown: waits for a node type that is not in the cluster"
+    assert start_words(None) is None
