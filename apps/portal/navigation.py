@@ -22,6 +22,11 @@ def tenant_admins_and_operators(request) -> bool:
     return principal.is_tenant_admin or principal.is_operator
 
 
+def operators(request) -> bool:
+    """Operators' pages answer 403 to the others (apps.portal.access.operators_only)."""
+    return request.principal.is_operator
+
+
 def staff(request) -> bool:
     """Django's admin lets staff users in, nobody else."""
     return request.user.is_staff
@@ -64,6 +69,7 @@ MENU: tuple[Link | Group, ...] = (
         (
             Link("Tasks", "portal:tasks"),
             Link("Queues", "portal:queues"),
+            Link("Estimate accuracy", "portal:prediction-accuracy", operators),
             Link("Training", "portal:training"),
             Link("Inference", "portal:inference"),
             Link("Models", "portal:models"),

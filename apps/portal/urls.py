@@ -10,6 +10,7 @@ from apps.portal.pages import (
     inference,
     models,
     nodes,
+    predictions,
     queues,
     server,
     tasks,
@@ -73,6 +74,7 @@ urlpatterns = [
     path("gateway-usage/", gateway.usage, name="gateway-usage"),
     path("energy/", energy.energy, name="energy"),
     path("queues/", queues.queues, name="queues"),
+    path("queues/estimates/", predictions.prediction_accuracy, name="prediction-accuracy"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import orjson
 from django.conf import settings as django_settings
@@ -27,6 +27,10 @@ from apps.scheduler.snapshot import load_nodes
 from apps.tasks.choices import TERMINAL
 
 PREDICT_CAP = 5000  # pending single tasks forecast per run, in queue order (the rest keep their last estimate)
+# The accuracy record (docs/predictions.md#accuracy): a task keeps its first estimate, then
+# one per SAMPLE_EVERY of waiting, at most SAMPLES_KEPT (a week of hours).
+SAMPLE_EVERY = timedelta(hours=1)
+SAMPLES_KEPT = 168
 
 # Every pending single task in queue order, with what its expected duration is learned by.
 PENDING_SQL = f"""
@@ -71,9 +75,15 @@ WRITE_TASKS = """
     locked AS (SELECT id FROM tasks WHERE id IN (SELECT id FROM v) ORDER BY id FOR UPDATE SKIP LOCKED)
     UPDATE tasks AS t
     SET estimated_start = CASE WHEN t.status = 'pending' THEN v.estimate END,
-        first_estimate = CASE
-            WHEN t.first_estimate IS NULL AND t.status = 'pending' AND jsonb_typeof(v.estimate -> 'p50') = 'string'
-            THEN v.estimate ELSE t.first_estimate END
+        estimate_samples = CASE
+            WHEN t.status = 'pending' AND jsonb_typeof(v.estimate -> 'p50') = 'string'
+             AND (t.estimate_samples IS NULL
+                  OR (jsonb_array_length(t.estimate_samples) < %s
+                      AND (t.estimate_samples -> -1 ->> 'computed_at')::timestamptz
+                          <= (v.estimate ->> 'computed_at')::timestamptz - make_interval(secs => %s)))
+            THEN coalesce(t.estimate_samples, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                'computed_at', v.estimate -> 'computed_at', 'p50', v.estimate -> 'p50', 'p90', v.estimate -> 'p90'))
+            ELSE t.estimate_samples END
     FROM v WHERE t.id = v.id AND t.id IN (SELECT id FROM locked)
 """
 WRITE_GROUPS = """
@@ -107,9 +117,9 @@ class PredictResult:
     placed: int = 0  # items with an estimate
 
 
-def predict() -> PredictResult:
+def predict(now: datetime | None = None) -> PredictResult:
     """One pass: every pending task's and waiting group's estimate, written."""
-    now = utcnow()
+    now = now or utcnow()
     waiting = read_waiting()
     result = PredictResult()
     nodes = load_nodes()
@@ -146,7 +156,16 @@ def predict() -> PredictResult:
         else:
             task_rows[item.id] = document
     with connection.cursor() as cursor:
-        cursor.execute(WRITE_TASKS, [list(task_rows), list(task_rows.values()), list(task_rows)])
+        cursor.execute(
+            WRITE_TASKS,
+            [
+                list(task_rows),
+                list(task_rows.values()),
+                list(task_rows),
+                SAMPLES_KEPT,
+                SAMPLE_EVERY.total_seconds(),
+            ],
+        )
         cursor.execute(WRITE_GROUPS, [list(group_rows), list(group_rows.values()), list(group_rows)])
     result.tasks, result.groups = len(task_rows), len(group_rows)
     return result
@@ -282,3 +301,73 @@ def _json_list(value) -> list:
     if not value:
         return []
     return orjson.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+# How far ahead an estimate was (the real start less when it was made), in the bands the
+# accuracy report groups by: (label, from seconds, to seconds or None).
+LEAD_BANDS = (
+    ("under 10 minutes", 0, 600),
+    ("10 minutes to 1 hour", 600, 3600),
+    ("1 to 6 hours", 3600, 6 * 3600),
+    ("6 to 24 hours", 6 * 3600, 24 * 3600),
+    ("over 24 hours", 24 * 3600, None),
+)
+# Every kept estimate (a p50 given) of the tasks that started since a moment: how far
+# ahead it was made, and how far off its p50 was. A gang counts once, by its rank 0.
+ACCURACY_SQL = """
+    WITH kept AS (
+        SELECT x.ordinality = 1 AS at_submission,
+               extract(epoch FROM t.started_at - (x.sample ->> 'computed_at')::timestamptz) AS lead,
+               abs(extract(epoch FROM (x.sample ->> 'p50')::timestamptz - t.started_at)) AS error
+        FROM tasks t
+        CROSS JOIN LATERAL jsonb_array_elements(t.estimate_samples) WITH ORDINALITY AS x(sample, ordinality)
+        WHERE t.started_at >= %s AND t.estimate_samples IS NOT NULL AND (t.group_id IS NULL OR t.rank = 0)
+          AND jsonb_typeof(x.sample -> 'p50') = 'string'
+    )
+    SELECT band, count(*),
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY error),
+           percentile_cont(0.9) WITHIN GROUP (ORDER BY error),
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY error / greatest(lead, 1))
+    FROM (
+        SELECT CASE {bands} END AS band, lead, error FROM kept WHERE lead >= 0
+        UNION ALL
+        SELECT -1, lead, error FROM kept WHERE at_submission AND lead >= %s
+    ) banded
+    GROUP BY band
+"""
+
+
+def accuracy(since: datetime, long_wait_seconds: int = 600) -> dict:
+    """How far off the kept estimates of the tasks that started since `since` were, by
+    how far ahead they were made: per band the count and the median and 90th-percentile
+    absolute error (seconds), and the median error relative to the wait that was left.
+    `at_submission` is the first estimate of each task that waited over `long_wait_seconds`
+    (issue 34's target: a median relative error of at most 30 %)."""
+    cases = " ".join(
+        f"WHEN lead < {end} THEN {index}" if end is not None else f"ELSE {index}"
+        for index, (_, _, end) in enumerate(LEAD_BANDS)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(ACCURACY_SQL.format(bands=cases), [since, long_wait_seconds])
+        found = {row[0]: row for row in cursor.fetchall()}
+
+    def summary(row) -> dict:
+        if row is None:
+            return {"estimates": 0} | dict.fromkeys(
+                ("median_error_seconds", "p90_error_seconds", "median_relative_error")
+            )
+        return {
+            "estimates": row[1],
+            "median_error_seconds": round(row[2], 1),
+            "p90_error_seconds": round(row[3], 1),
+            "median_relative_error": round(row[4], 3),
+        }
+
+    return {
+        "since": since.isoformat(),
+        "bands": [
+            {"lead": label, "from_seconds": start, "to_seconds": end} | summary(found.get(index))
+            for index, (label, start, end) in enumerate(LEAD_BANDS)
+        ],
+        "at_submission": {"min_wait_seconds": long_wait_seconds} | summary(found.get(-1)),
+    }

@@ -238,12 +238,18 @@ class Task(TenantOwned):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # when it is expected to start while it waits, and the first estimate it got, kept
-    # after it starts beside started_at (apps.scheduler.predictions, docs/predictions.md)
+    # when it is expected to start while it waits; and the accuracy record: its first
+    # estimate, then one per hour of waiting, kept after it starts beside started_at
+    # (apps.scheduler.predictions, docs/predictions.md)
     estimated_start = models.JSONField(
         null=True, blank=True, default=None, help_text='{"p50", "p90", "computed_at", "basis"} or null'
     )
-    first_estimate = models.JSONField(null=True, blank=True, default=None, help_text="the first estimated_start")
+    estimate_samples = models.JSONField(
+        null=True,
+        blank=True,
+        default=None,
+        help_text='[{"computed_at", "p50", "p90"}]: the first estimate, then one per hour of waiting',
+    )
     # GPU time: each run (claim to requeue or end) adds gpu_required × its length; the
     # total is settled once, when the task ends (UsageRecord)
     running_since = models.DateTimeField(

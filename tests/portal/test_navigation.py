@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 GROUPS = {
     "fleet": ["Nodes", "Monitor", "GPU health", "Environment", "Slices", "Energy"],
-    "work": ["Tasks", "Queues", "Training", "Inference", "Models"],
+    "work": ["Tasks", "Queues", "Estimate accuracy", "Training", "Inference", "Models"],
     "serving": ["Endpoint keys", "Usage"],
     "account": ["API keys", "Members", "Admin"],
 }
@@ -50,11 +50,12 @@ def marked(html: str) -> tuple[list, list]:
 def test_each_role_sees_the_groups_and_only_the_links_it_may_follow(client, world):
     everything = {"": ["Dashboard", "Alerts"], **GROUPS}
     assert menu_of(page(signed_in(client, world.operator), "/portal/")) == everything
+    people = everything | {"work": [link for link in GROUPS["work"] if link != "Estimate accuracy"]}  # operators'
     tenant_admin = menu_of(page(signed_in(client, world.users["acme-admin"]), "/portal/"))
-    assert tenant_admin == everything | {"account": ["API keys", "Members"]}  # no Django admin: not staff
+    assert tenant_admin == people | {"account": ["API keys", "Members"]}  # no Django admin: not staff
     for role in ("acme-member", "acme-viewer"):
         html = page(signed_in(client, world.users[role]), "/portal/")
-        assert menu_of(html) == everything | {"account": ["API keys"]}, role
+        assert menu_of(html) == people | {"account": ["API keys"]}, role
         assert 'href="/portal/members/"' not in nav(html) and 'href="/admin/"' not in nav(html)
         assert f"Sign out {world.users[role].username}" in nav(html)  # in the account group
 
@@ -73,6 +74,7 @@ def test_each_role_sees_the_groups_and_only_the_links_it_may_follow(client, worl
         ("/portal/tasks/", "work", "Tasks"),
         ("/portal/tasks/new/", "work", "Tasks"),
         ("/portal/queues/", "work", "Queues"),
+        ("/portal/queues/estimates/", "work", "Estimate accuracy"),
         ("/portal/training/new/", "work", "Training"),
         ("/portal/inference/", "work", "Inference"),
         ("/portal/models/new/", "work", "Models"),

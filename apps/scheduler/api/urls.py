@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.scheduler.api import queues, views
+from apps.scheduler.api import predictions, queues, views
 
 urlpatterns = [
     path("scheduler/plugins", views.PluginListView.as_view(), name="scheduler-plugins"),
@@ -15,4 +15,6 @@ urlpatterns = [
     path("admin/queues", queues.AdminQueueListView.as_view(), name="admin-queues"),
     path("admin/queues/<slug:slug>", queues.AdminQueueView.as_view(), name="admin-queue"),
     path("queue", queues.QueueView.as_view(), name="queue"),
+    # how accurate the start-time estimates were (docs/predictions.md#accuracy)
+    path("admin/predictions/accuracy", predictions.PredictionAccuracyView.as_view(), name="prediction-accuracy"),
 ]

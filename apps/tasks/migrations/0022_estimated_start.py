@@ -17,8 +17,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name='task',
-            name='first_estimate',
-            field=models.JSONField(blank=True, default=None, help_text='the first estimated_start', null=True),
+            name='estimate_samples',
+            field=models.JSONField(blank=True, default=None, help_text='[{"computed_at", "p50", "p90"}]: the first estimate, then one per hour of waiting', null=True),
         ),
         migrations.AddField(
             model_name='taskgroup',
