@@ -46,6 +46,7 @@ urlpatterns = [
     path("tasks/new/", tasks.task_new, name="task-new"),
     path("tasks/<int:pk>/", tasks.task_detail, name="task"),
     path("tasks/<int:pk>/stop/", tasks.task_stop, name="task-stop"),
+    path("tasks/<int:pk>/resubmit/", tasks.task_resubmit, name="task-resubmit"),
     path("tasks/<int:pk>/terminal/", terminal.terminal, name="terminal"),
     path("tasks/<int:pk>/terminal/ticket/", terminal.terminal_ticket, name="terminal-ticket"),
     path("tasks/<int:pk>/open/", terminal.task_open, name="task-open"),

@@ -31,7 +31,9 @@ from apps.scheduler.core import (
     place_queue,
     rejections,
 )
+from apps.scheduler.core.forecast import copy_nodes
 from apps.scheduler.core.queues import holdings_of
+from apps.scheduler.core.suggestions import suggest as suggest_changes
 from apps.scheduler.lending import lend_for
 from apps.scheduler.plugins import plugin_settings, sharing_rule
 from apps.scheduler.preemption import preempt_for, reclaim_for
@@ -241,32 +243,42 @@ def dry_run(request: TaskReq | GroupReq) -> Decision | Failure | GroupDecision |
     return explain_now(request)[0]
 
 
-def explain_now(request: TaskReq | GroupReq) -> tuple[Decision | Failure | GroupDecision | GroupFailure, dict]:
+def explain_now(
+    request: TaskReq | GroupReq, *, suggest: bool = False
+) -> tuple[Decision | Failure | GroupDecision | GroupFailure, dict]:
     """dry_run, and for a task that does not fit what the explanation adds to its reason
     (computed here, on the same snapshot, never in the cycle): `nodes`, each node the
     chain removes with the filter that removed it (core.rejections); `message`, in
     words, how its runtime, node labels or service kept nodes off, naming a wanted label
     no node has (core.constraint_words); and, when what the cards' readings say is in use
     keeps it off (`memory_in_use`), `cards`: where, with the ledger's and the measured
-    free memory, the reserve and what it needs (core.memory_detail)."""
+    free memory, the reserve and what it needs (core.memory_detail). With `suggest`, a
+    task or group that does not fit also gets `suggestions`: the smallest changes that
+    the same placement, on the same snapshot, would place (core.suggestions)."""
     exclude = request.id if isinstance(request, GroupReq) else None
     nodes, settings, may_share = load_nodes(), plugin_settings(), sharing_rule()
     siblings = replicas_on_nodes([request]) if isinstance(request, TaskReq) else {}
     held = standing_reservations(request.priority, exclude=exclude)
     now = utcnow()
-    placement = place_queue(
-        [request],
-        nodes,
-        settings,
-        may_share,
-        held=held,
-        siblings=siblings,
-        now=now.timestamp(),
-        ends=expected_ends(now) if held else None,
-    )
+    ends = expected_ends(now) if held else None
+    pristine = copy_nodes(nodes) if suggest else []
+
+    def place(work: TaskReq | GroupReq, fleet: list[NodeSnap]):
+        return place_queue(
+            [work], fleet, settings, may_share, held=held, siblings=siblings, now=now.timestamp(), ends=ends
+        )
+
+    placement = place(request, nodes)
     outcomes = [*placement.decisions, *placement.failures, *placement.groups, *placement.group_failures]
     outcome = outcomes[0]
     detail: dict = {}
+    if suggest and isinstance(outcome, (Failure, GroupFailure)):
+
+        def places(changed: TaskReq | GroupReq) -> bool:
+            trial = place(changed, copy_nodes(pristine))
+            return bool(trial.decisions or trial.groups)
+
+        detail["suggestions"] = suggest_changes(request, pristine, places)
     if isinstance(outcome, Failure):
         # the placement took nothing (it failed): the snapshot is as it was read
         apart = siblings.get(request.replica_of) if request.replica_of is not None else None

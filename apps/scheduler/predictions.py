@@ -25,12 +25,16 @@ from apps.scheduler.queue import SINGLE_SQL, group_request, jsonb, task_request
 from apps.scheduler.reservations import reserving_groups
 from apps.scheduler.snapshot import load_nodes
 from apps.tasks.choices import TERMINAL
+from apps.tasks.models import Task
 
 PREDICT_CAP = 5000  # pending single tasks forecast per run, in queue order (the rest keep their last estimate)
 # The accuracy record (docs/predictions.md#accuracy): a task keeps its first estimate, then
 # one per SAMPLE_EVERY of waiting, at most SAMPLES_KEPT (a week of hours).
 SAMPLE_EVERY = timedelta(hours=1)
 SAMPLES_KEPT = 168
+# A wait suggestion names the running task whose expected end frees the cards when that
+# end is this close to the estimated start (beyond it, simulated work ahead ends last).
+WAIT_NAMED_WITHIN = timedelta(minutes=1)
 
 # Every pending single task in queue order, with what its expected duration is learned by.
 PENDING_SQL = f"""
@@ -371,3 +375,33 @@ def accuracy(since: datetime, long_wait_seconds: int = 600) -> dict:
         ],
         "at_submission": {"min_wait_seconds": long_wait_seconds} | summary(found.get(-1)),
     }
+
+
+def waiting_for(estimate: dict | None, now: datetime | None = None) -> dict | None:
+    """The suggestion to wait, from a waiting item's estimate: when it is expected to
+    start and, where a running task's expected end is what frees its cards (within
+    WAIT_NAMED_WITHIN of the start), that task. None without an estimate, or when it
+    fits now."""
+    if not estimate or not estimate.get("p50"):
+        return None
+    now = now or utcnow()
+    start = datetime.fromisoformat(estimate["p50"])
+    if start <= now + WAIT_NAMED_WITHIN:
+        return None
+    ends = read_running(now.timestamp())
+    before = [(end.p50, task_id) for task_id, end in ends.items() if end.p50 <= start.timestamp() + 1]
+    last_end, last = max(before, default=(None, None))
+    why = f"wait: expected to start at about {estimate['p50']} once the work ahead of it ends"
+    if last is not None and start.timestamp() - last_end <= WAIT_NAMED_WITHIN.total_seconds():
+        name = Task.objects.filter(pk=last).values_list("name", flat=True).first()
+        why = f"wait for task {last} ({name}) to end at about {_iso(last_end)}"
+    return {"change": {}, "starts": estimate["p50"], "why": why}
+
+
+def suggestion_rows(detail: dict, estimate: dict | None) -> list[dict]:
+    """Explain's suggestions (docs/predictions.md#suggestions): those the dry run found
+    (popped from its detail, cycle.explain_now), each starting now, then the wait the
+    item's estimate foresees."""
+    rows = [{"change": found.change, "starts": "now", "why": found.why} for found in detail.pop("suggestions", [])]
+    wait = waiting_for(estimate)
+    return rows + [wait] if wait else rows

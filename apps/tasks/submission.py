@@ -7,13 +7,16 @@ is a task group (POST /api/v1/task-groups), then created as its world_size membe
 from __future__ import annotations
 
 from django.conf import settings
+from django.db import transaction
 from django_tenants.utils import schema_context
 from rest_framework.exceptions import ValidationError
 
 from apps.confidential.models import Secret
 from apps.confidential.services import record_audit
+from apps.core.error_codes import CoreErrorCode
+from apps.core.errors import Conflict
 from apps.tasks import services
-from apps.tasks.choices import MAX_TASK_SECONDS, TaskKind
+from apps.tasks.choices import MAX_TASK_SECONDS, TaskKind, TaskStatus
 from apps.tasks.models import Task, TaskGroup
 from apps.tenants import policy
 from apps.tenants.models import Tenant
@@ -86,6 +89,41 @@ def submit_task(principal, validated: dict) -> Task:
     # after the create's commit: its tenant lock is not held through one more insert
     record_audit(tenant, principal, "task.created", str(task.pk), name=task.name)
     return task
+
+
+def resubmit_task(principal, task: Task, validated: dict, change: dict) -> Task:
+    """Queue `task` again with `change` (its submission with those fields replaced,
+    validated as a create) and cancel it, in one transaction: both happen or neither
+    does (a refused create leaves the task waiting). Each records the other in its
+    events, and the audit records the new task. Raises what submit_task raises, and
+    Conflict (409) when the task is no longer waiting."""
+    policy.check_may_stop_task(principal, task)
+    tenant, data = prepared(principal, validated)
+    with transaction.atomic():
+        if not services.move_tasks([task.pk], (TaskStatus.PENDING,), TaskStatus.CANCELLED):
+            task.refresh_from_db(fields=["status"])
+            raise Conflict(
+                f"Task {task.pk} is {task.status}, no longer waiting; nothing changed.", CoreErrorCode.STATUS_CHANGED
+            )
+        new = services.create_task(tenant=tenant, created_by=principal.user, **data)
+        services.record_event(
+            task,
+            kind="resubmitted",
+            message=f"cancelled: resubmitted as task {new.pk} with {format_change(change)}",
+            details={"as": new.pk, "change": change},
+        )
+        services.record_event(
+            new,
+            kind="resubmitted_from",
+            message=f"task {task.pk} resubmitted with {format_change(change)}",
+            details={"from": task.pk, "change": change},
+        )
+    record_audit(tenant, principal, "task.resubmitted", str(new.pk), name=new.name, resubmitted_from=task.pk)
+    return new
+
+
+def format_change(change: dict) -> str:
+    return ", ".join(f"{field}={value!r}" for field, value in change.items()) or "no change"
 
 
 def submit_array(principal, validated: dict) -> list[Task]:

@@ -9,6 +9,7 @@ problem, a task that failed (`hf run --follow` exits with the task's own exit co
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
@@ -494,11 +495,12 @@ def stop(task_ids) -> None:
 
     client = state().client
     stopped = [client.tasks.stop(ident) for ident in task_ids]
-    show(
-        stopped,
-        fmt(),
-        lambda: table(stopped, [("ID", lambda t: t.id), ("NAME", lambda t: t.name), ("STATUS", lambda t: t.status)]),
-    )
+    show(stopped, fmt(), lambda: table(stopped, status_rows()))
+
+
+def status_rows():
+    """A task's id, name and status: what a command that moved tasks prints."""
+    return [("ID", lambda t: t.id), ("NAME", lambda t: t.name), ("STATUS", lambda t: t.status)]
 
 
 # --- why a task waits --------------------------------------------------------------------------
@@ -600,7 +602,21 @@ def explain_words(answer: dict) -> list[str]:
                 )
     if answer.get("reservation"):
         lines.append(f"Reservation: {answer['reservation']}")
+    suggestions = answer.get("suggestions") or []
+    if suggestions:
+        lines.append("What would start it:")
+        for row in suggestions:
+            change = ", ".join(f"{field}={change_words(value)}" for field, value in (row.get("change") or {}).items())
+            when = "now" if row.get("starts") == "now" else f"at about {row.get('starts')}"
+            lines.append(f"  {change or 'no change'} (starts {when}): {row.get('why', '')}")
     return lines
+
+
+def change_words(value) -> str:
+    """A changed field's value as `hf run` would take it: text, or JSON for a mapping."""
+    if isinstance(value, (dict, list)) or value is None:
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
 
 
 @cli.command(epilog=example("hf explain 42"))
@@ -616,6 +632,27 @@ def explain(task_id) -> None:
         return
     for line in explain_words(answer):
         click.echo(line)
+
+
+@cli.command(epilog=example("hf resubmit 42 gpu_required=4", "hf resubmit 42 gpu_type=ascend affinity=null"))
+@click.argument("task_id")
+@click.argument("changes", nargs=-1, required=True)
+@output_option
+def resubmit(task_id, changes) -> None:
+    """Queue a waiting task again with a change (one `hf explain` suggests) and cancel it."""
+    from heteroflow_client.output import show, table
+
+    change = {}
+    for pair in changes:
+        field, equals, text = pair.partition("=")
+        if not equals or not field:
+            raise click.BadParameter(f"{pair!r}: give FIELD=VALUE, as `hf explain` prints them.")
+        try:
+            change[field] = json.loads(text)
+        except ValueError:
+            change[field] = text
+    new = state().client.tasks.resubmit(task_id, change)
+    show(new, fmt(), lambda: table([new], status_rows()))
 
 
 # --- job files -----------------------------------------------------------------------------------

@@ -97,6 +97,11 @@ class Tasks(Namespace):
     def explain(self, task: TaskRef) -> dict:
         return self.http.get(f"tasks/{task_id(task)}/explain")
 
+    def resubmit(self, task: TaskRef, change: dict) -> Task:
+        """Queue a waiting task again with `change` (one of explain's suggestions) and
+        cancel it: the new task."""
+        return Task.from_api(self.http.post(f"tasks/{task_id(task)}/resubmit", {"change": change}))
+
     def events(self, task: TaskRef) -> list[dict]:
         return self.http.get(f"tasks/{task_id(task)}/events")
 

@@ -24,3 +24,18 @@ def test_no_estimate_says_why_and_none_yet_says_nothing():
     assert start_words(unknown, short=True, now=NOW) == "?"
     assert start_words(unknown, now=NOW) == "unknown: waits for a node type that is not in the cluster"
     assert start_words(None) is None
+
+
+def test_hf_resubmit_sends_the_change_as_explain_prints_it(hf, fakeapi):
+    from hf_fakeapi import Answer
+
+    new = {"id": 43, "name": "big", "status": "pending"}
+    fakeapi.route("POST", "/api/v1/tasks/42/resubmit", lambda r, m: Answer(201, new))
+    code, out, _ = hf("resubmit", "42", "gpu_required=4", "affinity=null", "gpu_type=ascend")
+    assert code == 0 and "43" in out and "pending" in out
+    assert fakeapi.got("POST", "/api/v1/tasks/42/resubmit")[-1].body == {
+        "change": {"gpu_required": 4, "affinity": None, "gpu_type": "ascend"}
+    }
+    code, _, err = hf("resubmit", "42", "gpu_required")
+    assert code == 2 and "FIELD=VALUE" in err
+    assert len(fakeapi.got("POST", "/api/v1/tasks/42/resubmit")) == 1  # nothing sent

@@ -31,3 +31,23 @@ def test_a_loan_reads_as_words_while_it_waits_and_once_it_holds_the_cards():
         "It holds cards lent by chat (service 7): 2 replicas, put to sleep since 2026-12-07T06:00; "
         "traffic to that service takes them back (the task is preempted).",
     ]
+
+
+def test_the_suggestions_read_as_changes_hf_run_takes_and_a_wait():
+    answer = {
+        "task_id": 9,
+        "status": "pending",
+        "schedule_reason": {},
+        "now": None,
+        "suggestions": [
+            {"change": {"gpu_required": 4}, "starts": "now", "why": "4 cards instead of 8 fit on one node now"},
+            {"change": {"affinity": None}, "starts": "now", "why": "without the affinity label `disk` it fits now"},
+            {"change": {}, "starts": "2026-12-07T18:00:00+00:00", "why": "wait for task 3 (train) to end at about …"},
+        ],
+    }
+    assert explain_words(answer)[-4:] == [
+        "What would start it:",
+        "  gpu_required=4 (starts now): 4 cards instead of 8 fit on one node now",
+        "  affinity=null (starts now): without the affinity label `disk` it fits now",
+        "  no change (starts at about 2026-12-07T18:00:00+00:00): wait for task 3 (train) to end at about …",
+    ]

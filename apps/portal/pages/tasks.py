@@ -12,6 +12,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
+from rest_framework.exceptions import ValidationError
 
 from apps.core.errors import Conflict
 from apps.core.views import get_visible_or_404
@@ -20,7 +21,9 @@ from apps.nodes.choices import GpuVendor
 from apps.portal.access import portal_page
 from apps.portal.pages.common import choice, paginate, through_api_for_a_tenant
 from apps.portal.pages.logs import task_log_panel
+from apps.scheduler import cycle, predictions, queue
 from apps.tasks import services
+from apps.tasks.api.create import resubmitted
 from apps.tasks.api.serializers import TaskCreateSerializer
 from apps.tasks.choices import TERMINAL, TaskKind, TaskStatus
 from apps.tasks.models import Task
@@ -192,6 +195,23 @@ def start_estimate(task: Task) -> dict | None:
     }
 
 
+def suggestions_of(task: Task) -> list[dict]:
+    """What would start a waiting single task (explain's suggestions, on a fresh dry run),
+    each with its change as the page's resubmit form posts it."""
+    waiting = queue.pending_request(task) if task.group_id is None else None
+    if waiting is None:
+        return []
+    _, detail = cycle.explain_now(waiting, suggest=True)
+    return [
+        row
+        | {
+            "change_json": json.dumps(row["change"], separators=(",", ":")),
+            "change_words": ", ".join(f"{field} {json.dumps(value)}" for field, value in row["change"].items()),
+        }
+        for row in predictions.suggestion_rows(detail, task.estimated_start)
+    ]
+
+
 def history(task: Task) -> list[dict]:
     """What happened to the task: its lifecycle times and its recorded events, in order."""
     items = [{"at": task.created_at, "kind": "created", "message": f"Queued by {task.created_by or 'an API key'}."}]
@@ -218,6 +238,8 @@ def task_detail(request, pk):
             "cards": cards,
             "explanation": explanation(task),
             "estimate": start_estimate(task),
+            "suggestions": suggestions_of(task),
+            "may_resubmit": policy.may_create_tasks(principal, task.tenant) and policy.may_stop_task(principal, task),
             "loans": open_loans_of_task(task.pk) if task.kind == TaskKind.TRAINING else [],
             "history": history(task),
             "may_stop": policy.may_stop_task(principal, task) and task.status in CANCELLABLE + STOPPABLE,
@@ -247,3 +269,32 @@ def task_stop(request, pk):
     else:
         messages.success(request, f"Task #{task.pk} is {task.status}.")
     return redirect("portal:task", task.pk)
+
+
+@require_POST
+@portal_page
+def task_resubmit(request, pk):
+    """One of the task page's suggestions, taken: the task queued again with the change
+    and cancelled, as POST /api/v1/tasks/{id}/resubmit does."""
+    principal = request.principal
+    task = get_visible_or_404(Task, principal, pk=pk)
+    try:
+        change = json.loads(request.POST.get("change", ""))
+        new = resubmitted(principal, task, {"change": change})
+    except ValueError:
+        messages.error(request, "That change could not be read; nothing changed.")
+    except (ValidationError, Conflict) as exc:
+        messages.error(request, f"Not resubmitted: {flat_detail(exc.detail)}")
+    else:
+        messages.success(request, f"Task #{new.pk} queued with the change; task #{task.pk} cancelled.")
+        return redirect("portal:task", new.pk)
+    return redirect("portal:task", task.pk)
+
+
+def flat_detail(detail) -> str:
+    """An API error's detail (a message, a list or a field mapping) as one line."""
+    if isinstance(detail, dict):
+        return "; ".join(f"{field}: {flat_detail(value)}" for field, value in detail.items())
+    if isinstance(detail, list):
+        return " ".join(flat_detail(value) for value in detail)
+    return str(detail)

@@ -9,7 +9,7 @@ from apps.core.permissions import IsOperator
 from apps.core.serializers import StrictSerializer
 from apps.core.views import ScopedAPIView
 from apps.inference.selectors import open_loans_of_group, open_loans_of_task
-from apps.scheduler import cycle, plugins, queue
+from apps.scheduler import cycle, plugins, predictions, queue
 from apps.scheduler.core import Decision, GroupDecision, GroupFailure, GroupReq, TaskReq, constraints, model_words
 from apps.scheduler.queue import group_constraints
 from apps.tasks.api.serializers import RUNTIME_HELP, AffinitySerializer, AntiAffinitySerializer, constraints_problems
@@ -179,6 +179,19 @@ class LoanRow(serializers.Serializer):
     returned_why = serializers.CharField()
 
 
+class SuggestionRow(serializers.Serializer):
+    change = serializers.DictField(help_text="the submission fields to change; {} for a wait")
+    starts = serializers.CharField(help_text='"now", or when it is expected to start (ISO time)')
+    why = serializers.CharField()
+
+
+SUGGESTIONS_HELP = (
+    "while it waits: the smallest change of each kind that would place it now (fewer cards, another GPU type, "
+    "less memory per card, a hard constraint dropped), tried by the real placement on the same snapshot, then "
+    "the wait its estimate foresees (docs/predictions.md#suggestions)"
+)
+
+
 class TaskExplainAnswer(serializers.Serializer):
     task_id = serializers.IntegerField()
     status = serializers.CharField()
@@ -187,6 +200,7 @@ class TaskExplainAnswer(serializers.Serializer):
         "stop to lend it their cards (`loan`: node_id, services, replicas)"
     )
     now = DryRunAnswer(allow_null=True, help_text="a dry run of the task now, while it waits; null otherwise")
+    suggestions = SuggestionRow(many=True, help_text=SUGGESTIONS_HELP)
     loans = LoanRow(
         many=True,
         help_text="the open loans of idle inference cards it borrows (docs/inference.md#training-borrows-idle-cards)",
@@ -204,12 +218,18 @@ class TaskExplainView(ScopedAPIView):
     def get(self, request, pk):
         task = self.get_object()
         waiting = queue.pending_request(task)
+        now, suggestions = None, []
+        if waiting is not None:
+            outcome, detail = cycle.explain_now(waiting, suggest=True)
+            suggestions = predictions.suggestion_rows(detail, task.estimated_start)
+            now = task_answer(outcome, detail)
         return Response(
             {
                 "task_id": task.pk,
                 "status": task.status,
                 "schedule_reason": task.schedule_reason,
-                "now": task_answer(*cycle.explain_now(waiting)) if waiting is not None else None,
+                "now": now,
+                "suggestions": suggestions,
                 "loans": open_loans_of_task(task.pk),
             }
         )
@@ -287,6 +307,7 @@ class GroupExplainAnswer(serializers.Serializer):
     reservation = serializers.DictField(help_text="its report while it is the head of its priority ({} otherwise)")
     network = serializers.DictField(help_text="the network decided at its last bind")
     now = GroupDryRunAnswer(allow_null=True, help_text="a dry run of the group now, while it waits; null otherwise")
+    suggestions = SuggestionRow(many=True, help_text=SUGGESTIONS_HELP)
     loans = LoanRow(
         many=True,
         help_text="the open loans of idle inference cards the group borrows (docs/inference.md"
@@ -304,6 +325,11 @@ class GroupExplainView(ScopedAPIView):
     def get(self, request, pk):
         group = self.get_object()
         waiting = queue.waiting_group(group)
+        now, suggestions = None, []
+        if waiting is not None:
+            outcome, detail = cycle.explain_now(waiting, suggest=True)
+            suggestions = predictions.suggestion_rows(detail, group.estimated_start)
+            now = group_answer(outcome)
         return Response(
             {
                 "group_id": group.pk,
@@ -311,7 +337,8 @@ class GroupExplainView(ScopedAPIView):
                 "schedule_reason": group.schedule_reason,
                 "reservation": group.reservation,
                 "network": group.network,
-                "now": group_answer(cycle.dry_run(waiting)) if waiting is not None else None,
+                "now": now,
+                "suggestions": suggestions,
                 "loans": open_loans_of_group(group.pk),
             }
         )

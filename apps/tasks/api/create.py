@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import threading
 
+from apps.core.error_codes import CoreErrorCode
+from apps.core.errors import Conflict
 from apps.tasks.api import serializers as s
-from apps.tasks.submission import submit_task
+from apps.tasks.choices import TaskStatus
+from apps.tasks.submission import resubmit_task, submit_task
 
 _serializers = threading.local()
 
@@ -41,3 +44,21 @@ def create_task_answer(principal, data) -> dict:
     201. Raises what the API answers otherwise: ValidationError (400),
     PermissionDenied (403), Http404, Conflict (409, quota exceeded)."""
     return task_body(submit_task(principal, validated_create(data)))
+
+
+def resubmitted(principal, task, data) -> object:
+    """POST /api/v1/tasks/{id}/resubmit and the portal's "resubmit with this change", in
+    one place: `data` ({"change": {...}}) checked, the task's submission with the change
+    validated as a create, then queued and the task cancelled (submission.resubmit_task).
+    The new task. Raises ValidationError (400), PermissionDenied (403) and Conflict (409:
+    a group member, or no longer waiting), nothing written on any."""
+    body = s.TaskResubmitSerializer(data=data)
+    body.is_valid(raise_exception=True)
+    change = body.validated_data["change"]
+    if task.group_id is not None:
+        raise Conflict(
+            f"Task {task.pk} is a member of group {task.group_id}: resubmit the group.", CoreErrorCode.INVALID_STATE
+        )
+    if task.status != TaskStatus.PENDING:
+        raise Conflict(f"Task {task.pk} is {task.status}, not waiting; nothing changed.", CoreErrorCode.INVALID_STATE)
+    return resubmit_task(principal, task, validated_create(s.submission_of(task, change)), change)

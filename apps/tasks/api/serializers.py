@@ -332,6 +332,46 @@ class ArraySerializer(StrictSerializer):
         return count
 
 
+# What a resubmission may change: the fields explain's suggestions name
+# (docs/predictions.md#suggestions).
+RESUBMIT_FIELDS = ("gpu_required", "gpu_type", "gpu_memory_mb", "labels", "affinity", "anti_affinity", "runtime")
+# The create fields a task's own columns do not give back as they were submitted.
+NOT_RESUBMITTED = frozenset({"tenant", "max_hours"})
+
+
+class TaskResubmitSerializer(StrictSerializer):
+    change = serializers.DictField(
+        allow_empty=False, help_text=f"the fields to change, of: {', '.join(RESUBMIT_FIELDS)}"
+    )
+
+    def validate_change(self, value):
+        unknown = sorted(set(value) - set(RESUBMIT_FIELDS))
+        if unknown:
+            raise serializers.ValidationError(
+                f"Only {', '.join(RESUBMIT_FIELDS)} can be changed; not {', '.join(unknown)}."
+            )
+        return value
+
+
+def submission_of(task, change: dict) -> dict:
+    """The create body that submits `task` again with `change`: its own submitted fields,
+    as POST /api/v1/tasks takes them, with those replaced (a null affinity or
+    anti-affinity: none)."""
+    body = {}
+    for name in TaskCreateSerializer().fields:
+        if name in NOT_RESUBMITTED or name == "serving" and task.kind != TaskKind.INFERENCE:
+            continue
+        value = getattr(task, name, None)
+        if value not in (None, {}, ""):
+            body[name] = value
+    for name, value in change.items():
+        if value is None:
+            body.pop(name, None)
+        else:
+            body[name] = value
+    return body
+
+
 class TaskArraySerializer(TaskCreateSerializer):
     """A task body as POST /api/v1/tasks takes it, plus `array`: that many copies of the
     task, each with its index (HETEROFLOW_ARRAY_INDEX) and the count (HETEROFLOW_ARRAY_SIZE)

@@ -12,6 +12,8 @@ urlpatterns = [
     path("tasks/<int:pk>/metrics", views.TaskMetricsView.as_view(), name="task-metrics"),
     path("tasks/<int:pk>/container-lost", views.ContainerLostView.as_view(), name="task-container-lost"),
     path("tasks/<int:pk>/stop", views.TaskStopView.as_view(), name="task-stop"),
+    # queued again with one of explain's suggestions, the waiting task cancelled
+    path("tasks/<int:pk>/resubmit", views.TaskResubmitView.as_view(), name="task-resubmit"),
     path("tasks/<int:pk>/cancel", views.TaskStopView.as_view(), name="task-cancel"),
     # the energy and carbon of a tenant's tasks (docs/energy.md#tenants)
     path("usage/energy", energy.TenantEnergyView.as_view(), name="usage-energy"),

@@ -23,7 +23,7 @@ from apps.core.views import ScopedAPIView
 from apps.nodes.metrics import card_series
 from apps.tasks import log_stream, logs, services
 from apps.tasks.api import serializers as s
-from apps.tasks.api.create import create_task_answer
+from apps.tasks.api.create import create_task_answer, resubmitted
 from apps.tasks.choices import TERMINAL, GroupPlacement, TaskKind
 from apps.tasks.error_codes import TaskErrorCode
 from apps.tasks.models import Task, TaskGroup, TaskLogState
@@ -215,6 +215,16 @@ class TaskStopView(TaskView):
         task = self.get_object()
         policy.check_may_stop_task(request.auth, task)
         return Response(s.TaskSerializer(services.stop_task(task)).data)
+
+
+class TaskResubmitView(TaskView):
+    """A waiting task queued again with a change (one of explain's suggestions), and
+    cancelled: both or neither; each records the other in its events."""
+
+    @extend_schema(request=s.TaskResubmitSerializer, responses={201: s.TaskSerializer})
+    def post(self, request, pk):
+        new = resubmitted(request.auth, self.get_object(), request.data)
+        return Response(s.TaskSerializer(new).data, status=status.HTTP_201_CREATED)
 
 
 class TaskStatsView(APIView):
