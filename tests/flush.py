@@ -37,3 +37,12 @@ def sql_flush_of_tables_with_rows(self, style, tables, *, reset_sequences=False,
 
 def install() -> None:
     DatabaseOperations.sql_flush = sql_flush_of_tables_with_rows
+
+
+def empty_database() -> None:
+    """What a transactional test's teardown does, for a fixture that outlives its tests:
+    a module's control plane and agent keep writing after its last test's flush (a beat
+    registers the node again), and a later test on the same database would find it."""
+    from django.core.management import call_command
+
+    call_command("flush", verbosity=0, interactive=False, allow_cascade=True)

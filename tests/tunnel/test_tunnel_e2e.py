@@ -48,6 +48,7 @@ from apps.tunnel.models import TunnelSession
 from heteroflow.launcher import tunnel_command, web_command
 from tests.factories import UserFactory
 from tests.faults.cluster import ControlPlane
+from tests.flush import empty_database
 from tests.headers import bearer_http
 from tests.live import REPO, free_port, start_agent, stop_process, wait_until
 
@@ -113,6 +114,8 @@ def plane(django_db_setup, django_db_blocker, tmp_path_factory):
         stop_process(agent)
         a.stop()
         b.stop()
+        with django_db_blocker.unblock():
+            empty_database()  # what the agent wrote after the last test's flush
 
 
 def explain(plane) -> str:
@@ -503,10 +506,13 @@ def test_the_portal_terminal_is_a_shell_in_the_task_for_a_member_and_refused_to_
             rows = page.locator("#terminal .xterm-rows")
             page.keyboard.type("echo hello-$((6*7)); stty size\n")
             sync_api.expect(rows).to_contain_text("hello-42", timeout=15_000)
-            size = page.evaluate(
+            # stty's answer is the next row, which may be drawn a moment after the echo's
+            size_rows = (
                 "() => [...document.querySelectorAll('#terminal .xterm-rows > div')].map(r => r.textContent.trim())"
                 ".filter(t => /^\\d+ \\d+$/.test(t))"
             )
+            page.wait_for_function(f"({size_rows})().length > 0", timeout=15_000)
+            size = page.evaluate(size_rows)
             assert size, rows.text_content()
             rows_, cols = map(int, size[-1].split())
             assert cols > 80 and rows_ > 10, size  # the browser's size, not a default 80x24
