@@ -9,7 +9,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 # (each explained in docs/security.md#bandit); any new finding fails it.
 SECURITY_PATHS := apps heteroflow agent/heteroflow_agent celery_worker.py manage.py
 
-.PHONY: up test test-fast lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway bench-tunnel bench-cli bench-logs soak
+.PHONY: up test test-fast lint security install engines stores clean-data bench bench-scheduler bench-agent bench-sweep bench-submit bench-gateway bench-tunnel bench-simulate bench-predict bench-cli bench-logs soak
 
 up: $(DEPS_STAMP)
 	$(BIN)/python -m heteroflow.launcher up
@@ -82,6 +82,16 @@ bench-gateway: $(DEPS_STAMP)
 # an idle tunnel's memory and bytes/s per node (the 10,000-node plan).
 bench-tunnel: $(DEPS_STAMP)
 	$(BIN)/python bench/tunnel.py $(BENCH_ARGS)
+
+# The simulator (docs/simulate.md#speed): a generated week of 100,000 jobs replayed on
+# 1,000 nodes × 8 cards, binpack and spread; the target is 120 s each.
+bench-simulate: $(DEPS_STAMP)
+	$(BIN)/python bench/simulate.py $(BENCH_ARGS)
+
+# The start-time estimates' accuracy (docs/predictions.md#measured-accuracy): a generated
+# two-day trace replayed on a busy fleet, each job's first estimate against its real start.
+bench-predict: $(DEPS_STAMP)
+	$(BIN)/python bench/predict.py $(BENCH_ARGS)
 
 # Live logs under load (docs/deployment.md#live-logs): ingestion MB/s, the heartbeat's p99
 # with and without it, print-to-screen latency through a real agent and `hf logs -f`, and

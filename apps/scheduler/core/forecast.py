@@ -207,7 +207,12 @@ def could_fit(
     condition, never a placement rule): a task's whole cards free on one node of its type,
     a gang's cards per worker on one node and all its cards in the fleet. Shares, work
     without cards and the gangs that reserve are always kept."""
-    most: dict[str, int] = {}  # vendor ("" for any) -> the most free whole cards on one node
+    return fits_by_count(waiting, *idle_counts(fleet), reserving)
+
+
+def idle_counts(fleet: Iterable[NodeSnap]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per vendor ("" for any): the most idle whole cards on one node, and in all."""
+    most: dict[str, int] = {}
     total: dict[str, int] = {}
     for node in fleet:
         here: dict[str, int] = {}
@@ -219,6 +224,16 @@ def could_fit(
         for vendor, count in here.items():
             most[vendor] = max(most.get(vendor, 0), count)
             total[vendor] = total.get(vendor, 0) + count
+    return most, total
+
+
+def fits_by_count(
+    waiting: Sequence[TaskReq | GroupReq],
+    most: Mapping[str, int],
+    total: Mapping[str, int],
+    reserving: Mapping[int, Sequence[str]],
+) -> list[TaskReq | GroupReq]:
+    """could_fit, given the idle counts (idle_counts)."""
     kept = []
     for item in waiting:
         if isinstance(item, GroupReq):
@@ -264,7 +279,7 @@ class IdleCluster:
 
     def __init__(self, nodes: Sequence[NodeSnap], settings: PluginSettings, may_share: Callable[[int, int], bool]):
         self.nodes = list(nodes)
-        self.idle = [_idle_node(node) for node in self.nodes]
+        self.idle = idle_fleet(self.nodes)
         self.vendors = {gpu.vendor.lower() for node in self.nodes for gpu in node.gpus}
         self.settings, self.may_share = settings, may_share
 
@@ -298,6 +313,11 @@ def why_never(
 
 def _idle_node(node: NodeSnap) -> NodeSnap:
     return replace(node, gpus=[_idle(gpu) for gpu in node.gpus])
+
+
+def idle_fleet(nodes: Iterable[NodeSnap]) -> list[NodeSnap]:
+    """The fleet with every card free and its readings dropped (a replay starts from it)."""
+    return [_idle_node(node) for node in nodes]
 
 
 def _idle(gpu: GpuSnap) -> GpuSnap:
