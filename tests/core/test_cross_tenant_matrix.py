@@ -91,6 +91,7 @@ OWNED = {
     "task-container-lost": lambda w, o: {"pk": o["task"].pk},
     "task-stop": lambda w, o: {"pk": o["task"].pk},
     "task-cancel": lambda w, o: {"pk": o["task"].pk},
+    "task-resubmit": lambda w, o: {"pk": o["task"].pk},
     "task-group-detail": lambda w, o: {"pk": o["group"].pk},
     "task-group-stop": lambda w, o: {"pk": o["group"].pk},
     "task-group-events": lambda w, o: {"pk": o["group"].pk},
