@@ -86,7 +86,9 @@ class Predictor:
                 guess.basis,
             )
         durations = {item_key(request): self.duration(self.jobs[request.id]) for request in waiting}
-        found = estimate(waiting, run.fleet, self.settings, lambda a, b: a == b, clock, running, durations)
+        found = estimate(
+            waiting, run.fleet, self.settings, lambda a, b: a == b, clock, running, durations, reserving=run.reserving
+        )
         for request in new:
             self.first[request.id] = found[item_key(request)].p50
         self.seconds += time.perf_counter() - started

@@ -146,7 +146,7 @@ def replay(
         if policy.specs:
             _decay_and_charge(run.history, run.fleet, policy, clock - last_clock)
         queue = [request for _, request in waiting]
-        reserving = _reserving(queue, head_since, targets, clock, policy) if waiting else {}
+        reserving = run.reserving = _reserving(queue, head_since, targets, clock, policy) if waiting else {}
         if queue:
             placement = run.place(queue, reserving, clock)
             report.cycles += 1
@@ -209,6 +209,7 @@ class ReplayFleet:
         self.end_heap: list[tuple[float, int]] = []
         self.history: dict[int, float] = {}  # tenant -> decayed card-seconds above nominal
         self.owner: dict[int, int] = {}  # task id -> its job's id (a gang's members: the gang's)
+        self.reserving: dict[int, tuple[str, ...]] = {}  # this cycle's reserving gangs and their targets
 
     @staticmethod
     def _count_idle(node: NodeSnap) -> int:
