@@ -9,9 +9,9 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from apps.scheduler.core import TaskReq
 from apps.scheduler.core.replay import Job, Policy, ReplayFleet, replay, summary
 from apps.scheduler.models import GpuAllocation
+from apps.scheduler.queue import pending_request
 from apps.scheduler.services import run_cycle
 from apps.scheduler.simulate import SimulationInputError, fleet_from_yaml, policy_from_yaml, policy_of_cluster
 from apps.scheduler.snapshot import load_nodes
@@ -82,18 +82,8 @@ def test_the_first_cycle_of_a_replay_places_what_a_real_cycle_places(world):
         make_task(acme, name="f", gpu_required=8),
         make_task(beta, name="g", gpu_required=1),
     ]
-    queue = [
-        TaskReq(
-            id=t.pk,
-            tenant_id=t.tenant_id,
-            gpu_required=t.gpu_required,
-            gpu_type=t.gpu_type,
-            priority=t.priority,
-            labels=t.labels,
-            kind=t.kind,
-        )
-        for t in sorted(pending, key=lambda t: (-t.priority, t.created_at, t.pk))
-    ]
+    # as the scheduler's queue reads them, in its order
+    queue = [pending_request(t) for t in sorted(pending, key=lambda t: (-t.priority, t.created_at, t.pk))]
     policy = policy_of_cluster()
     run = ReplayFleet([*load_nodes()], policy, lambda a, b: True)
     simulated = {d.task_id: (d.node_id, sorted(d.gpu_indices)) for d in run.place(queue, {}, 0.0).decisions}

@@ -38,6 +38,7 @@ from apps.scheduler.core.groups import GroupReq
 from apps.scheduler.core.placement import Placement, place_queue
 from apps.scheduler.core.queues import QueueBook, QueueSpec, holdings_of
 from apps.scheduler.core.snapshot import NodeSnap, PluginSettings, TaskReq
+from apps.tasks.choices import TaskKind
 
 DAY = 86400.0
 SAMPLES = 400  # utilisation and fragmentation samples kept per run, spread over it
@@ -332,7 +333,7 @@ def _request(job: Job, members: tuple[int, ...]) -> TaskReq | GroupReq:
         gpu_required=job.gpus,
         gpu_type=job.gpu_type,
         priority=job.priority,
-        kind="training",
+        kind=TaskKind.TRAINING,
         max_duration=declared,
     )
 
