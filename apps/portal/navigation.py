@@ -70,6 +70,7 @@ MENU: tuple[Link | Group, ...] = (
             Link("Tasks", "portal:tasks"),
             Link("Queues", "portal:queues"),
             Link("Estimate accuracy", "portal:prediction-accuracy", operators),
+            Link("Simulations", "portal:simulations", operators),
             Link("Training", "portal:training"),
             Link("Inference", "portal:inference"),
             Link("Models", "portal:models"),

@@ -13,6 +13,7 @@ from apps.portal.pages import (
     predictions,
     queues,
     server,
+    simulations,
     tasks,
     terminal,
     training,
@@ -76,6 +77,9 @@ urlpatterns = [
     path("energy/", energy.energy, name="energy"),
     path("queues/", queues.queues, name="queues"),
     path("queues/estimates/", predictions.prediction_accuracy, name="prediction-accuracy"),
+    path("queues/simulations/", simulations.simulation_list, name="simulations"),
+    path("queues/simulations/<int:pk>/", simulations.simulation_detail, name="simulation"),
+    path("queues/simulations/<int:pk>/<slug:name>.png", simulations.simulation_chart, name="simulation-chart"),
     # alerts
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:pk>/", alerts.alert_detail, name="alert"),

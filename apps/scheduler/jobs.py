@@ -4,13 +4,14 @@ across every worker and instance (the guard)."""
 
 from __future__ import annotations
 
+from celery import shared_task
 from django.conf import settings
 
 from apps.core.clock import utcnow
 from apps.core.enqueue import enqueue
 from apps.core.guard import periodic_job
 from apps.monitoring import metrics
-from apps.scheduler import predictions, quotas
+from apps.scheduler import predictions, quotas, simulations
 from apps.scheduler.cycle import CycleResult, run_cycle
 from apps.scheduler.preemption import force_overdue_preemptions
 from apps.scheduler.snapshot import GpuRowCache
@@ -43,3 +44,15 @@ def queue_usage_job() -> int:
 def predict_job() -> predictions.PredictResult:
     """Every waiting task's and group's start-time estimate (docs/predictions.md)."""
     return predictions.predict()
+
+
+@shared_task(name="scheduler.simulate")
+def simulate_job(simulation_id: int) -> str:
+    """One replay an operator asked for (docs/simulate.md#from-the-api-hf-and-the-portal)."""
+    return simulations.run(simulation_id)
+
+
+@periodic_job("scheduler.simulations_sweep", every=60)
+def simulations_sweep_job() -> int:
+    """Replays left queued by a lost message sent again; those left running by a dead worker failed."""
+    return simulations.sweep()

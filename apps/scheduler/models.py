@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -54,3 +55,33 @@ class QueueCursor(models.Model):
 
     class Meta:
         db_table = "scheduler_queue_cursor"
+
+
+class Simulation(models.Model):
+    """A replay an operator asked for (docs/simulate.md#from-the-api-hf-and-the-portal):
+    what to replay (`request`, as POST /api/v1/admin/simulations took it), how far it got,
+    and its report and charts once done. Written by apps.scheduler.simulations only."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    progress = models.FloatField(default=0.0, help_text="0–1: the share of the runs' simulated arrivals")
+    request = models.JSONField(help_text="work, fleet and policies, as the API took them")
+    report = models.JSONField(null=True, blank=True, help_text="report.json (docs/simulate.md#output)")
+    charts = models.JSONField(default=dict, blank=True, help_text="chart name -> PNG, base64")
+    error = models.TextField(blank=True, default="")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    moved_at = models.DateTimeField(null=True, blank=True, help_text="its last progress")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "scheduler_simulations"
+        ordering = ["-created_at", "-id"]

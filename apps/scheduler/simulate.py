@@ -48,13 +48,23 @@ class SimulationInputError(ValueError):
 
 
 def fleet_from_yaml(path: str | Path) -> list[NodeSnap]:
+    """A fleet description's file (fleet_from_document)."""
+    return fleet_from_document(_yaml(path), str(path))
+
+
+MAX_NODES = 20_000
+
+
+def fleet_from_document(document, path: str = "fleet") -> list[NodeSnap]:
     """`nodes:` a list of node types, each {name, count, gpus, vendor (nvidia), memory_mb
     (81920), zones ([""]), racks_per_zone (1), labels ({})}: `count` nodes named
-    name-1…, spread over the zones and their racks in turn."""
-    document = _yaml(path)
+    name-1…, spread over the zones and their racks in turn (at most MAX_NODES in all)."""
     types = document.get("nodes") if isinstance(document, dict) else None
     if not isinstance(types, list) or not types:
         raise SimulationInputError(f"{path}: a list `nodes:` of node types is expected.")
+    counts = [spec.get("count") for spec in types if isinstance(spec, dict)]
+    if sum(count for count in counts if isinstance(count, int)) > MAX_NODES:
+        raise SimulationInputError(f"{path}: at most {MAX_NODES} nodes.")
     fleet = []
     for position, spec in enumerate(types, start=1):
         where = f"{path}: node type {position}"
@@ -110,12 +120,19 @@ def gpu_types(fleet: Sequence[NodeSnap]) -> dict[str, int]:
 
 
 def policy_from_yaml(path: str | Path, tenants: Tenants) -> Policy:
+    """A policy's file (policy_from_document), named after the file unless it says."""
+    document = _yaml(path)
+    if isinstance(document, dict):
+        document.setdefault("name", Path(path).stem)
+    return policy_from_document(document, tenants, str(path))
+
+
+def policy_from_document(document, tenants: Tenants, path: str = "policy") -> Policy:
     """{name, layout (spread | binpack), plugins (the scores enabled), weights,
     reserve_after_seconds (null: gangs never reserve), backfill, cycle_seconds, fair_share:
     {half_life_days, queues: {tenant: {weight, cohort, nominal: {type: n},
     borrowing_limit: {type: n}, lending_limit: {type: n}}}}}; anything left out is the
     default PluginSettings' and Policy's."""
-    document = _yaml(path)
     if not isinstance(document, dict):
         raise SimulationInputError(f"{path}: a mapping is expected.")
     unknown = sorted(set(document) - POLICY_KEYS)
@@ -128,7 +145,13 @@ def policy_from_yaml(path: str | Path, tenants: Tenants) -> Policy:
     plugins = document.get("plugins")
     if plugins is not None and not set(plugins) <= set(SCORES):
         raise SimulationInputError(f"{path}: plugins are of {', '.join(SCORES)}.")
-    weights = dict(defaults.weights) | {str(k): float(v) for k, v in (document.get("weights") or {}).items()}
+    try:
+        weights = dict(defaults.weights) | {str(k): float(v) for k, v in (document.get("weights") or {}).items()}
+        cycle = float(document.get("cycle_seconds", 30))
+    except (AttributeError, TypeError, ValueError):
+        raise SimulationInputError(f"{path}: weights are numbers by plugin, cycle_seconds a number.") from None
+    if not 1 <= cycle <= 3600:
+        raise SimulationInputError(f"{path}: cycle_seconds is 1–3600.")
     settings = PluginSettings(
         layout=layout, weights=weights, enabled=frozenset(plugins) if plugins is not None else defaults.enabled
     )
@@ -156,13 +179,13 @@ def policy_from_yaml(path: str | Path, tenants: Tenants) -> Policy:
         )
     reserve = document.get("reserve_after_seconds", 300.0)
     return Policy(
-        name=str(document.get("name") or Path(path).stem),
+        name=str(document.get("name") or "policy"),
         settings=settings,
         specs=tuple(specs),
         half_life_seconds=float(fair.get("half_life_days", 7)) * DAY,
         reserve_after_seconds=None if reserve is None else float(reserve),
         backfill=bool(document.get("backfill", True)),
-        cycle_seconds=float(document.get("cycle_seconds", 30)),
+        cycle_seconds=cycle,
     )
 
 

@@ -58,6 +58,19 @@ def read_trace(path: str | Path, tenants: Tenants) -> list[Job]:
     return jobs
 
 
+def jobs_from_rows(rows: Iterable[dict], tenants: Tenants) -> list[Job]:
+    """Trace rows given as objects (POST /api/v1/admin/simulations), checked as a file's
+    lines are: a problem names its row (1 is the first)."""
+    jobs = []
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise TraceError(f"row {number}: an object is expected.")
+        jobs.append(_job(number, row, tenants, number, where="row"))
+    if not jobs:
+        raise TraceError("no work in the trace.")
+    return jobs
+
+
 def _json_lines(handle) -> Iterator[tuple[int, dict]]:
     for number, line in enumerate(handle, start=1):
         if not line.strip():
@@ -71,24 +84,24 @@ def _json_lines(handle) -> Iterator[tuple[int, dict]]:
         yield number, row
 
 
-def _job(number: int, row: dict, tenants: Tenants, job_id: int) -> Job:
+def _job(number: int, row: dict, tenants: Tenants, job_id: int, where: str = "line") -> Job:
     missing = [name for name in REQUIRED if row.get(name) in (None, "")]
     unknown = sorted(set(row) - set(TRACE_FIELDS))
     if missing or unknown:
         problems = ([f"missing {', '.join(missing)}"] if missing else []) + (
             [f"unknown {', '.join(unknown)}"] if unknown else []
         )
-        raise TraceError(f"line {number}: {'; '.join(problems)}.")
+        raise TraceError(f"{where} {number}: {'; '.join(problems)}.")
     try:
         submit, duration = float(row["submit"]), float(row["duration"])
         gpus, workers = int(row["gpus"]), int(row.get("workers") or 1)
         priority = int(row.get("priority") or 50)
         declared = float(row["declared"]) if row.get("declared") not in (None, "") else None
     except (TypeError, ValueError) as exc:
-        raise TraceError(f"line {number}: {exc}.") from None
+        raise TraceError(f"{where} {number}: {exc}.") from None
     if submit < 0 or duration <= 0 or gpus < 0 or workers < 1 or not (0 <= priority <= 100):
         raise TraceError(
-            f"line {number}: submit ≥ 0, duration > 0, gpus ≥ 0, workers ≥ 1 and priority 0–100 are expected."
+            f"{where} {number}: submit ≥ 0, duration > 0, gpus ≥ 0, workers ≥ 1 and priority 0–100 are expected."
         )
     return Job(
         id=job_id,

@@ -10,6 +10,7 @@ problem, a task that failed (`hf run --follow` exits with the task's own exit co
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -1145,6 +1146,135 @@ def usage(since, until, model) -> None:
         )
 
     show(found, fmt(), render)
+
+
+# --- replays under other policies (docs/simulate.md on the server) -----------------------------
+
+
+def read_yaml(path: str, what: str):
+    import yaml
+
+    try:
+        with open(path) as handle:
+            return yaml.safe_load(handle)
+    except OSError as exc:
+        raise click.BadParameter(f"{path}: {exc.strerror}", param_hint=what) from None
+    except yaml.YAMLError as exc:
+        raise click.BadParameter(f"{path}: not YAML ({exc})", param_hint=what) from None
+
+
+def read_trace_rows(path: str) -> list[dict]:
+    """A JSONL trace's rows (the server checks each one and names a bad row)."""
+    rows = []
+    try:
+        with open(path) as handle:
+            lines = handle.readlines()
+    except OSError as exc:
+        raise click.BadParameter(f"{path}: {exc.strerror}", param_hint="-f") from None
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as exc:
+                raise click.BadParameter(f"{path}, line {number}: not JSON ({exc})", param_hint="-f") from None
+    return rows
+
+
+def minutes(seconds) -> str:
+    return "—" if seconds is None else f"{seconds / 60:.1f}m"
+
+
+@cli.command(
+    epilog=example(
+        "hf simulate --history 7d --policy binpack.yaml --compare spread.yaml --out sim/",
+        "hf simulate --generate 3000 --days 2 --fleet fleet.yaml --policy binpack.yaml",
+        "hf simulate -f trace.jsonl --fleet fleet.yaml",
+    )
+)
+@click.option("--history", "history", help="This cluster's work submitted in the last 7d, 36h or 90m.")
+@click.option("--generate", "generate", type=click.IntRange(1, 200_000), help="A generated trace of this many jobs.")
+@click.option("--days", type=click.FloatRange(0.01, 31), default=2.0, show_default=True, help="Its span.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Its seed.")
+@click.option("-f", "--trace", "trace", help="A JSONL trace (submit, gpus, duration, …).")
+@click.option("--fleet", help="A fleet file (YAML, nodes: …); default: this cluster now.")
+@click.option("--policy", "policies", multiple=True, help="A policy file (YAML); default: this cluster's.")
+@click.option("--compare", "compare", multiple=True, help="Another policy file, run beside it.")
+@click.option("--out", help="Save report.json and the charts (PNG) in this folder.")
+@click.option("--no-wait", is_flag=True, help="Queue it, print its id and return.")
+@output_option
+def simulate(history, generate, days, seed, trace, fleet, policies, compare, out, no_wait) -> None:
+    """Replay work under other policies on the real scheduler (operators)."""
+    from heteroflow_client.output import dump, show, table
+
+    given = [option for option, value in (("--history", history), ("--generate", generate), ("-f", trace)) if value]
+    if len(given) != 1:
+        raise click.UsageError("Give exactly one of --history, --generate and -f.")
+    if history:
+        units = {"d": 1.0, "h": 1 / 24, "m": 1 / 1440}
+        try:
+            work = {"from_history_days": float(history[:-1]) * units[history[-1]]}
+        except (KeyError, ValueError, IndexError):
+            raise click.BadParameter(f"{history!r}: 7d, 36h or 90m", param_hint="--history") from None
+    elif generate:
+        work = {"generate": {"jobs": generate, "days": days, "seed": seed}}
+    else:
+        work = {"trace": read_trace_rows(trace)}
+    request = {
+        "work": work,
+        "fleet": read_yaml(fleet, "--fleet") if fleet else None,
+        "policies": [read_yaml(path, "--policy") for path in (*policies, *compare)],
+    }
+    for path, document in zip((*policies, *compare), request["policies"], strict=True):
+        if isinstance(document, dict):
+            document.setdefault("name", os.path.splitext(os.path.basename(path))[0])
+    client = state().client
+    found = client.simulations.create(request)
+    if no_wait:
+        show(found, fmt(), lambda: click.echo(f"Simulation {found['id']} queued."))
+        return
+    found = follow_simulation(client, found)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "report.json"), "w") as handle:
+            handle.write(json.dumps(found.get("report"), indent=2))
+        for url in found.get("charts", []):
+            with open(os.path.join(out, url.rsplit("/", 1)[-1]), "wb") as handle:
+                handle.write(client.simulations.chart(url))
+    if found["state"] != "done":
+        raise click.ClickException(
+            f"Simulation {found['id']} {found['state']}: {found.get('error') or 'no reason given'}"
+        )
+    runs = (found.get("report") or {}).get("runs", [])
+    if fmt() != "table":
+        click.echo(dump(found.get("report"), fmt()))
+        return
+    table(
+        runs,
+        [
+            ("POLICY", lambda r: r["policy"]),
+            ("PLACED", lambda r: f"{r['placed']}/{r['jobs']}"),
+            ("UTILISATION", lambda r: f"{100 * r['utilisation_mean']:.1f}%"),
+            ("WAIT P50", lambda r: minutes(r["wait_seconds"]["p50"])),
+            ("P90", lambda r: minutes(r["wait_seconds"]["p90"])),
+            ("P99", lambda r: minutes(r["wait_seconds"]["p99"])),
+            ("STRANDED CARDS", lambda r: r["fragmentation"]["idle_cards_on_partly_used_nodes_mean"]),
+        ],
+    )
+    if out:
+        click.echo(f"Saved report.json and {len(found.get('charts', []))} charts in {out}.")
+
+
+def follow_simulation(client, found: dict) -> dict:
+    """Poll a queued replay until it ends, showing its progress (a bar on a terminal)."""
+    from rich.progress import Progress
+
+    with Progress(transient=True, disable=not sys.stderr.isatty()) as progress:
+        bar = progress.add_task(f"simulation {found['id']}", total=100)
+        while found["state"] in ("queued", "running"):
+            time.sleep(1.0)
+            found = client.simulations.get(found["id"])
+            progress.update(bar, completed=100 * found.get("progress", 0))
+    return found
 
 
 # --- shell completion ----------------------------------------------------------------------------

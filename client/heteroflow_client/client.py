@@ -298,6 +298,20 @@ class Keys(Namespace):
         self.http.delete(f"gateway/keys/{task_id(key)}")
 
 
+class Simulations(Namespace):
+    """Replays under other policies (operators; docs/simulate.md on the server)."""
+
+    def create(self, request: dict) -> dict:
+        return self.http.post("admin/simulations", request)
+
+    def get(self, simulation: int) -> dict:
+        return self.http.get(f"admin/simulations/{simulation}")
+
+    def chart(self, url: str) -> bytes:
+        """A finished replay's chart (a URL its `charts` lists), as PNG bytes."""
+        return self.http.send("GET", url).content
+
+
 class Client:
     """A connection to one HeteroFlow control plane.
 
@@ -324,6 +338,7 @@ class Client:
         self.models = Models(self)
         self.nodes = Nodes(self)
         self.keys = Keys(self)
+        self.simulations = Simulations(self)
 
     def close(self) -> None:
         self.http.close()

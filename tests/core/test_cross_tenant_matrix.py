@@ -55,6 +55,8 @@ NOT_TENANT_OWNED = {
     "watched-image-detail": "the watched images are the cluster's (per GPU vendor), operators only",
     "emission-factor": "the regions' emission factors are the cluster's, operators only",
     "admin-queue": "queues are set by operators only (a tenant's people read theirs at /queue, no id)",
+    "simulation": "replays are the cluster's, operators only (docs/simulate.md)",
+    "simulation-chart": "replays are the cluster's, operators only (docs/simulate.md)",
 }
 
 # route name → a function of (world, objects) giving the URL kwargs of tenant A's object

@@ -29,6 +29,7 @@ EXPECTED = {
     "scheduler.preemption_watchdog": (30.0, False),
     "scheduler.queue_usage": (60.0, False),
     "scheduler.predict": (30.0, False),
+    "scheduler.simulations_sweep": (60.0, False),
     "tunnel.reclaim_idle": (60.0, False),
     "alerts.sweep": (30.0, False),
     "alerts.dispatch_notifications": (10.0, False),

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 GROUPS = {
     "fleet": ["Nodes", "Monitor", "GPU health", "Environment", "Slices", "Energy"],
-    "work": ["Tasks", "Queues", "Estimate accuracy", "Training", "Inference", "Models"],
+    "work": ["Tasks", "Queues", "Estimate accuracy", "Simulations", "Training", "Inference", "Models"],
     "serving": ["Endpoint keys", "Usage"],
     "account": ["API keys", "Members", "Admin"],
 }
@@ -50,7 +50,8 @@ def marked(html: str) -> tuple[list, list]:
 def test_each_role_sees_the_groups_and_only_the_links_it_may_follow(client, world):
     everything = {"": ["Dashboard", "Alerts"], **GROUPS}
     assert menu_of(page(signed_in(client, world.operator), "/portal/")) == everything
-    people = everything | {"work": [link for link in GROUPS["work"] if link != "Estimate accuracy"]}  # operators'
+    operators_only = {"Estimate accuracy", "Simulations"}
+    people = everything | {"work": [link for link in GROUPS["work"] if link not in operators_only]}
     tenant_admin = menu_of(page(signed_in(client, world.users["acme-admin"]), "/portal/"))
     assert tenant_admin == people | {"account": ["API keys", "Members"]}  # no Django admin: not staff
     for role in ("acme-member", "acme-viewer"):
@@ -75,6 +76,7 @@ def test_each_role_sees_the_groups_and_only_the_links_it_may_follow(client, worl
         ("/portal/tasks/new/", "work", "Tasks"),
         ("/portal/queues/", "work", "Queues"),
         ("/portal/queues/estimates/", "work", "Estimate accuracy"),
+        ("/portal/queues/simulations/", "work", "Simulations"),
         ("/portal/training/new/", "work", "Training"),
         ("/portal/inference/", "work", "Inference"),
         ("/portal/models/new/", "work", "Models"),
@@ -106,7 +108,7 @@ NOT_PAGES = {"login", "logout", "switch-tenant", "server-hosts", "node-cards"}  
 
 def sample_path(pattern: URLPattern) -> str:
     """The pattern's address with a sample value for each of its parameters."""
-    samples = {"IntConverter": 1, "StringConverter": "n1"}
+    samples = {"IntConverter": 1, "StringConverter": "n1", "SlugConverter": "utilisation"}
     arguments = {name: samples[type(converter).__name__] for name, converter in pattern.pattern.converters.items()}
     return reverse(f"portal:{pattern.name}", kwargs=arguments)
 

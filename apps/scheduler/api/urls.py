@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.scheduler.api import predictions, queues, views
+from apps.scheduler.api import predictions, queues, simulations, views
 
 urlpatterns = [
     path("scheduler/plugins", views.PluginListView.as_view(), name="scheduler-plugins"),
@@ -17,4 +17,12 @@ urlpatterns = [
     path("queue", queues.QueueView.as_view(), name="queue"),
     # how accurate the start-time estimates were (docs/predictions.md#accuracy)
     path("admin/predictions/accuracy", predictions.PredictionAccuracyView.as_view(), name="prediction-accuracy"),
+    # replays under other policies (docs/simulate.md#from-the-api-hf-and-the-portal)
+    path("admin/simulations", simulations.SimulationListView.as_view(), name="simulations"),
+    path("admin/simulations/<int:pk>", simulations.SimulationView.as_view(), name="simulation"),
+    path(
+        "admin/simulations/<int:pk>/charts/<slug:name>.png",
+        simulations.SimulationChartView.as_view(),
+        name="simulation-chart",
+    ),
 ]

@@ -37,13 +37,13 @@ DESKTOP, PHONE = 1280, 390
 NODES = ("ui-node-01", "ui-node-02")
 GROUPS = {
     "Fleet": ["Nodes", "Monitor", "GPU health", "Environment", "Slices", "Energy"],
-    "Work": ["Tasks", "Queues", "Estimate accuracy", "Training", "Inference", "Models"],
+    "Work": ["Tasks", "Queues", "Estimate accuracy", "Simulations", "Training", "Inference", "Models"],
     "Serving": ["Endpoint keys", "Usage"],
     "Account": ["API keys", "Members", "Admin", "Sign out ui-ops"],
 }
 # what a tenant's member sees: no operators' links
 MEMBER_GROUPS = GROUPS | {
-    "Work": [link for link in GROUPS["Work"] if link != "Estimate accuracy"],
+    "Work": [link for link in GROUPS["Work"] if link not in ("Estimate accuracy", "Simulations")],
     "Account": ["API keys", "Sign out luna-dev"],
 }
 
