@@ -88,12 +88,16 @@ class SimulationRow(SimulationSerializer):
         fields = ["id", "state", "progress", "error", "created_by", "created_at", "finished_at"]
 
 
+class SimulationList(serializers.Serializer):
+    results = SimulationRow(many=True, help_text=f"the latest {LISTED}")
+
+
 class SimulationListView(APIView):
     """The latest replays, and a new one: POST a request (202), follow GET …/{id}."""
 
     permission_classes = [IsOperator]
 
-    @extend_schema(responses=SimulationRow(many=True))
+    @extend_schema(responses=SimulationList)
     def get(self, request):
         rows = Simulation.objects.select_related("created_by")[:LISTED]
         return Response({"results": SimulationRow(rows, many=True).data})
