@@ -31,7 +31,9 @@ from apps.scheduler.core import (
     place_queue,
     rejections,
 )
+from apps.scheduler.core.defrag import DefragPlan, plan_defrag
 from apps.scheduler.core.forecast import copy_nodes
+from apps.scheduler.core.preemption import PREEMPTIBLE_KINDS
 from apps.scheduler.core.queues import holdings_of
 from apps.scheduler.core.suggestions import suggest as suggest_changes
 from apps.scheduler.lending import lend_for
@@ -44,6 +46,7 @@ from apps.scheduler.queue import (
     next_batch_ordered,
     queue_state,
     replicas_on_nodes,
+    task_request,
 )
 from apps.scheduler.reservations import reservation_reports, reserving_groups, standing_reservations, store_reservations
 from apps.scheduler.snapshot import GpuRowCache, expected_ends, load_nodes
@@ -235,6 +238,28 @@ class PhaseClock:
         now = time.perf_counter()
         self.into[phase] = now - self.last
         self.last = now
+
+
+# The running tasks a defragmentation plan may move: single whole-card jobs marked
+# preemptible, the kind preemption may stop (core.preemption.PREEMPTIBLE_KINDS), as the
+# queue's columns give them.
+MOVABLE_SQL = """
+    SELECT id, tenant_id, gpu_required, gpu_memory_mb, gpu_type, priority, labels, kind, group_id,
+           runtime, affinity, anti_affinity, max_duration_seconds
+    FROM tasks
+    WHERE status = 'running' AND preemptible AND kind = ANY(%s) AND group_id IS NULL AND gpu_required > 0
+"""
+
+
+def defrag_advice(gang: GroupReq) -> DefragPlan | None:
+    """For operators: the fewest moves of preemptible tasks after which a waiting gang
+    fits (core.defrag), on a fresh snapshot."""
+    with connection.cursor() as cursor:
+        cursor.execute(MOVABLE_SQL, [sorted(PREEMPTIBLE_KINDS)])
+        movable = {row[0]: task_request(*row) for row in cursor.fetchall()}
+    if not movable:
+        return None
+    return plan_defrag(gang, load_nodes(), plugin_settings(), sharing_rule(), movable)
 
 
 def dry_run(request: TaskReq | GroupReq) -> Decision | Failure | GroupDecision | GroupFailure:

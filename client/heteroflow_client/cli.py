@@ -608,9 +608,15 @@ def explain_words(answer: dict) -> list[str]:
         lines.append("What would start it:")
         for row in suggestions:
             change = ", ".join(f"{field}={change_words(value)}" for field, value in (row.get("change") or {}).items())
-            when = "now" if row.get("starts") == "now" else f"at about {row.get('starts')}"
-            lines.append(f"  {change or 'no change'} (starts {when}): {row.get('why', '')}")
+            starts = row.get("starts")
+            when = {"now": "starts now", "after moves": "starts after the moves"}.get(
+                starts, f"starts at about {starts}"
+            )
+            lines.append(f"  {change or 'no change'} ({when}): {row.get('why', '')}")
     return lines
+
+
+STARTS_WORDS = {"now": "starts now", "after moves": "starts after the moves"}
 
 
 def change_words(value) -> str:

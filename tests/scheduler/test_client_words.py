@@ -43,11 +43,13 @@ def test_the_suggestions_read_as_changes_hf_run_takes_and_a_wait():
             {"change": {"gpu_required": 4}, "starts": "now", "why": "4 cards instead of 8 fit on one node now"},
             {"change": {"affinity": None}, "starts": "now", "why": "without the affinity label `disk` it fits now"},
             {"change": {}, "starts": "2026-12-07T18:00:00+00:00", "why": "wait for task 3 (train) to end at about …"},
+            {"change": {}, "starts": "after moves", "why": "operators: move task 4 from n0 to n2: frees 4 on n0 cards"},
         ],
     }
-    assert explain_words(answer)[-4:] == [
+    assert explain_words(answer)[-5:] == [
         "What would start it:",
         "  gpu_required=4 (starts now): 4 cards instead of 8 fit on one node now",
         "  affinity=null (starts now): without the affinity label `disk` it fits now",
         "  no change (starts at about 2026-12-07T18:00:00+00:00): wait for task 3 (train) to end at about …",
+        "  no change (starts after the moves): operators: move task 4 from n0 to n2: frees 4 on n0 cards",
     ]

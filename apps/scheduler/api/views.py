@@ -6,6 +6,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.permissions import IsOperator
+from apps.core.principals import PrincipalKind
 from apps.core.serializers import StrictSerializer
 from apps.core.views import ScopedAPIView
 from apps.inference.selectors import open_loans_of_group, open_loans_of_task
@@ -179,10 +180,20 @@ class LoanRow(serializers.Serializer):
     returned_why = serializers.CharField()
 
 
+class MoveRow(serializers.Serializer):
+    task_id = serializers.IntegerField()
+    from_node = serializers.CharField()
+    to_node = serializers.CharField()
+    cards = serializers.ListField(child=serializers.IntegerField(), help_text="the cards it frees on from_node")
+
+
 class SuggestionRow(serializers.Serializer):
-    change = serializers.DictField(help_text="the submission fields to change; {} for a wait")
-    starts = serializers.CharField(help_text='"now", or when it is expected to start (ISO time)')
+    change = serializers.DictField(help_text="the submission fields to change; {} for a wait or moves")
+    starts = serializers.CharField(
+        help_text='"now", when it is expected to start (ISO time), or "after moves" (operators: defragmentation)'
+    )
     why = serializers.CharField()
+    moves = MoveRow(many=True, required=False, help_text="operators, a waiting gang: the tasks to move")
 
 
 SUGGESTIONS_HELP = (
@@ -315,6 +326,19 @@ class GroupExplainAnswer(serializers.Serializer):
     )
 
 
+def defrag_row(plan) -> dict:
+    """A defragmentation plan as an operator's suggestion (docs/predictions.md#defragmentation-advice)."""
+    return {
+        "change": {},
+        "starts": "after moves",
+        "why": f"operators: {plan.words()}",
+        "moves": [
+            {"task_id": m.task_id, "from_node": m.from_node, "to_node": m.to_node, "cards": list(m.cards)}
+            for m in plan.moves
+        ],
+    }
+
+
 class GroupExplainView(ScopedAPIView):
     """Why a task group waits: the last cycle's reason and reservation, and where it
     would go now (a dry run of the group itself, binding nothing)."""
@@ -330,6 +354,10 @@ class GroupExplainView(ScopedAPIView):
             outcome, detail = cycle.explain_now(waiting, suggest=True)
             suggestions = predictions.suggestion_rows(detail, group.estimated_start)
             now = group_answer(outcome)
+            if isinstance(outcome, GroupFailure) and request.auth.kind == PrincipalKind.OPERATOR:
+                plan = cycle.defrag_advice(waiting)
+                if plan is not None:
+                    suggestions.append(defrag_row(plan))
         return Response(
             {
                 "group_id": group.pk,
