@@ -29,6 +29,7 @@ from apps.scheduler.traces import Tenants
 SCORES = ("topology", "rdma", "nvlink", "replica-spread", "model-cache")
 FLEET_KEYS = {"name", "count", "gpus", "vendor", "memory_mb", "zones", "racks_per_zone", "labels"}
 POLICY_KEYS = {
+    "timeout_seconds",
     "name",
     "layout",
     "plugins",
@@ -178,6 +179,10 @@ def policy_from_document(document, tenants: Tenants, path: str = "policy") -> Po
             )
         )
     reserve = document.get("reserve_after_seconds", 300.0)
+    try:
+        timeout = float(document.get("timeout_seconds", 3 * DAY))
+    except (TypeError, ValueError):
+        raise SimulationInputError(f"{path}: timeout_seconds is a number.") from None
     return Policy(
         name=str(document.get("name") or "policy"),
         settings=settings,
@@ -186,6 +191,7 @@ def policy_from_document(document, tenants: Tenants, path: str = "policy") -> Po
         reserve_after_seconds=None if reserve is None else float(reserve),
         backfill=bool(document.get("backfill", True)),
         cycle_seconds=cycle,
+        timeout_seconds=timeout,
     )
 
 

@@ -74,6 +74,9 @@ class Policy:
     reserve_after_seconds: float | None = 300.0  # None: gangs never reserve
     backfill: bool = True
     cycle_seconds: float = 30.0
+    # what a running job is expected to run when it declares nothing: the scheduler dates
+    # reservations by declared durations, else timeouts, never by the true ends
+    timeout_seconds: float = 3 * 86400.0
 
 
 @dataclass
@@ -159,8 +162,9 @@ def replay(
             for job_id in placed:
                 outcome = report.outcomes[job_id]
                 outcome.start, outcome.end = clock, clock + outcome.job.duration
+                expected = clock + (outcome.job.declared or policy.timeout_seconds)
                 for member in members[job_id]:
-                    run.will_end(member, outcome.end)
+                    run.will_end(member, outcome.end, expected)
                 head_since.pop(job_id, None)
                 targets.pop(job_id, None)
             for failure in placement.group_failures:
@@ -207,6 +211,7 @@ class ReplayFleet:
         self.cards = sum(1 for node in fleet for gpu in node.gpus if gpu.placeable) or 1
         self.where: dict[int, int] = {}  # task id -> node position
         self.ends: dict[int, float] = {}  # task id -> when it ends
+        self.expected: dict[int, float] = {}  # task id -> when the scheduler expects it to end (backfill)
         self.end_heap: list[tuple[float, int]] = []
         self.history: dict[int, float] = {}  # tenant -> decayed card-seconds above nominal
         self.owner: dict[int, int] = {}  # task id -> its job's id (a gang's members: the gang's)
@@ -216,8 +221,9 @@ class ReplayFleet:
     def _count_idle(node: NodeSnap) -> int:
         return sum(1 for gpu in node.gpus if gpu.placeable and not gpu.holders)
 
-    def will_end(self, task_id: int, end: float) -> None:
+    def will_end(self, task_id: int, end: float, expected: float) -> None:
         self.ends[task_id] = end
+        self.expected[task_id] = expected
         heapq.heappush(self.end_heap, (end, task_id))
 
     def end_until(self, clock: float) -> None:
@@ -227,6 +233,7 @@ class ReplayFleet:
             end, task_id = heapq.heappop(self.end_heap)
             if self.ends.get(task_id) == end:
                 del self.ends[task_id]
+                self.expected.pop(task_id, None)
                 ended.setdefault(self.where.pop(task_id), set()).add(task_id)
         for position, tasks in ended.items():
             node = self.fleet[position]
@@ -243,7 +250,7 @@ class ReplayFleet:
             nodes = [node for node, idle in zip(self.fleet, self.idle, strict=True) if idle]
         book = QueueBook(policy.specs, holdings_of(self.fleet), self.history) if policy.specs else None
         trying = queue if book is not None else fits_by_count(queue, *self.idle_counts(), reserving)
-        backfill = {"now": clock, "ends": self.ends} if policy.backfill else {}
+        backfill = {"now": clock, "ends": self.expected} if policy.backfill else {}
         placement = Placement()
         if trying and nodes:
             placement = place_queue(
