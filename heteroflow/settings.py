@@ -261,6 +261,7 @@ SPECTACULAR_SETTINGS = {
     ],
     "ENUM_NAME_OVERRIDES": {
         "NodeStatusEnum": "apps.nodes.choices.NodeStatus",
+        "SimulationStateEnum": "apps.scheduler.models.Simulation.State",
         "TaskStatusEnum": "apps.tasks.choices.TaskStatus",
         "GpuStateEnum": "apps.nodes.choices.GpuState",
         "AlertScopeEnum": "apps.alerts.choices.AlertScope",

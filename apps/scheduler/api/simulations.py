@@ -97,7 +97,7 @@ class SimulationListView(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(responses=SimulationList)
+    @extend_schema(operation_id="admin_simulations_list", responses=SimulationList)
     def get(self, request):
         rows = Simulation.objects.select_related("created_by")[:LISTED]
         return Response({"results": SimulationRow(rows, many=True).data})
