@@ -207,6 +207,23 @@ def test_a_service_asleep_behind_cached_routes_is_woken_not_502(gateway, tenancy
     assert response.headers["retry-after"]
 
 
+def test_a_service_asleep_whose_stopped_replica_the_prober_took_out_is_woken_not_503_no_backend(gateway, tenancy):
+    """The prober may take the stopped replica out of rotation before any request comes:
+    the cached routes then leave no usable backend and still say the service runs. The
+    gateway reads them again and wakes the sleeping service (the waking 503)."""
+    gone = Served(Upstream("gone"))
+    service = tenancy.service("qwen", [gone])
+    _, key = tenancy.key()
+    assert chat(gateway, key).choices
+    gone.stop()
+    InferenceService.objects.filter(pk=service.pk).update(state="sleeping")  # no signal: the cache stays
+    gateway.app.catalog.quarantine(f"http://127.0.0.1:{gone.port}")  # as the prober does
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json={"model": "qwen"}, headers={"Authorization": f"Bearer {key}"}
+    )
+    assert response.status_code == 503 and response.json()["error"]["code"] == "model_waking"
+
+
 def test_a_backend_dying_mid_stream_is_an_error_and_the_next_request_goes_elsewhere(gateway, upstreams, tenancy):
     tenancy.service("qwen", [upstreams["a"]])
     _, key = tenancy.key()

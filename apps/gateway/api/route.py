@@ -70,6 +70,8 @@ MODELS_PATH = "/v1/models"
 # a sleeping service's wake is asked for at most this often by one process, however many
 # requests wait for it: each ask is a job sent through the broker
 WAKE_EVERY_SECONDS = 5.0
+# routes read again, at most this often per tenant, when the cached ones leave no usable backend
+REREAD_EVERY_SECONDS = 1.0
 REDIS_AWAY_RETRY_SECONDS = 1.0  # how often a process asks whether Redis is back
 TENANT_KEY_PREFIXES = ("sk-tenant-", "sk-admin-")
 FORWARDED_REQUEST_HEADERS = (b"content-type", b"accept")
@@ -202,6 +204,7 @@ class GatewayApp(ThinRoute):
         self._limits_redis = None
         self._turns = count()
         self._woken: dict[int, float] = {}
+        self._reread: dict[int, float] = {}  # tenant -> when its routes were last read again (no backend)
         self._probing: asyncio.Task | None = None
         self._keeper: asyncio.Task | None = None
         self._flusher: asyncio.Task | None = None
@@ -526,6 +529,16 @@ class GatewayApp(ThinRoute):
             if chosen is not None:
                 return services[chosen]
         asleep = [s for s in services if s.state in ("sleeping", "waking")]
+        now = time.monotonic()
+        if not asleep and now - self._reread.get(key.tenant_id, -1e9) >= REREAD_EVERY_SECONDS:
+            # No usable backend: the cached routes may predate the service falling asleep,
+            # its stopped replicas already out of rotation (the prober's quarantine). Read
+            # them again (at most every REREAD_EVERY_SECONDS: an outage is not a read per
+            # request) before answering that nothing serves the model.
+            self._reread[key.tenant_id] = now
+            self.catalog.forget_routes(key.tenant_id)
+            fresh = (await self.catalog.routes(key.tenant_id)).get(model) or []
+            asleep = [s for s in fresh if s.state in ("sleeping", "waking")]
         if asleep:
             return await self.wake(key, asleep[0])
         raise GatewayError.unavailable(f"No healthy backend serves '{model}' right now; try again shortly.", retry=5)
